@@ -1,0 +1,200 @@
+//! The validated rules model: what a rules file means once every check has passed.
+//!
+//! Values of these types are only built by [`crate::config::rules`], which guarantees the
+//! invariants written on each field; [`crate::rules`] compiles them into the matching tree.
+
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Where something was defined: a rules file and a 1-based line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Location {
+    pub file: Arc<PathBuf>,
+    pub line: usize,
+}
+
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.file.display(), self.line)
+    }
+}
+
+/// Every domain of every rules file, validated. Domain names are unique.
+#[derive(Debug, Clone, Default)]
+pub struct RulesModel {
+    pub domains: Vec<DomainRules>,
+}
+
+/// One `domain:` document.
+#[derive(Debug, Clone)]
+pub struct DomainRules {
+    /// Non-empty.
+    pub domain: String,
+    pub descriptors: Vec<DescriptorRule>,
+    pub location: Location,
+}
+
+/// How a rule's `value` matches a request entry's value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ValueMatch {
+    /// No `value` (or an empty one): any value; each distinct value gets its own state.
+    Any,
+    /// A value without `*`: equal strings only.
+    Exact(String),
+    /// A value with at least one `*`; each `*` matches any run of characters (also none).
+    Wildcard(String),
+}
+
+/// One node of a domain's descriptor tree.
+#[derive(Debug, Clone)]
+pub struct DescriptorRule {
+    /// Non-empty.
+    pub key: String,
+    pub value: ValueMatch,
+    pub policy: Policy,
+    pub shadow_mode: bool,
+    pub quota_mode: bool,
+    pub detailed_metric: bool,
+    pub value_to_metric: bool,
+    /// Only ever true on a [`ValueMatch::Wildcard`]: every matching value shares one state.
+    pub share_threshold: bool,
+    /// The YAML `metadata` map, as JSON (returned in `dynamic_metadata`).
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Unique `(key, value)` pairs; at most one `ValueMatch::Any` per key.
+    pub children: Vec<DescriptorRule>,
+    pub location: Location,
+}
+
+/// What a descriptor rule does when a request ends exactly on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Policy {
+    /// No `rate_limit`: a pass-through node (a request ending here gets no limit).
+    None,
+    /// `rate_limit: {unlimited: true}`: matched, never limited, never sent to the limiter.
+    Unlimited {
+        name: Option<String>,
+        replaces: Vec<String>,
+    },
+    /// One (`rate_limit`) or several (`rate_limits`) limits; never empty. No two of them share
+    /// the same algorithm and period, so each has a state of its own.
+    Limited(Vec<LimitRule>),
+}
+
+/// One limit, with every default resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitRule {
+    pub name: Option<String>,
+    pub unit: Unit,
+    /// Q. Zero blocks every request that has a cost.
+    pub requests_per_unit: u32,
+    /// The period is `unit x unit_multiplier`.
+    pub unit_multiplier: NonZeroU32,
+    pub algorithm: Algorithm,
+    /// B: capacity of `funnel` and `token_bucket`; defaults to `requests_per_unit`.
+    pub burst: u32,
+    pub charge: Charge,
+    pub borrow: bool,
+    /// Names of other limits this one replaces when both match in one request. Never empty
+    /// strings, never this limit's own name.
+    pub replaces: Vec<String>,
+}
+
+impl LimitRule {
+    /// The period P in nanoseconds (validation guarantees it fits comfortably in a u64).
+    pub fn period_nanos(&self) -> u64 {
+        self.unit
+            .seconds()
+            .saturating_mul(u64::from(self.unit_multiplier.get()))
+            .saturating_mul(1_000_000_000)
+    }
+}
+
+/// Time units of the rules and of the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Unit {
+    Second,
+    Minute,
+    Hour,
+    Day,
+    Week,
+    Month,
+    Year,
+}
+
+impl Unit {
+    /// Length in seconds: week = 7 d, month = 30 d, year = 365 d.
+    pub const fn seconds(self) -> u64 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3_600,
+            Unit::Day => 86_400,
+            Unit::Week => 604_800,
+            Unit::Month => 2_592_000,
+            Unit::Year => 31_536_000,
+        }
+    }
+
+    /// Parses a rules-file unit name, case-insensitively.
+    pub fn parse(name: &str) -> Option<Unit> {
+        const ALL: [(&str, Unit); 7] = [
+            ("second", Unit::Second),
+            ("minute", Unit::Minute),
+            ("hour", Unit::Hour),
+            ("day", Unit::Day),
+            ("week", Unit::Week),
+            ("month", Unit::Month),
+            ("year", Unit::Year),
+        ];
+        ALL.iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, u)| *u)
+    }
+
+    /// The upper-case name used on the wire and in dumps.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Unit::Second => "SECOND",
+            Unit::Minute => "MINUTE",
+            Unit::Hour => "HOUR",
+            Unit::Day => "DAY",
+            Unit::Week => "WEEK",
+            Unit::Month => "MONTH",
+            Unit::Year => "YEAR",
+        }
+    }
+}
+
+/// The limiter algorithm of one limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Algorithm {
+    /// The leaky bucket in GCRA form (the default).
+    #[default]
+    Funnel,
+}
+
+impl Algorithm {
+    pub fn parse(name: &str) -> Option<Algorithm> {
+        match name {
+            "funnel" => Some(Algorithm::Funnel),
+            _ => None,
+        }
+    }
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::Funnel => "funnel",
+        }
+    }
+}
+
+/// When a limit's cost is taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Charge {
+    /// Only when the whole request is admitted (the default).
+    #[default]
+    Admitted,
+    /// Always, even when denied (usage reporting).
+    Always,
+}

@@ -1,0 +1,212 @@
+//! The funnel: a leaky bucket in GCRA form, as pure integer functions.
+//!
+//! State is one timestamp, `tat`: the time (in nanoseconds of the backend's clock) at which the
+//! funnel will be empty. With interval `T = ceil(P / Q)` and capacity `tau = B * T`, a cost `c`
+//! at `now` is admitted iff `max(tat, now) + c*T - now <= tau`, and then `tat` moves there.
+//! Rounding `T` up keeps the admitted rate at or below `Q / P`. Arithmetic saturates; nothing
+//! here divides by zero or panics. A zero quota is its own case: nothing with a cost passes,
+//! and no state is ever kept.
+//!
+//! ```
+//! use sluice::limiter::funnel::{Funnel, FRESH};
+//! // 2 per second, burst 2.
+//! let f = Funnel::new(2, 1_000_000_000, 2, false);
+//! let a = f.evaluate(FRESH, 0, 1);
+//! assert!(a.admitted);
+//! let b = f.evaluate(a.tat, 0, 1);
+//! assert!(b.admitted);
+//! assert!(!f.evaluate(b.tat, 0, 1).admitted);
+//! // Half a second later one unit has leaked out.
+//! assert!(f.evaluate(b.tat, 500_000_000, 1).admitted);
+//! ```
+
+/// The state of a key that has never been used (or has fully drained).
+pub const FRESH: u64 = 0;
+
+/// One limit's funnel parameters, precomputed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Funnel {
+    /// T: nanoseconds one unit of cost takes to leak out. 0 means a zero quota.
+    interval: u64,
+    /// tau: how far ahead of now `tat` may be.
+    tolerance: u64,
+    /// P, used as the retry time of a zero quota.
+    period: u64,
+    borrow: bool,
+}
+
+/// The result of evaluating one cost against a state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Step {
+    /// The funnel alone would admit this cost.
+    pub admitted: bool,
+    /// The state after taking the cost (whether admitted or not; see [`Funnel::consume`]).
+    pub tat: u64,
+}
+
+impl Funnel {
+    /// A funnel of `quota` per `period` nanoseconds with capacity `burst`. With `borrow`, a
+    /// cost is admitted whenever one unit of it would be, and is then charged in full.
+    pub fn new(quota: u32, period: u64, burst: u32, borrow: bool) -> Funnel {
+        let period = period.max(1);
+        let interval = if quota == 0 {
+            0
+        } else {
+            period.div_ceil(u64::from(quota)).max(1)
+        };
+        Funnel {
+            interval,
+            tolerance: interval.saturating_mul(u64::from(burst)),
+            period,
+            borrow,
+        }
+    }
+
+    fn is_zero(&self) -> bool {
+        self.interval == 0
+    }
+
+    /// The state after taking `cost` at `now`, admitted or not.
+    pub fn consume(&self, tat: u64, now: u64, cost: u64) -> u64 {
+        if self.is_zero() || cost == 0 {
+            return tat;
+        }
+        tat.max(now).saturating_add(cost.saturating_mul(self.interval))
+    }
+
+    /// Whether `cost` at `now` is admitted, and the state if it is taken.
+    pub fn evaluate(&self, tat: u64, now: u64, cost: u64) -> Step {
+        let admitted = if self.is_zero() {
+            cost == 0
+        } else {
+            let probe = if self.borrow { cost.min(1) } else { cost };
+            self.consume(tat, now, probe).saturating_sub(now) <= self.tolerance
+        };
+        Step {
+            admitted,
+            tat: self.consume(tat, now, cost),
+        }
+    }
+
+    /// The state after giving `cost` back at `now`; never below empty.
+    pub fn refund(&self, tat: u64, now: u64, cost: u64) -> u64 {
+        if self.is_zero() {
+            return tat;
+        }
+        let back = tat.saturating_sub(cost.saturating_mul(self.interval));
+        if back <= now { FRESH } else { back }
+    }
+
+    /// Whole units of cost that would still be admitted at `now`.
+    pub fn remaining(&self, tat: u64, now: u64) -> u64 {
+        if self.is_zero() {
+            return 0;
+        }
+        let level = tat.saturating_sub(now);
+        self.tolerance.saturating_sub(level) / self.interval
+    }
+
+    /// Nanoseconds until the funnel is empty again (0 when it is).
+    pub fn until_empty(&self, tat: u64, now: u64) -> u64 {
+        tat.saturating_sub(now)
+    }
+
+    /// Nanoseconds until `cost` would be admitted; for a cost that never fits, until empty;
+    /// for a zero quota, one period. Never 0 for a cost that is denied now.
+    pub fn until_admitted(&self, tat: u64, now: u64, cost: u64) -> u64 {
+        if self.is_zero() {
+            return self.period;
+        }
+        let probe = if self.borrow { cost.min(1) } else { cost };
+        let need = probe.saturating_mul(self.interval);
+        let wait = if need > self.tolerance {
+            self.until_empty(tat, now)
+        } else {
+            self.consume(tat, now, probe)
+                .saturating_sub(now)
+                .saturating_sub(self.tolerance)
+        };
+        wait.max(1)
+    }
+
+    /// Whether a state at `now` is the same as [`FRESH`] (it may then be forgotten).
+    pub fn is_fresh(&self, tat: u64, now: u64) -> bool {
+        tat <= now
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: u64 = 1_000_000_000;
+
+    #[test]
+    fn burst_then_steady_rate() {
+        let f = Funnel::new(10, SEC, 10, false);
+        let mut tat = FRESH;
+        for _ in 0..10 {
+            let s = f.evaluate(tat, SEC, 1);
+            assert!(s.admitted);
+            tat = s.tat;
+        }
+        assert!(!f.evaluate(tat, SEC, 1).admitted);
+        assert_eq!(f.remaining(tat, SEC), 0);
+        assert_eq!(f.until_admitted(tat, SEC, 1), SEC / 10);
+        assert!(f.evaluate(tat, SEC + SEC / 10, 1).admitted);
+        assert_eq!(f.until_empty(tat, SEC), SEC);
+    }
+
+    #[test]
+    fn zero_quota_denies_costs_and_keeps_no_state() {
+        let f = Funnel::new(0, SEC, 0, false);
+        let s = f.evaluate(FRESH, 5, 1);
+        assert!(!s.admitted);
+        assert_eq!(s.tat, FRESH);
+        assert!(f.evaluate(FRESH, 5, 0).admitted);
+        assert_eq!(f.remaining(FRESH, 5), 0);
+        assert_eq!(f.until_admitted(FRESH, 5, 1), SEC);
+        assert_eq!(f.consume(FRESH, 5, 7), FRESH);
+    }
+
+    #[test]
+    fn check_only_is_denied_only_in_debt() {
+        let f = Funnel::new(2, SEC, 2, false);
+        let full = f.consume(FRESH, SEC, 2);
+        assert!(f.evaluate(full, SEC, 0).admitted);
+        let debt = f.consume(full, SEC, 1);
+        assert!(!f.evaluate(debt, SEC, 0).admitted);
+        assert_eq!(f.remaining(debt, SEC), 0);
+    }
+
+    #[test]
+    fn cost_above_capacity_never_fits_unless_borrowing() {
+        let strict = Funnel::new(5, SEC, 5, false);
+        assert!(!strict.evaluate(FRESH, SEC, 6).admitted);
+        assert_eq!(strict.until_admitted(FRESH, SEC, 6), 1);
+        let borrow = Funnel::new(5, SEC, 5, true);
+        let s = borrow.evaluate(FRESH, SEC, 8);
+        assert!(s.admitted);
+        assert_eq!(borrow.remaining(s.tat, SEC), 0);
+        assert!(!borrow.evaluate(s.tat, SEC, 1).admitted);
+        // 3 units of debt plus one unit to leak: 4 intervals of 200 ms.
+        assert_eq!(borrow.until_admitted(s.tat, SEC, 1), 4 * SEC / 5);
+    }
+
+    #[test]
+    fn refund_never_goes_below_empty() {
+        let f = Funnel::new(4, SEC, 4, false);
+        let tat = f.consume(FRESH, SEC, 3);
+        assert_eq!(f.remaining(f.refund(tat, SEC, 1), SEC), 2);
+        assert_eq!(f.refund(tat, SEC, 100), FRESH);
+    }
+
+    #[test]
+    fn huge_numbers_saturate() {
+        let f = Funnel::new(1, u64::MAX, u32::MAX, true);
+        let s = f.evaluate(FRESH, u64::MAX - 1, u64::MAX);
+        assert!(s.admitted);
+        assert_eq!(s.tat, u64::MAX);
+        assert_eq!(f.remaining(s.tat, 0), 0);
+    }
+}

@@ -1,0 +1,129 @@
+//! The limiters: the algorithms as pure functions, and the backends that keep their state.
+//!
+//! A request reaches a backend as one [`Batch`]: every limit of every descriptor that must be
+//! checked, so that a backend makes one decision (and, for Redis, one round trip) per request.
+//! The backend evaluates every hit against the current state, decides which hits consume with
+//! [`plan`] (all or nothing), commits, and reports a [`HitOutcome`] per hit.
+
+pub mod clock;
+pub mod funnel;
+pub mod memory;
+pub mod plan;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+pub use clock::{Clock, ManualClock, MonotonicClock};
+pub use memory::MemoryLimiter;
+
+use crate::config::model::{Algorithm, Charge};
+
+/// The parameters of one limit, in the integer time of the limiters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LimitParams {
+    pub algorithm: Algorithm,
+    /// Q.
+    pub quota: u32,
+    /// P in nanoseconds (> 0).
+    pub period_nanos: u64,
+    /// B.
+    pub burst: u32,
+    pub charge: Charge,
+    pub borrow: bool,
+}
+
+/// How a descriptor's verdict counts towards the request's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// A denial denies the whole request.
+    Enforced,
+    /// Computed and counted, never denies the request (per-rule `shadow_mode`).
+    Shadow,
+    /// Denies the request only when every quota-mode descriptor of it denies (`quota_mode`).
+    Quota,
+}
+
+/// One limit to check for one descriptor of a request.
+#[derive(Debug, Clone)]
+pub struct Hit {
+    /// The state key: unique per (domain, matched entries, algorithm, period).
+    pub key: Arc<[u8]>,
+    pub limit: LimitParams,
+    /// The cost; 0 checks without consuming.
+    pub cost: u64,
+    /// Give `cost` back instead of taking it (`is_negative_hits`).
+    pub refund: bool,
+    /// Index of the request descriptor this hit belongs to; hits of one descriptor are adjacent.
+    pub group: usize,
+    pub role: Role,
+}
+
+/// All hits of one request.
+#[derive(Debug, Clone, Default)]
+pub struct Batch {
+    pub hits: Vec<Hit>,
+}
+
+/// The verdict on one hit, after the batch was committed (or not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HitOutcome {
+    /// This limit alone would admit the hit.
+    pub admitted: bool,
+    /// What is left after this request (0 when not admitted).
+    pub remaining: u64,
+    /// Nanoseconds: when admitted, until the full quota is back; when not, until this hit
+    /// would be admitted.
+    pub reset_nanos: u64,
+}
+
+/// The answer of a backend for one batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchOutcome {
+    /// One per hit, in batch order.
+    pub hits: Vec<HitOutcome>,
+    /// Whether the request as a whole was admitted (see [`plan`]).
+    pub admitted: bool,
+}
+
+/// A backend failure. Denials are never errors.
+#[derive(Debug, thiserror::Error)]
+#[error("{kind} backend error: {message}")]
+pub struct LimiterError {
+    pub kind: &'static str,
+    pub message: String,
+    /// Retrying later may succeed (connection lost, time-out, ...).
+    pub transient: bool,
+}
+
+/// A boxed future, as returned by [`Limiter::check`].
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A place where limiter state lives. One call per request, carrying all its hits.
+pub trait Limiter: Send + Sync + 'static {
+    /// Decides a whole batch atomically: either every admitted hit consumes, or (when the request
+    /// is denied) only `charge: always` hits do.
+    fn check<'a>(&'a self, batch: &'a Batch) -> BoxFuture<'a, Result<BatchOutcome, LimiterError>>;
+
+    /// A short name for logs and metrics.
+    fn name(&self) -> &'static str;
+}
+
+impl LimitParams {
+    /// The parameters of a configured limit.
+    pub fn from_rule(rule: &crate::config::model::LimitRule) -> LimitParams {
+        LimitParams {
+            algorithm: rule.algorithm,
+            quota: rule.requests_per_unit,
+            period_nanos: rule.period_nanos(),
+            burst: rule.burst,
+            charge: rule.charge,
+            borrow: rule.borrow,
+        }
+    }
+
+    /// The funnel of these parameters.
+    pub fn funnel(&self) -> funnel::Funnel {
+        funnel::Funnel::new(self.quota, self.period_nanos, self.burst, self.borrow)
+    }
+}

@@ -1,0 +1,122 @@
+//! All or nothing: from each hit's own verdict to the request's verdict and what consumes.
+//!
+//! A descriptor is admitted when every one of its hits is. The request is denied when an
+//! enforced descriptor is denied, or when it has quota-mode descriptors and all of them are
+//! denied; shadow descriptors never deny it. When the request is admitted, the hits of admitted
+//! descriptors consume; nothing else does, except hits whose limit has `charge: always`, which
+//! always consume. Every backend follows this one function (the Lua script mirrors it).
+
+use super::{Hit, Role};
+use crate::config::model::Charge;
+
+/// What a batch does once every hit has been evaluated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// The request is admitted.
+    pub admitted: bool,
+    /// Per hit: its cost is taken (or given back, for a refund).
+    pub consume: Vec<bool>,
+}
+
+/// Plans a batch from each hit's own verdict (`admitted[i]` for `hits[i]`).
+pub fn plan(hits: &[Hit], admitted: &[bool]) -> Plan {
+    let groups = group_verdicts(hits, admitted);
+    let mut quota_seen = false;
+    let mut quota_admitted = false;
+    let mut enforced_denied = false;
+    for &(role, ok) in &groups {
+        match role {
+            Role::Enforced => enforced_denied |= !ok,
+            Role::Quota => {
+                quota_seen = true;
+                quota_admitted |= ok;
+            }
+            Role::Shadow => {}
+        }
+    }
+    let request_ok = !enforced_denied && (!quota_seen || quota_admitted);
+    let consume = hits
+        .iter()
+        .map(|h| {
+            let group_ok = groups.get(h.group).is_some_and(|g| g.1);
+            h.limit.charge == Charge::Always || (request_ok && group_ok)
+        })
+        .collect();
+    Plan {
+        admitted: request_ok,
+        consume,
+    }
+}
+
+/// Per descriptor index: its role and whether all its hits were admitted.
+fn group_verdicts(hits: &[Hit], admitted: &[bool]) -> Vec<(Role, bool)> {
+    let len = hits.iter().map(|h| h.group + 1).max().unwrap_or(0);
+    let mut groups = vec![(Role::Shadow, true); len];
+    for (hit, ok) in hits.iter().zip(admitted) {
+        let g = &mut groups[hit.group];
+        g.0 = hit.role;
+        g.1 &= *ok;
+    }
+    groups
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::model::Algorithm;
+    use crate::limiter::LimitParams;
+
+    fn hit(group: usize, role: Role, charge: Charge) -> Hit {
+        Hit {
+            key: b"k".as_slice().into(),
+            limit: LimitParams {
+                algorithm: Algorithm::Funnel,
+                quota: 1,
+                period_nanos: 1,
+                burst: 1,
+                charge,
+                borrow: false,
+            },
+            cost: 1,
+            refund: false,
+            group,
+            role,
+        }
+    }
+
+    #[test]
+    fn one_enforced_denial_denies_all_but_charge_always() {
+        let hits = [
+            hit(0, Role::Enforced, Charge::Admitted),
+            hit(0, Role::Enforced, Charge::Always),
+            hit(1, Role::Enforced, Charge::Admitted),
+        ];
+        let p = plan(&hits, &[true, true, false]);
+        assert!(!p.admitted);
+        assert_eq!(p.consume, vec![false, true, false]);
+    }
+
+    #[test]
+    fn shadow_denial_neither_denies_nor_consumes_itself() {
+        let hits = [hit(0, Role::Shadow, Charge::Admitted), hit(0, Role::Shadow, Charge::Admitted), hit(1, Role::Enforced, Charge::Admitted)];
+        let p = plan(&hits, &[true, false, true]);
+        assert!(p.admitted);
+        assert_eq!(p.consume, vec![false, false, true]);
+    }
+
+    #[test]
+    fn quota_mode_denies_only_when_every_quota_descriptor_does() {
+        let hits = [hit(0, Role::Quota, Charge::Admitted), hit(1, Role::Quota, Charge::Admitted)];
+        let some = plan(&hits, &[false, true]);
+        assert!(some.admitted);
+        assert_eq!(some.consume, vec![false, true]);
+        let none = plan(&hits, &[false, false]);
+        assert!(!none.admitted);
+        assert_eq!(none.consume, vec![false, false]);
+    }
+
+    #[test]
+    fn empty_batch_is_admitted() {
+        assert!(plan(&[], &[]).admitted);
+    }
+}

@@ -1,0 +1,1 @@
+//! State keys: an injective, escaped text encoding of what a limiter state belongs to.
