@@ -25,3 +25,5 @@ pub mod limiter;
 pub mod proto;
 pub mod rules;
 pub mod signal;
+#[cfg(any(test, feature = "test-util"))]
+pub mod testing;

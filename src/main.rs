@@ -1,1 +1,182 @@
-fn main(){}
+//! The `sluice` command: `serve`, `check`.
+//!
+//! Settings and rules are loaded and validated before any port is bound; a bad setting or rule
+//! exits with code 64 (EX_USAGE).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use sluice::config::rules::{self, EMBEDDED_NAME, EMBEDDED_RULES};
+use sluice::config::settings::{Backend, LogFormat, Overrides, Settings};
+use sluice::rules::RuleSet;
+use tokio_util::sync::CancellationToken;
+
+const EX_USAGE: u8 = 64;
+
+#[derive(Parser)]
+#[command(
+    name = "sluice",
+    version,
+    about = "A rate-limit service for Envoy (RLS v3)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve ShouldRateLimit over gRPC.
+    Serve(ServeArgs),
+    /// Validate rules files; print every error with file and line; exit 1 if any.
+    Check {
+        /// A rules file or directory (repeatable); none = the embedded demo rules.
+        #[arg(long = "rules", value_name = "PATH")]
+        rules: Vec<PathBuf>,
+    },
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// A rules file or directory (repeatable); none = the embedded demo rules.
+    #[arg(long = "rules", value_name = "PATH")]
+    rules: Vec<PathBuf>,
+    /// A settings file (TOML or YAML).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    #[arg(long, value_enum)]
+    backend: Option<Backend>,
+    /// Redis URL (the redis backend is not available in this version).
+    #[arg(long, value_name = "URL")]
+    redis_url: Option<String>,
+    #[arg(long, value_name = "ADDR")]
+    grpc_listen: Option<SocketAddr>,
+    #[arg(long, value_enum)]
+    log_format: Option<LogFormat>,
+}
+
+fn main() -> ExitCode {
+    match Cli::parse().command {
+        Command::Check { rules } => check(&rules),
+        Command::Serve(args) => serve(args),
+    }
+}
+
+fn check(paths: &[PathBuf]) -> ExitCode {
+    match load_rules(paths) {
+        Ok(set) => {
+            println!("ok: {} domain(s)", set.domains);
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            eprintln!("{errors}");
+            eprintln!("{} error(s)", errors.0.len());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The loaded model's domain count, or every error.
+struct Loaded {
+    domains: usize,
+    set: RuleSet,
+}
+
+fn load_rules(paths: &[PathBuf]) -> Result<Loaded, rules::RuleErrors> {
+    let model = if paths.is_empty() {
+        rules::from_sources(&[(PathBuf::from(EMBEDDED_NAME), EMBEDDED_RULES.to_owned())])?
+    } else {
+        rules::load_paths(paths)?
+    };
+    Ok(Loaded {
+        domains: model.domains.len(),
+        set: RuleSet::compile(model),
+    })
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    let overrides = Overrides {
+        rules: args.rules,
+        backend: args.backend,
+        grpc_listen: args.grpc_listen,
+        log_format: args.log_format,
+    };
+    let env = std::env::vars().collect();
+    let settings = match Settings::load(args.config.as_deref(), env, &overrides) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("sluice: {e}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    init_tracing(&settings);
+    if args.redis_url.is_some() {
+        tracing::error!("--redis-url: the redis backend is not available in this version");
+        return ExitCode::from(EX_USAGE);
+    }
+    let loaded = match load_rules(&settings.rules.paths) {
+        Ok(l) => l,
+        Err(errors) => {
+            for e in &errors.0 {
+                tracing::error!("{e}");
+            }
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    tracing::info!(domains = loaded.domains, "rules loaded");
+    let app = match sluice::app::App::build(&settings, loaded.set) {
+        Ok(app) => app,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    match run(app, &settings) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[tokio::main]
+async fn run(app: sluice::app::App, settings: &Settings) -> anyhow::Result<()> {
+    let addr = settings.server.grpc_listen;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    let stop = CancellationToken::new();
+    let running = app.run(listener, stop.clone().cancelled_owned());
+    tokio::pin!(running);
+    tokio::select! {
+        done = &mut running => return done,
+        () = sluice::signal::shutdown() => stop.cancel(),
+    }
+    let grace = Duration::from_secs(settings.server.shutdown_grace_secs);
+    match tokio::time::timeout(grace, running).await {
+        Ok(done) => done,
+        Err(_) => {
+            tracing::warn!(?grace, "grace period over with requests still in flight");
+            Ok(())
+        }
+    }
+}
+
+fn init_tracing(settings: &Settings) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(&settings.log.level))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match settings.log.format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

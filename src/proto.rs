@@ -40,8 +40,8 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 
 pub use envoy::config::core::v3::HeaderValue;
 pub use envoy::extensions::common::ratelimit::v3::{RateLimitDescriptor, rate_limit_descriptor};
-pub use envoy::r#type::v3::RateLimitUnit;
 pub use envoy::service::ratelimit::v3::{
     RateLimitRequest, RateLimitResponse, rate_limit_response, rate_limit_service_client,
     rate_limit_service_server,
 };
+pub use envoy::r#type::v3::RateLimitUnit;

@@ -1,1 +1,268 @@
-//! Service settings.
+//! Service settings, layered: defaults < settings file < `SLUICE_*` environment < CLI flags.
+//!
+//! Every key of the settings file is also read from the environment as
+//! `SLUICE_<SECTION>__<KEY>` (e.g. `SLUICE_SERVER__GRPC_LISTEN=0.0.0.0:8081`,
+//! `SLUICE_RULES__PATHS=/etc/sluice/rules,/etc/sluice/extra.yaml`). Unknown keys are errors.
+//! The environment is passed in as a map, so tests never touch the process environment.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// All settings.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    pub server: ServerSettings,
+    pub log: LogSettings,
+    pub rules: RulesSettings,
+    pub limiter: LimiterSettings,
+    pub memory: MemorySettings,
+    pub response: ResponseSettings,
+}
+
+/// `[server]`: listeners and shutdown.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerSettings {
+    /// Where the gRPC (h2c) server listens.
+    pub grpc_listen: SocketAddr,
+    /// After SIGTERM/SIGINT, how long in-flight requests may take before the process exits.
+    pub shutdown_grace_secs: u64,
+}
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        ServerSettings {
+            grpc_listen: SocketAddr::from(([127, 0, 0, 1], 8081)),
+            shutdown_grace_secs: 10,
+        }
+    }
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogSettings {
+    pub format: LogFormat,
+    /// A `tracing` filter (`info`, `sluice=debug`, ...); `RUST_LOG` wins when set.
+    pub level: String,
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        LogSettings {
+            format: LogFormat::Text,
+            level: "info".to_owned(),
+        }
+    }
+}
+
+/// `[rules]`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct RulesSettings {
+    /// Rules files or directories; empty = the embedded demo rules.
+    pub paths: Vec<PathBuf>,
+    /// Global shadow mode: compute everything, but always answer OK overall.
+    pub shadow_mode: bool,
+}
+
+/// Which backend keeps limiter state.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    #[default]
+    Memory,
+    Redis,
+}
+
+/// `[limiter]`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimiterSettings {
+    pub backend: Backend,
+}
+
+/// `[memory]`: the in-process backend.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct MemorySettings {
+    /// At most this many keys are held; see the memory backend for what happens when full.
+    pub max_keys: usize,
+    /// How often drained entries are swept out.
+    pub sweep_interval_secs: u64,
+}
+
+impl Default for MemorySettings {
+    fn default() -> Self {
+        MemorySettings {
+            max_keys: 1_000_000,
+            sweep_interval_secs: 10,
+        }
+    }
+}
+
+/// `[response]`: optional parts of the answer.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ResponseSettings {
+    /// Add `RateLimit-Limit/-Remaining/-Reset` to `response_headers_to_add`.
+    pub headers: bool,
+    pub limit_header: String,
+    pub remaining_header: String,
+    pub reset_header: String,
+    /// With `headers`, also add `Retry-After` when over the limit.
+    pub retry_after: bool,
+    /// Echo the request (domain, descriptors, hits) in `dynamic_metadata`.
+    pub dynamic_metadata: bool,
+}
+
+impl Default for ResponseSettings {
+    fn default() -> Self {
+        ResponseSettings {
+            headers: false,
+            limit_header: "RateLimit-Limit".to_owned(),
+            remaining_header: "RateLimit-Remaining".to_owned(),
+            reset_header: "RateLimit-Reset".to_owned(),
+            retry_after: true,
+            dynamic_metadata: false,
+        }
+    }
+}
+
+/// Settings given on the command line; `None` leaves the lower layers' value.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub rules: Vec<PathBuf>,
+    pub backend: Option<Backend>,
+    pub grpc_listen: Option<SocketAddr>,
+    pub log_format: Option<LogFormat>,
+}
+
+/// A settings error, naming the layer it came from when it can.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid settings: {0}")]
+pub struct SettingsError(#[from] config::ConfigError);
+
+impl Settings {
+    /// Builds the settings from every layer. `env` is the process environment (or a test map);
+    /// only its `SLUICE_*` variables are read.
+    pub fn load(
+        file: Option<&Path>,
+        env: HashMap<String, String>,
+        cli: &Overrides,
+    ) -> Result<Settings, SettingsError> {
+        let mut builder = config::Config::builder();
+        if let Some(file) = file {
+            builder = builder.add_source(config::File::from(file).required(true));
+        }
+        builder = builder.add_source(
+            config::Environment::with_prefix("SLUICE")
+                .prefix_separator("_")
+                .separator("__")
+                .list_separator(",")
+                .with_list_parse_key("rules.paths")
+                .try_parsing(true)
+                .source(Some(env)),
+        );
+        builder = apply_overrides(builder, cli)?;
+        Ok(builder.build()?.try_deserialize()?)
+    }
+}
+
+type Builder = config::ConfigBuilder<config::builder::DefaultState>;
+
+fn apply_overrides(mut b: Builder, cli: &Overrides) -> Result<Builder, config::ConfigError> {
+    if !cli.rules.is_empty() {
+        let paths: Vec<String> = cli.rules.iter().map(|p| p.display().to_string()).collect();
+        b = b.set_override("rules.paths", paths)?;
+    }
+    if let Some(backend) = cli.backend {
+        let name = match backend {
+            Backend::Memory => "memory",
+            Backend::Redis => "redis",
+        };
+        b = b.set_override("limiter.backend", name)?;
+    }
+    if let Some(addr) = cli.grpc_listen {
+        b = b.set_override("server.grpc_listen", addr.to_string())?;
+    }
+    if let Some(format) = cli.log_format {
+        let name = match format {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        };
+        b = b.set_override("log.format", name)?;
+    }
+    Ok(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_without_any_layer() {
+        let s = Settings::load(None, HashMap::new(), &Overrides::default()).unwrap();
+        assert_eq!(s, Settings::default());
+        assert_eq!(s.server.grpc_listen.to_string(), "127.0.0.1:8081");
+    }
+
+    #[test]
+    fn env_overrides_file_and_flags_override_env() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("sluice.toml");
+        std::fs::write(
+            &file,
+            "[server]\ngrpc_listen = \"127.0.0.1:9000\"\n[memory]\nmax_keys = 5\n[log]\nformat = \"json\"\n",
+        )
+        .unwrap();
+        let env = env(&[
+            ("SLUICE_MEMORY__MAX_KEYS", "7"),
+            ("SLUICE_RULES__PATHS", "a.yaml,b"),
+            ("SLUICE_LIMITER__BACKEND", "redis"),
+            ("OTHER", "ignored"),
+        ]);
+        let cli = Overrides {
+            backend: Some(Backend::Memory),
+            ..Overrides::default()
+        };
+        let s = Settings::load(Some(&file), env, &cli).unwrap();
+        assert_eq!(s.server.grpc_listen.port(), 9000);
+        assert_eq!(s.memory.max_keys, 7);
+        assert_eq!(s.log.format, LogFormat::Json);
+        assert_eq!(
+            s.rules.paths,
+            vec![PathBuf::from("a.yaml"), PathBuf::from("b")]
+        );
+        assert_eq!(s.limiter.backend, Backend::Memory);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_errors() {
+        let typo = env(&[("SLUICE_SERVER__GRPC_LISTN", "127.0.0.1:1")]);
+        assert!(Settings::load(None, typo, &Overrides::default()).is_err());
+        let bad = env(&[("SLUICE_SERVER__GRPC_LISTEN", "not an address")]);
+        let err = Settings::load(None, bad, &Overrides::default()).unwrap_err();
+        assert!(err.to_string().contains("grpc_listen"), "{err}");
+    }
+}

@@ -19,7 +19,9 @@ pub struct MonotonicClock {
 impl MonotonicClock {
     pub fn new() -> MonotonicClock {
         let now = tokio::time::Instant::now();
-        let origin = now.checked_sub(std::time::Duration::from_secs(1)).unwrap_or(now);
+        let origin = now
+            .checked_sub(std::time::Duration::from_secs(1))
+            .unwrap_or(now);
         MonotonicClock { origin }
     }
 }

@@ -71,7 +71,8 @@ impl Funnel {
         if self.is_zero() || cost == 0 {
             return tat;
         }
-        tat.max(now).saturating_add(cost.saturating_mul(self.interval))
+        tat.max(now)
+            .saturating_add(cost.saturating_mul(self.interval))
     }
 
     /// Whether `cost` at `now` is admitted, and the state if it is taken.

@@ -26,6 +26,11 @@ impl<C: Clock> MemoryLimiter<C> {
         todo!("memory backend")
     }
 
+    /// Drops drained entries; returns how many.
+    pub fn sweep(&self) -> usize {
+        todo!("memory backend")
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

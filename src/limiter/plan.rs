@@ -98,7 +98,11 @@ mod tests {
 
     #[test]
     fn shadow_denial_neither_denies_nor_consumes_itself() {
-        let hits = [hit(0, Role::Shadow, Charge::Admitted), hit(0, Role::Shadow, Charge::Admitted), hit(1, Role::Enforced, Charge::Admitted)];
+        let hits = [
+            hit(0, Role::Shadow, Charge::Admitted),
+            hit(0, Role::Shadow, Charge::Admitted),
+            hit(1, Role::Enforced, Charge::Admitted),
+        ];
         let p = plan(&hits, &[true, false, true]);
         assert!(p.admitted);
         assert_eq!(p.consume, vec![false, false, true]);
@@ -106,7 +110,10 @@ mod tests {
 
     #[test]
     fn quota_mode_denies_only_when_every_quota_descriptor_does() {
-        let hits = [hit(0, Role::Quota, Charge::Admitted), hit(1, Role::Quota, Charge::Admitted)];
+        let hits = [
+            hit(0, Role::Quota, Charge::Admitted),
+            hit(1, Role::Quota, Charge::Admitted),
+        ];
         let some = plan(&hits, &[false, true]);
         assert!(some.admitted);
         assert_eq!(some.consume, vec![false, true]);

@@ -1,0 +1,155 @@
+//! One request, in domain types: validate, match every descriptor, make ONE limiter call for
+//! all their limits, and assemble statuses, the overall code, headers and metadata.
+//! Nothing here knows about tonic or protobuf.
+
+mod plan;
+mod response;
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::config::model::Unit;
+use crate::limiter::{BatchOutcome, Limiter, LimiterError};
+use crate::rules::{Entry, RuleSet};
+
+pub use response::{Code, CurrentLimit, DescriptorStatus, Response};
+
+/// A rate-limit request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Request {
+    pub domain: String,
+    pub descriptors: Vec<Descriptor>,
+    /// The request's cost; 0 means 1.
+    pub hits_addend: u32,
+}
+
+/// One descriptor of a request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Descriptor {
+    pub entries: Vec<Entry>,
+    /// A limit sent by the client, used instead of the rules when the domain exists.
+    pub limit: Option<Override>,
+    /// This descriptor's own cost; wins over the request's; 0 checks without consuming.
+    pub hits_addend: Option<u64>,
+    /// Give the cost back instead of taking it.
+    pub refund: bool,
+}
+
+/// A client-sent limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Override {
+    pub requests_per_unit: u32,
+    pub unit: Unit,
+}
+
+/// Why a request got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The request itself is malformed.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The limiter backend failed; nothing was decided.
+    #[error(transparent)]
+    Backend(#[from] LimiterError),
+}
+
+/// Names of the optional rate-limit response headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderNames {
+    pub limit: String,
+    pub remaining: String,
+    pub reset: String,
+    /// Also add `Retry-After` when the request is over the limit.
+    pub retry_after: bool,
+}
+
+/// Request-independent behaviour of the engine.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Options {
+    /// Global shadow mode: an OVER_LIMIT overall answer becomes OK (statuses keep their code).
+    pub shadow_mode: bool,
+    /// Add rate-limit headers to `response_headers_to_add`.
+    pub headers: Option<HeaderNames>,
+    /// Echo the request in `dynamic_metadata`.
+    pub echo_metadata: bool,
+}
+
+/// Decides requests against the current rules with one limiter.
+pub struct Engine {
+    rules: Arc<ArcSwap<RuleSet>>,
+    limiter: Arc<dyn Limiter>,
+    options: Options,
+}
+
+impl Engine {
+    /// `rules` is shared with whoever reloads them; each request uses one snapshot.
+    pub fn new(rules: Arc<ArcSwap<RuleSet>>, limiter: Arc<dyn Limiter>, options: Options) -> Self {
+        Engine {
+            rules,
+            limiter,
+            options,
+        }
+    }
+
+    /// The name of the limiter backend.
+    pub fn backend_name(&self) -> &'static str {
+        self.limiter.name()
+    }
+
+    /// Answers one request.
+    pub async fn should_rate_limit(&self, request: &Request) -> Result<Response, EngineError> {
+        validate(request)?;
+        let rules = self.rules.load_full();
+        let domain = rules.domain(&request.domain);
+        let planned = plan::plan_request(domain, request);
+        let outcome = if planned.batch.hits.is_empty() {
+            BatchOutcome {
+                hits: Vec::new(),
+                admitted: true,
+            }
+        } else {
+            let outcome = self.limiter.check(&planned.batch).await?;
+            if outcome.hits.len() != planned.batch.hits.len() {
+                return Err(EngineError::Backend(LimiterError {
+                    kind: self.limiter.name(),
+                    message: format!(
+                        "answered {} hits for a batch of {}",
+                        outcome.hits.len(),
+                        planned.batch.hits.len()
+                    ),
+                    transient: false,
+                }));
+            }
+            outcome
+        };
+        Ok(response::assemble(
+            request,
+            &planned,
+            &outcome,
+            &self.options,
+        ))
+    }
+}
+
+/// Rejects what no answer can be given for.
+fn validate(request: &Request) -> Result<(), EngineError> {
+    if request.domain.is_empty() {
+        return Err(EngineError::InvalidArgument(
+            "rate limit domain must not be empty".to_owned(),
+        ));
+    }
+    if request.descriptors.is_empty() {
+        return Err(EngineError::InvalidArgument(
+            "rate limit descriptor list must not be empty".to_owned(),
+        ));
+    }
+    for (i, d) in request.descriptors.iter().enumerate() {
+        if let Some(j) = d.entries.iter().position(|e| e.key.is_empty()) {
+            return Err(EngineError::InvalidArgument(format!(
+                "descriptors[{i}].entries[{j}].key must not be empty"
+            )));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,226 @@
+//! From a request to the limiter batch: what applies to each descriptor, after `replaces`.
+
+use std::borrow::Cow;
+use std::collections::HashSet;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+
+use super::{Descriptor, Override, Request};
+use crate::config::model::{Algorithm, Charge, LimitRule, Policy};
+use crate::limiter::{Batch, Hit, LimitParams, Role};
+use crate::rules::{Domain, Rule, key};
+
+/// YAML `metadata` of a matched rule.
+pub(super) type Metadata = Arc<serde_json::Map<String, serde_json::Value>>;
+
+/// What applies to one descriptor.
+pub(super) enum Applies<'r> {
+    /// Nothing: unknown domain, no match, no entries, a pass-through rule, or replaced.
+    Nothing,
+    /// An `unlimited` rule.
+    Unlimited,
+    /// Limits, each with the index of its hit in the batch.
+    Limits {
+        limits: Vec<(Cow<'r, LimitRule>, usize)>,
+        role: Role,
+    },
+}
+
+pub(super) struct DescriptorPlan<'r> {
+    pub applies: Applies<'r>,
+    pub metadata: Option<&'r Metadata>,
+}
+
+pub(super) struct Planned<'r> {
+    pub descriptors: Vec<DescriptorPlan<'r>>,
+    pub batch: Batch,
+}
+
+/// What a descriptor matched before `replaces` is applied.
+enum Candidate<'r> {
+    Nothing,
+    Rule(&'r Rule, crate::rules::Match<'r>),
+    Override(LimitRule),
+}
+
+pub(super) fn plan_request<'r>(domain: Option<&'r Domain>, request: &Request) -> Planned<'r> {
+    let candidates: Vec<Candidate<'r>> = request
+        .descriptors
+        .iter()
+        .map(|d| candidate(domain, d))
+        .collect();
+    let replaced = replaced_names(&candidates);
+    let mut batch = Batch::default();
+    let descriptors = candidates
+        .into_iter()
+        .zip(&request.descriptors)
+        .enumerate()
+        .map(|(group, (c, d))| {
+            let ctx = HitContext {
+                domain: domain.map_or("", |d| d.name()),
+                descriptor: d,
+                cost: cost(request, d),
+                group,
+            };
+            descriptor_plan(c, &replaced, &ctx, &mut batch)
+        })
+        .collect();
+    Planned { descriptors, batch }
+}
+
+fn candidate<'r>(domain: Option<&'r Domain>, d: &Descriptor) -> Candidate<'r> {
+    let Some(domain) = domain else {
+        return Candidate::Nothing;
+    };
+    if d.entries.is_empty() {
+        return Candidate::Nothing;
+    }
+    if let Some(limit) = d.limit {
+        return Candidate::Override(override_rule(limit));
+    }
+    match domain.find(&d.entries) {
+        Some(m) => Candidate::Rule(m.rule(), m),
+        None => Candidate::Nothing,
+    }
+}
+
+/// A client-sent limit as a rule: a funnel with burst equal to the quota.
+fn override_rule(limit: Override) -> LimitRule {
+    LimitRule {
+        name: None,
+        unit: limit.unit,
+        requests_per_unit: limit.requests_per_unit,
+        unit_multiplier: NonZeroU32::MIN,
+        algorithm: Algorithm::Funnel,
+        burst: limit.requests_per_unit,
+        charge: Charge::Admitted,
+        borrow: false,
+        replaces: Vec::new(),
+    }
+}
+
+/// Every name that some matched limit of the request replaces.
+fn replaced_names<'r>(candidates: &[Candidate<'r>]) -> HashSet<&'r str> {
+    let mut names = HashSet::new();
+    for c in candidates {
+        if let Candidate::Rule(rule, _) = c {
+            match &rule.policy {
+                Policy::Limited(limits) => {
+                    for l in limits {
+                        names.extend(l.replaces.iter().map(String::as_str));
+                    }
+                }
+                Policy::Unlimited { replaces, .. } => {
+                    names.extend(replaces.iter().map(String::as_str));
+                }
+                Policy::None => {}
+            }
+        }
+    }
+    names
+}
+
+fn is_replaced(name: &Option<String>, replaced: &HashSet<&str>) -> bool {
+    name.as_deref().is_some_and(|n| replaced.contains(n))
+}
+
+/// The cost of a descriptor: its own `hits_addend`, else the request's (0 meaning 1).
+fn cost(request: &Request, d: &Descriptor) -> u64 {
+    d.hits_addend
+        .unwrap_or_else(|| u64::from(request.hits_addend.max(1)))
+}
+
+struct HitContext<'a> {
+    domain: &'a str,
+    descriptor: &'a Descriptor,
+    cost: u64,
+    group: usize,
+}
+
+fn descriptor_plan<'r>(
+    c: Candidate<'r>,
+    replaced: &HashSet<&str>,
+    ctx: &HitContext<'_>,
+    batch: &mut Batch,
+) -> DescriptorPlan<'r> {
+    match c {
+        Candidate::Nothing => DescriptorPlan {
+            applies: Applies::Nothing,
+            metadata: None,
+        },
+        Candidate::Override(rule) => {
+            let part = key::descriptor_part(ctx.domain, &ctx.descriptor.entries, None);
+            let limits = push_hits(vec![Cow::Owned(rule)], &part, Role::Enforced, ctx, batch);
+            DescriptorPlan {
+                applies: Applies::Limits {
+                    limits,
+                    role: Role::Enforced,
+                },
+                metadata: None,
+            }
+        }
+        Candidate::Rule(rule, m) => {
+            let applies = match &rule.policy {
+                Policy::None => Applies::Nothing,
+                Policy::Unlimited { name, .. } if is_replaced(name, replaced) => Applies::Nothing,
+                Policy::Unlimited { .. } => Applies::Unlimited,
+                Policy::Limited(limits) => {
+                    let kept: Vec<Cow<'r, LimitRule>> = limits
+                        .iter()
+                        .filter(|l| !is_replaced(&l.name, replaced))
+                        .map(Cow::Borrowed)
+                        .collect();
+                    if kept.is_empty() {
+                        Applies::Nothing
+                    } else {
+                        let part =
+                            key::descriptor_part(ctx.domain, &ctx.descriptor.entries, Some(&m));
+                        let role = role_of(rule);
+                        Applies::Limits {
+                            limits: push_hits(kept, &part, role, ctx, batch),
+                            role,
+                        }
+                    }
+                }
+            };
+            DescriptorPlan {
+                applies,
+                metadata: rule.metadata.as_ref(),
+            }
+        }
+    }
+}
+
+fn role_of(rule: &Rule) -> Role {
+    if rule.shadow_mode {
+        Role::Shadow
+    } else if rule.quota_mode {
+        Role::Quota
+    } else {
+        Role::Enforced
+    }
+}
+
+fn push_hits<'r>(
+    limits: Vec<Cow<'r, LimitRule>>,
+    descriptor_part: &str,
+    role: Role,
+    ctx: &HitContext<'_>,
+    batch: &mut Batch,
+) -> Vec<(Cow<'r, LimitRule>, usize)> {
+    limits
+        .into_iter()
+        .map(|rule| {
+            let params = LimitParams::from_rule(&rule);
+            batch.hits.push(Hit {
+                key: key::state_key(descriptor_part, params.algorithm, params.period_nanos),
+                limit: params,
+                cost: ctx.cost,
+                refund: ctx.descriptor.refund,
+                group: ctx.group,
+                role,
+            });
+            (rule, batch.hits.len() - 1)
+        })
+        .collect()
+}

@@ -1,0 +1,80 @@
+//! Test helpers (feature `test-util`): a real server on a loopback port, over a manual clock.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::app::App;
+use crate::config::rules;
+use crate::config::settings::Settings;
+use crate::limiter::{Limiter, ManualClock, MemoryLimiter};
+use crate::rules::RuleSet;
+
+/// A running sluice on `127.0.0.1:<free port>`, stopped when dropped.
+pub struct TestServer {
+    pub addr: SocketAddr,
+    /// The memory backend's clock; advance it to let funnels drain.
+    pub clock: ManualClock,
+    stop: CancellationToken,
+    task: Option<JoinHandle<anyhow::Result<()>>>,
+}
+
+/// One second in the limiters' nanoseconds.
+pub const SECOND: u64 = 1_000_000_000;
+
+impl TestServer {
+    /// Serves `rules_yaml` with default settings.
+    pub async fn start(rules_yaml: &str) -> TestServer {
+        Self::start_with(Settings::default(), rules_yaml).await
+    }
+
+    /// Serves `rules_yaml` with `settings` (its listen address and rules paths are ignored).
+    ///
+    /// # Panics
+    /// When the rules are invalid or no port can be bound: this is test code.
+    pub async fn start_with(settings: Settings, rules_yaml: &str) -> TestServer {
+        let model = rules::from_sources(&[(PathBuf::from("test.yaml"), rules_yaml.to_owned())])
+            .unwrap_or_else(|e| panic!("test rules are invalid:\n{e}"));
+        let clock = ManualClock::at(1_000 * SECOND);
+        let limiter: Arc<dyn Limiter> = Arc::new(MemoryLimiter::with_clock(
+            settings.memory.max_keys,
+            clock.clone(),
+        ));
+        let app = App::from_parts(&settings, RuleSet::compile(model), limiter);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port");
+        let addr = listener.local_addr().expect("local address");
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(app.run(listener, stop.clone().cancelled_owned()));
+        TestServer {
+            addr,
+            clock,
+            stop,
+            task: Some(task),
+        }
+    }
+
+    /// `http://127.0.0.1:<port>`, for gRPC clients.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops the server and waits for it to finish; returns its result.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        self.stop.cancel();
+        match self.task.take() {
+            Some(task) => task.await?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
