@@ -1,0 +1,96 @@
+//! Shared helpers of the integration tests: requests built with the `envoy-types` client
+//! (generated from Envoy's own protos), so every call proves wire compatibility.
+
+#![allow(dead_code, unused_imports)]
+
+pub use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+pub use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
+pub use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, rate_limit::Unit,
+};
+pub use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+pub use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+pub use sluice::testing::{SECOND, TestServer};
+
+pub type Client = RateLimitServiceClient<tonic::transport::Channel>;
+
+/// A channel to the test server, for the other gRPC clients.
+pub async fn channel(server: &TestServer) -> tonic::transport::Channel {
+    tonic::transport::Channel::from_shared(server.url())
+        .expect("a valid URL")
+        .connect()
+        .await
+        .expect("connect to the test server")
+}
+
+pub async fn client(server: &TestServer) -> Client {
+    RateLimitServiceClient::connect(server.url())
+        .await
+        .expect("connect to the test server")
+}
+
+/// A descriptor from `(key, value)` pairs.
+pub fn desc(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: (*k).to_owned(),
+                value: (*v).to_owned(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// The same descriptor with its own cost.
+pub fn with_hits(mut d: RateLimitDescriptor, hits: u64) -> RateLimitDescriptor {
+    d.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: hits });
+    d
+}
+
+pub fn req(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
+/// Calls and expects an answer (not a gRPC error).
+pub async fn call(c: &mut Client, r: RateLimitRequest) -> RateLimitResponse {
+    c.should_rate_limit(r)
+        .await
+        .expect("ShouldRateLimit answered with an error")
+        .into_inner()
+}
+
+/// Calls one single-entry descriptor in domain `test`.
+pub async fn hit(c: &mut Client, key: &str, value: &str) -> RateLimitResponse {
+    call(c, req("test", vec![desc(&[(key, value)])])).await
+}
+
+pub fn overall(r: &RateLimitResponse) -> Code {
+    Code::try_from(r.overall_code).expect("a known overall code")
+}
+
+pub fn code(s: &DescriptorStatus) -> Code {
+    Code::try_from(s.code).expect("a known code")
+}
+
+/// `(requests_per_unit, unit, name)` of a status's current limit.
+pub fn limit_of(s: &DescriptorStatus) -> Option<(u32, Unit, String)> {
+    s.current_limit.as_ref().map(|l| {
+        (
+            l.requests_per_unit,
+            Unit::try_from(l.unit).expect("a known unit"),
+            l.name.clone(),
+        )
+    })
+}
+
+pub fn reset_secs(s: &DescriptorStatus) -> Option<i64> {
+    s.duration_until_reset.as_ref().map(|d| d.seconds)
+}

@@ -1,0 +1,570 @@
+//! The request semantics of DESIGN.md §4, through gRPC on loopback with the `envoy-types`
+//! client, against the memory backend on a manual clock.
+
+mod common;
+
+use common::*;
+use tonic::Code as GrpcCode;
+
+const RULES: &str = include_str!("fixtures/semantics.yaml");
+
+async fn setup() -> (TestServer, Client) {
+    let server = TestServer::start(RULES).await;
+    let c = client(&server).await;
+    (server, c)
+}
+
+#[tokio::test]
+async fn within_then_over_the_limit() {
+    let (_s, mut c) = setup().await;
+    let r = hit(&mut c, "one_per_minute", "a").await;
+    assert_eq!(overall(&r), Code::Ok);
+    assert_eq!(r.statuses.len(), 1);
+    let s = &r.statuses[0];
+    assert_eq!(code(s), Code::Ok);
+    assert_eq!(limit_of(s), Some((1, Unit::Minute, String::new())));
+    assert_eq!(s.limit_remaining, 0);
+    assert_eq!(reset_secs(s), Some(60));
+
+    let r = hit(&mut c, "one_per_minute", "a").await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    let s = &r.statuses[0];
+    assert_eq!(code(s), Code::OverLimit);
+    assert_eq!(s.limit_remaining, 0);
+    assert_eq!(reset_secs(s), Some(60));
+    assert_eq!(limit_of(s), Some((1, Unit::Minute, String::new())));
+}
+
+#[tokio::test]
+async fn a_key_only_rule_gives_each_value_its_own_state() {
+    let (_s, mut c) = setup().await;
+    assert_eq!(overall(&hit(&mut c, "one_per_minute", "a").await), Code::Ok);
+    assert_eq!(overall(&hit(&mut c, "one_per_minute", "b").await), Code::Ok);
+    assert_eq!(
+        overall(&hit(&mut c, "one_per_minute", "a").await),
+        Code::OverLimit
+    );
+}
+
+#[tokio::test]
+async fn time_drains_the_funnel_and_reset_rounds_up() {
+    let (s, mut c) = setup().await;
+    let r = hit(&mut c, "two_per_second", "x").await;
+    assert_eq!(r.statuses[0].limit_remaining, 1);
+    assert_eq!(reset_secs(&r.statuses[0]), Some(1), "0.5 s rounds up to 1");
+    assert_eq!(overall(&hit(&mut c, "two_per_second", "x").await), Code::Ok);
+    let over = hit(&mut c, "two_per_second", "x").await;
+    assert_eq!(overall(&over), Code::OverLimit);
+    assert_eq!(reset_secs(&over.statuses[0]), Some(1));
+    s.clock.advance(SECOND / 2);
+    let r = hit(&mut c, "two_per_second", "x").await;
+    assert_eq!(overall(&r), Code::Ok);
+    assert_eq!(r.statuses[0].limit_remaining, 0);
+}
+
+#[tokio::test]
+async fn unit_multiplier_and_burst() {
+    let (s, mut c) = setup().await;
+    let r = hit(&mut c, "five_minutes", "x").await;
+    assert_eq!(
+        limit_of(&r.statuses[0]),
+        Some((5, Unit::Minute, String::new()))
+    );
+    assert_eq!(r.statuses[0].limit_remaining, 4);
+    assert_eq!(
+        reset_secs(&r.statuses[0]),
+        Some(60),
+        "one unit of 5/5min drains in 60 s"
+    );
+
+    for _ in 0..3 {
+        assert_eq!(overall(&hit(&mut c, "bursty", "x").await), Code::Ok);
+    }
+    let over = hit(&mut c, "bursty", "x").await;
+    assert_eq!(overall(&over), Code::OverLimit);
+    assert_eq!(reset_secs(&over.statuses[0]), Some(1));
+    s.clock.advance(SECOND);
+    assert_eq!(overall(&hit(&mut c, "bursty", "x").await), Code::Ok);
+    assert_eq!(overall(&hit(&mut c, "bursty", "x").await), Code::OverLimit);
+}
+
+#[tokio::test]
+async fn unknown_domain_no_match_and_empty_entries_are_ok_without_limit() {
+    let (_s, mut c) = setup().await;
+    let cases = [
+        req("nope", vec![desc(&[("one_per_minute", "a")])]),
+        req("test", vec![desc(&[("no_such_key", "a")])]),
+        req("test", vec![desc(&[])]),
+        req("test", vec![desc(&[("passthrough", "a")])]),
+        req(
+            "test",
+            vec![desc(&[("one_per_minute", "a"), ("too", "deep")])],
+        ),
+        req("test", vec![desc(&[("user", "alice")])]),
+    ];
+    for r in cases {
+        let answer = call(&mut c, r.clone()).await;
+        assert_eq!(overall(&answer), Code::Ok, "{r:?}");
+        let s = &answer.statuses[0];
+        assert_eq!(code(s), Code::Ok);
+        assert_eq!(s.current_limit, None);
+        assert_eq!(s.limit_remaining, 0);
+        assert_eq!(s.duration_until_reset, None);
+    }
+}
+
+#[tokio::test]
+async fn unlimited_is_ok_with_max_remaining() {
+    let (_s, mut c) = setup().await;
+    for _ in 0..3 {
+        let r = hit(&mut c, "path", "/healthz").await;
+        assert_eq!(overall(&r), Code::Ok);
+        assert_eq!(r.statuses[0].limit_remaining, u32::MAX);
+        assert_eq!(r.statuses[0].current_limit, None);
+    }
+}
+
+#[tokio::test]
+async fn empty_domain_or_descriptor_list_is_invalid_argument() {
+    let (_s, mut c) = setup().await;
+    let err = c
+        .should_rate_limit(req("", vec![desc(&[("a", "b")])]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), GrpcCode::InvalidArgument);
+    assert!(err.message().contains("domain"), "{}", err.message());
+    let err = c.should_rate_limit(req("test", vec![])).await.unwrap_err();
+    assert_eq!(err.code(), GrpcCode::InvalidArgument);
+    assert!(err.message().contains("descriptor"), "{}", err.message());
+}
+
+#[tokio::test]
+async fn nested_and_wildcard_matching() {
+    let (_s, mut c) = setup().await;
+    let name_of = |r: &RateLimitResponse| limit_of(&r.statuses[0]).map(|l| l.2);
+    let nested = |v: &str| req("test", vec![desc(&[("user", "bob"), ("route", v)])]);
+    let cases = [
+        ("/reports/2024/q1", "reports"),
+        ("/reports/", "reports"),
+        ("/admin", "admin"),
+        ("/export/all.csv", "csv"),
+        ("/reports/all.csv", "reports"),
+        ("/other", "any_route"),
+    ];
+    for (route, expected) in cases {
+        let r = call(&mut c, nested(route)).await;
+        assert_eq!(name_of(&r).as_deref(), Some(expected), "route {route}");
+    }
+    let r = call(
+        &mut c,
+        req(
+            "test",
+            vec![desc(&[("user", "root"), ("action", "delete")])],
+        ),
+    )
+    .await;
+    assert_eq!(name_of(&r).as_deref(), Some("root_delete"));
+    // No backtracking: `user=root` matched exactly, and its subtree has no `route`.
+    let r = call(
+        &mut c,
+        req("test", vec![desc(&[("user", "root"), ("route", "/admin")])]),
+    )
+    .await;
+    assert_eq!(r.statuses[0].current_limit, None);
+    // A limit on an intermediate level applies only to requests that end there.
+    let r = call(&mut c, req("test", vec![desc(&[("intermediate", "x")])])).await;
+    assert_eq!(name_of(&r).as_deref(), Some("top"));
+    let r = call(
+        &mut c,
+        req("test", vec![desc(&[("intermediate", "x"), ("leaf", "y")])]),
+    )
+    .await;
+    assert_eq!(name_of(&r).as_deref(), Some("leaf"));
+}
+
+#[tokio::test]
+async fn share_threshold_makes_matching_values_share_one_state() {
+    let (_s, mut c) = setup().await;
+    assert_eq!(overall(&hit(&mut c, "shared", "files/a").await), Code::Ok);
+    assert_eq!(overall(&hit(&mut c, "shared", "files/b").await), Code::Ok);
+    assert_eq!(
+        overall(&hit(&mut c, "shared", "files/c").await),
+        Code::OverLimit
+    );
+}
+
+#[tokio::test]
+async fn several_limits_on_one_descriptor_all_or_nothing() {
+    let (s, mut c) = setup().await;
+    let name = |r: &RateLimitResponse| limit_of(&r.statuses[0]).map(|l| l.2);
+    // 2/second and 3/minute.
+    let r = hit(&mut c, "multi", "x").await;
+    assert_eq!(overall(&r), Code::Ok);
+    assert_eq!(
+        name(&r).as_deref(),
+        Some("per_second"),
+        "least remaining is reported"
+    );
+    assert_eq!(r.statuses[0].limit_remaining, 1);
+    assert_eq!(overall(&hit(&mut c, "multi", "x").await), Code::Ok);
+    let r = hit(&mut c, "multi", "x").await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    assert_eq!(
+        name(&r).as_deref(),
+        Some("per_second"),
+        "the denying limit is reported"
+    );
+    // The denied request took nothing from the per-minute limit: one more passes.
+    s.clock.advance(SECOND);
+    let r = hit(&mut c, "multi", "x").await;
+    assert_eq!(overall(&r), Code::Ok);
+    assert_eq!(name(&r).as_deref(), Some("per_minute"));
+    assert_eq!(r.statuses[0].limit_remaining, 0);
+    s.clock.advance(SECOND);
+    let r = hit(&mut c, "multi", "x").await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    assert_eq!(name(&r).as_deref(), Some("per_minute"));
+    assert!(reset_secs(&r.statuses[0]).unwrap() >= 1);
+}
+
+#[tokio::test]
+async fn a_denied_request_consumes_nothing_anywhere() {
+    let (_s, mut c) = setup().await;
+    let both = || {
+        req(
+            "test",
+            vec![
+                desc(&[("two_per_second", "x")]),
+                desc(&[("one_per_minute", "y")]),
+            ],
+        )
+    };
+    let r = call(&mut c, both()).await;
+    assert_eq!(overall(&r), Code::Ok);
+    let r = call(&mut c, both()).await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    assert_eq!(code(&r.statuses[0]), Code::Ok);
+    assert_eq!(code(&r.statuses[1]), Code::OverLimit);
+    assert_eq!(
+        r.statuses[0].limit_remaining, 1,
+        "nothing consumed: still 1 left"
+    );
+    // Only one of two_per_second's two units was used.
+    let r = hit(&mut c, "two_per_second", "x").await;
+    assert_eq!(overall(&r), Code::Ok);
+    assert_eq!(r.statuses[0].limit_remaining, 0);
+}
+
+#[tokio::test]
+async fn statuses_follow_request_order() {
+    let (_s, mut c) = setup().await;
+    let r = call(
+        &mut c,
+        req(
+            "test",
+            vec![
+                desc(&[("path", "/healthz")]),
+                desc(&[("nothing", "here")]),
+                desc(&[("one_per_minute", "o")]),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(r.statuses.len(), 3);
+    assert_eq!(r.statuses[0].limit_remaining, u32::MAX);
+    assert_eq!(r.statuses[1].current_limit, None);
+    assert_eq!(limit_of(&r.statuses[2]).map(|l| l.0), Some(1));
+}
+
+#[tokio::test]
+async fn cost_precedence_and_check_only() {
+    let (_s, mut c) = setup().await;
+    // The request's hits_addend is the cost...
+    let mut r = req("test", vec![desc(&[("two_per_second", "a")])]);
+    r.hits_addend = 2;
+    let answer = call(&mut c, r).await;
+    assert_eq!(overall(&answer), Code::Ok);
+    assert_eq!(answer.statuses[0].limit_remaining, 0);
+    // ...but the descriptor's own wins.
+    let mut r = req("test", vec![with_hits(desc(&[("two_per_second", "b")]), 1)]);
+    r.hits_addend = 5;
+    let answer = call(&mut c, r).await;
+    assert_eq!(overall(&answer), Code::Ok);
+    assert_eq!(answer.statuses[0].limit_remaining, 1);
+    // Cost 0 only checks.
+    for _ in 0..3 {
+        let answer = call(
+            &mut c,
+            req("test", vec![with_hits(desc(&[("two_per_second", "b")]), 0)]),
+        )
+        .await;
+        assert_eq!(overall(&answer), Code::Ok);
+        assert_eq!(answer.statuses[0].limit_remaining, 1);
+    }
+    // A full (not indebted) limit still checks OK with nothing left.
+    call(&mut c, req("test", vec![desc(&[("two_per_second", "b")])])).await;
+    let answer = call(
+        &mut c,
+        req("test", vec![with_hits(desc(&[("two_per_second", "b")]), 0)]),
+    )
+    .await;
+    assert_eq!(overall(&answer), Code::Ok);
+    assert_eq!(answer.statuses[0].limit_remaining, 0);
+}
+
+#[tokio::test]
+async fn refunds_give_back() {
+    let (_s, mut c) = setup().await;
+    hit(&mut c, "two_per_second", "r").await;
+    hit(&mut c, "two_per_second", "r").await;
+    assert_eq!(
+        overall(&hit(&mut c, "two_per_second", "r").await),
+        Code::OverLimit
+    );
+    let mut back = with_hits(desc(&[("two_per_second", "r")]), 1);
+    back.is_negative_hits = true;
+    let answer = call(&mut c, req("test", vec![back])).await;
+    assert_eq!(overall(&answer), Code::Ok);
+    assert_eq!(answer.statuses[0].limit_remaining, 1);
+    assert_eq!(overall(&hit(&mut c, "two_per_second", "r").await), Code::Ok);
+    assert_eq!(
+        overall(&hit(&mut c, "two_per_second", "r").await),
+        Code::OverLimit
+    );
+    // Refunding more than was taken never goes below empty.
+    let mut back = with_hits(desc(&[("two_per_second", "r")]), 1_000);
+    back.is_negative_hits = true;
+    let answer = call(&mut c, req("test", vec![back])).await;
+    assert_eq!(answer.statuses[0].limit_remaining, 2);
+}
+
+#[tokio::test]
+async fn limit_override_is_used_when_the_domain_exists() {
+    let (_s, mut c) = setup().await;
+    let with_override = |domain: &str| {
+        let mut d = desc(&[("one_per_minute", "ov")]);
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: 3,
+            unit: 1, // SECOND
+        });
+        req(domain, vec![d])
+    };
+    for remaining in [2, 1, 0] {
+        let r = call(&mut c, with_override("test")).await;
+        assert_eq!(overall(&r), Code::Ok);
+        assert_eq!(
+            limit_of(&r.statuses[0]),
+            Some((3, Unit::Second, String::new()))
+        );
+        assert_eq!(r.statuses[0].limit_remaining, remaining);
+    }
+    assert_eq!(
+        overall(&call(&mut c, with_override("test")).await),
+        Code::OverLimit
+    );
+    let r = call(&mut c, with_override("unknown")).await;
+    assert_eq!(r.statuses[0].current_limit, None);
+
+    let mut bad = desc(&[("a", "b")]);
+    bad.limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: 0,
+    });
+    let err = c
+        .should_rate_limit(req("test", vec![bad]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), GrpcCode::InvalidArgument);
+}
+
+#[tokio::test]
+async fn replaces_drops_the_named_limit() {
+    let (_s, mut c) = setup().await;
+    let both = || {
+        req(
+            "test",
+            vec![desc(&[("general", "g")]), desc(&[("vip", "v")])],
+        )
+    };
+    for _ in 0..3 {
+        let r = call(&mut c, both()).await;
+        assert_eq!(overall(&r), Code::Ok);
+        assert_eq!(r.statuses[0].current_limit, None, "general is replaced");
+        assert_eq!(
+            limit_of(&r.statuses[1]).map(|l| l.2).as_deref(),
+            Some("vip")
+        );
+    }
+    // The replaced limit consumed nothing meanwhile.
+    assert_eq!(overall(&hit(&mut c, "general", "g").await), Code::Ok);
+    assert_eq!(overall(&hit(&mut c, "general", "g").await), Code::OverLimit);
+}
+
+#[tokio::test]
+async fn zero_quota_blocks_every_request_with_a_cost() {
+    let (_s, mut c) = setup().await;
+    let r = hit(&mut c, "blocked", "x").await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    assert_eq!(r.statuses[0].limit_remaining, 0);
+    assert!(reset_secs(&r.statuses[0]).unwrap() >= 1);
+    let r = call(
+        &mut c,
+        req("test", vec![with_hits(desc(&[("blocked", "x")]), 0)]),
+    )
+    .await;
+    assert_eq!(overall(&r), Code::Ok);
+}
+
+#[tokio::test]
+async fn shadow_rules_are_counted_but_never_block() {
+    let (_s, mut c) = setup().await;
+    assert_eq!(overall(&hit(&mut c, "shadow", "x").await), Code::Ok);
+    let r = hit(&mut c, "shadow", "x").await;
+    assert_eq!(overall(&r), Code::Ok);
+    assert_eq!(code(&r.statuses[0]), Code::Ok);
+    assert_eq!(r.statuses[0].limit_remaining, 0);
+    // A shadow denial does not stop another descriptor from consuming.
+    let r = call(
+        &mut c,
+        req(
+            "test",
+            vec![desc(&[("shadow", "x")]), desc(&[("one_per_minute", "s")])],
+        ),
+    )
+    .await;
+    assert_eq!(overall(&r), Code::Ok);
+    assert_eq!(
+        overall(&hit(&mut c, "one_per_minute", "s").await),
+        Code::OverLimit
+    );
+}
+
+#[tokio::test]
+async fn global_shadow_mode_answers_ok_but_reports_statuses() {
+    let mut settings = sluice::config::settings::Settings::default();
+    settings.rules.shadow_mode = true;
+    let server = TestServer::start_with(settings, RULES).await;
+    let mut c = client(&server).await;
+    hit(&mut c, "one_per_minute", "a").await;
+    let r = hit(&mut c, "one_per_minute", "a").await;
+    assert_eq!(overall(&r), Code::Ok);
+    assert_eq!(code(&r.statuses[0]), Code::OverLimit);
+}
+
+#[tokio::test]
+async fn quota_mode_denies_only_when_every_quota_descriptor_is_over() {
+    let (_s, mut c) = setup().await;
+    let both = || {
+        req(
+            "test",
+            vec![desc(&[("quota_a", "q")]), desc(&[("quota_b", "q")])],
+        )
+    };
+    assert_eq!(overall(&hit(&mut c, "quota_a", "q").await), Code::Ok);
+    assert_eq!(overall(&hit(&mut c, "quota_a", "q").await), Code::OverLimit);
+    let r = call(&mut c, both()).await;
+    assert_eq!(overall(&r), Code::Ok);
+    assert_eq!(code(&r.statuses[0]), Code::OverLimit);
+    assert_eq!(code(&r.statuses[1]), Code::Ok);
+    let r = call(&mut c, both()).await;
+    assert_eq!(overall(&r), Code::OverLimit);
+}
+
+#[tokio::test]
+async fn charge_always_charges_denied_costs() {
+    let (_s, mut c) = setup().await;
+    let r = call(
+        &mut c,
+        req("test", vec![with_hits(desc(&[("tokens", "t")]), 150)]),
+    )
+    .await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    // The 150 were charged anyway: the limiter is in debt, so even a check is over.
+    let r = call(
+        &mut c,
+        req("test", vec![with_hits(desc(&[("tokens", "t")]), 0)]),
+    )
+    .await;
+    assert_eq!(overall(&r), Code::OverLimit);
+}
+
+#[tokio::test]
+async fn borrow_admits_while_not_in_debt() {
+    let (_s, mut c) = setup().await;
+    let cost = |n| req("test", vec![with_hits(desc(&[("borrow", "b")]), n)]);
+    let r = call(&mut c, cost(8)).await;
+    assert_eq!(r.statuses[0].limit_remaining, 2);
+    let r = call(&mut c, cost(5)).await;
+    assert_eq!(overall(&r), Code::Ok, "5 > 2 left, but borrowing admits it");
+    assert_eq!(r.statuses[0].limit_remaining, 0);
+    assert_eq!(overall(&call(&mut c, cost(1)).await), Code::OverLimit);
+    assert_eq!(
+        overall(&call(&mut c, cost(0)).await),
+        Code::OverLimit,
+        "in debt"
+    );
+}
+
+#[tokio::test]
+async fn rule_metadata_reaches_dynamic_metadata() {
+    let (_s, mut c) = setup().await;
+    let r = hit(&mut c, "meta", "m").await;
+    let md = r.dynamic_metadata.expect("dynamic metadata");
+    let text = format!("{md:?}");
+    assert!(text.contains("gold") && text.contains("nested"), "{text}");
+    let over = hit(&mut c, "meta", "m").await;
+    assert_eq!(overall(&over), Code::OverLimit);
+    assert!(
+        over.dynamic_metadata.is_none(),
+        "no metadata from an over-limit descriptor"
+    );
+}
+
+#[tokio::test]
+async fn request_echo_and_rate_limit_headers_when_enabled() {
+    let mut settings = sluice::config::settings::Settings::default();
+    settings.response.headers = true;
+    settings.response.dynamic_metadata = true;
+    let server = TestServer::start_with(settings, RULES).await;
+    let mut c = client(&server).await;
+    let r = hit(&mut c, "one_per_minute", "h").await;
+    let headers: Vec<(String, String)> = r
+        .response_headers_to_add
+        .iter()
+        .map(|h| (h.key.clone(), h.value.clone()))
+        .collect();
+    let expect = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    };
+    assert_eq!(
+        headers,
+        expect(&[
+            ("RateLimit-Limit", "1"),
+            ("RateLimit-Remaining", "0"),
+            ("RateLimit-Reset", "60")
+        ])
+    );
+    let md = format!("{:?}", r.dynamic_metadata.expect("echo"));
+    assert!(
+        md.contains("one_per_minute=h") && md.contains("\"test\""),
+        "{md}"
+    );
+    let r = hit(&mut c, "one_per_minute", "h").await;
+    let headers: Vec<(String, String)> = r
+        .response_headers_to_add
+        .iter()
+        .map(|h| (h.key.clone(), h.value.clone()))
+        .collect();
+    assert_eq!(
+        headers,
+        expect(&[
+            ("RateLimit-Limit", "1"),
+            ("RateLimit-Remaining", "0"),
+            ("RateLimit-Reset", "60"),
+            ("Retry-After", "60")
+        ])
+    );
+}
