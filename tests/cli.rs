@@ -1,0 +1,152 @@
+//! The `sluice` binary: `check` on good and broken rules, `serve` with the embedded rules,
+//! exit 64 on bad rules or settings before any port is bound, exit 0 on SIGTERM.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+use tokio::time::Instant;
+
+use common::*;
+
+fn sluice() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    cmd.env_remove("RUST_LOG");
+    for (k, _) in std::env::vars() {
+        if k.starts_with("SLUICE_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.output().expect("run the sluice binary")
+}
+
+fn fixtures(dir: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/rules")
+        .join(dir)
+        .display()
+        .to_string()
+}
+
+#[test]
+fn check_accepts_good_rules_and_the_embedded_set() {
+    let out = run(sluice().args(["check", "--rules", &fixtures("valid")]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(sluice().arg("check"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("ok: 1 domain"));
+}
+
+#[test]
+fn check_reports_every_error_with_file_and_line() {
+    let dir = fixtures("invalid");
+    let out = run(sluice().args(["check", "--rules", &dir]));
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let mut files = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let shown = format!("{}:", path.display());
+        let line = stderr
+            .lines()
+            .find(|l| l.starts_with(&shown))
+            .unwrap_or_else(|| panic!("no error for {shown} in:\n{stderr}"));
+        let number: String = line[shown.len()..].chars().take_while(char::is_ascii_digit).collect();
+        assert!(number.parse::<usize>().unwrap() > 0, "no line number in {line}");
+        files += 1;
+    }
+    assert!(files >= 15, "expected one fixture per validation rule, found {files}");
+    let total = stderr.lines().last().unwrap();
+    assert!(total.ends_with("error(s)"), "{total}");
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A `sluice serve` child process, killed if the test fails before stopping it.
+struct Served(Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn connect_within(url: &str, limit: Duration) -> Client {
+    let start = Instant::now();
+    loop {
+        match RateLimitServiceClient::connect(url.to_owned()).await {
+            Ok(c) => return c,
+            Err(e) if start.elapsed() > limit => panic!("sluice did not come up: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+#[tokio::test]
+async fn serve_with_embedded_rules_then_stop_on_sigterm() {
+    let port = free_port();
+    let child = sluice()
+        .args(["serve", "--grpc-listen", &format!("127.0.0.1:{port}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut served = Served(child);
+    let mut c = connect_within(&format!("http://127.0.0.1:{port}"), Duration::from_secs(20)).await;
+    let login = || req("demo", vec![desc(&[("path", "/login")])]);
+    for _ in 0..5 {
+        assert_eq!(overall(&call(&mut c, login()).await), Code::Ok);
+    }
+    let r = call(&mut c, login()).await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    assert_eq!(limit_of(&r.statuses[0]).map(|l| l.2).as_deref(), Some("login"));
+
+    let pid = served.0.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = served.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "no exit after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status.code(), Some(0));
+}
+
+#[test]
+fn bad_rules_exit_64_before_binding() {
+    let port = free_port();
+    let out = run(sluice().args([
+        "serve",
+        "--grpc-listen",
+        &format!("127.0.0.1:{port}"),
+        "--rules",
+        &fixtures("invalid"),
+    ]));
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("invalid"), "{stderr}");
+    assert!(std::net::TcpListener::bind(("127.0.0.1", port)).is_ok(), "port was never bound");
+}
+
+#[test]
+fn bad_settings_exit_64() {
+    let out = run(sluice().arg("serve").env("SLUICE_SERVER__GRPC_LISTN", "127.0.0.1:1"));
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid settings"));
+    let out = run(sluice().args(["serve", "--backend", "redis"]));
+    assert_eq!(out.status.code(), Some(64));
+}
