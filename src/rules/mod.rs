@@ -6,6 +6,7 @@
 //! no backtracking.
 
 pub mod key;
+mod wildcard;
 
 use std::sync::Arc;
 
