@@ -3,6 +3,7 @@
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
+use super::key::descriptor_part;
 use super::*;
 use crate::config::model::{Algorithm, Charge, LimitRule, Unit};
 
@@ -314,4 +315,26 @@ fn a_repeated_domain_keeps_its_first_definition() {
     let rules = RuleSet::compile(model);
     assert_eq!(rules.len(), 1);
     assert_eq!(found(&rules, &[("first", "x")]), name("first"));
+}
+
+#[test]
+fn shared_wildcards_share_one_descriptor_part() {
+    let shared = DescriptorRule {
+        share_threshold: true,
+        ..limited("path", wild("/files/*"), "files", vec![])
+    };
+    let rules = domain(vec![shared, limited("path", wild("/api/*"), "api", vec![])]);
+    let d = rules.domain("d").unwrap();
+    let part = |value: &str| {
+        let e = entries(&[("path", value)]);
+        descriptor_part("d", &e, d.find(&e).as_ref())
+    };
+    assert_eq!(part("/files/a"), "{d|path~/files/*}");
+    assert_eq!(part("/files/b"), "{d|path~/files/*}");
+    assert_eq!(part("/api/a"), "{d|path=/api/a}");
+    // The request value equal to the pattern, without sharing, is a different key.
+    assert_ne!(
+        part("/files/a"),
+        descriptor_part("d", &entries(&[("path", "/files/*")]), None)
+    );
 }
