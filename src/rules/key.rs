@@ -1,16 +1,217 @@
 //! State keys: an injective, escaped text encoding of what a limiter state belongs to.
+//!
+//! A state key is a descriptor part, then the algorithm and the period of one limit:
+//!
+//! ```text
+//! {<domain>|<k1>=<v1>|<k2>=<v2>}:<algorithm>:<period seconds>
+//! {api|remote_address=10.0.0.1|path=/login}:funnel:60
+//! {files|path~/files/*}:funnel:1
+//! ```
+//!
+//! Each level is `key=value` with the request's value, except a level whose matched rule has
+//! `share_threshold`: it is `key~pattern`, so every value the wildcard matches shares one
+//! state. The memory backend uses the key as is; the Redis backend puts its prefix in front.
+//!
+//! `%`, `{`, `}`, `|`, `=`, `~` and `:` in the domain, keys and values are written `%XX`
+//! (upper-case hex), so the separators only ever appear as separators:
+//!
+//! - the encoding is injective: the domain ends at the first `|` or `}`, each level at the
+//!   next one, its key at its `=` or `~`; the descriptor part ends at the first `}`, and
+//!   the algorithm at the next `:`. (A `_` join, as envoyproxy/ratelimit's, makes
+//!   `a` + `b_c` and `a_b` + `c` one key.)
+//! - the first `{` and the first `}` of the key are the descriptor part's own, so its Redis
+//!   Cluster hash tag is the whole descriptor: every limit of one descriptor lands in one
+//!   slot. (The Redis prefix must not contain `{`.)
+//!
+//! Periods are written in whole seconds, which is what rules produce; a period that is not a
+//! whole number of seconds is written `<nanoseconds>ns` so that the key stays injective.
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 
 use super::{Entry, Match};
 use crate::config::model::Algorithm;
 
-pub fn descriptor_part(domain: &str, entries: &[Entry], matched: Option<&Match>) -> String {
-    let _ = (domain, entries, matched);
-    todo!("keys")
+const NANOS_PER_SECOND: u64 = 1_000_000_000;
+
+/// The descriptor part of a state key, braces included.
+///
+/// With `matched`, a level whose matched rule has `share_threshold` is written with the
+/// pattern instead of the request value; without it (a limit override sent by the client)
+/// every level uses the request value. Entries beyond the matched path, which a match built
+/// from these entries never has, use the request value.
+///
+/// ```
+/// use sluice::rules::Entry;
+/// use sluice::rules::key::descriptor_part;
+///
+/// let entries = [Entry::new("remote_address", "10.0.0.1"), Entry::new("path", "/a|b")];
+/// assert_eq!(
+///     descriptor_part("api", &entries, None),
+///     "{api|remote_address=10.0.0.1|path=/a%7Cb}",
+/// );
+/// assert_eq!(descriptor_part("a:b", &[], None), "{a%3Ab}");
+/// ```
+pub fn descriptor_part(domain: &str, entries: &[Entry], matched: Option<&Match<'_>>) -> String {
+    let mut out = String::with_capacity(encoded_len_hint(domain, entries));
+    out.push('{');
+    escape_into(&mut out, domain);
+    for (level, entry) in entries.iter().enumerate() {
+        let shared = matched
+            .and_then(|m| m.path().get(level))
+            .and_then(|rule| rule.shared_pattern());
+        out.push('|');
+        escape_into(&mut out, &entry.key);
+        match shared {
+            Some(pattern) => {
+                out.push('~');
+                escape_into(&mut out, pattern);
+            }
+            None => {
+                out.push('=');
+                escape_into(&mut out, &entry.value);
+            }
+        }
+    }
+    out.push('}');
+    out
 }
 
+/// The state key of one limit of a descriptor: its descriptor part, algorithm and period.
+///
+/// ```
+/// use sluice::config::model::Algorithm;
+/// use sluice::rules::Entry;
+/// use sluice::rules::key::{descriptor_part, hash_tag, state_key};
+///
+/// let part = descriptor_part("api", &[Entry::new("user", "alice")], None);
+/// let key = state_key(&part, Algorithm::Funnel, 60_000_000_000);
+/// assert_eq!(&*key, b"{api|user=alice}:funnel:60");
+/// assert_eq!(hash_tag(&key), b"api|user=alice");
+/// ```
 pub fn state_key(descriptor_part: &str, algorithm: Algorithm, period_nanos: u64) -> Arc<[u8]> {
-    let _ = (descriptor_part, algorithm, period_nanos);
-    todo!("keys")
+    let algorithm = algorithm.as_str();
+    let mut key = String::with_capacity(descriptor_part.len() + algorithm.len() + 24);
+    key.push_str(descriptor_part);
+    key.push(':');
+    key.push_str(algorithm);
+    key.push(':');
+    push_period(&mut key, period_nanos);
+    Arc::from(key.into_bytes())
+}
+
+/// What Redis Cluster hashes to choose a key's slot: the text between the first `{` and the
+/// first `}` after it when that text is non-empty, else the whole key.
+pub fn hash_tag(key: &[u8]) -> &[u8] {
+    let Some(open) = key.iter().position(|&b| b == b'{') else {
+        return key;
+    };
+    let after = key.get(open + 1..).unwrap_or_default();
+    match after.iter().position(|&b| b == b'}') {
+        Some(len) if len > 0 => after.get(..len).unwrap_or(key),
+        _ => key,
+    }
+}
+
+/// Appends `text` with every separator character escaped.
+pub fn escape_into(out: &mut String, text: &str) {
+    if !text.contains(|c| escaped(c).is_some()) {
+        out.push_str(text);
+        return;
+    }
+    for c in text.chars() {
+        match escaped(c) {
+            Some(code) => out.push_str(code),
+            None => out.push(c),
+        }
+    }
+}
+
+/// The escape of a separator character.
+fn escaped(c: char) -> Option<&'static str> {
+    Some(match c {
+        '%' => "%25",
+        ':' => "%3A",
+        '=' => "%3D",
+        '{' => "%7B",
+        '|' => "%7C",
+        '}' => "%7D",
+        '~' => "%7E",
+        _ => return None,
+    })
+}
+
+fn push_period(key: &mut String, period_nanos: u64) {
+    // Writing to a String cannot fail.
+    let _ = if period_nanos.is_multiple_of(NANOS_PER_SECOND) {
+        write!(key, "{}", period_nanos / NANOS_PER_SECOND)
+    } else {
+        write!(key, "{period_nanos}ns")
+    };
+}
+
+fn encoded_len_hint(domain: &str, entries: &[Entry]) -> usize {
+    let entries: usize = entries
+        .iter()
+        .map(|e| e.key.len() + e.value.len() + 2)
+        .sum();
+    domain.len() + entries + 2
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_separator_is_escaped() {
+        let part = descriptor_part("%{}|=~:", &[Entry::new("%{}|=~:", "%{}|=~:")], None);
+        assert_eq!(
+            part,
+            "{%25%7B%7D%7C%3D%7E%3A|%25%7B%7D%7C%3D%7E%3A=%25%7B%7D%7C%3D%7E%3A}"
+        );
+    }
+
+    #[test]
+    fn underscore_join_collision_does_not_exist() {
+        let a = descriptor_part("d", &[Entry::new("a", "b_c")], None);
+        let b = descriptor_part("d", &[Entry::new("a_b", "c")], None);
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn empty_values_and_no_entries() {
+        assert_eq!(descriptor_part("d", &[Entry::new("k", "")], None), "{d|k=}");
+        assert_eq!(descriptor_part("d", &[], None), "{d}");
+        assert_ne!(
+            descriptor_part("d", &[Entry::new("k", "")], None),
+            descriptor_part("d", &[], None)
+        );
+    }
+
+    #[test]
+    fn non_ascii_is_kept() {
+        assert_eq!(
+            descriptor_part("dé", &[Entry::new("k", "€ 1")], None),
+            "{dé|k=€ 1}"
+        );
+    }
+
+    #[test]
+    fn periods_in_seconds() {
+        let key = |nanos| state_key("{d}", Algorithm::Funnel, nanos);
+        assert_eq!(&*key(1_000_000_000), b"{d}:funnel:1");
+        assert_eq!(&*key(86_400_000_000_000), b"{d}:funnel:86400");
+        assert_eq!(&*key(0), b"{d}:funnel:0");
+        assert_eq!(&*key(1_500_000_000), b"{d}:funnel:1500000000ns");
+        assert_ne!(key(1), key(2));
+    }
+
+    #[test]
+    fn hash_tag_rules() {
+        assert_eq!(hash_tag(b"sluice:{d|k=v}:funnel:1"), b"d|k=v");
+        assert_eq!(hash_tag(b"no tag"), b"no tag");
+        assert_eq!(hash_tag(b"{}x"), b"{}x");
+        assert_eq!(hash_tag(b"{open"), b"{open");
+        assert_eq!(hash_tag(b"a{b}c}"), b"b");
+    }
 }

@@ -3,13 +3,25 @@
 //! Matching walks a request descriptor's entries level by level: at each level an exact
 //! `key`+`value` wins, then wildcard values of that key in declaration order, then the
 //! key-only rule; a rule applies only when the walk ends exactly on the last entry; there is
-//! no backtracking.
+//! no backtracking. Everything is indexed at load time ([`RuleSet::compile`]), so matching
+//! costs a few hash lookups per entry plus the wildcard patterns of the requested key.
+//!
+//! [`key`] turns a match into the text keys the limiters keep their state under.
 
 pub mod key;
+mod tree;
+mod wildcard;
 
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::config::model::{Location, Policy, RulesModel, ValueMatch};
+use ahash::RandomState;
+
+use crate::config::model::{DescriptorRule, DomainRules, Location, Policy, RulesModel, ValueMatch};
+use tree::Level;
 
 /// One entry of a request descriptor.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -29,34 +41,135 @@ impl Entry {
 
 /// Every domain's compiled tree. Immutable; swapped whole on reload.
 #[derive(Debug, Default)]
-pub struct RuleSet {}
+pub struct RuleSet {
+    /// In the model's order.
+    domains: Vec<Domain>,
+    by_name: HashMap<Box<str>, usize, RandomState>,
+}
 
 impl RuleSet {
-    /// Compiles a validated model.
+    /// Compiles a validated model. Domain names are unique in a valid model; were one repeated,
+    /// its first definition would be kept.
     pub fn compile(model: RulesModel) -> RuleSet {
-        let _ = model;
-        todo!("rules")
+        let mut set = RuleSet::default();
+        for domain in model.domains {
+            set.insert(Domain::compile(domain));
+        }
+        set
     }
 
+    /// The domain named exactly `name`.
     pub fn domain(&self, name: &str) -> Option<&Domain> {
-        let _ = name;
-        todo!("rules")
+        let &index = self.by_name.get(name)?;
+        self.domains.get(index)
+    }
+
+    /// Every domain, in the order of the model.
+    pub fn domains(&self) -> std::slice::Iter<'_, Domain> {
+        self.domains.iter()
+    }
+
+    /// The number of domains.
+    pub fn len(&self) -> usize {
+        self.domains.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.domains.is_empty()
+    }
+
+    fn insert(&mut self, domain: Domain) {
+        if self.by_name.contains_key(domain.name()) {
+            return;
+        }
+        self.by_name
+            .insert(domain.name().into(), self.domains.len());
+        self.domains.push(domain);
     }
 }
 
 /// One domain's compiled tree.
 #[derive(Debug)]
-pub struct Domain {}
+pub struct Domain {
+    name: String,
+    root: Level,
+    location: Location,
+}
 
 impl Domain {
+    fn compile(rules: DomainRules) -> Domain {
+        Domain {
+            name: rules.domain,
+            root: Level::compile(rules.descriptors),
+            location: rules.location,
+        }
+    }
+
     pub fn name(&self) -> &str {
-        todo!("rules")
+        &self.name
+    }
+
+    /// Where the domain was defined.
+    pub fn location(&self) -> &Location {
+        &self.location
+    }
+
+    /// The top-level rules, in declaration order (for dumps).
+    pub fn rules(&self) -> &[Rule] {
+        self.root.rules()
     }
 
     /// The rule a descriptor's entries end on, if any.
+    ///
+    /// Each entry must match a rule of the level reached so far, and the walk must end exactly
+    /// on the last entry: no rule for zero entries, none for a request shorter or longer than
+    /// the path it follows, and no retry of other rules when a deeper level does not match.
+    ///
+    /// ```
+    /// use sluice::config::model::RulesModel;
+    /// use sluice::rules::{Entry, RuleSet};
+    /// # use sluice::config::model::*;
+    /// # fn rule(key: &str, value: ValueMatch, children: Vec<DescriptorRule>) -> DescriptorRule {
+    /// #     let location = Location { file: std::sync::Arc::new("r.yaml".into()), line: 1 };
+    /// #     DescriptorRule { key: key.into(), value, policy: Policy::None, shadow_mode: false,
+    /// #         quota_mode: false, detailed_metric: false, value_to_metric: false,
+    /// #         share_threshold: false, metadata: None, children, location }
+    /// # }
+    /// # let location = Location { file: std::sync::Arc::new("r.yaml".into()), line: 1 };
+    /// // domain: api
+    /// // descriptors:
+    /// //   - key: path
+    /// //     value: /login
+    /// //     descriptors:
+    /// //       - key: remote_address
+    /// let user = rule("remote_address", ValueMatch::Any, vec![]);
+    /// let login = rule("path", ValueMatch::Exact("/login".into()), vec![user]);
+    /// let model = RulesModel {
+    ///     domains: vec![DomainRules { domain: "api".into(), descriptors: vec![login], location }],
+    /// };
+    /// let rules = RuleSet::compile(model);
+    /// let api = rules.domain("api").unwrap();
+    ///
+    /// let found = api
+    ///     .find(&[Entry::new("path", "/login"), Entry::new("remote_address", "10.0.0.1")])
+    ///     .unwrap();
+    /// assert_eq!(found.rule().key, "remote_address");
+    /// assert_eq!(found.path().len(), 2);
+    ///
+    /// // Too short, too long, or not matching: nothing applies.
+    /// assert!(api.find(&[Entry::new("path", "/login")]).is_some()); // the pass-through node
+    /// assert!(api.find(&[Entry::new("path", "/other")]).is_none());
+    /// assert!(api.find(&[]).is_none());
+    /// ```
     pub fn find(&self, entries: &[Entry]) -> Option<Match<'_>> {
-        let _ = entries;
-        todo!("rules")
+        let mut level = &self.root;
+        let mut path = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let rule = level.find(&entry.key, &entry.value)?;
+            path.push(rule);
+            level = &rule.children;
+        }
+        Match::new(path)
     }
 }
 
@@ -73,18 +186,59 @@ pub struct Rule {
     pub share_threshold: bool,
     pub metadata: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
     pub location: Location,
+    children: Level,
+}
+
+impl Rule {
+    fn compile(rule: DescriptorRule) -> Rule {
+        Rule {
+            key: rule.key,
+            value: rule.value,
+            policy: rule.policy,
+            shadow_mode: rule.shadow_mode,
+            quota_mode: rule.quota_mode,
+            detailed_metric: rule.detailed_metric,
+            value_to_metric: rule.value_to_metric,
+            share_threshold: rule.share_threshold,
+            metadata: rule.metadata.map(Arc::new),
+            location: rule.location,
+            children: Level::compile(rule.children),
+        }
+    }
+
+    /// The rules one level below, in declaration order (for dumps).
+    pub fn children(&self) -> &[Rule] {
+        self.children.rules()
+    }
+
+    /// The wildcard pattern whose matches share one state, when `share_threshold` is set.
+    pub fn shared_pattern(&self) -> Option<&str> {
+        match &self.value {
+            ValueMatch::Wildcard(pattern) if self.share_threshold => Some(pattern),
+            _ => None,
+        }
+    }
 }
 
 /// The result of a successful walk: the rules matched at each level, the last one applying.
-#[derive(Debug)]
+///
+/// A match is never empty: it only exists for a walk of at least one entry.
+#[derive(Debug, Clone)]
 pub struct Match<'a> {
     path: Vec<&'a Rule>,
+    last: &'a Rule,
 }
 
 impl<'a> Match<'a> {
+    /// `None` for an empty path.
+    fn new(path: Vec<&'a Rule>) -> Option<Match<'a>> {
+        let last = *path.last()?;
+        Some(Match { path, last })
+    }
+
     /// The rule that applies (the one at the last level).
     pub fn rule(&self) -> &'a Rule {
-        self.path[self.path.len() - 1]
+        self.last
     }
 
     /// The rule matched at each level, one per request entry.

@@ -1,0 +1,219 @@
+//! State keys are injective and hash-tag their whole descriptor part.
+//!
+//! Injectivity is proved by decoding: a decoder written here recovers the exact input from
+//! every encoded descriptor part, so two different inputs can never share one.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use sluice::config::model::{
+    Algorithm, Charge, DescriptorRule, DomainRules, LimitRule, Location, Policy, RulesModel, Unit,
+    ValueMatch,
+};
+use sluice::rules::key::{descriptor_part, hash_tag, state_key};
+use sluice::rules::{Entry, RuleSet};
+
+/// One decoded level: its key, and the request value (`=`) or shared pattern (`~`).
+#[derive(Debug, PartialEq, Eq)]
+enum Level {
+    Value(String, String),
+    Shared(String, String),
+}
+
+fn unescape(text: &str) -> String {
+    let mut out = Vec::new();
+    let mut bytes = text.bytes();
+    while let Some(b) = bytes.next() {
+        if b == b'%' {
+            let hex: Vec<u8> = bytes.by_ref().take(2).collect();
+            let hex = std::str::from_utf8(&hex).unwrap();
+            out.push(u8::from_str_radix(hex, 16).unwrap());
+        } else {
+            out.push(b);
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+/// Decodes a descriptor part back into the domain and levels it was built from.
+fn decode(part: &str) -> (String, Vec<Level>) {
+    let inner = part.strip_prefix('{').unwrap().strip_suffix('}').unwrap();
+    assert!(!inner.contains(['{', '}']));
+    let mut fields = inner.split('|');
+    let domain = unescape(fields.next().unwrap());
+    let levels = fields
+        .map(|field| {
+            let at = field.find(['=', '~']).unwrap();
+            let (key, rest) = field.split_at(at);
+            let (key, value) = (unescape(key), unescape(&rest[1..]));
+            assert!(!rest[1..].contains(['=', '~']));
+            if rest.starts_with('=') {
+                Level::Value(key, value)
+            } else {
+                Level::Shared(key, value)
+            }
+        })
+        .collect();
+    (domain, levels)
+}
+
+/// Strings made mostly of separators and of the characters of a `_` join.
+fn text() -> impl Strategy<Value = String> {
+    "[a_%{}|=~:é]{0,5}"
+}
+
+fn entries() -> impl Strategy<Value = Vec<Entry>> {
+    prop::collection::vec((text(), text()), 0..4)
+        .prop_map(|pairs| pairs.into_iter().map(|(k, v)| Entry::new(k, v)).collect())
+}
+
+fn as_levels(entries: &[Entry]) -> Vec<Level> {
+    entries
+        .iter()
+        .map(|e| Level::Value(e.key.clone(), e.value.clone()))
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn descriptor_part_decodes_to_its_input(domain in text(), entries in entries()) {
+        let part = descriptor_part(&domain, &entries, None);
+        prop_assert_eq!(decode(&part), (domain, as_levels(&entries)));
+    }
+
+    /// Random pairs rarely come close to colliding; the decoding test above is the proof.
+    #[test]
+    fn different_inputs_give_different_parts(
+        a in (text(), entries()),
+        b in (text(), entries()),
+    ) {
+        let part_a = descriptor_part(&a.0, &a.1, None);
+        let part_b = descriptor_part(&b.0, &b.1, None);
+        prop_assert_eq!(a == b, part_a == part_b);
+    }
+
+    #[test]
+    fn state_keys_differ_by_period(
+        domain in text(),
+        entries in entries(),
+        p in 1u64..100_000,
+        q in 1u64..100_000,
+    ) {
+        let part = descriptor_part(&domain, &entries, None);
+        let key_p = state_key(&part, Algorithm::Funnel, p * 1_000_000_000);
+        let key_q = state_key(&part, Algorithm::Funnel, q * 1_000_000_000);
+        prop_assert_eq!(p == q, key_p == key_q);
+        let tail = format!("}}:funnel:{p}");
+        prop_assert!(key_p.ends_with(tail.as_bytes()));
+    }
+
+    #[test]
+    fn hash_tag_covers_exactly_the_descriptor_part(
+        domain in "[a_%{}|=~:é]{1,5}",
+        entries in entries(),
+        prefix in "[a-z:]{0,8}",
+    ) {
+        let part = descriptor_part(&domain, &entries, None);
+        let mut key = prefix.clone().into_bytes();
+        key.extend_from_slice(&state_key(&part, Algorithm::Funnel, 1_000_000_000));
+        // The first `{` opens the part, the first `}` closes it.
+        prop_assert_eq!(key.iter().position(|&b| b == b'{'), Some(prefix.len()));
+        prop_assert_eq!(
+            key.iter().position(|&b| b == b'}'),
+            Some(prefix.len() + part.len() - 1)
+        );
+        let inner = &part.as_bytes()[1..part.len() - 1];
+        prop_assert_eq!(hash_tag(&key), inner);
+    }
+
+    #[test]
+    fn shared_levels_decode_to_their_pattern(
+        user in text(),
+        path in "/files/[a_%{}|=~:é]{0,5}",
+    ) {
+        let rules = shared_rules();
+        let entries = vec![Entry::new("user", user.clone()), Entry::new("path", path)];
+        let found = rules.domain("d").unwrap().find(&entries).unwrap();
+        let part = descriptor_part("d", &entries, Some(&found));
+        let levels = vec![
+            Level::Value("user".into(), user),
+            Level::Shared("path".into(), "/files/*".into()),
+        ];
+        prop_assert_eq!(decode(&part), ("d".to_string(), levels));
+    }
+}
+
+#[test]
+fn underscore_join_collision_does_not_exist() {
+    let a = descriptor_part("d", &[Entry::new("a", "b_c")], None);
+    let b = descriptor_part("d", &[Entry::new("a_b", "c")], None);
+    assert_ne!(a, b);
+    let a = descriptor_part("d_a", &[Entry::new("b", "c")], None);
+    let b = descriptor_part("d", &[Entry::new("a_b", "c")], None);
+    assert_ne!(a, b);
+}
+
+#[test]
+fn shared_and_literal_pattern_values_differ() {
+    let rules = shared_rules();
+    let entries = vec![Entry::new("user", "u"), Entry::new("path", "/files/*")];
+    let found = rules.domain("d").unwrap().find(&entries).unwrap();
+    assert_eq!(
+        descriptor_part("d", &entries, Some(&found)),
+        "{d|user=u|path~/files/*}"
+    );
+    assert_eq!(
+        descriptor_part("d", &entries, None),
+        "{d|user=u|path=/files/*}"
+    );
+}
+
+/// `user` (any value, own state each) then `path: /files/*` shared.
+fn shared_rules() -> RuleSet {
+    let location = Location {
+        file: Arc::new("rules.yaml".into()),
+        line: 1,
+    };
+    let rule = |key: &str, value, policy, share_threshold, children| DescriptorRule {
+        key: key.into(),
+        value,
+        policy,
+        shadow_mode: false,
+        quota_mode: false,
+        detailed_metric: false,
+        value_to_metric: false,
+        share_threshold,
+        metadata: None,
+        children,
+        location: location.clone(),
+    };
+    let limit = LimitRule {
+        name: None,
+        unit: Unit::Minute,
+        requests_per_unit: 10,
+        unit_multiplier: NonZeroU32::MIN,
+        algorithm: Algorithm::Funnel,
+        burst: 10,
+        charge: Charge::Admitted,
+        borrow: false,
+        replaces: vec![],
+    };
+    let files = rule(
+        "path",
+        ValueMatch::Wildcard("/files/*".into()),
+        Policy::Limited(vec![limit]),
+        true,
+        vec![],
+    );
+    let user = rule("user", ValueMatch::Any, Policy::None, false, vec![files]);
+    RuleSet::compile(RulesModel {
+        domains: vec![DomainRules {
+            domain: "d".into(),
+            descriptors: vec![user],
+            location: location.clone(),
+        }],
+    })
+}
