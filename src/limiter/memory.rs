@@ -37,6 +37,41 @@ use decide::{Slots, Write};
 use shards::Shards;
 
 /// Limiter state in this process's memory.
+///
+/// ```
+/// use futures_util::FutureExt;
+/// use sluice::config::model::{Algorithm, Charge};
+/// use sluice::limiter::{Batch, Hit, LimitParams, Limiter, ManualClock, MemoryLimiter, Role};
+///
+/// let clock = ManualClock::at(1_000_000_000);
+/// let limiter = MemoryLimiter::with_clock(10_000, clock.clone());
+/// let limit = LimitParams {
+///     algorithm: Algorithm::Funnel,
+///     quota: 2,
+///     period_nanos: 1_000_000_000,
+///     burst: 2,
+///     charge: Charge::Admitted,
+///     borrow: false,
+/// };
+/// let hit = Hit {
+///     key: b"api|alice".as_slice().into(),
+///     limit,
+///     cost: 1,
+///     refund: false,
+///     group: 0,
+///     role: Role::Enforced,
+/// };
+/// let batch = Batch { hits: vec![hit] };
+/// let mut check = || limiter.check(&batch).now_or_never().unwrap().unwrap();
+/// assert!(check().admitted);
+/// assert!(check().admitted);
+/// let denied = check();
+/// assert!(!denied.admitted);
+/// assert_eq!(denied.hits[0].reset_nanos, 500_000_000);
+/// clock.advance(500_000_000);
+/// assert!(check().admitted);
+/// assert_eq!(limiter.len(), 1);
+/// ```
 pub struct MemoryLimiter<C: Clock = MonotonicClock> {
     clock: C,
     shards: Shards,
