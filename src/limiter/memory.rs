@@ -1,11 +1,80 @@
 //! The in-process backend: a sharded map of funnel states, bounded in size.
+//!
+//! # State
+//!
+//! One `u64` per key: the funnel's `tat` (see [`super::funnel`]). A key whose state is fresh
+//! (`tat <= now`: the funnel has drained) holds no information, so it is never stored: a commit
+//! that leaves a key fresh removes it, and check-only hits (cost 0), zero-quota limits and denied
+//! requests never create an entry.
+//!
+//! # Concurrency
+//!
+//! Keys are spread over a fixed number of shards (a power of two, at most 64), each a
+//! `parking_lot::Mutex` around a `HashMap`. A batch locks every shard it touches, each once and in
+//! ascending shard order (so two batches never deadlock), reads the clock once while holding them,
+//! decides, writes back and unlocks. [`Limiter::check`] does all of this synchronously and returns
+//! a ready future: no lock is ever held across an `.await`, and there is no global lock.
+//!
+//! # Bound and eviction
+//!
+//! At most `max_keys` entries are held (`0` counts as `1`). The bound is split evenly across the
+//! shards, at least 16 keys per shard when `max_keys` allows it (so a small limiter has fewer
+//! shards, down to one). When a new key must be stored in a full shard:
+//!
+//! 1. every fresh entry of that shard is dropped (this loses nothing);
+//! 2. if the shard is still full, the entry with the smallest `tat` is evicted: the one closest
+//!    to fresh, so the least information is lost. Its key starts over as fresh, which can admit
+//!    more than the limit would have; size `max_keys` so that this is rare, and watch `len`.
+//!
+//! Fresh entries that nothing touches again stay until [`MemoryLimiter::sweep`] (called
+//! periodically by the app) or an eviction removes them.
+
+mod decide;
+mod shards;
 
 use super::{Batch, BatchOutcome, BoxFuture, Clock, Limiter, LimiterError, MonotonicClock};
+use decide::{Slots, Write};
+use shards::Shards;
 
 /// Limiter state in this process's memory.
+///
+/// ```
+/// use futures_util::FutureExt;
+/// use sluice::config::model::{Algorithm, Charge};
+/// use sluice::limiter::{Batch, Hit, LimitParams, Limiter, ManualClock, MemoryLimiter, Role};
+///
+/// let clock = ManualClock::at(1_000_000_000);
+/// let limiter = MemoryLimiter::with_clock(10_000, clock.clone());
+/// let limit = LimitParams {
+///     algorithm: Algorithm::Funnel,
+///     quota: 2,
+///     period_nanos: 1_000_000_000,
+///     burst: 2,
+///     charge: Charge::Admitted,
+///     borrow: false,
+/// };
+/// let hit = Hit {
+///     key: b"api|alice".as_slice().into(),
+///     limit,
+///     cost: 1,
+///     refund: false,
+///     group: 0,
+///     role: Role::Enforced,
+/// };
+/// let batch = Batch { hits: vec![hit] };
+/// let mut check = || limiter.check(&batch).now_or_never().unwrap().unwrap();
+/// assert!(check().admitted);
+/// assert!(check().admitted);
+/// let denied = check();
+/// assert!(!denied.admitted);
+/// assert_eq!(denied.hits[0].reset_nanos, 500_000_000);
+/// clock.advance(500_000_000);
+/// assert!(check().admitted);
+/// assert_eq!(limiter.len(), 1);
+/// ```
 pub struct MemoryLimiter<C: Clock = MonotonicClock> {
     clock: C,
-    max_keys: usize,
+    shards: Shards,
 }
 
 impl MemoryLimiter<MonotonicClock> {
@@ -16,14 +85,17 @@ impl MemoryLimiter<MonotonicClock> {
 }
 
 impl<C: Clock> MemoryLimiter<C> {
+    /// A limiter holding at most `max_keys` states, reading time from `clock`.
     pub fn with_clock(max_keys: usize, clock: C) -> Self {
-        MemoryLimiter { clock, max_keys }
+        MemoryLimiter {
+            clock,
+            shards: Shards::new(max_keys),
+        }
     }
 
     /// The number of keys held.
     pub fn len(&self) -> usize {
-        let _ = (&self.clock, self.max_keys);
-        todo!("memory backend")
+        self.shards.len()
     }
 
     /// Drops drained entries; returns how many.
@@ -34,15 +106,51 @@ impl<C: Clock> MemoryLimiter<C> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Drops every fresh entry; returns how many were dropped.
+    pub fn sweep(&self) -> usize {
+        self.shards.sweep(&self.clock)
+    }
+
+    /// Decides a batch: lock its shards, evaluate, plan, commit, report.
+    fn decide(&self, batch: &Batch) -> BatchOutcome {
+        let slots = Slots::new(&batch.hits);
+        let shard_of: Vec<usize> = slots.keys.iter().map(|k| self.shards.index(k)).collect();
+        let mut locked = self.shards.lock(&shard_of);
+        let now = self.clock.now_nanos();
+        let originals: Vec<u64> = slots
+            .keys
+            .iter()
+            .zip(&shard_of)
+            .map(|(key, &shard)| locked.get(shard, key))
+            .collect();
+        let decided = decide::decide(&batch.hits, &slots.of_hit, &originals, now);
+        for ((key, &shard), write) in slots.keys.iter().zip(&shard_of).zip(&decided.writes) {
+            match *write {
+                Write::Keep => {}
+                Write::Remove => locked.remove(shard, key),
+                Write::Store(tat) => locked.store(shard, key, tat, now),
+            }
+        }
+        decided.outcome
+    }
 }
 
 impl<C: Clock> Limiter for MemoryLimiter<C> {
     fn check<'a>(&'a self, batch: &'a Batch) -> BoxFuture<'a, Result<BatchOutcome, LimiterError>> {
-        let _ = batch;
-        todo!("memory backend")
+        let outcome = self.decide(batch);
+        Box::pin(std::future::ready(Ok(outcome)))
     }
 
     fn name(&self) -> &'static str {
         "memory"
+    }
+}
+
+impl<C: Clock> std::fmt::Debug for MemoryLimiter<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryLimiter")
+            .field("shards", &self.shards)
+            .finish_non_exhaustive()
     }
 }
