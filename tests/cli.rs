@@ -36,9 +36,17 @@ fn fixtures(dir: &str) -> String {
 #[test]
 fn check_accepts_good_rules_and_the_embedded_set() {
     let out = run(sluice().args(["check", "--rules", &fixtures("valid")]));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = run(sluice().arg("check"));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("ok: 1 domain"));
 }
 
@@ -56,11 +64,20 @@ fn check_reports_every_error_with_file_and_line() {
             .lines()
             .find(|l| l.starts_with(&shown))
             .unwrap_or_else(|| panic!("no error for {shown} in:\n{stderr}"));
-        let number: String = line[shown.len()..].chars().take_while(char::is_ascii_digit).collect();
-        assert!(number.parse::<usize>().unwrap() > 0, "no line number in {line}");
+        let number: String = line[shown.len()..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        assert!(
+            number.parse::<usize>().unwrap() > 0,
+            "no line number in {line}"
+        );
         files += 1;
     }
-    assert!(files >= 15, "expected one fixture per validation rule, found {files}");
+    assert!(
+        files >= 15,
+        "expected one fixture per validation rule, found {files}"
+    );
     let total = stderr.lines().last().unwrap();
     assert!(total.ends_with("error(s)"), "{total}");
 }
@@ -111,16 +128,28 @@ async fn serve_with_embedded_rules_then_stop_on_sigterm() {
     }
     let r = call(&mut c, login()).await;
     assert_eq!(overall(&r), Code::OverLimit);
-    assert_eq!(limit_of(&r.statuses[0]).map(|l| l.2).as_deref(), Some("login"));
+    assert_eq!(
+        limit_of(&r.statuses[0]).map(|l| l.2).as_deref(),
+        Some("login")
+    );
 
     let pid = served.0.id().to_string();
-    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
     let start = Instant::now();
     let status = loop {
         if let Some(status) = served.0.try_wait().unwrap() {
             break status;
         }
-        assert!(start.elapsed() < Duration::from_secs(10), "no exit after SIGTERM");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no exit after SIGTERM"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(status.code(), Some(0));
@@ -139,12 +168,17 @@ fn bad_rules_exit_64_before_binding() {
     assert_eq!(out.status.code(), Some(64));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("invalid"), "{stderr}");
-    assert!(std::net::TcpListener::bind(("127.0.0.1", port)).is_ok(), "port was never bound");
+    assert!(
+        std::net::TcpListener::bind(("127.0.0.1", port)).is_ok(),
+        "port was never bound"
+    );
 }
 
 #[test]
 fn bad_settings_exit_64() {
-    let out = run(sluice().arg("serve").env("SLUICE_SERVER__GRPC_LISTN", "127.0.0.1:1"));
+    let out = run(sluice()
+        .arg("serve")
+        .env("SLUICE_SERVER__GRPC_LISTN", "127.0.0.1:1"));
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid settings"));
     let out = run(sluice().args(["serve", "--backend", "redis"]));

@@ -112,8 +112,9 @@ impl Funnel {
         tat.saturating_sub(now)
     }
 
-    /// Nanoseconds until `cost` would be admitted; for a cost that never fits, until empty;
-    /// for a zero quota, one period. Never 0 for a cost that is denied now.
+    /// Nanoseconds until `cost` would be admitted. A cost that never fits (more than the
+    /// burst, without `borrow`) and a zero quota get at least one period: "much later".
+    /// Never 0 for a cost that is denied now.
     pub fn until_admitted(&self, tat: u64, now: u64, cost: u64) -> u64 {
         if self.is_zero() {
             return self.period;
@@ -121,7 +122,7 @@ impl Funnel {
         let probe = if self.borrow { cost.min(1) } else { cost };
         let need = probe.saturating_mul(self.interval);
         let wait = if need > self.tolerance {
-            self.until_empty(tat, now)
+            self.until_empty(tat, now).max(self.period)
         } else {
             self.consume(tat, now, probe)
                 .saturating_sub(now)
@@ -184,7 +185,7 @@ mod tests {
     fn cost_above_capacity_never_fits_unless_borrowing() {
         let strict = Funnel::new(5, SEC, 5, false);
         assert!(!strict.evaluate(FRESH, SEC, 6).admitted);
-        assert_eq!(strict.until_admitted(FRESH, SEC, 6), 1);
+        assert_eq!(strict.until_admitted(FRESH, SEC, 6), SEC);
         let borrow = Funnel::new(5, SEC, 5, true);
         let s = borrow.evaluate(FRESH, SEC, 8);
         assert!(s.admitted);

@@ -98,11 +98,6 @@ impl<C: Clock> MemoryLimiter<C> {
         self.shards.len()
     }
 
-    /// Drops drained entries; returns how many.
-    pub fn sweep(&self) -> usize {
-        todo!("memory backend")
-    }
-
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

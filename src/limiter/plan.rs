@@ -6,6 +6,8 @@
 //! descriptors consume; nothing else does, except hits whose limit has `charge: always`, which
 //! always consume. Every backend follows this one function (the Lua script mirrors it).
 
+use std::collections::HashMap;
+
 use super::{Hit, Role};
 use crate::config::model::Charge;
 
@@ -24,7 +26,7 @@ pub fn plan(hits: &[Hit], admitted: &[bool]) -> Plan {
     let mut quota_seen = false;
     let mut quota_admitted = false;
     let mut enforced_denied = false;
-    for &(role, ok) in &groups {
+    for &(role, ok) in groups.values() {
         match role {
             Role::Enforced => enforced_denied |= !ok,
             Role::Quota => {
@@ -38,7 +40,7 @@ pub fn plan(hits: &[Hit], admitted: &[bool]) -> Plan {
     let consume = hits
         .iter()
         .map(|h| {
-            let group_ok = groups.get(h.group).is_some_and(|g| g.1);
+            let group_ok = groups.get(&h.group).is_some_and(|g| g.1);
             h.limit.charge == Charge::Always || (request_ok && group_ok)
         })
         .collect();
@@ -49,12 +51,10 @@ pub fn plan(hits: &[Hit], admitted: &[bool]) -> Plan {
 }
 
 /// Per descriptor index: its role and whether all its hits were admitted.
-fn group_verdicts(hits: &[Hit], admitted: &[bool]) -> Vec<(Role, bool)> {
-    let len = hits.iter().map(|h| h.group + 1).max().unwrap_or(0);
-    let mut groups = vec![(Role::Shadow, true); len];
+fn group_verdicts(hits: &[Hit], admitted: &[bool]) -> HashMap<usize, (Role, bool)> {
+    let mut groups: HashMap<usize, (Role, bool)> = HashMap::with_capacity(hits.len());
     for (hit, ok) in hits.iter().zip(admitted) {
-        let g = &mut groups[hit.group];
-        g.0 = hit.role;
+        let g = groups.entry(hit.group).or_insert((hit.role, true));
         g.1 &= *ok;
     }
     groups
@@ -120,6 +120,12 @@ mod tests {
         let none = plan(&hits, &[false, false]);
         assert!(!none.admitted);
         assert_eq!(none.consume, vec![false, false]);
+    }
+
+    #[test]
+    fn any_group_number_is_fine() {
+        let hits = [hit(usize::MAX, Role::Enforced, Charge::Admitted)];
+        assert!(!plan(&hits, &[false]).admitted);
     }
 
     #[test]
