@@ -1,6 +1,9 @@
 //! One YAML document (a domain) and its descriptor tree: keys, values, flags, metadata, and
 //! the uniqueness of `(key, value)` at each level.
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+
 use saphyr::{MarkedYaml, YamlData};
 
 use super::limit::{flag, policy};
@@ -81,17 +84,24 @@ fn list(field: Option<&Field<'_>>, ctx: &mut Ctx<'_>) -> Vec<DescriptorRule> {
 
 /// Reports every rule whose `(key, value)` already appeared earlier at the same level.
 fn unique(rules: &[(String, DescriptorRule)], ctx: &mut Ctx<'_>) {
-    for (j, (path, rule)) in rules.iter().enumerate() {
-        let first = rules[..j]
-            .iter()
-            .find(|(_, r)| r.key == rule.key && r.value == rule.value);
-        if let Some((_, first)) = first {
-            let message = format!(
-                "duplicate descriptor '{}' (first defined at line {})",
-                composite(rule),
-                first.location.line
-            );
-            ctx.error(rule.location.line, path, message);
+    let mut first_lines = HashMap::with_capacity(rules.len());
+    for (path, rule) in rules {
+        let value = match &rule.value {
+            ValueMatch::Any => None,
+            ValueMatch::Exact(v) | ValueMatch::Wildcard(v) => Some(v.as_str()),
+        };
+        match first_lines.entry((rule.key.as_str(), value)) {
+            Entry::Vacant(slot) => {
+                slot.insert(rule.location.line);
+            }
+            Entry::Occupied(first) => {
+                let message = format!(
+                    "duplicate descriptor '{}' (first defined at line {})",
+                    composite(rule),
+                    first.get()
+                );
+                ctx.error(rule.location.line, path, message);
+            }
         }
     }
 }

@@ -91,6 +91,10 @@ fn json(node: &MarkedYaml<'_>, path: &str, at: usize, ctx: &mut Ctx<'_>) -> Opti
             for (key, value) in map.iter() {
                 let name = key_name(key, path, ctx)?;
                 let converted = json(value, &join(path, &name), line(key), ctx)?;
+                if object.contains_key(&name) {
+                    ctx.error(line(key), path, format!("duplicate key '{name}'"));
+                    return None;
+                }
                 object.insert(name, converted);
             }
             Some(Value::Object(object))

@@ -61,6 +61,28 @@ fn scalars_are_taken_as_written() {
 }
 
 #[test]
+fn scalars_are_found_in_non_ascii_text() {
+    // Parser markers count characters, not bytes; 70 two-byte characters cross a checkpoint.
+    let text = format!(
+        "# {}\ndomain: d\ndescriptors:\n  - {{key: é, value: 0x1F}}\n",
+        "é".repeat(70)
+    );
+    let model = load(&text).unwrap();
+    let rule = &model.domains[0].descriptors[0];
+    assert_eq!(rule.key, "é");
+    assert_eq!(rule.value, ValueMatch::Exact("0x1F".into()));
+}
+
+#[test]
+fn metadata_keys_must_differ_as_text() {
+    let text = "domain: d\ndescriptors:\n  - key: k\n    metadata: {1: a, \"1\": b}\n";
+    assert_eq!(
+        errors(text),
+        ["t.yaml:4: descriptors[0].metadata: duplicate key '1'"]
+    );
+}
+
+#[test]
 fn aliases_are_expanded() {
     let text = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: &l {unit: second, requests_per_unit: 1}\n  - key: b\n    rate_limit: *l\n";
     let model = load(text).unwrap();
@@ -155,6 +177,11 @@ proptest! {
     #[test]
     fn arbitrary_text_never_panics(text in "\\PC{0,200}") {
         let _ = load(&text);
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
+        let _ = load(&String::from_utf8_lossy(&bytes));
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub const MAX_INDICATORS: usize = 50;
 pub struct Ctx<'t> {
     pub file: Arc<PathBuf>,
     text: &'t str,
+    chars: CharIndex,
     pub errors: Vec<RuleError>,
 }
 
@@ -29,6 +30,7 @@ impl<'t> Ctx<'t> {
         Ctx {
             file,
             text,
+            chars: CharIndex::new(text),
             errors: Vec::new(),
         }
     }
@@ -52,8 +54,8 @@ impl<'t> Ctx<'t> {
 
     /// The source text a node was read from (empty if its span is unknown).
     pub fn source(&self, node: &MarkedYaml<'_>) -> &'t str {
-        let start = byte_offset(self.text, node.span.start.index());
-        let end = byte_offset(self.text, node.span.end.index());
+        let start = self.chars.byte_offset(self.text, node.span.start.index());
+        let end = self.chars.byte_offset(self.text, node.span.end.index());
         match (start, end) {
             (Some(s), Some(e)) if s <= e => self.text.get(s..e).unwrap_or(""),
             _ => "",
@@ -61,15 +63,45 @@ impl<'t> Ctx<'t> {
     }
 }
 
-/// The byte offset of the `index`-th character, or the end of the text just past the last one.
-fn byte_offset(text: &str, index: usize) -> Option<usize> {
-    if text.is_ascii() {
-        return (index <= text.len()).then_some(index);
+/// Turns the parser's character indices into byte offsets without rescanning the whole text:
+/// it keeps the byte offset of every [`CharIndex::STEP`]-th character.
+struct CharIndex {
+    /// Empty for ASCII text, where characters and bytes coincide.
+    checkpoints: Vec<usize>,
+    chars: usize,
+}
+
+impl CharIndex {
+    const STEP: usize = 64;
+
+    fn new(text: &str) -> CharIndex {
+        if text.is_ascii() {
+            return CharIndex {
+                checkpoints: Vec::new(),
+                chars: text.len(),
+            };
+        }
+        let checkpoints = text.char_indices().step_by(Self::STEP).map(|(b, _)| b);
+        CharIndex {
+            checkpoints: checkpoints.collect(),
+            chars: text.chars().count(),
+        }
     }
-    text.char_indices()
-        .map(|(b, _)| b)
-        .chain(std::iter::once(text.len()))
-        .nth(index)
+
+    /// The byte offset of the `index`-th character (the text's length just past the last one).
+    fn byte_offset(&self, text: &str, index: usize) -> Option<usize> {
+        if index >= self.chars {
+            return (index == self.chars).then_some(text.len());
+        }
+        if self.checkpoints.is_empty() {
+            return Some(index);
+        }
+        let base = *self.checkpoints.get(index / Self::STEP)?;
+        let rest = text.get(base..)?;
+        rest.char_indices()
+            .nth(index % Self::STEP)
+            .map(|(b, _)| base + b)
+    }
 }
 
 /// Parses every YAML document of the file. A syntax error (or a file nested too deeply to be
