@@ -3,10 +3,10 @@
 
 use std::num::NonZeroU32;
 
-use saphyr::MarkedYaml;
+use saphyr::{MarkedYaml, YamlData};
 
 use super::scalar::{boolean, string, uint};
-use super::tree::{Ctx, Field, Fields, index, line, mapping};
+use super::tree::{Ctx, Field, Fields, describe, index, is_null, line, mapping};
 use crate::config::model::{Algorithm, Charge, LimitRule, Policy, Unit};
 
 /// The keys of one limit.
@@ -90,13 +90,10 @@ fn to_policy(limit: Limit) -> Policy {
 /// may share a state.
 fn several(f: &Field<'_>, ctx: &mut Ctx<'_>) -> Option<Policy> {
     let items = match &f.node.data {
-        saphyr::YamlData::Sequence(items) => items.as_slice(),
-        _ if super::tree::is_null(f.node) => &[],
+        YamlData::Sequence(items) => items.as_slice(),
+        _ if is_null(f.node) => &[],
         _ => {
-            let message = format!(
-                "expected a sequence, got {}",
-                super::tree::describe(f.node, ctx)
-            );
+            let message = format!("expected a sequence, got {}", describe(f.node, ctx));
             ctx.error(f.line, &f.path, message);
             return None;
         }
@@ -110,12 +107,15 @@ fn several(f: &Field<'_>, ctx: &mut Ctx<'_>) -> Option<Policy> {
         .enumerate()
         .map(|(i, node)| one(node, &index(&f.path, i), line(node), ctx))
         .collect();
-    let placed: Vec<Placed> = parsed.into_iter().collect::<Option<_>>()?;
-    combine(placed, ctx)
+    let all_parsed = parsed.iter().all(Option::is_some);
+    let placed: Vec<Placed> = parsed.into_iter().flatten().collect();
+    // Check the limits that parsed against each other even when others did not.
+    combine(placed, items.len(), ctx).filter(|_| all_parsed)
 }
 
-fn combine(placed: Vec<Placed>, ctx: &mut Ctx<'_>) -> Option<Policy> {
-    if placed.len() == 1 {
+/// Combines the `listed` limits of a `rate_limits` list (`placed` are those that parsed).
+fn combine(placed: Vec<Placed>, listed: usize, ctx: &mut Ctx<'_>) -> Option<Policy> {
+    if listed == 1 {
         return placed.into_iter().next().map(|p| to_policy(p.limit));
     }
     let mut ok = true;
@@ -327,11 +327,8 @@ fn replaces(fields: &Fields<'_>, own: Option<&str>, ctx: &mut Ctx<'_>) -> Option
     let Some(f) = fields.get("replaces") else {
         return Some(Vec::new());
     };
-    let saphyr::YamlData::Sequence(items) = &f.node.data else {
-        let message = format!(
-            "expected a sequence, got {}",
-            super::tree::describe(f.node, ctx)
-        );
+    let YamlData::Sequence(items) = &f.node.data else {
+        let message = format!("expected a sequence, got {}", describe(f.node, ctx));
         ctx.error(f.line, &f.path, message);
         return None;
     };

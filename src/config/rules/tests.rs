@@ -114,6 +114,18 @@ fn errors_are_sorted_by_line_and_all_reported() {
 }
 
 #[test]
+fn a_bad_limit_does_not_hide_the_list_checks() {
+    let text = "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: parsec}\n      - {unlimited: true}\n";
+    assert_eq!(
+        errors(text),
+        [
+            "t.yaml:5: descriptors[0].rate_limits[0].unit: unknown unit 'parsec'",
+            "t.yaml:6: descriptors[0].rate_limits[1].unlimited: an unlimited limit must be the only limit of its descriptor",
+        ]
+    );
+}
+
+#[test]
 fn parse_file_reports_its_own_duplicates() {
     let err = parse_file(Path::new("a.yaml"), "domain: x\n---\ndomain: x\n").unwrap_err();
     assert_eq!(
