@@ -116,7 +116,7 @@ const INVALID: &[(&str, &[&str])] = &[
         "wrong_type.yaml:5: descriptors: expected a sequence, got a mapping",
         "wrong_type.yaml:10: descriptors[0]: expected a mapping, got a string ('plain string')",
         "wrong_type.yaml:11: descriptors[1].key: expected a string, got a mapping",
-        "wrong_type.yaml:12: descriptors[1].shadow_mode: expected true or false, got a string ('yes')",
+        "wrong_type.yaml:12: descriptors[1].shadow_mode: expected true or false, got a string ('maybe')",
         "wrong_type.yaml:13: descriptors[1].rate_limit: expected a mapping, got a string ('second')",
         "wrong_type.yaml:15: descriptors[2].quota_mode: expected true or false, got a string ('true')",
         "wrong_type.yaml:16: descriptors[2].rate_limits: expected a sequence, got a mapping",

@@ -25,8 +25,9 @@
 //!
 //! - A string field also takes a number or boolean, as written (`value: 0x1F` is `"0x1F"`,
 //!   `value: 1.10` is `"1.10"`). Null counts as absent (or as empty where that is checked).
-//! - A boolean field takes `true` or `false` (also `True`, `TRUE`, ...); null is false.
-//!   YAML 1.1 spellings such as `yes` or `on` are strings, hence errors.
+//! - A boolean field takes `true` or `false` (also `True`, `TRUE`, ...), and, unquoted, the
+//!   YAML 1.1 spellings envoyproxy/ratelimit accepts (`yes`, `no`, `on`, `off`, `y`, `n`, in
+//!   the same three cases); null is false. A quoted `"true"` is a string, hence an error.
 //! - An integer field takes a whole number from 0 to 4294967295 (decimal, `0x`, `0o`); a
 //!   quoted number is a string, hence an error.
 //! - Any other null field counts as absent, except `rate_limits`, which must not be empty.
@@ -53,7 +54,7 @@
 //!   in `metadata`.)
 //! - **Wrong type** (`wrong_type.yaml`): `expected a mapping|a sequence|a string|true or
 //!   false|plain YAML data|a plain key, got ...`, where `...` is e.g. `a sequence`,
-//!   `a string ('yes')`, `an integer (5)`, `null` or `a node tagged !foo`.
+//!   `a string ('maybe')`, `an integer (5)`, `null` or `a node tagged !foo`.
 //! - **Bad integer** (`integer_invalid.yaml`): `must not be negative, got -5`,
 //!   `must be at most 4294967295, got N`, `expected an integer, got a number (1.5)`.
 //! - **Domain missing or empty** (`domain_missing.yaml`): `missing domain` (on the document),

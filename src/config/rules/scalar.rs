@@ -17,11 +17,25 @@ pub fn string(f: &Field<'_>, ctx: &mut Ctx<'_>) -> Option<String> {
     }
 }
 
-/// A boolean field: `true` or `false`.
+/// A boolean field: `true` or `false`, or an unquoted YAML 1.1 spelling (`yes`, `off`, ...)
+/// as envoyproxy/ratelimit's YAML library reads them.
 pub fn boolean(f: &Field<'_>, ctx: &mut Ctx<'_>) -> Option<bool> {
     match &f.node.data {
         YamlData::Value(Scalar::Boolean(b)) => Some(*b),
+        YamlData::Value(Scalar::String(s)) if ctx.source(f.node) == s => match yaml11_bool(s) {
+            Some(b) => Some(b),
+            None => mismatch(f, "true or false", ctx),
+        },
         _ => mismatch(f, "true or false", ctx),
+    }
+}
+
+/// The YAML 1.1 booleans that YAML 1.2 reads as strings.
+fn yaml11_bool(s: &str) -> Option<bool> {
+    match s {
+        "y" | "Y" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" => Some(true),
+        "n" | "N" | "no" | "No" | "NO" | "off" | "Off" | "OFF" => Some(false),
+        _ => None,
     }
 }
 
