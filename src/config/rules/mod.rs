@@ -1,8 +1,139 @@
 //! Loading rules files: YAML in, a validated [`RulesModel`] or every error out.
+//!
+//! A rules file holds one or more domains, as YAML documents separated by `---` (empty
+//! documents are skipped). The format is envoyproxy/ratelimit's, plus sluice's extensions
+//! (`rate_limits`, `unit_multiplier`, `algorithm`, `burst`, `charge`, `borrow`). The file is
+//! parsed into a marked YAML tree (every node knows its line) and walked by hand, key by key,
+//! collecting every error rather than stopping at the first. Each error reads
+//! `file:line: path: message`, for example
+//! `rules/api.yaml:14: descriptors[2].rate_limit.unit: unknown unit 'minutes'`. The path is
+//! that of the offending key, or of the mapping holding an unknown or missing key; it is
+//! empty (and left out) for errors about a whole document or file. The line is 1-based, and
+//! 0 for errors about a whole file (missing, unreadable). Errors come file by file, by line.
+//!
+//! # Layout
+//!
+//! | module | owns |
+//! |---|---|
+//! | `files` | expanding paths (directories walked for `*.yaml`/`*.yml`) and reading files |
+//! | `tree` | parsing into marked YAML, node lines and kinds, mappings checked for unknown keys |
+//! | `scalar` | typed field values (string, bool, u32) and `metadata` as JSON |
+//! | `document` | a domain document and its descriptor tree |
+//! | `limit` | `rate_limit` / `rate_limits` and every limit setting |
+//!
+//! # Values
+//!
+//! - A string field also takes a number or boolean, as written (`value: 0x1F` is `"0x1F"`,
+//!   `value: 1.10` is `"1.10"`). Null counts as absent (or as empty where that is checked).
+//! - A boolean field takes `true` or `false` (also `True`, `TRUE`, ...), and, unquoted, the
+//!   YAML 1.1 spellings envoyproxy/ratelimit accepts (`yes`, `no`, `on`, `off`, `y`, `n`, in
+//!   the same three cases); null is false. A quoted `"true"` is a string, hence an error.
+//! - An integer field takes a whole number from 0 to 4294967295 (decimal, `0x`, `0o`); a
+//!   quoted number is a string, hence an error.
+//! - Any other null field counts as absent, except `rate_limits`, which must not be empty.
+//! - `metadata` may hold any plain YAML and becomes JSON (scalars become strings, numbers,
+//!   booleans or null; keys become strings).
+//! - Anchors and aliases are expanded (the parser caps expansion); custom tags (`!foo`) are
+//!   refused wherever a value is read.
+//!
+//! # Validation rules
+//!
+//! One test fixture per rule lives in `tests/fixtures/rules/invalid/`, named in parentheses
+//! below. `'x'`, `N` and `...` stand for the offending name, number or description.
+//!
+//! - **YAML syntax** (`yaml_syntax.yaml`): `invalid YAML: <parser message> (column N)` at the
+//!   line the parser reports; it is the file's only error, as nothing else can be checked.
+//!   A key written twice in one mapping is such an error: `invalid YAML: duplicated key in
+//!   mapping (column N)` (`yaml_duplicate_key.yaml`).
+//! - **Nesting** (`nesting_too_deep.yaml`): a line indented more than 100 columns, or holding
+//!   more than 50 block indicators (`- `, `? `, `: `), is refused before parsing with
+//!   `nested too deeply (...)`, so that no input can exhaust the stack.
+//! - **Unknown key** (`unknown_key.yaml`): `unknown key 'x'`, at the mapping holding it. Keys
+//!   are checked per context: `unit` is unknown on a descriptor, `key` inside a limit, and so
+//!   on. (`duplicate key 'x'` is reported for two keys equal only as text, e.g. `1` and `"1"`
+//!   in `metadata`.)
+//! - **Wrong type** (`wrong_type.yaml`): `expected a mapping|a sequence|a string|true or
+//!   false|plain YAML data|a plain key, got ...`, where `...` is e.g. `a sequence`,
+//!   `a string ('maybe')`, `an integer (5)`, `null` or `a node tagged !foo`.
+//! - **Bad integer** (`integer_invalid.yaml`): `must not be negative, got -5`,
+//!   `must be at most 4294967295, got N`, `expected an integer, got a number (1.5)`.
+//! - **Domain missing or empty** (`domain_missing.yaml`): `missing domain` (on the document),
+//!   `domain: must not be empty`.
+//! - **Duplicate domain** (`domain_duplicate.yaml`), in one file or across files, at the
+//!   second definition: `domain: duplicate domain 'x' (first defined at file:line)`.
+//! - **Descriptor key missing or empty** (`descriptor_key_missing.yaml`): `missing key` (on
+//!   the descriptor), `key: must not be empty`.
+//! - **Duplicate descriptor** (`descriptor_duplicate.yaml`): at one level, two rules with the
+//!   same key and value, or two key-only rules (no or empty `value`) for one key:
+//!   `duplicate descriptor 'key_value' (first defined at line N)`, or `'key'` for key-only.
+//!   Key and value are compared apart, so `a`/`b_c` and `a_b`/`c` do not collide.
+//! - **`rate_limit` with `rate_limits`** (`rate_limit_and_rate_limits.yaml`), on the
+//!   descriptor: `rate_limit and rate_limits cannot be used together; use one of them`.
+//! - **Empty `rate_limits`** (`rate_limits_empty.yaml`), an empty list or null:
+//!   `rate_limits: must list at least one limit`.
+//! - **Missing unit** (`unit_missing.yaml`), on a limit that is not unlimited:
+//!   `missing unit (second, minute, hour, day, week, month or year)`.
+//! - **Unknown unit** (`unit_unknown.yaml`): `unit: unknown unit 'x'`. Units are
+//!   case-insensitive.
+//! - **Unlimited with a unit** (`unlimited_with_unit.yaml`): `unlimited: true` together with
+//!   `unit`, or with any other setting of a limited limit (`unit_multiplier`, `algorithm`,
+//!   `burst`, `charge`, `borrow`): `unit: unit must not be set on an unlimited limit`.
+//!   `requests_per_unit`, `name` and `replaces` stay allowed, as envoyproxy/ratelimit files
+//!   carry them.
+//! - **Unlimited among several limits** (`unlimited_in_list.yaml`), in a `rate_limits` list
+//!   of more than one: `rate_limits[i].unlimited: an unlimited limit must be the only limit
+//!   of its descriptor`. A list of one unlimited limit is an unlimited policy.
+//! - **Empty `replaces` name** (`replaces_empty_name.yaml`): `replaces[i].name: must not be
+//!   empty`, or `replaces[i]: missing name of the limit to replace`.
+//! - **Replacing itself** (`replaces_self.yaml`): `replaces[i].name: a limit cannot replace
+//!   itself ('x')`.
+//! - **`share_threshold` without wildcard** (`share_threshold_without_wildcard.yaml`):
+//!   `share_threshold: share_threshold needs a wildcard value (containing '*'), got
+//!   'key_value'` (or `'key'`).
+//! - **`unit_multiplier: 0`** (`unit_multiplier_zero.yaml`): `unit_multiplier: must be at
+//!   least 1`.
+//! - **Period over 100 years** (`period_too_long.yaml`), unit x multiplier longer than 100
+//!   years of 365 days: `unit_multiplier: a period of N x unit is longer than 100 years`.
+//! - **`burst: 0`** (`burst_zero.yaml`): `burst: must be at least 1`. Without `burst`, the
+//!   burst is `requests_per_unit`.
+//! - **Algorithm** (`algorithm_unknown.yaml`): only `funnel` exists in this version.
+//!   `token_bucket`, `fixed_window`, `sliding_window` and `sliding_log` give `algorithm 'x'
+//!   is not supported in this version (supported: funnel)`; any other name
+//!   `unknown algorithm 'x'`.
+//! - **Unknown charge** (`charge_unknown.yaml`): `charge: unknown charge 'x' (expected
+//!   admitted or always)`.
+//! - **Limits sharing a state** (`limits_share_state.yaml`): two limits of one descriptor
+//!   with the same algorithm and the same period (unit x multiplier: `60 x second` equals
+//!   `1 x minute`), reported on the later one: `same algorithm (funnel) and period (60s) as
+//!   descriptors[0].rate_limits[0]: the two limits would share one state`.
+//! - **`metadata` not a mapping** (`metadata_not_mapping.yaml`): `metadata: expected a
+//!   mapping, got ...`.
+//! - **Files** (tested with temporary files): a missing or unreadable path gives
+//!   `file:0: <operating system message>`; a file that is not UTF-8 gives
+//!   `not valid UTF-8 (rules files must be UTF-8)` at the line of the first bad byte.
+//!
+//! # Files
+//!
+//! [`load_paths`] takes files and directories. A directory contributes every `*.yaml` and
+//! `*.yml` file (any letter case) in it and in its subdirectories, following symlinks,
+//! ignoring every name that starts with `.` (Kubernetes ConfigMap internals such as `..data`),
+//! sorted by path. A file named explicitly is loaded whatever its extension. No files at all
+//! is an empty model, not an error.
 
+mod document;
+mod files;
+mod limit;
+mod scalar;
+mod tree;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use super::model::{DomainRules, RulesModel};
+use super::model::{DomainRules, Location, RulesModel};
 
 /// One problem in a rules file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,18 +180,75 @@ pub const EMBEDDED_RULES: &str = include_str!("../../../examples/rules/demo.yaml
 
 /// Loads every rules file of `paths` (files, or directories of `*.yaml`/`*.yml`).
 pub fn load_paths(paths: &[PathBuf]) -> Result<RulesModel, RuleErrors> {
-    let _ = paths;
-    todo!("rules loader")
+    let mut loader = Loader::default();
+    for found in files::expand(paths) {
+        match found.and_then(|path| files::read(&path).map(|text| (path, text))) {
+            Ok((path, text)) => loader.add(path, &text),
+            Err(e) => loader.errors.push(e),
+        }
+    }
+    loader.finish()
 }
 
 /// Validates already-read files, given as (name, text) pairs.
 pub fn from_sources(sources: &[(PathBuf, String)]) -> Result<RulesModel, RuleErrors> {
-    let _ = sources;
-    todo!("rules loader")
+    let mut loader = Loader::default();
+    for (path, text) in sources {
+        loader.add(path.clone(), text);
+    }
+    loader.finish()
 }
 
 /// Parses and validates the documents of one file.
 pub fn parse_file(file: &Path, text: &str) -> Result<Vec<DomainRules>, RuleErrors> {
-    let _ = (file, text);
-    todo!("rules loader")
+    let mut loader = Loader::default();
+    loader.add(file.to_path_buf(), text);
+    loader.finish().map(|model| model.domains)
+}
+
+/// Files checked so far: their domains and errors, and every domain name seen (even in a
+/// document with errors) so a duplicate is always reported.
+#[derive(Default)]
+struct Loader {
+    domains: Vec<DomainRules>,
+    seen: HashMap<String, Location>,
+    errors: Vec<RuleError>,
+}
+
+impl Loader {
+    fn add(&mut self, file: PathBuf, text: &str) {
+        let mut ctx = tree::Ctx::new(Arc::new(file), text);
+        let docs = tree::parse(&mut ctx);
+        for doc in &docs {
+            if let Some(domain) = document::domain(doc, &mut ctx) {
+                self.check_unique(&domain, &mut ctx);
+                self.domains.push(domain);
+            }
+        }
+        ctx.errors.sort_by_key(|e| e.line);
+        self.errors.append(&mut ctx.errors);
+    }
+
+    fn check_unique(&mut self, domain: &DomainRules, ctx: &mut tree::Ctx<'_>) {
+        if let Some(first) = self.seen.get(&domain.domain) {
+            let message = format!(
+                "duplicate domain '{}' (first defined at {first})",
+                domain.domain
+            );
+            ctx.error(domain.location.line, "domain", message);
+        } else {
+            let location = domain.location.clone();
+            self.seen.insert(domain.domain.clone(), location);
+        }
+    }
+
+    fn finish(self) -> Result<RulesModel, RuleErrors> {
+        if self.errors.is_empty() {
+            Ok(RulesModel {
+                domains: self.domains,
+            })
+        } else {
+            Err(RuleErrors(self.errors))
+        }
+    }
 }

@@ -1,0 +1,366 @@
+//! A descriptor's `rate_limit` or `rate_limits`: every limit key, its defaults and its checks,
+//! turned into a [`Policy`].
+
+use std::num::NonZeroU32;
+
+use saphyr::{MarkedYaml, YamlData};
+
+use super::scalar::{boolean, string, uint};
+use super::tree::{Ctx, Field, Fields, describe, index, is_null, line, mapping};
+use crate::config::model::{Algorithm, Charge, LimitRule, Policy, Unit};
+
+/// The keys of one limit.
+const LIMIT_KEYS: &[&str] = &[
+    "unit",
+    "requests_per_unit",
+    "unlimited",
+    "name",
+    "replaces",
+    "unit_multiplier",
+    "algorithm",
+    "burst",
+    "charge",
+    "borrow",
+];
+
+/// The keys that mean nothing on an unlimited limit.
+const LIMITED_ONLY: &[&str] = &[
+    "unit",
+    "unit_multiplier",
+    "algorithm",
+    "burst",
+    "charge",
+    "borrow",
+];
+
+/// Algorithms planned but not available in this version.
+const UNSUPPORTED: &[&str] = &[
+    "token_bucket",
+    "fixed_window",
+    "sliding_window",
+    "sliding_log",
+];
+
+/// The longest period a limit may have: 100 years of 365 days.
+pub const MAX_PERIOD_SECS: u64 = 100 * Unit::Year.seconds();
+
+/// One parsed limit.
+enum Limit {
+    Unlimited {
+        name: Option<String>,
+        replaces: Vec<String>,
+    },
+    Limited(LimitRule),
+}
+
+/// A parsed limit with where it was written.
+struct Placed {
+    limit: Limit,
+    path: String,
+    line: usize,
+    /// The line of its `unlimited:` key, if any.
+    unlimited_line: usize,
+}
+
+/// The policy of a descriptor mapping: none, unlimited, or its limits.
+pub fn policy(descriptor: &Fields<'_>, ctx: &mut Ctx<'_>) -> Policy {
+    let single = descriptor.get("rate_limit");
+    let list = descriptor.get_raw("rate_limits");
+    if let (Some(_), Some(l)) = (single, list) {
+        let message = "rate_limit and rate_limits cannot be used together; use one of them";
+        ctx.error(l.line, &descriptor.path, message);
+    }
+    let single = single.map(|f| one(f.node, &f.path, f.line, ctx));
+    let list = list.map(|f| several(f, ctx));
+    match (single, list) {
+        (Some(Some(p)), None) => to_policy(p.limit),
+        (None, Some(Some(p))) => p,
+        _ => Policy::None,
+    }
+}
+
+fn to_policy(limit: Limit) -> Policy {
+    match limit {
+        Limit::Unlimited { name, replaces } => Policy::Unlimited { name, replaces },
+        Limit::Limited(rule) => Policy::Limited(vec![rule]),
+    }
+}
+
+/// `rate_limits: [...]`: at least one limit; an unlimited one must be alone; no two limits
+/// may share a state.
+fn several(f: &Field<'_>, ctx: &mut Ctx<'_>) -> Option<Policy> {
+    let items = match &f.node.data {
+        YamlData::Sequence(items) => items.as_slice(),
+        _ if is_null(f.node) => &[],
+        _ => {
+            let message = format!("expected a sequence, got {}", describe(f.node, ctx));
+            ctx.error(f.line, &f.path, message);
+            return None;
+        }
+    };
+    if items.is_empty() {
+        ctx.error(f.line, &f.path, "must list at least one limit");
+        return None;
+    }
+    let parsed: Vec<Option<Placed>> = items
+        .iter()
+        .enumerate()
+        .map(|(i, node)| one(node, &index(&f.path, i), line(node), ctx))
+        .collect();
+    let all_parsed = parsed.iter().all(Option::is_some);
+    let placed: Vec<Placed> = parsed.into_iter().flatten().collect();
+    // Check the limits that parsed against each other even when others did not.
+    combine(placed, items.len(), ctx).filter(|_| all_parsed)
+}
+
+/// Combines the `listed` limits of a `rate_limits` list (`placed` are those that parsed).
+fn combine(placed: Vec<Placed>, listed: usize, ctx: &mut Ctx<'_>) -> Option<Policy> {
+    if listed == 1 {
+        return placed.into_iter().next().map(|p| to_policy(p.limit));
+    }
+    let mut ok = true;
+    for p in placed
+        .iter()
+        .filter(|p| matches!(p.limit, Limit::Unlimited { .. }))
+    {
+        let path = format!("{}.unlimited", p.path);
+        let message = "an unlimited limit must be the only limit of its descriptor";
+        ctx.error(p.unlimited_line, &path, message);
+        ok = false;
+    }
+    ok &= distinct_states(&placed, ctx);
+    let rules = placed.into_iter().filter_map(|p| match p.limit {
+        Limit::Limited(rule) => Some(rule),
+        Limit::Unlimited { .. } => None,
+    });
+    ok.then(|| Policy::Limited(rules.collect()))
+}
+
+/// Two limits with the same algorithm and period would share one state: reject the later.
+fn distinct_states(placed: &[Placed], ctx: &mut Ctx<'_>) -> bool {
+    let mut ok = true;
+    for (j, later) in placed.iter().enumerate() {
+        let Limit::Limited(b) = &later.limit else {
+            continue;
+        };
+        let first = placed[..j]
+            .iter()
+            .find(|p| matches!(&p.limit, Limit::Limited(a) if same_state(a, b)));
+        if let Some(first) = first {
+            let message = format!(
+                "same algorithm ({}) and period ({}s) as {}: the two limits would share one state",
+                b.algorithm.as_str(),
+                period_secs(b.unit, b.unit_multiplier),
+                first.path
+            );
+            ctx.error(later.line, &later.path, message);
+            ok = false;
+        }
+    }
+    ok
+}
+
+fn same_state(a: &LimitRule, b: &LimitRule) -> bool {
+    a.algorithm == b.algorithm
+        && period_secs(a.unit, a.unit_multiplier) == period_secs(b.unit, b.unit_multiplier)
+}
+
+fn period_secs(unit: Unit, multiplier: NonZeroU32) -> u64 {
+    unit.seconds().saturating_mul(u64::from(multiplier.get()))
+}
+
+/// One limit mapping, at `path`; `at` is the line to report a missing key on.
+fn one(node: &MarkedYaml<'_>, path: &str, at: usize, ctx: &mut Ctx<'_>) -> Option<Placed> {
+    let fields = mapping(node, path, at, LIMIT_KEYS, ctx)?;
+    let unlimited_line = fields.get("unlimited").map_or(at, |f| f.line);
+    let unlimited = flag(&fields, "unlimited", ctx);
+    let name = fields
+        .get("name")
+        .and_then(|f| string(f, ctx))
+        .filter(|n| !n.is_empty());
+    let replaces = replaces(&fields, name.as_deref(), ctx);
+    let requests = fields.get("requests_per_unit").map(|f| uint(f, ctx));
+    let limit = if unlimited {
+        no_limited_keys(&fields, ctx);
+        Some(Limit::Unlimited {
+            name,
+            replaces: replaces?,
+        })
+    } else {
+        let requests = requests.unwrap_or(Some(0));
+        limited(&fields, at, name, replaces, requests, ctx).map(Limit::Limited)
+    };
+    Some(Placed {
+        limit: limit?,
+        path: path.to_owned(),
+        line: at,
+        unlimited_line,
+    })
+}
+
+/// Reads an optional boolean field; absent, null or invalid is false.
+pub fn flag(fields: &Fields<'_>, name: &str, ctx: &mut Ctx<'_>) -> bool {
+    fields
+        .get(name)
+        .and_then(|f| boolean(f, ctx))
+        .unwrap_or(false)
+}
+
+fn no_limited_keys(fields: &Fields<'_>, ctx: &mut Ctx<'_>) {
+    for key in LIMITED_ONLY {
+        if let Some(f) = fields.get(key) {
+            let message = format!("{key} must not be set on an unlimited limit");
+            ctx.error(f.line, &f.path, message);
+        }
+    }
+}
+
+/// The settings of a limited (not unlimited) limit, with defaults resolved.
+fn limited(
+    fields: &Fields<'_>,
+    at: usize,
+    name: Option<String>,
+    replaces: Option<Vec<String>>,
+    requests: Option<u32>,
+    ctx: &mut Ctx<'_>,
+) -> Option<LimitRule> {
+    let unit = unit(fields, at, ctx);
+    let multiplier = multiplier(fields, unit, ctx);
+    let algorithm = algorithm(fields, ctx);
+    let burst = burst(fields, ctx);
+    let charge = charge(fields, ctx);
+    let borrow = flag(fields, "borrow", ctx);
+    let requests = requests?;
+    Some(LimitRule {
+        name,
+        unit: unit?,
+        requests_per_unit: requests,
+        unit_multiplier: multiplier?,
+        algorithm: algorithm?,
+        burst: burst?.unwrap_or(requests),
+        charge: charge?,
+        borrow,
+        replaces: replaces?,
+    })
+}
+
+fn unit(fields: &Fields<'_>, at: usize, ctx: &mut Ctx<'_>) -> Option<Unit> {
+    let Some(f) = fields.get("unit") else {
+        let message = "missing unit (second, minute, hour, day, week, month or year)";
+        ctx.error(at, &fields.path, message);
+        return None;
+    };
+    let name = string(f, ctx)?;
+    let unit = Unit::parse(&name);
+    if unit.is_none() {
+        ctx.error(f.line, &f.path, format!("unknown unit '{name}'"));
+    }
+    unit
+}
+
+/// `unit_multiplier`: at least 1 (the default), and the period at most 100 years.
+fn multiplier(fields: &Fields<'_>, unit: Option<Unit>, ctx: &mut Ctx<'_>) -> Option<NonZeroU32> {
+    let Some(f) = fields.get("unit_multiplier") else {
+        return Some(NonZeroU32::MIN);
+    };
+    let Some(n) = NonZeroU32::new(uint(f, ctx)?) else {
+        ctx.error(f.line, &f.path, "must be at least 1");
+        return None;
+    };
+    let unit = unit?;
+    if period_secs(unit, n) > MAX_PERIOD_SECS {
+        let name = unit.as_str().to_ascii_lowercase();
+        let message = format!("a period of {n} x {name} is longer than 100 years");
+        ctx.error(f.line, &f.path, message);
+        return None;
+    }
+    Some(n)
+}
+
+fn algorithm(fields: &Fields<'_>, ctx: &mut Ctx<'_>) -> Option<Algorithm> {
+    let Some(f) = fields.get("algorithm") else {
+        return Some(Algorithm::default());
+    };
+    let name = string(f, ctx)?;
+    let algorithm = Algorithm::parse(&name);
+    if algorithm.is_none() {
+        let message = if UNSUPPORTED.contains(&name.as_str()) {
+            format!("algorithm '{name}' is not supported in this version (supported: funnel)")
+        } else {
+            format!("unknown algorithm '{name}'")
+        };
+        ctx.error(f.line, &f.path, message);
+    }
+    algorithm
+}
+
+/// `burst`: at least 1 when given; `Some(None)` when absent (defaults to the quota).
+fn burst(fields: &Fields<'_>, ctx: &mut Ctx<'_>) -> Option<Option<u32>> {
+    let Some(f) = fields.get("burst") else {
+        return Some(None);
+    };
+    let burst = uint(f, ctx)?;
+    if burst == 0 {
+        ctx.error(f.line, &f.path, "must be at least 1");
+        return None;
+    }
+    Some(Some(burst))
+}
+
+fn charge(fields: &Fields<'_>, ctx: &mut Ctx<'_>) -> Option<Charge> {
+    let Some(f) = fields.get("charge") else {
+        return Some(Charge::default());
+    };
+    match string(f, ctx)?.as_str() {
+        "admitted" => Some(Charge::Admitted),
+        "always" => Some(Charge::Always),
+        other => {
+            let message = format!("unknown charge '{other}' (expected admitted or always)");
+            ctx.error(f.line, &f.path, message);
+            None
+        }
+    }
+}
+
+/// `replaces: [{name: X}, ...]`: names must be non-empty and not the limit's own.
+fn replaces(fields: &Fields<'_>, own: Option<&str>, ctx: &mut Ctx<'_>) -> Option<Vec<String>> {
+    let Some(f) = fields.get("replaces") else {
+        return Some(Vec::new());
+    };
+    let YamlData::Sequence(items) = &f.node.data else {
+        let message = format!("expected a sequence, got {}", describe(f.node, ctx));
+        ctx.error(f.line, &f.path, message);
+        return None;
+    };
+    let names: Vec<Option<String>> = items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| replaced(item, &index(&f.path, i), own, ctx))
+        .collect();
+    names.into_iter().collect()
+}
+
+/// One `{name: X}` entry of `replaces`.
+fn replaced(
+    item: &MarkedYaml<'_>,
+    path: &str,
+    own: Option<&str>,
+    ctx: &mut Ctx<'_>,
+) -> Option<String> {
+    let fields = mapping(item, path, line(item), &["name"], ctx)?;
+    let Some(f) = fields.get("name") else {
+        ctx.error(fields.line, path, "missing name of the limit to replace");
+        return None;
+    };
+    let name = string(f, ctx)?;
+    if name.is_empty() {
+        ctx.error(f.line, &f.path, "must not be empty");
+        return None;
+    }
+    if own == Some(name.as_str()) {
+        let message = format!("a limit cannot replace itself ('{name}')");
+        ctx.error(f.line, &f.path, message);
+        return None;
+    }
+    Some(name)
+}

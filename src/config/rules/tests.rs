@@ -1,0 +1,218 @@
+//! Unit tests of the loader: the embedded rules, the model it builds, and robustness against
+//! hostile input (no input may panic or exhaust the stack).
+
+use std::path::{Path, PathBuf};
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::config::model::{Policy, Unit, ValueMatch};
+
+/// Loads one text as file `t.yaml`, returning the model or the error lines.
+fn load(text: &str) -> Result<RulesModel, Vec<String>> {
+    from_sources(&[(PathBuf::from("t.yaml"), text.to_owned())])
+        .map_err(|e| e.0.iter().map(ToString::to_string).collect())
+}
+
+fn errors(text: &str) -> Vec<String> {
+    load(text).expect_err("expected errors")
+}
+
+#[test]
+fn embedded_rules_load() {
+    let model = from_sources(&[(PathBuf::from(EMBEDDED_NAME), EMBEDDED_RULES.to_owned())])
+        .unwrap_or_else(|e| panic!("embedded rules are invalid:\n{e}"));
+    assert_eq!(model.domains.len(), 1);
+    assert_eq!(model.domains[0].domain, "demo");
+    assert!(!model.domains[0].descriptors.is_empty());
+}
+
+#[test]
+fn builds_the_model() {
+    let model = load("domain: d\ndescriptors:\n  - key: k\n    value: a*\n    share_threshold: true\n    rate_limit: {unit: Minute, requests_per_unit: 3}\n").unwrap();
+    let domain = &model.domains[0];
+    assert_eq!(domain.location.line, 1);
+    let rule = &domain.descriptors[0];
+    assert_eq!(rule.location.line, 3);
+    assert_eq!(rule.value, ValueMatch::Wildcard("a*".into()));
+    assert!(rule.share_threshold);
+    let Policy::Limited(limits) = &rule.policy else {
+        panic!("expected limits, got {:?}", rule.policy)
+    };
+    assert_eq!(limits[0].unit, Unit::Minute);
+    assert_eq!((limits[0].requests_per_unit, limits[0].burst), (3, 3));
+}
+
+#[test]
+fn scalars_are_taken_as_written() {
+    let model = load(
+        "domain: 0x1F\ndescriptors:\n  - {key: 12, value: 1.10}\n  - {key: true, value: ''}\n",
+    )
+    .unwrap();
+    let domain = &model.domains[0];
+    assert_eq!(domain.domain, "0x1F");
+    assert_eq!(domain.descriptors[0].key, "12");
+    assert_eq!(
+        domain.descriptors[0].value,
+        ValueMatch::Exact("1.10".into())
+    );
+    assert_eq!(domain.descriptors[1].key, "true");
+    assert_eq!(domain.descriptors[1].value, ValueMatch::Any);
+}
+
+#[test]
+fn scalars_are_found_in_non_ascii_text() {
+    // Parser markers count characters, not bytes; 70 two-byte characters cross a checkpoint.
+    let text = format!(
+        "# {}\ndomain: d\ndescriptors:\n  - {{key: é, value: 0x1F}}\n",
+        "é".repeat(70)
+    );
+    let model = load(&text).unwrap();
+    let rule = &model.domains[0].descriptors[0];
+    assert_eq!(rule.key, "é");
+    assert_eq!(rule.value, ValueMatch::Exact("0x1F".into()));
+}
+
+#[test]
+fn metadata_keys_must_differ_as_text() {
+    let text = "domain: d\ndescriptors:\n  - key: k\n    metadata: {1: a, \"1\": b}\n";
+    assert_eq!(
+        errors(text),
+        ["t.yaml:4: descriptors[0].metadata: duplicate key '1'"]
+    );
+}
+
+#[test]
+fn aliases_are_expanded() {
+    let text = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: &l {unit: second, requests_per_unit: 1}\n  - key: b\n    rate_limit: *l\n";
+    let model = load(text).unwrap();
+    assert_eq!(
+        model.domains[0].descriptors[1].policy,
+        model.domains[0].descriptors[0].policy
+    );
+}
+
+#[test]
+fn empty_input_is_an_empty_model() {
+    for text in ["", "\n", "# nothing\n", "---\n---\n", "~\n"] {
+        assert!(load(text).unwrap().domains.is_empty(), "{text:?}");
+    }
+    assert!(load_paths(&[]).unwrap().domains.is_empty());
+}
+
+#[test]
+fn errors_are_sorted_by_line_and_all_reported() {
+    let text = "domain: d\nextra: 1\ndescriptors:\n  - key: a\n    rate_limit: {unit: parsec}\n  - value: x\n";
+    assert_eq!(
+        errors(text),
+        [
+            "t.yaml:2: unknown key 'extra'",
+            "t.yaml:5: descriptors[0].rate_limit.unit: unknown unit 'parsec'",
+            "t.yaml:6: descriptors[1]: missing key",
+        ]
+    );
+}
+
+#[test]
+fn a_bad_limit_does_not_hide_the_list_checks() {
+    let text = "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: parsec}\n      - {unlimited: true}\n";
+    assert_eq!(
+        errors(text),
+        [
+            "t.yaml:5: descriptors[0].rate_limits[0].unit: unknown unit 'parsec'",
+            "t.yaml:6: descriptors[0].rate_limits[1].unlimited: an unlimited limit must be the only limit of its descriptor",
+        ]
+    );
+}
+
+#[test]
+fn parse_file_reports_its_own_duplicates() {
+    let err = parse_file(Path::new("a.yaml"), "domain: x\n---\ndomain: x\n").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "a.yaml:3: domain: duplicate domain 'x' (first defined at a.yaml:1)"
+    );
+}
+
+#[test]
+fn deep_nesting_is_refused_not_overflowed() {
+    let seq = "- ".repeat(100_000) + "x\n";
+    let indented: String = (0..2_000).map(|i| " ".repeat(i) + "a:\n").collect();
+    let flow = "[".repeat(10_000);
+    let keys = "? ".repeat(100_000) + "x\n";
+    for text in [seq, indented, flow, keys] {
+        assert_eq!(errors(&text).len(), 1);
+    }
+}
+
+#[test]
+fn just_below_the_nesting_guard_parses() {
+    // The deepest nesting the guard lets through (two block levels per indentation step, the
+    // most compact indicators, then the parser's own cap of 254 flow levels) must still parse
+    // on a test thread's stack.
+    let mut text = String::new();
+    for i in 0..tree::MAX_INDENT / 2 {
+        text += &format!("{}- a:\n", "  ".repeat(i));
+    }
+    let compact = "- ".repeat(tree::MAX_INDICATORS - 1);
+    let flow = "[".repeat(254) + &"]".repeat(254);
+    text += &format!("{}{compact}{flow}\n", " ".repeat(tree::MAX_INDENT));
+    assert_eq!(
+        errors(&text),
+        ["t.yaml:1: expected a mapping, got a sequence"]
+    );
+}
+
+#[test]
+fn strange_yaml_gives_errors() {
+    let cases = [
+        "? [a, b]\n: c\n",
+        "domain: !foo d\n",
+        "domain: d\ndescriptors: !seq [1]\n",
+        "domain: d\ndescriptors:\n  - key: k\n    metadata: {? [x] : 1}\n",
+        "domain: !!int x\n",
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1e400}\n",
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -99999999999999999999}\n",
+        "\u{0}\u{1}\u{feff}domain: \u{7f}\n",
+        "domain: \"\\ud800\"\n",
+        "- a\n- b\n",
+        "plain text\n",
+    ];
+    for text in cases {
+        assert!(!errors(text).is_empty(), "{text:?}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn arbitrary_text_never_panics(text in "\\PC{0,200}") {
+        let _ = load(&text);
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
+        let _ = load(&String::from_utf8_lossy(&bytes));
+    }
+
+    #[test]
+    fn yaml_like_text_never_panics(
+        parts in prop::collection::vec(prop::sample::select(FRAGMENTS), 0..40)
+    ) {
+        let _ = load(&parts.concat());
+    }
+}
+
+/// Pieces of rules files and YAML syntax, shuffled together by the property test.
+#[rustfmt::skip]
+const FRAGMENTS: &[&str] = &[
+    "domain: d\n", "descriptors:\n", "  - key: k\n", "    value: v*\n", "    rate_limit:\n",
+    "      unit: second\n", "      requests_per_unit: 5\n", "      unlimited: true\n",
+    "    rate_limits:\n", "      - unit: minute\n", "      - unlimited: true\n",
+    "        burst: 0\n", "      replaces:\n", "        - name: x\n", "    metadata:\n",
+    "      a: [1, {b: c}]\n", "---\n", "...\n", "&a ", "*a ", "!t ", "!!str ", "? ", ": ",
+    "- ", "[", "]", "{", "}", ",", "'", "\"", "|\n", ">-\n", "#c\n", "\t", "\n", "  ",
+    "\u{feff}", "\r", "%YAML 1.2\n", "%TAG ! tag:x,2000:\n", "é", "\\u0000", "1e999", "-1",
+    "99999999999999999999", "0x", "~", "null", "True",
+];
