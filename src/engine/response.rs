@@ -139,8 +139,7 @@ fn headers(
     let limited = reported.iter().filter(|(s, _)| s.current_limit.is_some());
     let over = limited
         .clone()
-        .filter(|(s, r)| s.code == Code::OverLimit && *r != Some(Role::Quota))
-        .last();
+        .rfind(|(s, r)| s.code == Code::OverLimit && *r != Some(Role::Quota));
     let Some((chosen, _)) = over.or_else(|| limited.min_by_key(|(s, _)| s.limit_remaining)) else {
         return Vec::new();
     };
