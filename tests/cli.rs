@@ -4,21 +4,14 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 use tokio::time::Instant;
 
 use common::*;
 
 fn sluice() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
-    cmd.env_remove("RUST_LOG");
-    for (k, _) in std::env::vars() {
-        if k.starts_with("SLUICE_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd
+    sluice_command(env!("CARGO_BIN_EXE_sluice"))
 }
 
 fn run(cmd: &mut Command) -> Output {
@@ -80,35 +73,6 @@ fn check_reports_every_error_with_file_and_line() {
     );
     let total = stderr.lines().last().unwrap();
     assert!(total.ends_with("error(s)"), "{total}");
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A `sluice serve` child process, killed if the test fails before stopping it.
-struct Served(Child);
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-async fn connect_within(url: &str, limit: Duration) -> Client {
-    let start = Instant::now();
-    loop {
-        match RateLimitServiceClient::connect(url.to_owned()).await {
-            Ok(c) => return c,
-            Err(e) if start.elapsed() > limit => panic!("sluice did not come up: {e}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    }
 }
 
 #[tokio::test]

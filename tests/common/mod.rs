@@ -14,6 +14,9 @@ pub use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_clien
 pub use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 pub use sluice::testing::{SECOND, TestServer};
 
+use std::process::{Child, Command};
+use std::time::Duration;
+
 pub type Client = RateLimitServiceClient<tonic::transport::Channel>;
 
 /// A channel to the test server, for the other gRPC clients.
@@ -93,4 +96,45 @@ pub fn limit_of(s: &DescriptorStatus) -> Option<(u32, Unit, String)> {
 
 pub fn reset_secs(s: &DescriptorStatus) -> Option<i64> {
     s.duration_until_reset.as_ref().map(|d| d.seconds)
+}
+
+/// The `sluice` binary at `path`, with no `SLUICE_*` or `RUST_LOG` from the test's environment.
+pub fn sluice_command(path: &str) -> Command {
+    let mut cmd = Command::new(path);
+    cmd.env_remove("RUST_LOG");
+    for (k, _) in std::env::vars() {
+        if k.starts_with("SLUICE_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A `sluice serve` child process, killed if the test fails before stopping it.
+pub struct Served(pub Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub async fn connect_within(url: &str, limit: Duration) -> Client {
+    let start = tokio::time::Instant::now();
+    loop {
+        match RateLimitServiceClient::connect(url.to_owned()).await {
+            Ok(c) => return c,
+            Err(e) if start.elapsed() > limit => panic!("sluice did not come up: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
 }
