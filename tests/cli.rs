@@ -139,6 +139,26 @@ fn bad_rules_exit_64_before_binding() {
 }
 
 #[test]
+fn json_logs_are_one_object_per_line() {
+    let out = run(sluice().args([
+        "serve",
+        "--log-format",
+        "json",
+        "--rules",
+        &fixtures("invalid"),
+    ]));
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(lines.len() > 10, "{stderr}");
+    for line in lines {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert_eq!(v["level"], "ERROR", "{line}");
+    }
+}
+
+#[test]
 fn bad_settings_exit_64() {
     let out = run(sluice()
         .arg("serve")

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::{Descriptor, Override, Request};
 use crate::config::model::{Algorithm, Charge, LimitRule, Policy};
 use crate::limiter::{Batch, Hit, LimitParams, Role};
-use crate::rules::{Domain, Rule, key};
+use crate::rules::{Domain, Match, Rule, key};
 
 /// YAML `metadata` of a matched rule.
 pub(super) type Metadata = Arc<serde_json::Map<String, serde_json::Value>>;
@@ -39,7 +39,7 @@ pub(super) struct Planned<'r> {
 /// What a descriptor matched before `replaces` is applied.
 enum Candidate<'r> {
     Nothing,
-    Rule(&'r Rule, crate::rules::Match<'r>),
+    Rule(Match<'r>),
     Override(LimitRule),
 }
 
@@ -79,7 +79,7 @@ fn candidate<'r>(domain: Option<&'r Domain>, d: &Descriptor) -> Candidate<'r> {
         return Candidate::Override(override_rule(limit));
     }
     match domain.find(&d.entries) {
-        Some(m) => Candidate::Rule(m.rule(), m),
+        Some(m) => Candidate::Rule(m),
         None => Candidate::Nothing,
     }
 }
@@ -103,8 +103,8 @@ fn override_rule(limit: Override) -> LimitRule {
 fn replaced_names<'r>(candidates: &[Candidate<'r>]) -> HashSet<&'r str> {
     let mut names = HashSet::new();
     for c in candidates {
-        if let Candidate::Rule(rule, _) = c {
-            match &rule.policy {
+        if let Candidate::Rule(m) = c {
+            match &m.rule().policy {
                 Policy::Limited(limits) => {
                     for l in limits {
                         names.extend(l.replaces.iter().map(String::as_str));
@@ -159,7 +159,8 @@ fn descriptor_plan<'r>(
                 metadata: None,
             }
         }
-        Candidate::Rule(rule, m) => {
+        Candidate::Rule(m) => {
+            let rule = m.rule();
             let applies = match &rule.policy {
                 Policy::None => Applies::Nothing,
                 Policy::Unlimited { name, .. } if is_replaced(name, replaced) => Applies::Nothing,
