@@ -1,30 +1,30 @@
-//! Serving: builds the engine from settings and rules, runs the gRPC server on a listener it
-//! is given, and stops on the shutdown future it is given (never reading signals itself).
+//! Serving: builds the engine from settings and rules, runs the gRPC server and the admin
+//! HTTP server on listeners it is given, and stops on the shutdown future it is given (never
+//! reading signals itself). Reloads come from file changes and from a [`ReloadTrigger`].
 //!
-//! Shutdown order: gRPC health turns NOT_SERVING, the server stops accepting and finishes the
-//! requests in flight, background tasks stop, `run` returns. The caller bounds all of it with
-//! a grace period.
+//! Shutdown order (see [`lifecycle`]): readiness fails at once (`/readyz` and gRPC health
+//! NOT_SERVING), the drain delay passes, the gRPC server stops accepting and finishes the
+//! requests in flight, then the admin server and background tasks stop and `run` returns. The
+//! caller bounds all of it with a grace period.
+
+mod lifecycle;
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use arc_swap::ArcSwap;
-use tokio::net::TcpListener;
-use tokio::task::JoinSet;
-use tokio_stream::wrappers::TcpListenerStream;
-use tokio_util::sync::CancellationToken;
+use tokio::sync::mpsc;
 
 use crate::config::settings::{Backend, Settings};
 use crate::engine::{Engine, HeaderNames, Options};
-use crate::grpc::RateLimiter;
+use crate::health::BackendProbe;
 use crate::limiter::{Limiter, MemoryLimiter};
-use crate::proto::rate_limit_service_server::RateLimitServiceServer;
+use crate::metrics::{Metrics, MetricsOptions};
+use crate::reload::{ActiveRules, ReloadTrigger};
 use crate::rules::RuleSet;
 
-/// Names under which gRPC health reports the service.
-const HEALTH_NAMES: [&str; 2] = ["envoy.service.ratelimit.v3.RateLimitService", "ratelimit"];
+pub use lifecycle::Listeners;
 
 /// Periodic clean-up of a backend's state.
 pub trait Housekeeping: Send + Sync + 'static {
@@ -47,8 +47,21 @@ impl<C: crate::limiter::Clock> Housekeeping for MemoryLimiter<C> {
 /// A built service, ready to run.
 pub struct App {
     engine: Arc<Engine>,
-    rules: Arc<ArcSwap<RuleSet>>,
+    rules: Arc<ActiveRules>,
+    metrics: Arc<Metrics>,
+    backend_probe: Option<Arc<dyn BackendProbe>>,
     housekeeping: Option<(Arc<dyn Housekeeping>, Duration)>,
+    reload_trigger: ReloadTrigger,
+    reload_requests: mpsc::Receiver<()>,
+    ops: OpsSettings,
+}
+
+/// The operations settings `run` needs.
+#[derive(Debug, Clone, Copy)]
+struct OpsSettings {
+    drain_delay: Duration,
+    watch: bool,
+    debounce: Duration,
 }
 
 impl App {
@@ -67,14 +80,30 @@ impl App {
         Ok(app)
     }
 
-    /// A service over a given limiter, with no housekeeping task.
+    /// A service over a given limiter, with no housekeeping task. Reloads read
+    /// `settings.rules.paths` (none: the embedded demo rules).
     pub fn from_parts(settings: &Settings, rules: RuleSet, limiter: Arc<dyn Limiter>) -> App {
-        let rules = Arc::new(ArcSwap::from_pointee(rules));
-        let engine = Engine::new(rules.clone(), limiter, options_of(settings));
+        let rules = Arc::new(ActiveRules::new(rules, settings.rules.paths.clone()));
+        let metrics = Metrics::new(MetricsOptions {
+            near_limit_ratio: settings.metrics.near_limit_ratio,
+            max_value_label_sets: settings.metrics.max_value_label_sets,
+        });
+        let engine = Engine::new(rules.shared(), limiter, options_of(settings))
+            .with_observer(metrics.clone());
+        let (reload_trigger, reload_requests) = ReloadTrigger::channel();
         App {
             engine: Arc::new(engine),
             rules,
+            metrics,
+            backend_probe: None,
             housekeeping: None,
+            reload_trigger,
+            reload_requests,
+            ops: OpsSettings {
+                drain_delay: Duration::from_secs(settings.server.drain_delay_secs),
+                watch: settings.reload.watch,
+                debounce: Duration::from_millis(settings.reload.debounce_ms),
+            },
         }
     }
 
@@ -85,55 +114,32 @@ impl App {
 
     /// The active rules, shared with the engine; storing a new set swaps it atomically.
     pub fn rules(&self) -> Arc<ArcSwap<RuleSet>> {
-        self.rules.clone()
+        self.rules.shared()
     }
 
-    /// Serves gRPC on `grpc` until `shutdown` resolves, then drains and returns.
+    /// The app's metrics registry.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    /// Asks the running app to reload its rules (what SIGHUP does).
+    pub fn reload_trigger(&self) -> ReloadTrigger {
+        self.reload_trigger.clone()
+    }
+
+    /// Makes readiness depend on the backend (without one, the backend is always ready).
+    pub fn set_backend_probe(&mut self, probe: Arc<dyn BackendProbe>) {
+        self.backend_probe = Some(probe);
+    }
+
+    /// Serves until `shutdown` resolves, then drains in order and returns. `listeners` is the
+    /// gRPC listener alone, or [`Listeners`] with the admin one.
     pub async fn run(
         self,
-        grpc: TcpListener,
+        listeners: impl Into<Listeners>,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
-        let stop = CancellationToken::new();
-        let mut tasks = JoinSet::new();
-        if let Some((state, every)) = self.housekeeping.clone() {
-            tasks.spawn(housekeeping(state, every, stop.clone()));
-        }
-        let (health, health_service) = tonic_health::server::health_reporter();
-        for name in HEALTH_NAMES {
-            health
-                .set_service_status(name, tonic_health::ServingStatus::Serving)
-                .await;
-        }
-        let (reflection_v1, reflection_v1alpha) = reflection()?;
-        let addr = grpc.local_addr().ok();
-        tracing::info!(?addr, backend = self.engine.backend_name(), "serving gRPC");
-        let on_shutdown = async move {
-            shutdown.await;
-            for name in HEALTH_NAMES {
-                health
-                    .set_service_status(name, tonic_health::ServingStatus::NotServing)
-                    .await;
-            }
-            health
-                .set_not_serving::<RateLimitServiceServer<RateLimiter>>()
-                .await;
-            tracing::info!("draining in-flight requests");
-        };
-        let served = tonic::transport::Server::builder()
-            .add_service(health_service)
-            .add_service(reflection_v1)
-            .add_service(reflection_v1alpha)
-            .add_service(RateLimiter::new(self.engine.clone()).into_service())
-            .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), on_shutdown)
-            .await;
-        stop.cancel();
-        while let Some(joined) = tasks.join_next().await {
-            joined.context("background task failed")?;
-        }
-        served.context("gRPC server failed")?;
-        tracing::info!("stopped");
-        Ok(())
+        lifecycle::run(self, listeners.into(), shutdown).await
     }
 }
 
@@ -148,39 +154,5 @@ fn options_of(settings: &Settings) -> Options {
             retry_after: r.retry_after,
         }),
         echo_metadata: r.dynamic_metadata,
-    }
-}
-
-type Reflection<T> = tonic_reflection::server::v1::ServerReflectionServer<T>;
-type ReflectionAlpha<T> = tonic_reflection::server::v1alpha::ServerReflectionServer<T>;
-
-/// Server reflection, v1 and v1alpha (grpcurl speaks the latter).
-fn reflection() -> anyhow::Result<(
-    Reflection<impl tonic_reflection::server::v1::ServerReflection>,
-    ReflectionAlpha<impl tonic_reflection::server::v1alpha::ServerReflection>,
-)> {
-    let builder = || {
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-    };
-    Ok((
-        builder().build_v1().context("reflection v1")?,
-        builder().build_v1alpha().context("reflection v1alpha")?,
-    ))
-}
-
-/// Sweeps backend state every `every` until stopped.
-async fn housekeeping(state: Arc<dyn Housekeeping>, every: Duration, stop: CancellationToken) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tick.tick() => {
-                let dropped = state.sweep();
-                tracing::debug!(dropped, held = state.held(), "backend sweep");
-            }
-        }
     }
 }

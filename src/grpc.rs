@@ -37,14 +37,20 @@ impl RateLimitService for RateLimiter {
         &self,
         request: Request<pb::RateLimitRequest>,
     ) -> Result<Response<pb::RateLimitResponse>, Status> {
-        let request = from_proto(request.into_inner()).map_err(|e| status_of(&e))?;
-        let answer = self
-            .engine
-            .should_rate_limit(&request)
+        let answer = decide(&self.engine, request.into_inner())
             .await
             .map_err(|e| status_of(&e))?;
-        Ok(Response::new(to_proto(answer)))
+        Ok(Response::new(answer))
     }
+}
+
+/// One wire request through the engine: the path every front end (gRPC, `/json`) takes.
+pub async fn decide(
+    engine: &Engine,
+    request: pb::RateLimitRequest,
+) -> Result<pb::RateLimitResponse, EngineError> {
+    let request = from_proto(request)?;
+    Ok(to_proto(engine.should_rate_limit(&request).await?))
 }
 
 /// Maps an engine error to the status Envoy sees: a malformed request is

@@ -3,7 +3,8 @@
 //! # Layout
 //!
 //! Dependencies point one way:
-//! `main (CLI) -> app -> grpc -> engine -> { rules, limiter } -> config model`.
+//! `main (CLI) -> app -> { grpc, admin } -> engine -> { rules, limiter } -> config model`;
+//! `metrics`, `reload` and `health` are the operations side that `app` wires in.
 //!
 //! | module | owns |
 //! |---|---|
@@ -13,16 +14,24 @@
 //! | [`limiter`] | the algorithms as pure functions, the `Limiter` trait and its backends |
 //! | [`engine`] | one request in domain types: match, one limiter call, statuses |
 //! | [`grpc`] | the tonic service: protobuf <-> domain, the one error -> `Status` mapping |
-//! | [`app`] | serving: listeners, tasks, shutdown |
+//! | [`admin`] | the admin HTTP server: health, readiness, metrics, rules dump, `/json` |
+//! | [`metrics`] | the Prometheus registry, fed through the engine's observer seam |
+//! | [`reload`] | the active rules: reloads on file changes and triggers, versions |
+//! | [`health`] | readiness: rules loaded, backend ready, not draining |
+//! | [`app`] | serving: listeners, tasks, the ordered drain |
 
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod app;
 pub mod config;
 pub mod engine;
 pub mod grpc;
+pub mod health;
 pub mod limiter;
+pub mod metrics;
 pub mod proto;
+pub mod reload;
 pub mod rules;
 pub mod signal;
 #[cfg(any(test, feature = "test-util"))]

@@ -55,6 +55,9 @@ struct ServeArgs {
     redis_url: Option<String>,
     #[arg(long, value_name = "ADDR")]
     grpc_listen: Option<SocketAddr>,
+    /// Where the admin HTTP server (health, metrics, rules dump, /json) listens.
+    #[arg(long, value_name = "ADDR")]
+    admin_listen: Option<SocketAddr>,
     #[arg(long, value_enum)]
     log_format: Option<LogFormat>,
 }
@@ -104,6 +107,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         backend: args.backend,
         grpc_listen: args.grpc_listen,
         log_format: args.log_format,
+        admin_listen: args.admin_listen,
     };
     let env = std::env::vars().collect();
     let settings = match Settings::load(args.config.as_deref(), env, &overrides) {
@@ -146,18 +150,21 @@ fn serve(args: ServeArgs) -> ExitCode {
 
 #[tokio::main]
 async fn run(app: sluice::app::App, settings: &Settings) -> anyhow::Result<()> {
-    let addr = settings.server.grpc_listen;
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {addr}"))?;
+    let listeners = sluice::app::Listeners {
+        grpc: bind(settings.server.grpc_listen).await?,
+        admin: Some(bind(settings.server.admin_listen).await?),
+    };
+    let reload = app.reload_trigger();
     let stop = CancellationToken::new();
-    let running = app.run(listener, stop.clone().cancelled_owned());
+    let running = app.run(listeners, stop.clone().cancelled_owned());
     tokio::pin!(running);
     tokio::select! {
         done = &mut running => return done,
         () = sluice::signal::shutdown() => stop.cancel(),
+        () = sluice::signal::on_hangups(|| reload.reload()) => {}
     }
-    let grace = Duration::from_secs(settings.server.shutdown_grace_secs);
+    let grace =
+        Duration::from_secs(settings.server.shutdown_grace_secs + settings.server.drain_delay_secs);
     match tokio::time::timeout(grace, running).await {
         Ok(done) => done,
         Err(_) => {
@@ -165,6 +172,12 @@ async fn run(app: sluice::app::App, settings: &Settings) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))
 }
 
 fn init_tracing(settings: &Settings) {

@@ -1,4 +1,5 @@
-//! Process signals: the future that resolves when the service should stop.
+//! Process signals: the future that resolves when the service should stop, and the SIGHUP
+//! stream that asks for a rules reload.
 
 /// Resolves on SIGTERM or SIGINT (Ctrl-C). If a handler cannot be installed, the error is
 /// logged and that signal is simply not watched.
@@ -38,4 +39,25 @@ async fn ctrl_c() {
         tracing::warn!(error = %e, "cannot watch SIGINT");
         std::future::pending::<()>().await;
     }
+}
+
+/// Waits for SIGHUP, again and again: calls `on_hangup` for each. Never returns; when the
+/// handler cannot be installed, the error is logged and it waits forever.
+pub async fn on_hangups(on_hangup: impl Fn()) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::hangup()) {
+            Ok(mut hup) => {
+                while hup.recv().await.is_some() {
+                    tracing::info!("SIGHUP received, reloading the rules");
+                    on_hangup();
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot watch SIGHUP"),
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = on_hangup;
+    std::future::pending::<()>().await;
 }

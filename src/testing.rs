@@ -13,9 +13,12 @@ use crate::config::settings::Settings;
 use crate::limiter::{Limiter, ManualClock, MemoryLimiter};
 use crate::rules::RuleSet;
 
-/// A running sluice on `127.0.0.1:<free port>`, stopped when dropped.
+/// A running sluice on `127.0.0.1:<free port>` (gRPC) and another (admin HTTP), stopped
+/// when dropped.
 pub struct TestServer {
     pub addr: SocketAddr,
+    /// The admin HTTP server's address.
+    pub admin_addr: SocketAddr,
     /// The memory backend's clock; advance it to let funnels drain.
     pub clock: ManualClock,
     stop: CancellationToken,
@@ -48,10 +51,19 @@ impl TestServer {
             .await
             .expect("bind a loopback port");
         let addr = listener.local_addr().expect("local address");
+        let admin = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port");
+        let admin_addr = admin.local_addr().expect("local address");
+        let listeners = crate::app::Listeners {
+            grpc: listener,
+            admin: Some(admin),
+        };
         let stop = CancellationToken::new();
-        let task = tokio::spawn(app.run(listener, stop.clone().cancelled_owned()));
+        let task = tokio::spawn(app.run(listeners, stop.clone().cancelled_owned()));
         TestServer {
             addr,
+            admin_addr,
             clock,
             stop,
             task: Some(task),

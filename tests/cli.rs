@@ -80,6 +80,7 @@ async fn serve_with_embedded_rules_then_stop_on_sigterm() {
     let port = free_port();
     let child = sluice()
         .args(["serve", "--grpc-listen", &format!("127.0.0.1:{port}")])
+        .args(["--admin-listen", &format!("127.0.0.1:{}", free_port())])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

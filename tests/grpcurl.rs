@@ -49,6 +49,7 @@ async fn the_readme_grpcurl_call_answers_as_documented() {
     let addr = format!("127.0.0.1:{port}");
     let child = sluice_command(env!("CARGO_BIN_EXE_sluice"))
         .args(["serve", "--grpc-listen", &addr])
+        .args(["--admin-listen", &format!("127.0.0.1:{}", free_port())])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

@@ -21,6 +21,8 @@ pub struct Settings {
     pub limiter: LimiterSettings,
     pub memory: MemorySettings,
     pub response: ResponseSettings,
+    pub metrics: MetricsSettings,
+    pub reload: ReloadSettings,
 }
 
 /// `[server]`: listeners and shutdown.
@@ -31,6 +33,11 @@ pub struct ServerSettings {
     pub grpc_listen: SocketAddr,
     /// After SIGTERM/SIGINT, how long in-flight requests may take before the process exits.
     pub shutdown_grace_secs: u64,
+    /// Where the admin HTTP server (health, metrics, rules dump, `/json`) listens.
+    pub admin_listen: SocketAddr,
+    /// After SIGTERM/SIGINT, how long to keep serving with readiness failed before the gRPC
+    /// server stops accepting (time for load balancers to notice).
+    pub drain_delay_secs: u64,
 }
 
 impl Default for ServerSettings {
@@ -38,6 +45,8 @@ impl Default for ServerSettings {
         ServerSettings {
             grpc_listen: SocketAddr::from(([127, 0, 0, 1], 8081)),
             shutdown_grace_secs: 10,
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            drain_delay_secs: 0,
         }
     }
 }
@@ -142,6 +151,46 @@ impl Default for ResponseSettings {
     }
 }
 
+/// `[metrics]`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsSettings {
+    /// A descriptor counts as near its limit once more than this share (0 < r <= 1) of the
+    /// capacity is used.
+    pub near_limit_ratio: f64,
+    /// At most this many per-rule label sets built from request values (`detailed_metric`,
+    /// `value_to_metric`, overrides); later ones count under `rule="__other__"`.
+    pub max_value_label_sets: usize,
+}
+
+impl Default for MetricsSettings {
+    fn default() -> Self {
+        MetricsSettings {
+            near_limit_ratio: 0.8,
+            max_value_label_sets: 10_000,
+        }
+    }
+}
+
+/// `[reload]`: hot reload of the rules.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReloadSettings {
+    /// Watch the rules paths and reload on change (SIGHUP reloads either way).
+    pub watch: bool,
+    /// Quiet time after the last change before reloading.
+    pub debounce_ms: u64,
+}
+
+impl Default for ReloadSettings {
+    fn default() -> Self {
+        ReloadSettings {
+            watch: true,
+            debounce_ms: 200,
+        }
+    }
+}
+
 /// Settings given on the command line; `None` leaves the lower layers' value.
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {
@@ -149,6 +198,7 @@ pub struct Overrides {
     pub backend: Option<Backend>,
     pub grpc_listen: Option<SocketAddr>,
     pub log_format: Option<LogFormat>,
+    pub admin_listen: Option<SocketAddr>,
 }
 
 /// A settings error, naming the layer it came from when it can.
@@ -178,7 +228,20 @@ impl Settings {
                 .source(Some(env)),
         );
         builder = apply_overrides(builder, cli)?;
-        Ok(builder.build()?.try_deserialize()?)
+        let settings: Settings = builder.build()?.try_deserialize()?;
+        settings.check()?;
+        Ok(settings)
+    }
+
+    /// Checks what deserializing cannot.
+    fn check(&self) -> Result<(), config::ConfigError> {
+        let ratio = self.metrics.near_limit_ratio;
+        if !(ratio > 0.0 && ratio <= 1.0) {
+            return Err(config::ConfigError::Message(format!(
+                "metrics.near_limit_ratio must be in (0, 1], got {ratio}"
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -198,6 +261,9 @@ fn apply_overrides(mut b: Builder, cli: &Overrides) -> Result<Builder, config::C
     }
     if let Some(addr) = cli.grpc_listen {
         b = b.set_override("server.grpc_listen", addr.to_string())?;
+    }
+    if let Some(addr) = cli.admin_listen {
+        b = b.set_override("server.admin_listen", addr.to_string())?;
     }
     if let Some(format) = cli.log_format {
         let name = match format {
@@ -264,5 +330,8 @@ mod tests {
         let bad = env(&[("SLUICE_SERVER__GRPC_LISTEN", "not an address")]);
         let err = Settings::load(None, bad, &Overrides::default()).unwrap_err();
         assert!(err.to_string().contains("grpc_listen"), "{err}");
+        let ratio = env(&[("SLUICE_METRICS__NEAR_LIMIT_RATIO", "1.5")]);
+        let err = Settings::load(None, ratio, &Overrides::default()).unwrap_err();
+        assert!(err.to_string().contains("near_limit_ratio"), "{err}");
     }
 }

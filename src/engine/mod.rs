@@ -1,18 +1,25 @@
 //! One request, in domain types: validate, match every descriptor, make ONE limiter call for
 //! all their limits, and assemble statuses, the overall code, headers and metadata.
-//! Nothing here knows about tonic or protobuf.
+//! Nothing here knows about tonic or protobuf, nor about metrics: what was decided goes to
+//! an [`Observer`].
+//!
+//! Each request runs in a `should_rate_limit` span at debug level (domain, descriptor count,
+//! result, latency), closed by one debug event; nothing per request is logged at info.
 
+mod observe;
 mod plan;
 mod response;
 
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use tracing::Instrument as _;
 
 use crate::config::model::Unit;
 use crate::limiter::{BatchOutcome, Limiter, LimiterError};
 use crate::rules::{Entry, RuleSet};
 
+pub use observe::{DescriptorReport, NoObserver, Observer, RequestResult};
 pub use response::{Code, CurrentLimit, DescriptorStatus, Response};
 
 /// A rate-limit request.
@@ -80,6 +87,7 @@ pub struct Engine {
     rules: Arc<ArcSwap<RuleSet>>,
     limiter: Arc<dyn Limiter>,
     options: Options,
+    observer: Arc<dyn Observer>,
 }
 
 impl Engine {
@@ -89,7 +97,14 @@ impl Engine {
             rules,
             limiter,
             options,
+            observer: Arc::new(NoObserver),
         }
+    }
+
+    /// The same engine, reporting what it decides to `observer`.
+    pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observer = observer;
+        self
     }
 
     /// The name of the limiter backend.
@@ -99,6 +114,33 @@ impl Engine {
 
     /// Answers one request.
     pub async fn should_rate_limit(&self, request: &Request) -> Result<Response, EngineError> {
+        let span = tracing::debug_span!(
+            "should_rate_limit",
+            domain = %request.domain,
+            descriptors = request.descriptors.len(),
+            result = tracing::field::Empty,
+            latency_us = tracing::field::Empty,
+        );
+        let started = tokio::time::Instant::now();
+        let answer = self.decide(request).instrument(span.clone()).await;
+        let elapsed = started.elapsed();
+        let result = match &answer {
+            Ok(r) if r.overall_code == Code::Ok => RequestResult::Ok,
+            Ok(_) => RequestResult::OverLimit,
+            Err(EngineError::InvalidArgument(_)) => RequestResult::Invalid,
+            Err(EngineError::Backend(e)) => RequestResult::Unavailable(e),
+        };
+        span.record("result", result.as_str());
+        span.record(
+            "latency_us",
+            u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
+        );
+        span.in_scope(|| tracing::debug!("answered"));
+        self.observer.request(result, elapsed);
+        answer
+    }
+
+    async fn decide(&self, request: &Request) -> Result<Response, EngineError> {
         validate(request)?;
         let rules = self.rules.load_full();
         let domain = rules.domain(&request.domain);
@@ -123,6 +165,7 @@ impl Engine {
             }
             outcome
         };
+        observe::report(&*self.observer, request, &planned, &outcome, &self.options);
         Ok(response::assemble(
             request,
             &planned,

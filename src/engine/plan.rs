@@ -29,6 +29,10 @@ pub(super) enum Applies<'r> {
 pub(super) struct DescriptorPlan<'r> {
     pub applies: Applies<'r>,
     pub metadata: Option<&'r Metadata>,
+    /// The rule matched (none for an override or no match).
+    pub matched: Option<Match<'r>>,
+    /// The descriptor's cost.
+    pub cost: u64,
 }
 
 pub(super) struct Planned<'r> {
@@ -147,6 +151,8 @@ fn descriptor_plan<'r>(
         Candidate::Nothing => DescriptorPlan {
             applies: Applies::Nothing,
             metadata: None,
+            matched: None,
+            cost: ctx.cost,
         },
         Candidate::Override(rule) => {
             let part = key::descriptor_part(ctx.domain, &ctx.descriptor.entries, None);
@@ -157,6 +163,8 @@ fn descriptor_plan<'r>(
                     role: Role::Enforced,
                 },
                 metadata: None,
+                matched: None,
+                cost: ctx.cost,
             }
         }
         Candidate::Rule(m) => {
@@ -187,6 +195,8 @@ fn descriptor_plan<'r>(
             DescriptorPlan {
                 applies,
                 metadata: rule.metadata.as_ref(),
+                matched: Some(m),
+                cost: ctx.cost,
             }
         }
     }

@@ -1,10 +1,12 @@
 //! Assembling the answer: per-descriptor statuses, the overall code, headers and metadata.
 
+use std::borrow::Cow;
+
 use serde_json::{Map, Value};
 
 use super::plan::{Applies, DescriptorPlan, Planned};
 use super::{Options, Request};
-use crate::config::model::Unit;
+use crate::config::model::{LimitRule, Unit};
 use crate::limiter::{BatchOutcome, HitOutcome, Role};
 
 /// A verdict. Never "unknown": Envoy would let such an answer through.
@@ -78,14 +80,7 @@ fn status(d: &DescriptorPlan<'_>, hits: &[HitOutcome]) -> (DescriptorStatus, Opt
         Applies::Nothing => (plain(0), None),
         Applies::Unlimited => (plain(u32::MAX), None),
         Applies::Limits { limits, role } => {
-            let outcomes = limits
-                .iter()
-                .filter_map(|(rule, i)| Some((rule, hits.get(*i)?)));
-            let denied = outcomes.clone().filter(|(_, o)| !o.admitted);
-            let Some((rule, chosen)) = denied
-                .max_by_key(|(_, o)| o.reset_nanos)
-                .or_else(|| outcomes.min_by_key(|(_, o)| o.remaining))
-            else {
+            let Some((rule, chosen)) = chosen(limits, hits) else {
                 return (plain(0), None);
             };
             let over = !chosen.admitted;
@@ -110,6 +105,21 @@ fn status(d: &DescriptorPlan<'_>, hits: &[HitOutcome]) -> (DescriptorStatus, Opt
             (status, Some(*role))
         }
     }
+}
+
+/// The limit a descriptor reports: the denying one that waits longest, else the one with
+/// least remaining.
+pub(super) fn chosen<'p, 'r>(
+    limits: &'p [(Cow<'r, LimitRule>, usize)],
+    hits: &'p [HitOutcome],
+) -> Option<(&'p Cow<'r, LimitRule>, &'p HitOutcome)> {
+    let outcomes = limits
+        .iter()
+        .filter_map(|(rule, i)| Some((rule, hits.get(*i)?)));
+    let denied = outcomes.clone().filter(|(_, o)| !o.admitted);
+    denied
+        .max_by_key(|(_, o)| o.reset_nanos)
+        .or_else(|| outcomes.min_by_key(|(_, o)| o.remaining))
 }
 
 fn plain(limit_remaining: u32) -> DescriptorStatus {

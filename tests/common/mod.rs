@@ -3,6 +3,8 @@
 
 #![allow(dead_code, unused_imports)]
 
+pub mod http;
+
 pub use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 pub use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,

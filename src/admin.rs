@@ -1,0 +1,138 @@
+//! The admin HTTP server (HTTP/1.1, default `127.0.0.1:8080`).
+//!
+//! | endpoint | answers |
+//! |---|---|
+//! | `GET /` | this list |
+//! | `GET /healthz` | liveness: 200 `OK` while the process serves at all |
+//! | `GET /readyz` | readiness: 200 `ready`, or 503 `not ready: <reason>` (draining, no rules, backend) |
+//! | `GET /healthcheck` | the same as `/readyz` (envoyproxy/ratelimit's name for it) |
+//! | `GET /metrics` | every metric, OpenMetrics text format |
+//! | `GET /rlconfig` | the active rules, one line per limit, with their version and load time |
+//! | `POST /json` | a proto3-JSON `RateLimitRequest` in, the JSON `RateLimitResponse` out: 200 OK, 429 over the limit; 400 bad JSON or invalid request; 503 backend unavailable |
+//!
+//! The server keeps answering while the service drains (so that probes see `/readyz` fail)
+//! and stops once the gRPC server has.
+
+mod json;
+mod rlconfig;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::{Engine, EngineError};
+use crate::health::Readiness;
+use crate::metrics::{self, Metrics};
+use crate::proto::rate_limit_response::Code;
+use crate::reload::ActiveRules;
+
+/// Reads how many states the memory backend holds.
+pub type KeysHeld = Arc<dyn Fn() -> usize + Send + Sync>;
+
+/// What the endpoints read.
+#[derive(Clone)]
+pub struct Admin {
+    pub engine: Arc<Engine>,
+    pub rules: Arc<ActiveRules>,
+    pub readiness: Arc<Readiness>,
+    pub metrics: Arc<Metrics>,
+    pub keys_held: Option<KeysHeld>,
+}
+
+const INDEX: &str = "\
+/            this list
+/healthz     liveness
+/readyz      readiness (rules loaded, backend ready, not draining)
+/healthcheck the same as /readyz
+/metrics     Prometheus metrics
+/rlconfig    the active rules
+/json        POST a JSON RateLimitRequest, get the RateLimitResponse
+";
+
+/// The routes.
+pub fn router(admin: Admin) -> Router {
+    Router::new()
+        .route("/", get(|| async { INDEX }))
+        .route("/healthz", get(|| async { "OK\n" }))
+        .route("/readyz", get(readyz))
+        .route("/healthcheck", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/rlconfig", get(rlconfig))
+        .route("/json", post(json))
+        .with_state(admin)
+}
+
+/// Serves `admin` on `listener` until `stop`, then finishes the requests in flight.
+pub async fn serve(
+    listener: TcpListener,
+    admin: Admin,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(admin))
+        .with_graceful_shutdown(stop.cancelled_owned())
+        .await
+}
+
+async fn readyz(State(a): State<Admin>) -> Response {
+    match a.readiness.check() {
+        Ok(()) => "ready\n".into_response(),
+        Err(reason) => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {reason}\n"),
+        ),
+    }
+}
+
+async fn metrics(State(a): State<Admin>) -> Response {
+    let keys = a.keys_held.as_ref().map(|held| held());
+    a.metrics.refresh(&a.rules.status(), keys);
+    match a.metrics.encode() {
+        Ok(body) => ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], body).into_response(),
+        Err(_) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "cannot encode metrics\n".into(),
+        ),
+    }
+}
+
+async fn rlconfig(State(a): State<Admin>) -> String {
+    rlconfig::dump(&a.rules.load_full(), &a.rules.status())
+}
+
+async fn json(State(a): State<Admin>, body: Bytes) -> Response {
+    let request = match json::request(&body) {
+        Ok(r) => r,
+        Err(e) => return text(StatusCode::BAD_REQUEST, format!("invalid JSON: {e}\n")),
+    };
+    match crate::grpc::decide(&a.engine, request).await {
+        Ok(answer) => {
+            let status = if answer.overall_code == Code::OverLimit as i32 {
+                StatusCode::TOO_MANY_REQUESTS
+            } else {
+                StatusCode::OK
+            };
+            let body = json::response(&answer).to_string();
+            (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+        }
+        Err(EngineError::InvalidArgument(m)) => {
+            text(StatusCode::BAD_REQUEST, format!("invalid request: {m}\n"))
+        }
+        Err(EngineError::Backend(e)) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
+    }
+}
+
+fn text(status: StatusCode, body: String) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        body,
+    )
+        .into_response()
+}

@@ -1,0 +1,230 @@
+//! Running an [`App`]: its tasks, and the ordered drain.
+//!
+//! Every task lives in one `JoinSet` that `run` awaits: the admin server, the rules watcher,
+//! the backend housekeeping. The gRPC server runs in `run` itself. On shutdown (or when a
+//! task fails):
+//!
+//! 1. readiness fails at once: `/readyz` answers 503, gRPC health NOT_SERVING;
+//! 2. the drain delay passes (`server.drain_delay_secs`) while both servers keep serving;
+//! 3. the gRPC server stops accepting and finishes the requests in flight;
+//! 4. the admin server and the background tasks stop; `run` returns.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+
+use super::{App, Housekeeping};
+use crate::admin::{self, Admin, KeysHeld};
+use crate::grpc::RateLimiter;
+use crate::health::Readiness;
+use crate::proto::rate_limit_service_server::RateLimitServiceServer;
+use crate::reload::{self, WatchOptions};
+
+/// Names under which gRPC health reports the service.
+const HEALTH_NAMES: [&str; 2] = ["envoy.service.ratelimit.v3.RateLimitService", "ratelimit"];
+
+/// The bound listeners `run` serves on.
+pub struct Listeners {
+    pub grpc: TcpListener,
+    /// The admin HTTP server's; none: no admin server.
+    pub admin: Option<TcpListener>,
+}
+
+impl From<TcpListener> for Listeners {
+    /// gRPC alone.
+    fn from(grpc: TcpListener) -> Listeners {
+        Listeners { grpc, admin: None }
+    }
+}
+
+type Tasks = JoinSet<anyhow::Result<()>>;
+
+pub(super) async fn run(
+    app: App,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let readiness = Arc::new(Readiness::new(
+        app.rules.shared(),
+        app.backend_probe.clone(),
+    ));
+    let engine = app.engine.clone();
+    let drain_delay = app.ops.drain_delay;
+    let stop = CancellationToken::new();
+    let failed = CancellationToken::new();
+    let mut tasks = Tasks::new();
+    spawn_tasks(&mut tasks, app, listeners.admin, &readiness, &stop, &failed);
+    let (health, health_service) = tonic_health::server::health_reporter();
+    set_health(&health, ServingStatus::Serving).await;
+    let (reflection_v1, reflection_v1alpha) = reflection()?;
+    let addr = listeners.grpc.local_addr().ok();
+    tracing::info!(?addr, backend = engine.backend_name(), "serving gRPC");
+    let grpc_stop = CancellationToken::new();
+    let server = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(RateLimiter::new(engine).into_service())
+        .serve_with_incoming_shutdown(
+            TcpListenerStream::new(listeners.grpc),
+            grpc_stop.clone().cancelled_owned(),
+        );
+    let drain = async {
+        tokio::select! {
+            () = shutdown => {}
+            () = failed.cancelled() => {}
+        }
+        readiness.start_draining();
+        set_health(&health, ServingStatus::NotServing).await;
+        health
+            .set_not_serving::<RateLimitServiceServer<RateLimiter>>()
+            .await;
+        if !failed.is_cancelled() && !drain_delay.is_zero() {
+            tracing::info!(?drain_delay, "not ready; draining");
+            tokio::time::sleep(drain_delay).await;
+        }
+        tracing::info!("stopping gRPC; finishing the requests in flight");
+        grpc_stop.cancel();
+    };
+    tokio::pin!(server);
+    let served = tokio::select! {
+        served = &mut server => served,
+        () = drain => server.await,
+    };
+    readiness.start_draining();
+    stop.cancel();
+    let joined = join_all(tasks).await;
+    served.context("gRPC server failed")?;
+    joined?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Starts the admin server, the rules watcher and the housekeeping; each task that fails
+/// cancels `failed`, which starts the drain.
+fn spawn_tasks(
+    tasks: &mut Tasks,
+    app: App,
+    admin_listener: Option<TcpListener>,
+    readiness: &Arc<Readiness>,
+    stop: &CancellationToken,
+    failed: &CancellationToken,
+) {
+    let keys_held: Option<KeysHeld> = app.housekeeping.as_ref().map(|(state, _)| {
+        let state = state.clone();
+        Arc::new(move || state.held()) as KeysHeld
+    });
+    if let Some(listener) = admin_listener {
+        let addr = listener.local_addr().ok();
+        tracing::info!(?addr, "serving admin HTTP");
+        let admin = Admin {
+            engine: app.engine.clone(),
+            rules: app.rules.clone(),
+            readiness: readiness.clone(),
+            metrics: app.metrics.clone(),
+            keys_held,
+        };
+        let serve = admin::serve(listener, admin, stop.clone());
+        guarded(tasks, failed, async {
+            serve.await.context("admin server failed")
+        });
+    }
+    let metrics = app.metrics.clone();
+    let options = WatchOptions {
+        files: app.ops.watch,
+        debounce: app.ops.debounce,
+        report: Box::new(move |outcome| metrics.reloaded(outcome)),
+    };
+    let watch = reload::watch(
+        app.rules.clone(),
+        app.reload_trigger.clone(),
+        app.reload_requests,
+        options,
+        stop.clone(),
+    );
+    guarded(tasks, failed, watch);
+    if let Some((state, every)) = app.housekeeping {
+        let sweep = housekeeping(state, every, stop.clone());
+        guarded(tasks, failed, async {
+            sweep.await;
+            Ok(())
+        });
+    }
+}
+
+/// Spawns `task` into `tasks`; its failure is logged and cancels `failed`.
+fn guarded(
+    tasks: &mut Tasks,
+    failed: &CancellationToken,
+    task: impl Future<Output = anyhow::Result<()>> + Send + 'static,
+) {
+    let failed = failed.clone();
+    tasks.spawn(async move {
+        let result = task.await;
+        if let Err(e) = &result {
+            tracing::error!("{e:#}");
+            failed.cancel();
+        }
+        result
+    });
+}
+
+/// Waits for every task; the first error, if any.
+async fn join_all(mut tasks: Tasks) -> anyhow::Result<()> {
+    let mut first = Ok(());
+    while let Some(joined) = tasks.join_next().await {
+        let result = joined.context("background task panicked").and_then(|r| r);
+        if first.is_ok() {
+            first = result;
+        }
+    }
+    first
+}
+
+async fn set_health(health: &HealthReporter, status: ServingStatus) {
+    for name in HEALTH_NAMES {
+        health.set_service_status(name, status).await;
+    }
+}
+
+type Reflection<T> = tonic_reflection::server::v1::ServerReflectionServer<T>;
+type ReflectionAlpha<T> = tonic_reflection::server::v1alpha::ServerReflectionServer<T>;
+
+/// Server reflection, v1 and v1alpha (grpcurl speaks the latter).
+fn reflection() -> anyhow::Result<(
+    Reflection<impl tonic_reflection::server::v1::ServerReflection>,
+    ReflectionAlpha<impl tonic_reflection::server::v1alpha::ServerReflection>,
+)> {
+    let builder = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    Ok((
+        builder().build_v1().context("reflection v1")?,
+        builder().build_v1alpha().context("reflection v1alpha")?,
+    ))
+}
+
+/// Sweeps backend state every `every` until stopped.
+async fn housekeeping(state: Arc<dyn Housekeeping>, every: Duration, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {
+                let dropped = state.sweep();
+                tracing::debug!(dropped, held = state.held(), "backend sweep");
+            }
+        }
+    }
+}

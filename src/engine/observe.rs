@@ -1,0 +1,99 @@
+//! What the engine tells the outside about each request: the seam the metrics implement,
+//! kept free of any metrics library.
+
+use std::time::Duration;
+
+use super::plan::{Applies, Planned};
+use super::{Options, Request, response};
+use crate::limiter::{BatchOutcome, LimiterError, Role};
+use crate::rules::{Entry, Match};
+
+/// Receives what the engine decided. Called on the request path: keep it cheap, never block.
+pub trait Observer: Send + Sync + 'static {
+    /// One call per descriptor that limits applied to (none for unknown domains, unmatched,
+    /// unlimited or replaced descriptors), after the request was decided.
+    fn descriptor(&self, _report: &DescriptorReport<'_>) {}
+
+    /// One call per request, with its result and how long the engine took.
+    fn request(&self, _result: RequestResult<'_>, _elapsed: Duration) {}
+}
+
+/// Observes nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoObserver;
+
+impl Observer for NoObserver {}
+
+/// The verdict on one descriptor.
+#[derive(Debug)]
+pub struct DescriptorReport<'a> {
+    pub domain: &'a str,
+    /// The request's entries for this descriptor.
+    pub entries: &'a [Entry],
+    /// The rule matched, or `None` for a limit sent by the client (an override).
+    pub matched: Option<&'a Match<'a>>,
+    /// The descriptor's cost (0: check only).
+    pub cost: u64,
+    /// The cost is given back (`is_negative_hits`).
+    pub refund: bool,
+    /// Its own limits denied it (whatever shadow mode then made of that).
+    pub over: bool,
+    /// A denial here does not block the request: the rule's or the global shadow mode.
+    pub shadow: bool,
+    /// The capacity (burst) of the limit reported: the one that denied, else the one with
+    /// least left.
+    pub capacity: u64,
+    /// What is left of that limit after this request.
+    pub remaining: u64,
+}
+
+/// How a request ended.
+#[derive(Debug, Clone, Copy)]
+pub enum RequestResult<'a> {
+    Ok,
+    OverLimit,
+    /// A malformed request (`INVALID_ARGUMENT`).
+    Invalid,
+    /// The backend failed (`UNAVAILABLE`).
+    Unavailable(&'a LimiterError),
+}
+
+impl RequestResult<'_> {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            RequestResult::Ok => "ok",
+            RequestResult::OverLimit => "over_limit",
+            RequestResult::Invalid => "invalid",
+            RequestResult::Unavailable(_) => "unavailable",
+        }
+    }
+}
+
+/// Reports every limited descriptor of a decided request.
+pub(super) fn report(
+    observer: &dyn Observer,
+    request: &Request,
+    planned: &Planned<'_>,
+    outcome: &BatchOutcome,
+    options: &Options,
+) {
+    for (d, plan) in request.descriptors.iter().zip(&planned.descriptors) {
+        let Applies::Limits { limits, role } = &plan.applies else {
+            continue;
+        };
+        let Some((rule, hit)) = response::chosen(limits, &outcome.hits) else {
+            continue;
+        };
+        observer.descriptor(&DescriptorReport {
+            domain: &request.domain,
+            entries: &d.entries,
+            matched: plan.matched.as_ref(),
+            cost: plan.cost,
+            refund: d.refund,
+            over: !hit.admitted,
+            shadow: *role == Role::Shadow || options.shadow_mode,
+            capacity: u64::from(rule.burst),
+            remaining: hit.remaining,
+        });
+    }
+}

@@ -1,0 +1,193 @@
+//! Prometheus metrics: one registry per app (no global registry), fed by the engine through
+//! its [`Observer`] seam and by the reloads, encoded as text by `/metrics`.
+//!
+//! Every metric is listed, with its labels, in README.md ("Metrics"). The per-rule counters
+//! and how their label sets are bounded are in [`rules`].
+
+pub mod rules;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::engine::{DescriptorReport, Observer, RequestResult};
+use crate::reload::{ConfigStatus, Reloaded};
+use rules::RuleCounters;
+
+/// The content type of [`Metrics::encode`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Latency buckets of `sluice_request_duration_seconds`, 100 µs to 1 s.
+const LATENCY_BUCKETS: [f64; 13] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+];
+
+/// What the metrics are configured with.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MetricsOptions {
+    /// A descriptor is near its limit once more than this share of its capacity is used.
+    pub near_limit_ratio: f64,
+    /// At most this many per-rule label sets built from request values (see [`rules`]).
+    pub max_value_label_sets: usize,
+}
+
+impl Default for MetricsOptions {
+    fn default() -> Self {
+        MetricsOptions {
+            near_limit_ratio: 0.8,
+            max_value_label_sets: 10_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BackendErrorLabels {
+    backend: &'static str,
+    kind: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
+/// Every metric of one app.
+pub struct Metrics {
+    registry: Registry,
+    rules: RuleCounters,
+    requests: Family<ResultLabels, Counter>,
+    latency: Histogram,
+    backend_errors: Family<BackendErrorLabels, Counter>,
+    memory_keys: Gauge,
+    reloads: Family<OutcomeLabels, Counter>,
+    config_version: Gauge,
+    config_loaded: Gauge,
+}
+
+impl Metrics {
+    pub fn new(options: MetricsOptions) -> Arc<Metrics> {
+        let mut registry = Registry::with_prefix("sluice");
+        let rules = RuleCounters::new(options, &mut registry);
+        let m = Metrics {
+            rules,
+            requests: Family::default(),
+            latency: Histogram::new(LATENCY_BUCKETS),
+            backend_errors: Family::default(),
+            memory_keys: Gauge::default(),
+            reloads: Family::default(),
+            config_version: Gauge::default(),
+            config_loaded: Gauge::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "requests",
+            "ShouldRateLimit requests by result",
+            m.requests.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Time the engine took to answer ShouldRateLimit",
+            m.latency.clone(),
+        );
+        registry.register(
+            "backend_errors",
+            "Limiter backend failures by backend and kind",
+            m.backend_errors.clone(),
+        );
+        registry.register(
+            "memory_keys",
+            "Limiter states held by the memory backend",
+            m.memory_keys.clone(),
+        );
+        registry.register(
+            "config_reloads",
+            "Rules reloads by outcome",
+            m.reloads.clone(),
+        );
+        registry.register(
+            "config_version",
+            "Version of the active rules",
+            m.config_version.clone(),
+        );
+        registry.register(
+            "config_loaded_timestamp_seconds",
+            "When the active rules were loaded (Unix time)",
+            m.config_loaded.clone(),
+        );
+        for result in ["ok", "over_limit", "invalid", "unavailable"] {
+            m.requests.get_or_create(&ResultLabels { result }).inc_by(0);
+        }
+        for outcome in ["success", "unchanged", "failure"] {
+            m.reloads
+                .get_or_create(&OutcomeLabels { outcome })
+                .inc_by(0);
+        }
+        Arc::new(Metrics { registry, ..m })
+    }
+
+    /// Counts a reload.
+    pub fn reloaded(&self, outcome: &Reloaded) {
+        let outcome = outcome.label();
+        self.reloads.get_or_create(&OutcomeLabels { outcome }).inc();
+    }
+
+    /// Sets the values read at scrape time: the rules' version and the memory backend's size.
+    pub fn refresh(&self, config: &ConfigStatus, memory_keys: Option<usize>) {
+        self.config_version
+            .set(i64::try_from(config.version).unwrap_or(i64::MAX));
+        let loaded = config
+            .loaded_at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        self.config_loaded
+            .set(i64::try_from(loaded.as_secs()).unwrap_or(i64::MAX));
+        if let Some(keys) = memory_keys {
+            self.memory_keys
+                .set(i64::try_from(keys).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Every metric in the OpenMetrics text format (which Prometheus reads).
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+impl Observer for Metrics {
+    fn descriptor(&self, report: &DescriptorReport<'_>) {
+        self.rules.record(report);
+    }
+
+    fn request(&self, result: RequestResult<'_>, elapsed: Duration) {
+        let labels = ResultLabels {
+            result: result.as_str(),
+        };
+        self.requests.get_or_create(&labels).inc();
+        self.latency.observe(elapsed.as_secs_f64());
+        if let RequestResult::Unavailable(e) = result {
+            let kind = if e.transient {
+                "transient"
+            } else {
+                "permanent"
+            };
+            let labels = BackendErrorLabels {
+                backend: e.kind,
+                kind,
+            };
+            self.backend_errors.get_or_create(&labels).inc();
+        }
+    }
+}

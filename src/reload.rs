@@ -1,0 +1,216 @@
+//! The active rules: loading them from their paths, swapping them atomically, and the
+//! version and load time that `/rlconfig` and `/metrics` show.
+//!
+//! A reload loads and validates every rules path, compiles the result, and only then stores
+//! it: a request takes one snapshot of the rules, so it never sees a half-loaded set. A load
+//! with any error keeps the last good rules and logs every error with its file and line. A
+//! load that yields the same rules as the active ones changes nothing (no new version).
+//!
+//! [`watch`] runs the reloads: on a trigger (SIGHUP, via [`ReloadTrigger`]) or on a change
+//! under a rules path (see [`watch`] for what is watched).
+
+mod watch;
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+
+use crate::config::model::RulesModel;
+use crate::config::rules::{self, EMBEDDED_NAME, EMBEDDED_RULES, RuleErrors};
+use crate::rules::{Rule, RuleSet};
+
+pub use watch::{ReloadTrigger, WatchOptions, watch};
+
+/// Loads the rules of `paths` (files or directories), or the embedded demo rules when there
+/// is no path.
+pub fn load(paths: &[PathBuf]) -> Result<RulesModel, RuleErrors> {
+    if paths.is_empty() {
+        rules::from_sources(&[(PathBuf::from(EMBEDDED_NAME), EMBEDDED_RULES.to_owned())])
+    } else {
+        rules::load_paths(paths)
+    }
+}
+
+/// What a reload did.
+#[derive(Debug)]
+pub enum Reloaded {
+    /// New rules are active under this version.
+    Updated { version: u64 },
+    /// The files give the rules already active.
+    Unchanged,
+    /// The files have errors; the last good rules stay active.
+    Failed(RuleErrors),
+}
+
+impl Reloaded {
+    /// `success`, `unchanged` or `failure` (the metrics label).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Reloaded::Updated { .. } => "success",
+            Reloaded::Unchanged => "unchanged",
+            Reloaded::Failed(_) => "failure",
+        }
+    }
+}
+
+/// The active rules' version and history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigStatus {
+    /// 1 for the rules loaded at start, then one more per reload that changed them.
+    pub version: u64,
+    /// When the active rules were loaded.
+    pub loaded_at: SystemTime,
+    /// The last failed reload since then, and its number of errors.
+    pub last_failure: Option<(SystemTime, usize)>,
+}
+
+struct State {
+    status: ConfigStatus,
+    fingerprint: u64,
+}
+
+/// The rules every request reads, and where they come from.
+pub struct ActiveRules {
+    current: Arc<ArcSwap<RuleSet>>,
+    paths: Vec<PathBuf>,
+    state: Mutex<State>,
+}
+
+impl ActiveRules {
+    /// Rules loaded from `paths` (empty: the embedded demo rules), as version 1.
+    pub fn new(set: RuleSet, paths: Vec<PathBuf>) -> ActiveRules {
+        let fingerprint = fingerprint(&set);
+        ActiveRules {
+            current: Arc::new(ArcSwap::from_pointee(set)),
+            paths,
+            state: Mutex::new(State {
+                status: ConfigStatus {
+                    version: 1,
+                    loaded_at: SystemTime::now(),
+                    last_failure: None,
+                },
+                fingerprint,
+            }),
+        }
+    }
+
+    /// The shared cell the engine reads.
+    pub fn shared(&self) -> Arc<ArcSwap<RuleSet>> {
+        self.current.clone()
+    }
+
+    /// The active rules.
+    pub fn load_full(&self) -> Arc<RuleSet> {
+        self.current.load_full()
+    }
+
+    /// The rules paths watched and reloaded.
+    pub fn paths(&self) -> &[PathBuf] {
+        &self.paths
+    }
+
+    pub fn status(&self) -> ConfigStatus {
+        self.state.lock().status.clone()
+    }
+
+    /// Loads, validates and compiles the rules paths, and swaps the result in if it is valid
+    /// and different. Blocking (reads files); one reload at a time.
+    pub fn reload(&self) -> Reloaded {
+        let mut state = self.state.lock();
+        let set = match load(&self.paths) {
+            Ok(model) => RuleSet::compile(model),
+            Err(errors) => {
+                state.status.last_failure = Some((SystemTime::now(), errors.0.len()));
+                return Reloaded::Failed(errors);
+            }
+        };
+        let fingerprint = fingerprint(&set);
+        if fingerprint == state.fingerprint {
+            return Reloaded::Unchanged;
+        }
+        self.current.store(Arc::new(set));
+        state.fingerprint = fingerprint;
+        state.status.version += 1;
+        state.status.loaded_at = SystemTime::now();
+        Reloaded::Updated {
+            version: state.status.version,
+        }
+    }
+}
+
+/// A hash of everything a rule set means (domains, rules, limits, flags, metadata, where each
+/// was defined), walked in declaration order so that equal files give equal fingerprints.
+fn fingerprint(set: &RuleSet) -> u64 {
+    let mut h = DefaultHasher::new();
+    for domain in set.domains() {
+        (domain.name(), format!("{:?}", domain.location())).hash(&mut h);
+        hash_rules(domain.rules(), &mut h);
+    }
+    h.finish()
+}
+
+fn hash_rules(rules: &[Rule], h: &mut DefaultHasher) {
+    rules.len().hash(h);
+    for r in rules {
+        let flags = [
+            r.shadow_mode,
+            r.quota_mode,
+            r.detailed_metric,
+            r.value_to_metric,
+            r.share_threshold,
+        ];
+        (&r.key, format!("{:?}", r.value), format!("{:?}", r.policy)).hash(h);
+        (
+            flags,
+            format!("{:?}", r.metadata),
+            format!("{:?}", r.location),
+        )
+            .hash(h);
+        hash_rules(r.children(), h);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &std::path::Path, text: &str) -> PathBuf {
+        let file = dir.join("r.yaml");
+        std::fs::write(&file, text).unwrap();
+        file
+    }
+
+    const V1: &str = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+    const V2: &str = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 2}\n";
+
+    #[test]
+    fn updates_only_on_change_and_keeps_the_last_good_rules() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = write(dir.path(), V1);
+        let set = RuleSet::compile(load(std::slice::from_ref(&file)).unwrap());
+        let active = ActiveRules::new(set, vec![file]);
+        assert!(matches!(active.reload(), Reloaded::Unchanged));
+        write(dir.path(), V2);
+        assert!(matches!(active.reload(), Reloaded::Updated { version: 2 }));
+        write(dir.path(), "domain: d\ndescriptors: 5\n");
+        let Reloaded::Failed(errors) = active.reload() else {
+            panic!("a broken file must fail");
+        };
+        assert!(errors.to_string().contains("r.yaml:2"), "{errors}");
+        let status = active.status();
+        assert_eq!(status.version, 2);
+        assert_eq!(status.last_failure.map(|f| f.1), Some(1));
+        assert_eq!(active.load_full().len(), 1);
+    }
+
+    #[test]
+    fn no_path_means_the_embedded_rules() {
+        let model = load(&[]).unwrap();
+        assert!(!model.domains.is_empty());
+    }
+}

@@ -1,0 +1,128 @@
+//! `/metrics` over a real socket after a known sequence of gRPC requests: exact per-rule and
+//! service values, `detailed_metric` labels and their cap.
+
+mod common;
+
+use common::http::{get, sample};
+use common::*;
+use sluice::config::settings::Settings;
+
+const RULES: &str = "\
+domain: test
+descriptors:
+  - key: k
+    rate_limit: {unit: second, requests_per_unit: 3}
+  - key: s
+    shadow_mode: true
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: user
+    detailed_metric: true
+    rate_limit: {unit: second, requests_per_unit: 10}
+  - key: path
+    value: /api/*
+    rate_limit: {unit: second, requests_per_unit: 10}
+";
+
+async fn metrics(server: &TestServer) -> String {
+    let answer = get(server.admin_addr, "/metrics").await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(
+        answer.header("content-type"),
+        Some("application/openmetrics-text; version=1.0.0; charset=utf-8")
+    );
+    answer.body
+}
+
+fn rule(text: &str, counter: &str, rule: &str) -> f64 {
+    let name = format!("sluice_rule_{counter}_total");
+    sample(text, &name, &[("domain", "test"), ("rule", rule)]).unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn counts_a_known_sequence_exactly() {
+    let server = TestServer::start(RULES).await;
+    let mut c = client(&server).await;
+    // k: capacity 3, near threshold floor(3 x 0.8) = 2. Four requests: the third uses the
+    // last unit (near: 1), the fourth is denied.
+    for _ in 0..4 {
+        hit(&mut c, "k", "a").await;
+    }
+    // s (shadow): one admitted, one over but let through.
+    for _ in 0..2 {
+        assert_eq!(overall(&hit(&mut c, "s", "x").await), Code::Ok);
+    }
+    // A cost of 5 on path /api/*: within, no near (5 of 10 used).
+    call(
+        &mut c,
+        req("test", vec![with_hits(desc(&[("path", "/api/v1")]), 5)]),
+    )
+    .await;
+    // Unmatched and unknown domains count no rule.
+    hit(&mut c, "nothing", "x").await;
+    call(&mut c, req("other", vec![desc(&[("k", "a")])])).await;
+    // An invalid request.
+    c.should_rate_limit(req("", vec![])).await.unwrap_err();
+
+    let text = metrics(&server).await;
+    let expect = [
+        ("hits", "k", 4.0),
+        ("within_limit", "k", 3.0),
+        ("near_limit", "k", 1.0),
+        ("over_limit", "k", 1.0),
+        ("shadow_mode", "k", 0.0),
+        ("hits", "s", 2.0),
+        ("within_limit", "s", 1.0),
+        ("near_limit", "s", 1.0),
+        ("over_limit", "s", 1.0),
+        ("shadow_mode", "s", 1.0),
+        ("hits", "path_/api/*", 5.0),
+        ("within_limit", "path_/api/*", 5.0),
+        ("near_limit", "path_/api/*", 0.0),
+    ];
+    for (counter, label, value) in expect {
+        assert_eq!(
+            rule(&text, counter, label),
+            value,
+            "{counter} {label}\n{text}"
+        );
+    }
+    let requests = |result| sample(&text, "sluice_requests_total", &[("result", result)]);
+    assert_eq!(requests("ok"), Some(8.0), "{text}");
+    assert_eq!(requests("over_limit"), Some(1.0), "{text}");
+    assert_eq!(requests("invalid"), Some(1.0), "{text}");
+    assert_eq!(requests("unavailable"), Some(0.0), "{text}");
+    assert_eq!(
+        sample(&text, "sluice_request_duration_seconds_count", &[]),
+        Some(10.0)
+    );
+    assert_eq!(sample(&text, "sluice_config_version", &[]), Some(1.0));
+    let reloads = |outcome| {
+        sample(
+            &text,
+            "sluice_config_reloads_total",
+            &[("outcome", outcome)],
+        )
+    };
+    assert_eq!(reloads("success"), Some(0.0));
+    assert_eq!(reloads("failure"), Some(0.0));
+    assert!(text.ends_with("# EOF\n"));
+}
+
+#[tokio::test]
+async fn detailed_metric_labels_are_capped() {
+    let mut settings = Settings::default();
+    settings.metrics.max_value_label_sets = 2;
+    let server = TestServer::start_with(settings, RULES).await;
+    let mut c = client(&server).await;
+    for user in ["alice", "bob", "carol", "dave", "alice"] {
+        hit(&mut c, "user", user).await;
+    }
+    let text = metrics(&server).await;
+    assert_eq!(rule(&text, "hits", "user_alice"), 2.0, "{text}");
+    assert_eq!(rule(&text, "hits", "user_bob"), 1.0, "{text}");
+    assert_eq!(rule(&text, "hits", "__other__"), 2.0, "{text}");
+    assert!(!text.contains("carol") && !text.contains("dave"), "{text}");
+    // Rules without request values are never capped.
+    hit(&mut c, "k", "a").await;
+    assert_eq!(rule(&metrics(&server).await, "hits", "k"), 1.0);
+}
