@@ -23,6 +23,7 @@ use crate::limiter::{Limiter, MemoryLimiter};
 use crate::metrics::{Metrics, MetricsOptions};
 use crate::reload::{ActiveRules, ReloadTrigger};
 use crate::rules::RuleSet;
+use crate::tls::{ActiveTls, TlsError, TlsFiles};
 
 pub use lifecycle::Listeners;
 
@@ -54,6 +55,7 @@ pub struct App {
     reload_trigger: ReloadTrigger,
     reload_requests: mpsc::Receiver<()>,
     ops: OpsSettings,
+    tls: Option<(TlsFiles, ActiveTls)>,
 }
 
 /// The operations settings `run` needs.
@@ -77,6 +79,9 @@ impl App {
         let limiter: Arc<dyn Limiter> = memory.clone();
         let mut app = App::from_parts(settings, rules, limiter);
         app.housekeeping = Some((memory, every));
+        if let Some(files) = settings.tls.files() {
+            app = app.with_tls(files)?;
+        }
         Ok(app)
     }
 
@@ -104,7 +109,15 @@ impl App {
                 watch: settings.reload.watch,
                 debounce: Duration::from_millis(settings.reload.debounce_ms),
             },
+            tls: None,
         }
+    }
+
+    /// Serves gRPC over TLS with these files (loaded now, and again when they change).
+    pub fn with_tls(mut self, files: TlsFiles) -> Result<App, TlsError> {
+        let config = files.load()?;
+        self.tls = Some((files, Arc::new(ArcSwap::new(config))));
+        Ok(self)
     }
 
     /// The engine (for in-process callers and tests).

@@ -18,6 +18,7 @@
 //! | [`metrics`] | the Prometheus registry, fed through the engine's observer seam |
 //! | [`reload`] | the active rules: reloads on file changes and triggers, versions |
 //! | [`health`] | readiness: rules loaded, backend ready, not draining |
+//! | [`tls`] | TLS and mTLS on the gRPC port, certificates reloaded from files |
 //! | [`app`] | serving: listeners, tasks, the ordered drain |
 
 #![forbid(unsafe_code)]
@@ -36,3 +37,4 @@ pub mod rules;
 pub mod signal;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
+pub mod tls;

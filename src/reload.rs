@@ -9,7 +9,7 @@
 //! [`watch`] runs the reloads: on a trigger (SIGHUP, via [`ReloadTrigger`]) or on a change
 //! under a rules path (see [`watch`] for what is watched).
 
-mod watch;
+pub(crate) mod watch;
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};

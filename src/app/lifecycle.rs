@@ -14,9 +14,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
-use tokio_stream::wrappers::TcpListenerStream;
+use tokio_rustls::server::TlsStream;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tokio_util::sync::CancellationToken;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
@@ -25,8 +27,10 @@ use super::{App, Housekeeping};
 use crate::admin::{self, Admin, KeysHeld};
 use crate::grpc::RateLimiter;
 use crate::health::Readiness;
+use crate::limiter::BoxFuture;
 use crate::proto::rate_limit_service_server::RateLimitServiceServer;
 use crate::reload::{self, WatchOptions};
+use crate::tls;
 
 /// Names under which gRPC health reports the service.
 const HEALTH_NAMES: [&str; 2] = ["envoy.service.ratelimit.v3.RateLimitService", "ratelimit"];
@@ -47,6 +51,12 @@ impl From<TcpListener> for Listeners {
 
 type Tasks = JoinSet<anyhow::Result<()>>;
 
+/// Where the gRPC server's connections come from.
+enum Incoming {
+    Plain(TcpListenerStream),
+    Tls(ReceiverStream<std::io::Result<TlsStream<TcpStream>>>),
+}
+
 pub(super) async fn run(
     app: App,
     listeners: Listeners,
@@ -60,23 +70,26 @@ pub(super) async fn run(
     let drain_delay = app.ops.drain_delay;
     let stop = CancellationToken::new();
     let failed = CancellationToken::new();
+    let grpc_stop = CancellationToken::new();
     let mut tasks = Tasks::new();
+    let addr = listeners.grpc.local_addr().ok();
+    let incoming = incoming(&app, listeners.grpc, &mut tasks, &failed, &grpc_stop, &stop);
     spawn_tasks(&mut tasks, app, listeners.admin, &readiness, &stop, &failed);
     let (health, health_service) = tonic_health::server::health_reporter();
     set_health(&health, ServingStatus::Serving).await;
     let (reflection_v1, reflection_v1alpha) = reflection()?;
-    let addr = listeners.grpc.local_addr().ok();
-    tracing::info!(?addr, backend = engine.backend_name(), "serving gRPC");
-    let grpc_stop = CancellationToken::new();
-    let server = tonic::transport::Server::builder()
+    let tls = matches!(incoming, Incoming::Tls(_));
+    tracing::info!(?addr, tls, backend = engine.backend_name(), "serving gRPC");
+    let router = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(RateLimiter::new(engine).into_service())
-        .serve_with_incoming_shutdown(
-            TcpListenerStream::new(listeners.grpc),
-            grpc_stop.clone().cancelled_owned(),
-        );
+        .add_service(RateLimiter::new(engine).into_service());
+    let signal = grpc_stop.clone().cancelled_owned();
+    let mut server: BoxFuture<'_, Result<(), tonic::transport::Error>> = match incoming {
+        Incoming::Tls(s) => Box::pin(router.serve_with_incoming_shutdown(s, signal)),
+        Incoming::Plain(s) => Box::pin(router.serve_with_incoming_shutdown(s, signal)),
+    };
     let drain = async {
         tokio::select! {
             () = shutdown => {}
@@ -94,7 +107,6 @@ pub(super) async fn run(
         tracing::info!("stopping gRPC; finishing the requests in flight");
         grpc_stop.cancel();
     };
-    tokio::pin!(server);
     let served = tokio::select! {
         served = &mut server => served,
         () = drain => server.await,
@@ -106,6 +118,27 @@ pub(super) async fn run(
     joined?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The gRPC server's connections: the listener's, or over TLS those whose handshake
+/// succeeded (accepted by a task that stops with `grpc_stop`, certificates watched by another).
+fn incoming(
+    app: &App,
+    listener: TcpListener,
+    tasks: &mut Tasks,
+    failed: &CancellationToken,
+    grpc_stop: &CancellationToken,
+    stop: &CancellationToken,
+) -> Incoming {
+    let Some((files, active)) = app.tls.clone() else {
+        return Incoming::Plain(TcpListenerStream::new(listener));
+    };
+    let (tx, rx) = mpsc::channel(64);
+    let accept = tls::accept(listener, active.clone(), tx, grpc_stop.clone());
+    guarded(tasks, failed, accept);
+    let watch = tls::watch(files, active, app.ops.debounce, stop.clone());
+    guarded(tasks, failed, watch);
+    Incoming::Tls(ReceiverStream::new(rx))
 }
 
 /// Starts the admin server, the rules watcher and the housekeeping; each task that fails

@@ -23,6 +23,7 @@ pub struct Settings {
     pub response: ResponseSettings,
     pub metrics: MetricsSettings,
     pub reload: ReloadSettings,
+    pub tls: TlsSettings,
 }
 
 /// `[server]`: listeners and shutdown.
@@ -191,6 +192,30 @@ impl Default for ReloadSettings {
     }
 }
 
+/// `[tls]`: TLS on the gRPC port (off unless `cert_file` and `key_file` are set). The files
+/// are PEM and are reloaded when they change.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsSettings {
+    /// The server certificate chain, leaf first.
+    pub cert_file: Option<PathBuf>,
+    /// The server's private key.
+    pub key_file: Option<PathBuf>,
+    /// With it, clients must present a certificate signed by one of these CAs (mTLS).
+    pub client_ca_file: Option<PathBuf>,
+}
+
+impl TlsSettings {
+    /// The files, when TLS is on.
+    pub fn files(&self) -> Option<crate::tls::TlsFiles> {
+        Some(crate::tls::TlsFiles {
+            cert: self.cert_file.clone()?,
+            key: self.key_file.clone()?,
+            client_ca: self.client_ca_file.clone(),
+        })
+    }
+}
+
 /// Settings given on the command line; `None` leaves the lower layers' value.
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {
@@ -240,6 +265,14 @@ impl Settings {
             return Err(config::ConfigError::Message(format!(
                 "metrics.near_limit_ratio must be in (0, 1], got {ratio}"
             )));
+        }
+        let tls = &self.tls;
+        if tls.cert_file.is_some() != tls.key_file.is_some()
+            || (tls.client_ca_file.is_some() && tls.cert_file.is_none())
+        {
+            return Err(config::ConfigError::Message(
+                "tls: cert_file and key_file go together, and client_ca_file needs them".into(),
+            ));
         }
         Ok(())
     }

@@ -62,26 +62,36 @@ pub async fn watch(
     } else {
         None
     };
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return Ok(()),
-            got = requests.recv() => if got.is_none() {
-                // Every trigger is gone: nothing can ask for a reload any more.
-                stop.cancelled().await;
-                return Ok(());
-            },
-        }
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => return Ok(()),
-                _ = requests.recv() => {}
-                () = tokio::time::sleep(options.debounce) => break,
-            }
-        }
+    while debounced(&mut requests, options.debounce, &stop).await {
         let active = rules.clone();
         let outcome = tokio::task::spawn_blocking(move || active.reload()).await?;
         log(&outcome, &rules);
         (options.report)(&outcome);
+    }
+    Ok(())
+}
+
+/// Waits for a request, then until none came for `debounce`: true, time to act; false when
+/// `stop` came first.
+pub(crate) async fn debounced(
+    requests: &mut mpsc::Receiver<()>,
+    debounce: Duration,
+    stop: &CancellationToken,
+) -> bool {
+    tokio::select! {
+        _ = stop.cancelled() => return false,
+        got = requests.recv() => if got.is_none() {
+            // Every trigger is gone: nothing can ask again.
+            stop.cancelled().await;
+            return false;
+        },
+    }
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return false,
+            _ = requests.recv() => {}
+            () = tokio::time::sleep(debounce) => return true,
+        }
     }
 }
 
@@ -104,9 +114,13 @@ fn log(outcome: &Reloaded, rules: &ActiveRules) {
     }
 }
 
-/// A watcher on every rules path, sending to `trigger`; `None` (logged) when the system
-/// refuses one, in which case only explicit triggers reload.
-fn start_watcher(paths: &[PathBuf], trigger: ReloadTrigger) -> Option<RecommendedWatcher> {
+/// A watcher on every path (a directory recursively, a file through its parent), sending to
+/// `trigger`; `None` (logged) when the system refuses one, in which case only explicit
+/// triggers reload.
+pub(crate) fn start_watcher(
+    paths: &[PathBuf],
+    trigger: ReloadTrigger,
+) -> Option<RecommendedWatcher> {
     if paths.is_empty() {
         return None;
     }

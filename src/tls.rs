@@ -1,0 +1,167 @@
+//! TLS on the gRPC port: a certificate chain and key from PEM files, optionally a client CA
+//! (then every client must present a certificate it signed: mTLS), all reloaded when the
+//! files change.
+//!
+//! The active `rustls` configuration sits in an `ArcSwap`; each new connection's handshake
+//! uses the one active when it starts, so a reload never disturbs an open connection. A
+//! reload that fails (a missing file, a key that does not match) keeps the active
+//! configuration and is logged. Handshakes run concurrently (a slow client never holds up
+//! the others) and time out after [`HANDSHAKE_TIMEOUT`].
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::server::WebPkiClientVerifier;
+use tokio_rustls::rustls::{self, RootCertStore, ServerConfig};
+use tokio_rustls::server::TlsStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::reload::ReloadTrigger;
+use crate::reload::watch::{debounced, start_watcher};
+
+/// A handshake that takes longer is dropped.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where the certificates are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The server's certificate chain (PEM), leaf first.
+    pub cert: PathBuf,
+    /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// Clients must present a certificate signed by one of these (PEM); none: no client
+    /// certificate is asked for.
+    pub client_ca: Option<PathBuf>,
+}
+
+/// Why a TLS configuration cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("{}: {message}", path.display())]
+    File { path: PathBuf, message: String },
+    #[error("TLS: {0}")]
+    Rustls(#[from] rustls::Error),
+    #[error("client CA: {0}")]
+    ClientCa(#[from] rustls::server::VerifierBuilderError),
+}
+
+impl TlsFiles {
+    /// Every file, for watching.
+    pub fn paths(&self) -> Vec<PathBuf> {
+        let mut paths = vec![self.cert.clone(), self.key.clone()];
+        paths.extend(self.client_ca.clone());
+        paths
+    }
+
+    /// Reads the files and builds the server configuration (HTTP/2 only, as gRPC needs).
+    pub fn load(&self) -> Result<Arc<ServerConfig>, TlsError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()?;
+        let builder = match &self.client_ca {
+            Some(ca) => {
+                let mut roots = RootCertStore::empty();
+                for cert in certificates(ca)? {
+                    roots.add(cert)?;
+                }
+                let verifier =
+                    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                        .build()?;
+                builder.with_client_cert_verifier(verifier)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let key = PrivateKeyDer::from_pem_file(&self.key).map_err(|e| file(&self.key, e))?;
+        let mut config = builder.with_single_cert(certificates(&self.cert)?, key)?;
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(Arc::new(config))
+    }
+}
+
+fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| file(path, e))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| file(path, e))?;
+    if certs.is_empty() {
+        return Err(file(path, "no certificate found"));
+    }
+    Ok(certs)
+}
+
+fn file(path: &Path, message: impl std::fmt::Display) -> TlsError {
+    TlsError::File {
+        path: path.to_path_buf(),
+        message: message.to_string(),
+    }
+}
+
+/// The active configuration, swapped whole on reload.
+pub type ActiveTls = Arc<ArcSwap<ServerConfig>>;
+
+/// Accepts TCP connections on `listener` until `stop`, and sends each one whose handshake
+/// succeeded to `accepted` (the gRPC server's incoming stream).
+pub async fn accept(
+    listener: TcpListener,
+    tls: ActiveTls,
+    accepted: mpsc::Sender<std::io::Result<TlsStream<TcpStream>>>,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    // Owned here: dropping it (when this task ends) aborts unfinished handshakes.
+    let mut handshakes = JoinSet::new();
+    loop {
+        let (tcp, peer) = tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            () = accepted.closed() => return Ok(()),
+            Some(_) = handshakes.join_next(), if !handshakes.is_empty() => continue,
+            got = listener.accept() => match got {
+                Ok(conn) => conn,
+                Err(e) => {
+                    tracing::warn!(error = %e, "gRPC accept failed");
+                    continue;
+                }
+            },
+        };
+        let acceptor = TlsAcceptor::from(tls.load_full());
+        let accepted = accepted.clone();
+        handshakes.spawn(async move {
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(stream)) => {
+                    let _ = accepted.send(Ok(stream)).await;
+                }
+                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+            }
+        });
+    }
+}
+
+/// Reloads `tls` from `files` whenever one of them changes, until `stop`.
+pub async fn watch(
+    files: TlsFiles,
+    tls: ActiveTls,
+    debounce: Duration,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let (trigger, mut requests) = ReloadTrigger::channel();
+    let _watcher = start_watcher(&files.paths(), trigger);
+    while debounced(&mut requests, debounce, &stop).await {
+        let loading = files.clone();
+        match tokio::task::spawn_blocking(move || loading.load()).await? {
+            Ok(config) => {
+                tls.store(config);
+                tracing::info!("TLS certificates reloaded");
+            }
+            Err(e) => tracing::error!("TLS reload failed, keeping the active certificates: {e}"),
+        }
+    }
+    Ok(())
+}
