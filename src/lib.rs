@@ -19,6 +19,7 @@
 //! | [`reload`] | the active rules: reloads on file changes and triggers, versions |
 //! | [`health`] | readiness: rules loaded, backend ready, not draining |
 //! | [`tls`] | TLS and mTLS on the gRPC port, certificates reloaded from files |
+//! | [`telemetry`] | logs to stderr, and spans over OTLP (feature `otel`) |
 //! | [`app`] | serving: listeners, tasks, the ordered drain |
 
 #![forbid(unsafe_code)]
@@ -35,6 +36,7 @@ pub mod proto;
 pub mod reload;
 pub mod rules;
 pub mod signal;
+pub mod telemetry;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
 pub mod tls;

@@ -117,7 +117,22 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EX_USAGE);
         }
     };
-    init_tracing(&settings);
+    // The runtime first: an OTLP exporter lives in it.
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("sluice: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let _entered = runtime.enter();
+    let telemetry = match sluice::telemetry::init(&settings.log) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("sluice: {e}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
     if args.redis_url.is_some() {
         tracing::error!("--redis-url: the redis backend is not available in this version");
         return ExitCode::from(EX_USAGE);
@@ -139,7 +154,9 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EX_USAGE);
         }
     };
-    match run(app, &settings) {
+    let done = runtime.block_on(run(app, &settings));
+    telemetry.shutdown();
+    match done {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
@@ -148,7 +165,6 @@ fn serve(args: ServeArgs) -> ExitCode {
     }
 }
 
-#[tokio::main]
 async fn run(app: sluice::app::App, settings: &Settings) -> anyhow::Result<()> {
     let listeners = sluice::app::Listeners {
         grpc: bind(settings.server.grpc_listen).await?,
@@ -178,18 +194,4 @@ async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
     tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))
-}
-
-fn init_tracing(settings: &Settings) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(&settings.log.level))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match settings.log.format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
 }

@@ -168,4 +168,33 @@ fn bad_settings_exit_64() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid settings"));
     let out = run(sluice().args(["serve", "--backend", "redis"]));
     assert_eq!(out.status.code(), Some(64));
+    let out = run(sluice()
+        .arg("serve")
+        .env("SLUICE_METRICS__NEAR_LIMIT_RATIO", "0"));
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("near_limit_ratio"));
+}
+
+#[cfg(not(feature = "otel"))]
+#[test]
+fn an_otlp_endpoint_without_the_otel_feature_exits_64() {
+    let out = run(sluice()
+        .arg("serve")
+        .env("SLUICE_LOG__OTLP_ENDPOINT", "http://127.0.0.1:4317"));
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("without the `otel` feature"), "{stderr}");
+}
+
+#[test]
+fn bad_tls_files_exit_64_before_binding() {
+    let port = free_port();
+    let out = run(sluice()
+        .args(["serve", "--grpc-listen", &format!("127.0.0.1:{port}")])
+        .env("SLUICE_TLS__CERT_FILE", "/nonexistent/cert.pem")
+        .env("SLUICE_TLS__KEY_FILE", "/nonexistent/key.pem"));
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("/nonexistent/"), "{stderr}");
+    assert!(std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
 }

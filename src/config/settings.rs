@@ -68,6 +68,9 @@ pub struct LogSettings {
     pub format: LogFormat,
     /// A `tracing` filter (`info`, `sluice=debug`, ...); `RUST_LOG` wins when set.
     pub level: String,
+    /// Export spans over OTLP/gRPC to this collector (`http://host:4317`); needs the `otel`
+    /// cargo feature.
+    pub otlp_endpoint: Option<String>,
 }
 
 impl Default for LogSettings {
@@ -75,6 +78,7 @@ impl Default for LogSettings {
         LogSettings {
             format: LogFormat::Text,
             level: "info".to_owned(),
+            otlp_endpoint: None,
         }
     }
 }
