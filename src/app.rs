@@ -2,7 +2,7 @@
 //! HTTP server on listeners it is given, and stops on the shutdown future it is given (never
 //! reading signals itself). Reloads come from file changes and from a [`ReloadTrigger`].
 //!
-//! Shutdown order (see [`lifecycle`]): readiness fails at once (`/readyz` and gRPC health
+//! Shutdown order (see `app/lifecycle.rs`): readiness fails at once (`/readyz` and gRPC health
 //! NOT_SERVING), the drain delay passes, the gRPC server stops accepting and finishes the
 //! requests in flight, then the admin server and background tasks stop and `run` returns. The
 //! caller bounds all of it with a grace period.

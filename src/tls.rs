@@ -114,13 +114,13 @@ pub async fn accept(
     tls: ActiveTls,
     accepted: mpsc::Sender<std::io::Result<TlsStream<TcpStream>>>,
     stop: CancellationToken,
-) -> anyhow::Result<()> {
+) {
     // Owned here: dropping it (when this task ends) aborts unfinished handshakes.
     let mut handshakes = JoinSet::new();
     loop {
         let (tcp, peer) = tokio::select! {
-            () = stop.cancelled() => return Ok(()),
-            () = accepted.closed() => return Ok(()),
+            () = stop.cancelled() => return,
+            () = accepted.closed() => return,
             Some(_) = handshakes.join_next(), if !handshakes.is_empty() => continue,
             got = listener.accept() => match got {
                 Ok(conn) => conn,
@@ -144,24 +144,42 @@ pub async fn accept(
     }
 }
 
-/// Reloads `tls` from `files` whenever one of them changes, until `stop`.
+/// Reloads `tls` from `files` whenever one of them changes (their contents, not only their
+/// directory), until `stop`.
 pub async fn watch(
     files: TlsFiles,
     tls: ActiveTls,
     debounce: Duration,
     stop: CancellationToken,
-) -> anyhow::Result<()> {
+) -> Result<(), tokio::task::JoinError> {
     let (trigger, mut requests) = ReloadTrigger::channel();
     let _watcher = start_watcher(&files.paths(), trigger);
+    let mut active = contents_hash(&files);
     while debounced(&mut requests, debounce, &stop).await {
         let loading = files.clone();
-        match tokio::task::spawn_blocking(move || loading.load()).await? {
+        let (hash, loaded) =
+            tokio::task::spawn_blocking(move || (contents_hash(&loading), loading.load())).await?;
+        if hash.is_some() && hash == active {
+            continue;
+        }
+        match loaded {
             Ok(config) => {
                 tls.store(config);
+                active = hash;
                 tracing::info!("TLS certificates reloaded");
             }
             Err(e) => tracing::error!("TLS reload failed, keeping the active certificates: {e}"),
         }
     }
     Ok(())
+}
+
+/// A hash of the files' contents; `None` when one cannot be read.
+fn contents_hash(files: &TlsFiles) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for path in files.paths() {
+        std::fs::read(path).ok()?.hash(&mut h);
+    }
+    Some(h.finish())
 }

@@ -202,6 +202,9 @@ async fn the_binary_reloads_on_sighup_and_drains_on_sigterm() {
     }
     let r = call(&mut c, req("test", vec![desc(&[("k", "v")])])).await;
     assert_eq!(limit_of(&r.statuses[0]).map(|l| l.0), Some(9));
+    let metrics = get(admin_addr, "/metrics").await.body;
+    let keys = common::http::sample(&metrics, "sluice_memory_keys", &[]);
+    assert_eq!(keys, Some(1.0), "{metrics}");
 
     signal(&served.0, "-TERM");
     let terminated = Instant::now();

@@ -126,3 +126,30 @@ async fn detailed_metric_labels_are_capped() {
     hit(&mut c, "k", "a").await;
     assert_eq!(rule(&metrics(&server).await, "hits", "k"), 1.0);
 }
+
+#[tokio::test]
+async fn every_metric_is_in_the_readme() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let server = TestServer::start(RULES).await;
+    let mut c = client(&server).await;
+    for _ in 0..4 {
+        hit(&mut c, "k", "a").await;
+        hit(&mut c, "s", "a").await;
+    }
+    let text = metrics(&server).await;
+    let families: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split(' ').next())
+        .collect();
+    // Every family but the backend errors, which need a failing backend (tests/admin.rs).
+    assert_eq!(families.len(), 11, "{text}");
+    for family in families {
+        let counter = format!("{family}_total");
+        assert!(
+            readme.contains(&format!("`{family}`")) || readme.contains(&format!("`{counter}`")),
+            "{family} is not documented in README.md"
+        );
+    }
+}

@@ -135,7 +135,10 @@ fn incoming(
     };
     let (tx, rx) = mpsc::channel(64);
     let accept = tls::accept(listener, active.clone(), tx, grpc_stop.clone());
-    guarded(tasks, failed, accept);
+    guarded(tasks, failed, async {
+        accept.await;
+        Ok::<_, std::convert::Infallible>(())
+    });
     let watch = tls::watch(files, active, app.ops.debounce, stop.clone());
     guarded(tasks, failed, watch);
     Incoming::Tls(ReceiverStream::new(rx))
@@ -188,20 +191,20 @@ fn spawn_tasks(
         let sweep = housekeeping(state, every, stop.clone());
         guarded(tasks, failed, async {
             sweep.await;
-            Ok(())
+            Ok::<_, std::convert::Infallible>(())
         });
     }
 }
 
 /// Spawns `task` into `tasks`; its failure is logged and cancels `failed`.
-fn guarded(
+fn guarded<E: Into<anyhow::Error>>(
     tasks: &mut Tasks,
     failed: &CancellationToken,
-    task: impl Future<Output = anyhow::Result<()>> + Send + 'static,
+    task: impl Future<Output = Result<(), E>> + Send + 'static,
 ) {
     let failed = failed.clone();
     tasks.spawn(async move {
-        let result = task.await;
+        let result = task.await.map_err(Into::into);
         if let Err(e) = &result {
             tracing::error!("{e:#}");
             failed.cancel();

@@ -55,7 +55,7 @@ pub async fn watch(
     mut requests: mpsc::Receiver<()>,
     options: WatchOptions,
     stop: CancellationToken,
-) -> anyhow::Result<()> {
+) -> Result<(), tokio::task::JoinError> {
     // Owned here: dropping it (when this task ends) stops its thread.
     let _watcher = if options.files {
         start_watcher(rules.paths(), trigger)
