@@ -48,11 +48,20 @@ impl RedisServer {
         Self::start_with(&[])
     }
 
+    /// A standalone server on a given port.
+    pub fn start_on(port: u16) -> RedisServer {
+        Self::start_port(port, &[])
+    }
+
     /// A server on a free port with extra arguments (e.g. `--replicaof`).
     pub fn start_with(extra: &[&str]) -> RedisServer {
+        Self::start_port(free_port(), extra)
+    }
+
+    fn start_port(port: u16, extra: &[&str]) -> RedisServer {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let mut server = RedisServer {
-            port: free_port(),
+            port,
             child: None,
             dir,
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),

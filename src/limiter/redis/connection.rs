@@ -40,7 +40,7 @@ pub enum Conn {
 /// Makes and keeps the connection to a Redis deployment.
 pub struct Connector {
     kind: Kind,
-    /// The connection to reuse (Sentinel and Cluster; one server keeps its manager in `kind`).
+    /// The connection to reuse.
     cached: ArcSwapOption<Conn>,
     /// Held while (re)connecting, so that one task connects and the others wait for it.
     connecting: tokio::sync::Mutex<()>,
@@ -48,7 +48,7 @@ pub struct Connector {
 }
 
 enum Kind {
-    Single(ConnectionManager),
+    Single(redis::Client, ConnectionManagerConfig),
     Sentinel(tokio::sync::Mutex<SentinelClient>),
     Cluster(ClusterClient),
 }
@@ -82,9 +82,6 @@ impl Connector {
 
     /// A connection: the cached one, or a new one.
     pub async fn get(&self) -> RedisResult<Conn> {
-        if let Kind::Single(manager) = &self.kind {
-            return Ok(Conn::Single(manager.clone()));
-        }
         if let Some(conn) = self.cached.load_full() {
             return Ok((*conn).clone());
         }
@@ -93,7 +90,11 @@ impl Connector {
             return Ok((*conn).clone());
         }
         let conn = match &self.kind {
-            Kind::Single(manager) => Conn::Single(manager.clone()),
+            // Lazy: this makes no connection yet, but needs the runtime (so not in `new`).
+            Kind::Single(client, config) => Conn::Single(ConnectionManager::new_lazy_with_config(
+                client.clone(),
+                config.clone(),
+            )?),
             Kind::Sentinel(client) => {
                 let config = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(self.timeouts.connect))
@@ -130,9 +131,7 @@ fn single(url: &str, t: Timeouts) -> RedisResult<Kind> {
         .set_number_of_retries(1)
         .set_min_delay(Duration::from_millis(20))
         .set_max_delay(Duration::from_millis(200));
-    Ok(Kind::Single(ConnectionManager::new_lazy_with_config(
-        client, config,
-    )?))
+    Ok(Kind::Single(client, config))
 }
 
 /// `[user:password@]host:port,host:port[/rest]`, split.
