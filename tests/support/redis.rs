@@ -23,6 +23,8 @@ pub struct RedisServer {
     child: Option<Child>,
     dir: tempfile::TempDir,
     extra: Vec<String>,
+    /// A configuration file given first (Sentinel needs one it can rewrite).
+    config: Option<PathBuf>,
 }
 
 /// A free loopback port (bound then released).
@@ -65,14 +67,56 @@ impl RedisServer {
             child: None,
             dir,
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            config: None,
         };
         server.spawn();
         server
     }
 
+    /// A Sentinel on a free port watching `master` on `master_port` with `quorum`, quick to
+    /// declare it down (500 ms).
+    pub fn sentinel(master: &str, master_port: u16, quorum: u32) -> RedisServer {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let port = free_port();
+        let config = dir.path().join("sentinel.conf");
+        let text = format!(
+            "port {port}\nbind 127.0.0.1\n\
+             sentinel monitor {master} 127.0.0.1 {master_port} {quorum}\n\
+             sentinel down-after-milliseconds {master} 500\n\
+             sentinel failover-timeout {master} 3000\n"
+        );
+        std::fs::write(&config, text).expect("write sentinel.conf");
+        let mut server = RedisServer {
+            port,
+            child: None,
+            dir,
+            extra: vec!["--sentinel".to_owned()],
+            config: Some(config),
+        };
+        server.spawn();
+        server
+    }
+
+    /// A Cluster node on a free port (its bus on another free port), not yet in a cluster.
+    pub fn cluster_node() -> RedisServer {
+        let bus = free_port().to_string();
+        Self::start_with(&[
+            "--cluster-enabled",
+            "yes",
+            "--cluster-port",
+            &bus,
+            "--cluster-node-timeout",
+            "2000",
+        ])
+    }
+
     fn spawn(&mut self) {
         let port = self.port.to_string();
-        let child = Command::new(program("redis-server"))
+        let mut command = Command::new(program("redis-server"));
+        if let Some(config) = &self.config {
+            command.arg(config);
+        }
+        let child = command
             .args([
                 "--port",
                 &port,
@@ -110,6 +154,11 @@ impl RedisServer {
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// `127.0.0.1:<port>`.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
     }
 
     pub fn dir(&self) -> &Path {
@@ -185,5 +234,59 @@ pub fn wait_for_ping(port: u16) {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// Waits up to `within` for `ready` to hold, polling every 50 ms.
+pub fn wait_until(within: Duration, what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !ready() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A 3-master Redis Cluster (no replicas) built with `redis-cli --cluster create`.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start() -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::cluster_node()).collect();
+        let mut create = Command::new(program("redis-cli"));
+        create.arg("--cluster").arg("create");
+        for n in &nodes {
+            create.arg(n.addr());
+        }
+        let out = create
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run redis-cli ({e}); run: {INSTALL}"));
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {out:?}"
+        );
+        for n in &nodes {
+            wait_until(Duration::from_secs(20), "cluster_state:ok", || {
+                n.cmd::<String>(&["CLUSTER", "INFO"])
+                    .contains("cluster_state:ok")
+            });
+        }
+        RedisCluster { nodes }
+    }
+
+    /// `redis+cluster://` with every node as a seed.
+    pub fn url(&self) -> String {
+        let seeds: Vec<String> = self.nodes.iter().map(RedisServer::addr).collect();
+        format!("redis+cluster://{}", seeds.join(","))
+    }
+
+    /// Script calls (`evalsha` + `eval`) summed over the nodes.
+    pub fn script_calls(&self) -> u64 {
+        self.nodes
+            .iter()
+            .map(|n| n.calls("evalsha") + n.calls("eval"))
+            .sum()
     }
 }
