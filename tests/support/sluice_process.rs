@@ -23,7 +23,7 @@ impl SluiceProcess {
         redis_url: &str,
         env: &[(&str, &str)],
     ) -> SluiceProcess {
-        let port = super::redis_support::free_port();
+        let port = crate::redis_support::free_port();
         let listen = format!("127.0.0.1:{port}");
         let child = Command::new(binary)
             .args(["serve", "--backend", "redis", "--redis-url", redis_url])
