@@ -108,6 +108,14 @@ impl Connector {
         Ok(conn)
     }
 
+    /// Tells the connector that a call took too long: a Sentinel connection is dropped (a
+    /// master that hangs is as lost as one that is gone).
+    pub fn timed_out(&self) {
+        if matches!(self.kind, Kind::Sentinel(_)) {
+            self.cached.store(None);
+        }
+    }
+
     /// Tells the connector that a call failed with `err`: a Sentinel connection is dropped
     /// (the next call asks the sentinels where the master is now).
     pub fn failed(&self, err: &RedisError) {

@@ -126,7 +126,10 @@ impl RedisLimiter {
         let sent = Instant::now();
         let result = match tokio::time::timeout(self.timeout, self.remote(batch)).await {
             Ok(result) => result,
-            Err(_) => Err(unavailable(&format!("no answer within {:?}", self.timeout))),
+            Err(_) => {
+                self.connector.timed_out();
+                Err(unavailable(&format!("no answer within {:?}", self.timeout)))
+            }
         };
         match result {
             Ok(outcome) => {
