@@ -249,6 +249,68 @@ mod tests {
         assert_eq!(o.hits[0].reset_nanos, 7_000);
     }
 
+    /// A connection answering from a script, recording the command names it was sent.
+    struct Mock {
+        replies: Vec<&'static [u8]>,
+        sent: Vec<String>,
+    }
+
+    impl ConnectionLike for Mock {
+        fn req_packed_command<'a>(
+            &'a mut self,
+            cmd: &'a redis::Cmd,
+        ) -> redis::RedisFuture<'a, Value> {
+            let name = cmd.args_iter().next().map(|a| match a {
+                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                _ => String::new(),
+            });
+            self.sent.push(name.unwrap_or_default());
+            let reply = if self.replies.is_empty() {
+                &b"-ERR no more\r\n"[..]
+            } else {
+                self.replies.remove(0)
+            };
+            Box::pin(async move { redis::parse_redis_value(reply) })
+        }
+
+        fn req_packed_commands<'a>(
+            &'a mut self,
+            _: &'a redis::Pipeline,
+            _: usize,
+            _: usize,
+        ) -> redis::RedisFuture<'a, Vec<Value>> {
+            Box::pin(async { Ok(Vec::new()) })
+        }
+
+        fn get_db(&self) -> i64 {
+            0
+        }
+    }
+
+    #[tokio::test]
+    async fn noscript_is_answered_by_sending_the_source_once() {
+        let call = encode(&[hit("a", 0)], b"p:", Mode::Request, None);
+        let mut conn = Mock {
+            replies: vec![
+                b"-NOSCRIPT No matching script.\r\n",
+                b"*1\r\n:1\r\n",
+                b"*1\r\n:0\r\n",
+            ],
+            sent: Vec::new(),
+        };
+        let first = invoke(&mut conn, &call).await.unwrap();
+        assert_eq!(first, Value::Array(vec![Value::Int(1)]));
+        let second = invoke(&mut conn, &call).await.unwrap();
+        assert_eq!(second, Value::Array(vec![Value::Int(0)]));
+        assert_eq!(conn.sent, ["EVALSHA", "EVAL", "EVALSHA"]);
+        let mut failing = Mock {
+            replies: vec![b"-ERR boom\r\n"],
+            sent: Vec::new(),
+        };
+        assert!(invoke(&mut failing, &call).await.is_err());
+        assert_eq!(failing.sent, ["EVALSHA"], "other errors are not retried");
+    }
+
     #[test]
     fn decode_checks_the_shape() {
         let ok = Value::Array(vec![
