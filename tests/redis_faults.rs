@@ -6,6 +6,8 @@
 mod common;
 #[path = "support/redis.rs"]
 mod redis_support;
+#[path = "support/sluice_process.rs"]
+mod sluice_process;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -266,6 +268,31 @@ async fn on_error_allow_and_deny_answer_when_redis_is_down() {
             assert_eq!(overall(&r), expected, "{on_error:?}");
             assert!(started.elapsed() <= TIMEOUT + SLACK);
         }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_serves_with_redis_down_and_decides_once_it_is_up() {
+    let port = free_port();
+    let rules = tempfile::NamedTempFile::new().expect("a rules file");
+    std::fs::write(rules.path(), RULES).expect("write rules");
+    let url = format!("redis://127.0.0.1:{port}");
+    let sluice =
+        sluice_process::SluiceProcess::start(env!("CARGO_BIN_EXE_sluice"), rules.path(), &url, &[]);
+    let mut c = RateLimitServiceClient::connect(sluice.url())
+        .await
+        .expect("connect");
+    let ask = || req("f", vec![desc(&[("k", "v")])]);
+    let err = c.should_rate_limit(ask()).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+    let _redis = RedisServer::start_on(port);
+    let up = Instant::now();
+    while c.should_rate_limit(ask()).await.is_err() {
+        assert!(
+            up.elapsed() < Duration::from_secs(2),
+            "still failing after 2 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
