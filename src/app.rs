@@ -13,13 +13,14 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use arc_swap::ArcSwap;
 use tokio::sync::mpsc;
 
 use crate::config::settings::{Backend, Settings};
 use crate::engine::{Engine, HeaderNames, Options};
 use crate::health::BackendProbe;
-use crate::limiter::{Limiter, MemoryLimiter};
+use crate::limiter::{Limiter, MemoryLimiter, RedisLimiter};
 use crate::metrics::{Metrics, MetricsOptions};
 use crate::reload::{ActiveRules, ReloadTrigger};
 use crate::rules::RuleSet;
@@ -42,6 +43,16 @@ impl<C: crate::limiter::Clock> Housekeeping for MemoryLimiter<C> {
 
     fn held(&self) -> usize {
         self.len()
+    }
+}
+
+impl Housekeeping for RedisLimiter {
+    fn sweep(&self) -> usize {
+        RedisLimiter::sweep(self)
+    }
+
+    fn held(&self) -> usize {
+        RedisLimiter::held(self)
     }
 }
 
@@ -68,17 +79,24 @@ struct OpsSettings {
 
 impl App {
     /// Builds the backend and the engine. Fails on settings it cannot honour.
+    /// With the Redis backend, no connection is made here: sluice starts while Redis is down.
     pub fn build(settings: &Settings, rules: RuleSet) -> anyhow::Result<App> {
-        let memory = match settings.limiter.backend {
-            Backend::Memory => Arc::new(MemoryLimiter::new(settings.memory.max_keys)),
-            Backend::Redis => anyhow::bail!(
-                "the redis backend is not available in this version of sluice; use --backend memory"
-            ),
-        };
+        let (limiter, state): (Arc<dyn Limiter>, Arc<dyn Housekeeping>) =
+            match settings.limiter.backend {
+                Backend::Memory => {
+                    let memory = Arc::new(MemoryLimiter::new(settings.memory.max_keys));
+                    (memory.clone(), memory)
+                }
+                Backend::Redis => {
+                    let redis = RedisLimiter::new(&settings.redis, settings.memory.max_keys)
+                        .context("invalid [redis] settings")?;
+                    let redis = Arc::new(redis);
+                    (redis.clone(), redis)
+                }
+            };
         let every = Duration::from_secs(settings.memory.sweep_interval_secs.max(1));
-        let limiter: Arc<dyn Limiter> = memory.clone();
         let mut app = App::from_parts(settings, rules, limiter);
-        app.housekeeping = Some((memory, every));
+        app.housekeeping = Some((state, every));
         if let Some(files) = settings.tls.files() {
             app = app.with_tls(files)?;
         }

@@ -50,7 +50,7 @@ struct ServeArgs {
     config: Option<PathBuf>,
     #[arg(long, value_enum)]
     backend: Option<Backend>,
-    /// Redis URL (the redis backend is not available in this version).
+    /// Redis URL for `--backend redis` (redis://, rediss://, redis+sentinel://, redis+cluster://).
     #[arg(long, value_name = "URL")]
     redis_url: Option<String>,
     #[arg(long, value_name = "ADDR")]
@@ -105,6 +105,7 @@ fn serve(args: ServeArgs) -> ExitCode {
     let overrides = Overrides {
         rules: args.rules,
         backend: args.backend,
+        redis_url: args.redis_url,
         grpc_listen: args.grpc_listen,
         log_format: args.log_format,
         admin_listen: args.admin_listen,
@@ -133,10 +134,6 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EX_USAGE);
         }
     };
-    if args.redis_url.is_some() {
-        tracing::error!("--redis-url: the redis backend is not available in this version");
-        return ExitCode::from(EX_USAGE);
-    }
     let loaded = match load_rules(&settings.rules.paths) {
         Ok(l) => l,
         Err(errors) => {

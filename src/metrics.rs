@@ -107,7 +107,7 @@ impl Metrics {
         );
         registry.register(
             "memory_keys",
-            "Limiter states held by the memory backend",
+            "Limiter states held in process (memory backend; Redis: deny cache and local fallback)",
             m.memory_keys.clone(),
         );
         registry.register(

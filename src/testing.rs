@@ -1,4 +1,5 @@
-//! Test helpers (feature `test-util`): a real server on a loopback port, over a manual clock.
+//! Test helpers (feature `test-util`): a real server on a loopback port, over a manual clock
+//! (memory backend) or over any limiter the test builds (e.g. a Redis one).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -39,13 +40,34 @@ impl TestServer {
     /// # Panics
     /// When the rules are invalid or no port can be bound: this is test code.
     pub async fn start_with(settings: Settings, rules_yaml: &str) -> TestServer {
-        let model = rules::from_sources(&[(PathBuf::from("test.yaml"), rules_yaml.to_owned())])
-            .unwrap_or_else(|e| panic!("test rules are invalid:\n{e}"));
         let clock = ManualClock::at(1_000 * SECOND);
         let limiter: Arc<dyn Limiter> = Arc::new(MemoryLimiter::with_clock(
             settings.memory.max_keys,
             clock.clone(),
         ));
+        Self::serve(settings, rules_yaml, limiter, clock).await
+    }
+
+    /// Serves `rules_yaml` with `settings` over `limiter`; `clock` then controls nothing.
+    ///
+    /// # Panics
+    /// When the rules are invalid or no port can be bound: this is test code.
+    pub async fn start_over(
+        settings: Settings,
+        rules_yaml: &str,
+        limiter: Arc<dyn Limiter>,
+    ) -> TestServer {
+        Self::serve(settings, rules_yaml, limiter, ManualClock::default()).await
+    }
+
+    async fn serve(
+        settings: Settings,
+        rules_yaml: &str,
+        limiter: Arc<dyn Limiter>,
+        clock: ManualClock,
+    ) -> TestServer {
+        let model = rules::from_sources(&[(PathBuf::from("test.yaml"), rules_yaml.to_owned())])
+            .unwrap_or_else(|e| panic!("test rules are invalid:\n{e}"));
         let app = App::from_parts(&settings, RuleSet::compile(model), limiter);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await

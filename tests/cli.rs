@@ -166,8 +166,9 @@ fn bad_settings_exit_64() {
         .env("SLUICE_SERVER__GRPC_LISTN", "127.0.0.1:1"));
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid settings"));
-    let out = run(sluice().args(["serve", "--backend", "redis"]));
+    let out = run(sluice().args(["serve", "--backend", "redis", "--redis-url", "http://nope"]));
     assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("redis"));
     let out = run(sluice()
         .arg("serve")
         .env("SLUICE_METRICS__NEAR_LIMIT_RATIO", "0"));

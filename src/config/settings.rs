@@ -20,6 +20,7 @@ pub struct Settings {
     pub rules: RulesSettings,
     pub limiter: LimiterSettings,
     pub memory: MemorySettings,
+    pub redis: RedisSettings,
     pub response: ResponseSettings,
     pub metrics: MetricsSettings,
     pub reload: ReloadSettings,
@@ -128,6 +129,57 @@ impl Default for MemorySettings {
     }
 }
 
+/// What the Redis backend answers when Redis fails (or its circuit breaker is open).
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum OnError {
+    /// gRPC `UNAVAILABLE`, so that Envoy's `failure_mode_deny` decides.
+    #[default]
+    Error,
+    /// Admit every limit.
+    Allow,
+    /// Deny every limit.
+    Deny,
+    /// Decide with an in-process limiter until Redis is back.
+    Local,
+}
+
+/// `[redis]`: the Redis backend (see docs/redis.md).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedisSettings {
+    /// `redis://`, `rediss://`, `redis+sentinel://.../master`, `redis+cluster://...`.
+    pub url: String,
+    /// Put in front of every state key; must not contain `{`.
+    pub prefix: String,
+    /// Time to establish a connection.
+    pub connect_timeout_ms: u64,
+    /// Time one request may wait for Redis, connecting included.
+    pub timeout_ms: u64,
+    pub on_error: OnError,
+    /// Consecutive failures that open the circuit breaker (0 = never).
+    pub breaker_failures: u32,
+    /// How long an open breaker answers from `on_error` before probing Redis again.
+    pub breaker_cooldown_ms: u64,
+    /// Denied keys answered locally until their retry time (0 = no deny cache).
+    pub deny_cache_size: usize,
+}
+
+impl Default for RedisSettings {
+    fn default() -> Self {
+        RedisSettings {
+            url: "redis://127.0.0.1:6379".to_owned(),
+            prefix: "sluice:".to_owned(),
+            connect_timeout_ms: 500,
+            timeout_ms: 100,
+            on_error: OnError::Error,
+            breaker_failures: 3,
+            breaker_cooldown_ms: 500,
+            deny_cache_size: 100_000,
+        }
+    }
+}
+
 /// `[response]`: optional parts of the answer.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -225,6 +277,7 @@ impl TlsSettings {
 pub struct Overrides {
     pub rules: Vec<PathBuf>,
     pub backend: Option<Backend>,
+    pub redis_url: Option<String>,
     pub grpc_listen: Option<SocketAddr>,
     pub log_format: Option<LogFormat>,
     pub admin_listen: Option<SocketAddr>,
@@ -296,6 +349,9 @@ fn apply_overrides(mut b: Builder, cli: &Overrides) -> Result<Builder, config::C
         };
         b = b.set_override("limiter.backend", name)?;
     }
+    if let Some(url) = &cli.redis_url {
+        b = b.set_override("redis.url", url.as_str())?;
+    }
     if let Some(addr) = cli.grpc_listen {
         b = b.set_override("server.grpc_listen", addr.to_string())?;
     }
@@ -343,10 +399,13 @@ mod tests {
             ("SLUICE_MEMORY__MAX_KEYS", "7"),
             ("SLUICE_RULES__PATHS", "a.yaml,b"),
             ("SLUICE_LIMITER__BACKEND", "redis"),
+            ("SLUICE_REDIS__ON_ERROR", "local"),
+            ("SLUICE_REDIS__URL", "redis://env:1"),
             ("OTHER", "ignored"),
         ]);
         let cli = Overrides {
             backend: Some(Backend::Memory),
+            redis_url: Some("redis://cli:2".to_owned()),
             ..Overrides::default()
         };
         let s = Settings::load(Some(&file), env, &cli).unwrap();
@@ -358,6 +417,8 @@ mod tests {
             vec![PathBuf::from("a.yaml"), PathBuf::from("b")]
         );
         assert_eq!(s.limiter.backend, Backend::Memory);
+        assert_eq!(s.redis.on_error, OnError::Local);
+        assert_eq!(s.redis.url, "redis://cli:2");
     }
 
     #[test]

@@ -9,11 +9,13 @@ pub mod clock;
 pub mod funnel;
 pub mod memory;
 pub mod plan;
+pub mod redis;
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+pub use self::redis::RedisLimiter;
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use memory::MemoryLimiter;
 

@@ -1,0 +1,290 @@
+//! Where Redis is and how to reach it: URL forms, and connections that are made lazily (so
+//! sluice starts while Redis is down) and remade after failures.
+//!
+//! | URL | deployment |
+//! |---|---|
+//! | `redis://[user:password@]host:port[/db]` | one server (`rediss://` for TLS) |
+//! | `redis+sentinel://[user:password@]s1:port,s2:port/master_name` | Sentinel: the sentinels' addresses and the master's name; the credentials are the master's (`rediss+sentinel://` for TLS to both) |
+//! | `redis+cluster://[user:password@]n1:port,n2:port` | Cluster: seed nodes (`rediss+cluster://` for TLS) |
+//!
+//! One server uses a multiplexed [`ConnectionManager`], which reconnects by itself. Sentinel
+//! keeps one multiplexed connection to the master it last resolved, and asks the sentinels
+//! again after an error (a failover shows up as a lost connection or a `READONLY` reply).
+//! Cluster keeps one cluster connection, which follows slot moves and node changes itself.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::{AsyncConnectionConfig, ConnectionAddr, RedisError, RedisResult, TlsMode};
+
+/// Time limits of connections.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    pub connect: Duration,
+    pub response: Duration,
+}
+
+/// A connection ready for one call (cheap to clone: all of them are multiplexed handles).
+#[derive(Clone)]
+pub enum Conn {
+    Single(ConnectionManager),
+    Sentinel(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+/// Makes and keeps the connection to a Redis deployment.
+pub struct Connector {
+    kind: Kind,
+    /// The connection to reuse.
+    cached: ArcSwapOption<Conn>,
+    /// Held while (re)connecting, so that one task connects and the others wait for it.
+    connecting: tokio::sync::Mutex<()>,
+    timeouts: Timeouts,
+}
+
+enum Kind {
+    Single(redis::Client, ConnectionManagerConfig),
+    Sentinel(tokio::sync::Mutex<SentinelClient>),
+    Cluster(ClusterClient),
+}
+
+impl Connector {
+    /// Parses `url` and prepares the connection; no I/O happens until the first call.
+    pub fn new(url: &str, timeouts: Timeouts) -> RedisResult<Connector> {
+        let kind = if let Some(rest) = url.strip_prefix("redis+sentinel://") {
+            sentinel(rest, false)?
+        } else if let Some(rest) = url.strip_prefix("rediss+sentinel://") {
+            sentinel(rest, true)?
+        } else if let Some(rest) = url.strip_prefix("redis+cluster://") {
+            cluster(rest, false, timeouts)?
+        } else if let Some(rest) = url.strip_prefix("rediss+cluster://") {
+            cluster(rest, true, timeouts)?
+        } else {
+            single(url, timeouts)?
+        };
+        Ok(Connector {
+            kind,
+            cached: ArcSwapOption::empty(),
+            connecting: tokio::sync::Mutex::new(()),
+            timeouts,
+        })
+    }
+
+    /// Whether this is a Redis Cluster (whose calls must keep to one slot each).
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.kind, Kind::Cluster(_))
+    }
+
+    /// A connection: the cached one, or a new one.
+    pub async fn get(&self) -> RedisResult<Conn> {
+        if let Some(conn) = self.cached.load_full() {
+            return Ok((*conn).clone());
+        }
+        let _guard = self.connecting.lock().await;
+        if let Some(conn) = self.cached.load_full() {
+            return Ok((*conn).clone());
+        }
+        let conn = match &self.kind {
+            // Lazy: this makes no connection yet, but needs the runtime (so not in `new`).
+            Kind::Single(client, config) => Conn::Single(ConnectionManager::new_lazy_with_config(
+                client.clone(),
+                config.clone(),
+            )?),
+            Kind::Sentinel(client) => {
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(self.timeouts.connect))
+                    .set_response_timeout(Some(self.timeouts.response));
+                let mut client = client.lock().await;
+                Conn::Sentinel(client.get_async_connection_with_config(&config).await?)
+            }
+            Kind::Cluster(client) => Conn::Cluster(client.get_async_connection().await?),
+        };
+        self.cached.store(Some(Arc::new(conn.clone())));
+        Ok(conn)
+    }
+
+    /// Tells the connector that a call took too long: a Sentinel connection is dropped (a
+    /// master that hangs is as lost as one that is gone).
+    pub fn timed_out(&self) {
+        if matches!(self.kind, Kind::Sentinel(_)) {
+            self.cached.store(None);
+        }
+    }
+
+    /// Tells the connector that a call failed with `err`: a Sentinel connection is dropped
+    /// (the next call asks the sentinels where the master is now).
+    pub fn failed(&self, err: &RedisError) {
+        let lost = err.is_io_error()
+            || err.is_timeout()
+            || err.is_connection_dropped()
+            || err.is_unrecoverable_error()
+            || err.code() == Some("READONLY")
+            || err.code() == Some("MASTERDOWN");
+        if lost && matches!(self.kind, Kind::Sentinel(_)) {
+            self.cached.store(None);
+        }
+    }
+}
+
+fn single(url: &str, t: Timeouts) -> RedisResult<Kind> {
+    let client = redis::Client::open(url)?;
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(t.connect))
+        .set_response_timeout(Some(t.response))
+        .set_number_of_retries(1)
+        .set_min_delay(Duration::from_millis(20))
+        .set_max_delay(Duration::from_millis(200));
+    Ok(Kind::Single(client, config))
+}
+
+/// `[user:password@]host:port,host:port[/rest]`, split.
+struct Hosts<'a> {
+    user: Option<&'a str>,
+    password: Option<&'a str>,
+    hosts: Vec<(String, u16)>,
+    path: &'a str,
+}
+
+fn hosts(rest: &str) -> RedisResult<Hosts<'_>> {
+    let invalid = |what: String| {
+        RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "invalid Redis URL",
+            what,
+        ))
+    };
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let (userinfo, list) = match authority.rsplit_once('@') {
+        Some((u, l)) => (Some(u), l),
+        None => (None, authority),
+    };
+    let (user, password) = match userinfo.map(|u| u.split_once(':').unwrap_or(("", u))) {
+        Some((u, p)) => ((!u.is_empty()).then_some(u), (!p.is_empty()).then_some(p)),
+        None => (None, None),
+    };
+    let hosts = list
+        .split(',')
+        .map(|h| {
+            let (host, port) = h
+                .rsplit_once(':')
+                .ok_or_else(|| invalid(format!("{h}: no port")))?;
+            let port = port
+                .parse()
+                .map_err(|_| invalid(format!("{h}: bad port")))?;
+            Ok((host.to_owned(), port))
+        })
+        .collect::<RedisResult<Vec<_>>>()?;
+    Ok(Hosts {
+        user,
+        password,
+        hosts,
+        path,
+    })
+}
+
+fn sentinel(rest: &str, tls: bool) -> RedisResult<Kind> {
+    let h = hosts(rest)?;
+    let master = h.path.trim_matches('/');
+    if master.is_empty() {
+        return Err(RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "a Sentinel URL needs the master name: redis+sentinel://host:port,.../master_name",
+        )));
+    }
+    let addrs = h.hosts.into_iter().map(|(host, port)| {
+        if tls {
+            ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: false,
+                tls_params: None,
+            }
+        } else {
+            ConnectionAddr::Tcp(host, port)
+        }
+    });
+    let mut b = SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)?;
+    if let Some(user) = h.user {
+        b = b.set_client_to_redis_username(user);
+    }
+    if let Some(password) = h.password {
+        b = b.set_client_to_redis_password(password);
+    }
+    if tls {
+        b = b
+            .set_client_to_redis_tls_mode(TlsMode::Secure)
+            .set_client_to_sentinel_tls_mode(TlsMode::Secure);
+    }
+    Ok(Kind::Sentinel(tokio::sync::Mutex::new(b.build()?)))
+}
+
+fn cluster(rest: &str, tls: bool, t: Timeouts) -> RedisResult<Kind> {
+    let h = hosts(rest)?;
+    let scheme = if tls { "rediss" } else { "redis" };
+    let nodes: Vec<String> = h
+        .hosts
+        .iter()
+        .map(|(host, port)| format!("{scheme}://{host}:{port}"))
+        .collect();
+    let mut b = ClusterClient::builder(nodes)
+        .connection_timeout(t.connect)
+        .response_timeout(t.response)
+        .retries(1);
+    if let Some(user) = h.user {
+        b = b.username(user);
+    }
+    if let Some(password) = h.password {
+        b = b.password(password);
+    }
+    if tls {
+        b = b.tls(TlsMode::Secure);
+    }
+    Ok(Kind::Cluster(b.build()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_lists_with_credentials() {
+        let h = hosts("u:p@a:1,b:2/mymaster").unwrap();
+        assert_eq!(
+            (h.user, h.password, h.path),
+            (Some("u"), Some("p"), "mymaster")
+        );
+        assert_eq!(h.hosts, [("a".to_owned(), 1), ("b".to_owned(), 2)]);
+        let h = hosts(":secret@a:1").unwrap();
+        assert_eq!((h.user, h.password), (None, Some("secret")));
+        assert!(hosts("a").is_err());
+        assert!(hosts("a:x").is_err());
+    }
+
+    #[tokio::test]
+    async fn urls_of_every_form_parse_without_io() {
+        let t = Timeouts {
+            connect: Duration::from_millis(10),
+            response: Duration::from_millis(10),
+        };
+        for url in [
+            "redis://127.0.0.1:1",
+            "rediss://user:pw@127.0.0.1:1/2",
+            "redis+sentinel://127.0.0.1:1,127.0.0.1:2/m",
+            "redis+cluster://127.0.0.1:1,127.0.0.1:2",
+        ] {
+            assert!(Connector::new(url, t).is_ok(), "{url}");
+        }
+        assert!(Connector::new("redis+sentinel://127.0.0.1:1", t).is_err());
+        assert!(Connector::new("http://x", t).is_err());
+        assert!(
+            Connector::new("redis+cluster://127.0.0.1:1", t)
+                .unwrap()
+                .is_cluster()
+        );
+    }
+}

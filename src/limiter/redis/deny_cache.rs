@@ -1,0 +1,236 @@
+//! The exact local deny cache: a hit that Redis denied is remembered until its retry time, so a
+//! request made only of such hits is answered without a round trip.
+//!
+//! Why it is exact: a funnel denial of cost `c` lasts until `tat + c*T - tau`; other replicas'
+//! traffic only moves `tat` later, so the same limit keeps denying the same cost at least
+//! until then (the reported retry time is then a lower bound, as it is from Redis itself). The retry time is counted from when the request was *sent* (before Redis read
+//! its clock), so the cached denial never outlasts the real one. Entries are per state key and
+//! limit parameters (a rule and a client override may share a key with different quotas).
+//!
+//! Not cached: check-only hits (cost 0), refunds, and `charge: always` limits (a denied request
+//! must still charge those, so it must reach Redis). Exception: a refund made through another
+//! replica is seen here only after the cached retry time.
+//!
+//! Bounded: at most `capacity` entries; a full cache first drops expired entries, then refuses
+//! new ones (the oldest denials expire first anyway).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+use crate::config::model::Charge;
+use crate::limiter::{Batch, BatchOutcome, Hit, HitOutcome, plan};
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Id {
+    key: Arc<[u8]>,
+    quota: u32,
+    period: u64,
+    burst: u32,
+    borrow: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Denial {
+    until: Instant,
+    cost: u64,
+}
+
+/// Denied hits, until their retry time.
+#[derive(Debug)]
+pub struct DenyCache {
+    capacity: usize,
+    map: Mutex<HashMap<Id, Denial, ahash::RandomState>>,
+}
+
+fn id(hit: &Hit) -> Id {
+    Id {
+        key: hit.key.clone(),
+        quota: hit.limit.quota,
+        period: hit.limit.period_nanos,
+        burst: hit.limit.burst,
+        borrow: hit.limit.borrow,
+    }
+}
+
+fn cacheable(hit: &Hit) -> bool {
+    hit.cost > 0 && !hit.refund && hit.limit.charge != Charge::Always
+}
+
+impl DenyCache {
+    /// A cache of at most `capacity` denials (0 disables it).
+    pub fn new(capacity: usize) -> DenyCache {
+        DenyCache {
+            capacity,
+            map: Mutex::new(HashMap::default()),
+        }
+    }
+
+    /// The answer to `batch` when every one of its hits is a cached denial, else `None`.
+    pub fn answer(&self, batch: &Batch) -> Option<BatchOutcome> {
+        if self.capacity == 0 || batch.hits.is_empty() {
+            return None;
+        }
+        let now = Instant::now();
+        let map = self.map.lock();
+        let hits = batch
+            .hits
+            .iter()
+            .map(|hit| {
+                let d = map.get(&id(hit)).filter(|_| cacheable(hit))?;
+                (d.until > now && hit.cost == d.cost).then(|| HitOutcome {
+                    admitted: false,
+                    remaining: 0,
+                    reset_nanos: nanos(d.until - now),
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        let admitted = plan::plan(&batch.hits, &vec![false; hits.len()]).admitted;
+        Some(BatchOutcome { hits, admitted })
+    }
+
+    /// Remembers the denials of an outcome Redis gave for a batch sent at `sent`.
+    pub fn learn(&self, batch: &Batch, outcome: &BatchOutcome, sent: Instant) {
+        if self.capacity == 0 {
+            return;
+        }
+        let denied = batch
+            .hits
+            .iter()
+            .zip(&outcome.hits)
+            .filter(|(hit, o)| !o.admitted && cacheable(hit));
+        let mut map = None;
+        for (hit, o) in denied {
+            let map = map.get_or_insert_with(|| self.map.lock());
+            let denial = Denial {
+                until: sent + Duration::from_nanos(o.reset_nanos),
+                cost: hit.cost,
+            };
+            if map.len() >= self.capacity {
+                let now = Instant::now();
+                map.retain(|_, d| d.until > now);
+            }
+            if map.len() < self.capacity {
+                map.insert(id(hit), denial);
+            }
+        }
+    }
+
+    /// Drops expired entries; returns how many went.
+    pub fn sweep(&self) -> usize {
+        let now = Instant::now();
+        let mut map = self.map.lock();
+        let before = map.len();
+        map.retain(|_, d| d.until > now);
+        before - map.len()
+    }
+
+    /// Entries held (expired ones included until they are dropped).
+    pub fn len(&self) -> usize {
+        self.map.lock().len()
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::model::Algorithm;
+    use crate::limiter::{LimitParams, Role};
+
+    fn hit(key: &str, cost: u64) -> Hit {
+        Hit {
+            key: key.as_bytes().into(),
+            limit: LimitParams {
+                algorithm: Algorithm::Funnel,
+                quota: 1,
+                period_nanos: 1_000_000_000,
+                burst: 1,
+                charge: Charge::Admitted,
+                borrow: false,
+            },
+            cost,
+            refund: false,
+            group: 0,
+            role: Role::Enforced,
+        }
+    }
+
+    fn denied(reset: u64) -> HitOutcome {
+        HitOutcome {
+            admitted: false,
+            remaining: 0,
+            reset_nanos: reset,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn answers_only_whole_batches_of_live_denials_of_no_smaller_cost() {
+        let cache = DenyCache::new(10);
+        let batch = Batch {
+            hits: vec![hit("a", 2)],
+        };
+        let out = BatchOutcome {
+            hits: vec![denied(1_000_000)],
+            admitted: false,
+        };
+        cache.learn(&batch, &out, Instant::now());
+        let answer = cache.answer(&batch).unwrap();
+        assert!(!answer.admitted);
+        assert_eq!(answer.hits[0].reset_nanos, 1_000_000);
+        assert!(
+            cache
+                .answer(&Batch {
+                    hits: vec![hit("a", 1)]
+                })
+                .is_none(),
+            "another cost"
+        );
+        assert!(
+            cache
+                .answer(&Batch {
+                    hits: vec![hit("a", 0)]
+                })
+                .is_none(),
+            "check only"
+        );
+        assert!(
+            cache
+                .answer(&Batch {
+                    hits: vec![hit("a", 3), hit("b", 1)]
+                })
+                .is_none()
+        );
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(cache.answer(&batch).is_none(), "expired");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bounded_and_skips_charge_always() {
+        let cache = DenyCache::new(1);
+        let mut always = hit("x", 1);
+        always.limit.charge = Charge::Always;
+        let batch = Batch {
+            hits: vec![always, hit("a", 1), hit("b", 1)],
+        };
+        let out = BatchOutcome {
+            hits: vec![denied(5); 3],
+            admitted: false,
+        };
+        cache.learn(&batch, &out, Instant::now());
+        assert_eq!(cache.len(), 1);
+        assert!(
+            cache
+                .answer(&Batch {
+                    hits: vec![hit("a", 1)]
+                })
+                .is_some()
+        );
+    }
+}

@@ -1,0 +1,261 @@
+//! The Redis backend: every replica shares one state, decided by one atomic Lua call per
+//! request (see `funnel.lua` for the script and its KEYS/ARGV contract, docs/redis.md for the
+//! operator's view).
+//!
+//! # Layout
+//!
+//! | module | owns |
+//! |---|---|
+//! | `script` | encoding a batch for `funnel.lua`, EVALSHA (EVAL on NOSCRIPT), decoding |
+//! | `connection` | URL forms (one server, Sentinel, Cluster) and lazy, self-healing connections |
+//! | `cluster` | splitting a request by Cluster slot, planning it whole, refunding |
+//! | `breaker` | the circuit breaker that stops waiting on a dead Redis |
+//! | `deny_cache` | the exact local deny cache |
+//!
+//! # One request
+//!
+//! 1. If every hit is a cached denial, answer from the deny cache (no round trip).
+//! 2. If the breaker is open, answer from `on_error` at once.
+//! 3. Otherwise one script call (per slot group in a Cluster), bounded by `timeout_ms`
+//!    (waiting for a connection included). Time is Redis `TIME`, in microseconds.
+//! 4. On failure (time-out, connection lost, error reply), count it in the breaker and answer
+//!    from `on_error`: `error` (a transient [`LimiterError`], which the gRPC layer maps to
+//!    `UNAVAILABLE`), `allow`, `deny`, or `local` (an in-process [`MemoryLimiter`]).
+
+mod breaker;
+mod cluster;
+pub mod connection;
+mod deny_cache;
+pub mod script;
+
+use std::time::Duration;
+
+use redis::RedisError;
+use tokio::time::Instant;
+
+use super::{
+    Batch, BatchOutcome, BoxFuture, HitOutcome, Limiter, LimiterError, MemoryLimiter, plan,
+};
+use crate::config::settings::{OnError, RedisSettings};
+use breaker::Breaker;
+use connection::{Conn, Connector, Timeouts};
+use deny_cache::DenyCache;
+use script::{Call, Micros, Mode};
+
+/// Limiter state in Redis, shared by every replica.
+pub struct RedisLimiter {
+    connector: Connector,
+    prefix: Vec<u8>,
+    timeout: Duration,
+    on_error: OnError,
+    breaker: Breaker,
+    deny: DenyCache,
+    local: Option<MemoryLimiter>,
+}
+
+impl RedisLimiter {
+    /// A limiter on the Redis of `settings`; no connection is made until the first request.
+    /// `local_max_keys` bounds the in-process fallback of `on_error = "local"`.
+    pub fn new(
+        settings: &RedisSettings,
+        local_max_keys: usize,
+    ) -> Result<RedisLimiter, LimiterError> {
+        if settings.prefix.contains('{') {
+            return Err(config_error(
+                "redis.prefix must not contain '{' (it would break the Cluster hash tag)",
+            ));
+        }
+        let timeouts = Timeouts {
+            connect: Duration::from_millis(settings.connect_timeout_ms.max(1)),
+            response: Duration::from_millis(settings.timeout_ms.max(1)),
+        };
+        let connector =
+            Connector::new(&settings.url, timeouts).map_err(|e| config_error(&e.to_string()))?;
+        Ok(RedisLimiter {
+            connector,
+            prefix: settings.prefix.as_bytes().to_vec(),
+            timeout: timeouts.response,
+            on_error: settings.on_error,
+            breaker: Breaker::new(
+                settings.breaker_failures,
+                Duration::from_millis(settings.breaker_cooldown_ms),
+            ),
+            deny: DenyCache::new(settings.deny_cache_size),
+            local: (settings.on_error == OnError::Local)
+                .then(|| MemoryLimiter::new(local_max_keys)),
+        })
+    }
+
+    /// Runs the script once for `batch`, whose periods are already in microseconds, at
+    /// `now_micros` instead of Redis `TIME` when given; the outcome's resets stay in
+    /// microseconds. No deny cache, breaker, time-out or fallback: this is the script itself,
+    /// for tests (the differential test drives it on a controlled clock).
+    pub async fn check_micros(
+        &self,
+        batch: &Batch,
+        now_micros: Option<u64>,
+    ) -> Result<BatchOutcome, LimiterError> {
+        let call = script::encode(&batch.hits, &self.prefix, Mode::Request, now_micros);
+        self.call(&call, batch.hits.len())
+            .await
+            .map_err(limiter_error)
+    }
+
+    /// Drops expired deny-cache entries and drained local-fallback states.
+    pub fn sweep(&self) -> usize {
+        self.deny.sweep() + self.local.as_ref().map_or(0, MemoryLimiter::sweep)
+    }
+
+    /// Entries held in process: deny cache and local fallback.
+    pub fn held(&self) -> usize {
+        self.deny.len() + self.local.as_ref().map_or(0, MemoryLimiter::len)
+    }
+
+    async fn decide(&self, batch: &Batch) -> Result<BatchOutcome, LimiterError> {
+        if let Some(outcome) = self.deny.answer(batch) {
+            return Ok(outcome);
+        }
+        if !self.breaker.allow() {
+            return self
+                .fallback(
+                    batch,
+                    unavailable("circuit breaker open after repeated failures"),
+                )
+                .await;
+        }
+        let sent = Instant::now();
+        let result = match tokio::time::timeout(self.timeout, self.remote(batch)).await {
+            Ok(result) => result,
+            Err(_) => {
+                self.connector.timed_out();
+                Err(unavailable(&format!("no answer within {:?}", self.timeout)))
+            }
+        };
+        match result {
+            Ok(outcome) => {
+                self.breaker.record(true);
+                self.deny.learn(batch, &outcome, sent);
+                Ok(outcome)
+            }
+            Err(e) => {
+                if e.transient {
+                    self.breaker.record(false);
+                }
+                self.fallback(batch, e).await
+            }
+        }
+    }
+
+    /// The decision from Redis, times in nanoseconds.
+    async fn remote(&self, batch: &Batch) -> Result<BatchOutcome, LimiterError> {
+        let micros = Micros::batch(batch);
+        let outcome = if self.connector.is_cluster() {
+            cluster::check(self, &micros).await
+        } else {
+            let call = script::encode(&micros.hits, &self.prefix, Mode::Request, None);
+            self.call(&call, micros.hits.len()).await
+        };
+        outcome.map(Micros::outcome).map_err(limiter_error)
+    }
+
+    /// One script call on the current connection.
+    async fn call(&self, call: &Call, hits: usize) -> Result<BatchOutcome, RedisError> {
+        let reply = match self.connector.get().await {
+            Ok(Conn::Single(mut c)) => script::invoke(&mut c, call).await,
+            Ok(Conn::Sentinel(mut c)) => script::invoke(&mut c, call).await,
+            Ok(Conn::Cluster(mut c)) => script::invoke(&mut c, call).await,
+            Err(e) => Err(e),
+        };
+        let reply = reply.inspect_err(|e| self.connector.failed(e))?;
+        script::decode(reply, hits)
+    }
+
+    async fn fallback(
+        &self,
+        batch: &Batch,
+        err: LimiterError,
+    ) -> Result<BatchOutcome, LimiterError> {
+        tracing::debug!(error = %err, on_error = ?self.on_error, "redis backend failed");
+        match (self.on_error, &self.local) {
+            (OnError::Allow, _) => Ok(uniform(batch, true)),
+            (OnError::Deny, _) => Ok(uniform(batch, false)),
+            (OnError::Local, Some(local)) => local.check(batch).await,
+            _ => Err(err),
+        }
+    }
+
+    /// The prefix in front of every key.
+    fn prefix(&self) -> &[u8] {
+        &self.prefix
+    }
+}
+
+/// Every hit admitted (with nothing known about what is left), or every hit denied (retry in
+/// one second).
+fn uniform(batch: &Batch, admitted: bool) -> BatchOutcome {
+    let hit = HitOutcome {
+        admitted,
+        remaining: 0,
+        reset_nanos: if admitted { 0 } else { 1_000_000_000 },
+    };
+    let verdicts = vec![admitted; batch.hits.len()];
+    BatchOutcome {
+        hits: vec![hit; batch.hits.len()],
+        admitted: plan::plan(&batch.hits, &verdicts).admitted,
+    }
+}
+
+fn config_error(message: &str) -> LimiterError {
+    LimiterError {
+        kind: "redis",
+        message: message.to_owned(),
+        transient: false,
+    }
+}
+
+fn unavailable(message: &str) -> LimiterError {
+    LimiterError {
+        kind: "redis",
+        message: message.to_owned(),
+        transient: true,
+    }
+}
+
+/// Classifies a Redis error: transient when retrying later may work.
+fn limiter_error(e: RedisError) -> LimiterError {
+    let transient = e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_cluster_error()
+        || e.is_unrecoverable_error()
+        || matches!(
+            e.code(),
+            Some("READONLY" | "MASTERDOWN" | "LOADING" | "BUSY" | "TRYAGAIN" | "CLUSTERDOWN")
+        );
+    LimiterError {
+        kind: "redis",
+        message: e.to_string(),
+        transient,
+    }
+}
+
+impl Limiter for RedisLimiter {
+    fn check<'a>(&'a self, batch: &'a Batch) -> BoxFuture<'a, Result<BatchOutcome, LimiterError>> {
+        Box::pin(self.decide(batch))
+    }
+
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+}
+
+impl std::fmt::Debug for RedisLimiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisLimiter")
+            .field("prefix", &String::from_utf8_lossy(&self.prefix))
+            .field("on_error", &self.on_error)
+            .field("breaker_open", &self.breaker.is_open())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,150 @@
+//! Redis Cluster: three masters built with `redis-cli --cluster create`. A request whose
+//! descriptors live in different slots stays all or nothing (admitted groups are given back
+//! when another denies), and three `sluice` processes on the cluster stay within the limit.
+
+mod common;
+#[path = "support/load.rs"]
+mod load;
+#[path = "support/redis.rs"]
+mod redis_support;
+#[path = "support/sluice_process.rs"]
+mod sluice_process;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use redis::cluster_routing::Slot;
+use redis_support::RedisCluster;
+use sluice::config::settings::{RedisSettings, Settings};
+use sluice::limiter::RedisLimiter;
+use sluice_process::SluiceProcess;
+
+const RULES: &str = "
+domain: c
+descriptors:
+  - key: one
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: wide
+    rate_limit: {unit: minute, requests_per_unit: 1000}
+  - key: hot
+    rate_limit: {unit: second, requests_per_unit: 20, burst: 10}
+";
+
+fn slot(key: &str, value: &str, period: u32) -> Slot {
+    Slot::for_key(format!("sluice:{{c|{key}={value}}}:funnel:{period}"))
+}
+
+/// A value of `wide` whose key is in another slot than `one=a`'s.
+fn other_slot_value() -> String {
+    let taken = slot("one", "a", 60);
+    (0..)
+        .map(|i| format!("w{i}"))
+        .find(|v| slot("wide", v, 60) != taken)
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_across_slots_is_all_or_nothing() {
+    let cluster = RedisCluster::start();
+    let settings = RedisSettings {
+        url: cluster.url(),
+        ..RedisSettings::default()
+    };
+    let limiter = RedisLimiter::new(&settings, 100).expect("valid settings");
+    let server = TestServer::start_over(Settings::default(), RULES, Arc::new(limiter)).await;
+    let mut c = client(&server).await;
+    let wide = other_slot_value();
+    let both = || req("c", vec![desc(&[("one", "a")]), desc(&[("wide", &wide)])]);
+
+    let r = call(&mut c, both()).await;
+    assert_eq!(overall(&r), Code::Ok);
+    assert_eq!(r.statuses[1].limit_remaining, 999);
+    let r = call(&mut c, both()).await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    assert_eq!(code(&r.statuses[0]), Code::OverLimit);
+    assert_eq!(code(&r.statuses[1]), Code::Ok);
+    assert_eq!(
+        r.statuses[1].limit_remaining, 999,
+        "given back: still 999 left"
+    );
+    let r = call(&mut c, req("c", vec![desc(&[("wide", &wide)])])).await;
+    assert_eq!(
+        r.statuses[1 - 1].limit_remaining,
+        998,
+        "only the admitted request consumed"
+    );
+    assert!(
+        cluster
+            .nodes
+            .iter()
+            .filter(|n| n.calls("evalsha") + n.calls("eval") > 0)
+            .count()
+            >= 2
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_descriptor_is_one_call_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let settings = RedisSettings {
+        url: cluster.url(),
+        ..RedisSettings::default()
+    };
+    let limiter = RedisLimiter::new(&settings, 100).expect("valid settings");
+    let server = TestServer::start_over(Settings::default(), RULES, Arc::new(limiter)).await;
+    let mut c = client(&server).await;
+    // Warm up: every node loads the script once (NOSCRIPT, then EVAL).
+    for i in 0..30 {
+        call(
+            &mut c,
+            req("c", vec![desc(&[("wide", &format!("warm{i}"))])]),
+        )
+        .await;
+    }
+    for n in &cluster.nodes {
+        assert_eq!(n.calls("eval"), 1, "each node loaded the script once");
+        n.reset_stats();
+    }
+    for i in 0..10 {
+        call(&mut c, req("c", vec![desc(&[("wide", &format!("v{i}"))])])).await;
+    }
+    let evalsha: u64 = cluster.nodes.iter().map(|n| n.calls("evalsha")).sum();
+    let eval: u64 = cluster.nodes.iter().map(|n| n.calls("eval")).sum();
+    assert_eq!(
+        evalsha + eval,
+        10,
+        "one script call per request (eval loads it on a new node)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_sluice_processes_on_a_cluster_admit_no_more_than_the_limit() {
+    let cluster = RedisCluster::start();
+    let rules = tempfile::NamedTempFile::new().expect("a rules file");
+    std::fs::write(rules.path(), RULES).expect("write rules");
+    let replicas: Vec<SluiceProcess> = (0..3)
+        .map(|_| {
+            SluiceProcess::start(
+                env!("CARGO_BIN_EXE_sluice"),
+                rules.path(),
+                &cluster.url(),
+                &[],
+            )
+        })
+        .collect();
+    let urls: Vec<String> = replicas.iter().map(SluiceProcess::url).collect();
+    // Each request also carries a per-client descriptor, in various slots: the hot limit's
+    // denials make the cluster give those back.
+    let tally = load::hammer(&urls, 8, Duration::from_secs(4), |i| {
+        req(
+            "c",
+            vec![
+                desc(&[("hot", "one")]),
+                desc(&[("wide", &format!("client{i}"))]),
+            ],
+        )
+    })
+    .await;
+    load::assert_exact(tally, 20.0, 10.0);
+}

@@ -1,0 +1,312 @@
+//! Redis failures under load: a real `redis-server` is killed while clients keep calling, then
+//! restarted on the same port. With `on_error = "error"` every answer is `UNAVAILABLE` within
+//! the time-out; with `"local"` answers keep coming; after the restart decisions come from
+//! Redis again within 2 s, without restarting sluice. Also: sluice starts with Redis down.
+
+mod common;
+#[path = "support/redis.rs"]
+mod redis_support;
+#[path = "support/sluice_process.rs"]
+mod sluice_process;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use parking_lot::Mutex;
+use redis_support::{RedisServer, free_port};
+use sluice::config::settings::{OnError, RedisSettings, Settings};
+use sluice::limiter::RedisLimiter;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+const RULES: &str = "
+domain: f
+descriptors:
+  - key: k
+    rate_limit: {unit: second, requests_per_unit: 1000000}
+";
+
+const TIMEOUT: Duration = Duration::from_millis(100);
+/// What a loaded 2-core machine may add to the time-out (gRPC on loopback, scheduling).
+const SLACK: Duration = Duration::from_millis(150);
+const CLIENTS: usize = 8;
+
+#[derive(Debug, Clone, PartialEq)]
+enum Answer {
+    Ok,
+    OverLimit,
+    Unavailable,
+    Other(String),
+}
+
+#[derive(Debug, Clone)]
+struct Event {
+    start: Instant,
+    took: Duration,
+    answer: Answer,
+}
+
+fn settings(url: String, on_error: OnError) -> RedisSettings {
+    RedisSettings {
+        url,
+        on_error,
+        timeout_ms: TIMEOUT.as_millis() as u64,
+        connect_timeout_ms: 200,
+        breaker_failures: 3,
+        breaker_cooldown_ms: 200,
+        ..RedisSettings::default()
+    }
+}
+
+async fn serve(settings: RedisSettings) -> TestServer {
+    let limiter = RedisLimiter::new(&settings, 10_000).expect("valid redis settings");
+    TestServer::start_over(Settings::default(), RULES, Arc::new(limiter)).await
+}
+
+/// Clients calling in a loop until stopped; every answer is recorded.
+struct Load {
+    events: Arc<Mutex<Vec<Event>>>,
+    stop: CancellationToken,
+    tasks: tokio::task::JoinSet<()>,
+}
+
+impl Load {
+    async fn start(server: &TestServer) -> Load {
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let stop = CancellationToken::new();
+        let mut tasks = tokio::task::JoinSet::new();
+        for n in 0..CLIENTS {
+            let mut c = client(server).await;
+            let (events, stop) = (events.clone(), stop.clone());
+            tasks.spawn(async move {
+                let value = format!("client{n}");
+                while !stop.is_cancelled() {
+                    let start = Instant::now();
+                    let r = c
+                        .should_rate_limit(req("f", vec![desc(&[("k", &value)])]))
+                        .await;
+                    let answer = match r {
+                        Ok(r) if overall(r.get_ref()) == Code::Ok => Answer::Ok,
+                        Ok(_) => Answer::OverLimit,
+                        Err(s) if s.code() == tonic::Code::Unavailable => Answer::Unavailable,
+                        Err(s) => Answer::Other(s.to_string()),
+                    };
+                    events.lock().push(Event {
+                        start,
+                        took: start.elapsed(),
+                        answer,
+                    });
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            });
+        }
+        Load {
+            events,
+            stop,
+            tasks,
+        }
+    }
+
+    async fn finish(mut self) -> Vec<Event> {
+        self.stop.cancel();
+        while self.tasks.join_next().await.is_some() {}
+        self.events.lock().clone()
+    }
+}
+
+fn between(events: &[Event], from: Instant, to: Instant) -> Vec<&Event> {
+    events
+        .iter()
+        .filter(|e| e.start >= from && e.start < to)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_error_error_answers_unavailable_within_the_timeout_then_recovers() {
+    let mut redis = RedisServer::start();
+    let server = serve(settings(redis.url(), OnError::Error)).await;
+    let load = Load::start(&server).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let killing = Instant::now();
+    redis.kill();
+    let killed = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    redis.restart();
+    let restarted = Instant::now();
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let events = load.finish().await;
+
+    let before = between(
+        &events,
+        killing - Duration::from_millis(300),
+        killing - TIMEOUT,
+    );
+    assert!(!before.is_empty());
+    for e in &before {
+        assert_eq!(e.answer, Answer::Ok, "{e:?}");
+    }
+    let down = between(&events, killed, restarted);
+    assert!(down.len() > 20, "load kept calling: {}", down.len());
+    for e in &down {
+        assert_eq!(e.answer, Answer::Unavailable, "{e:?}");
+    }
+    let slowest = events.iter().map(|e| e.took).max().unwrap_or_default();
+    assert!(slowest <= TIMEOUT + SLACK, "an answer took {slowest:?}");
+    let back = first_ok_after(&events, restarted);
+    eprintln!(
+        "on_error=error: {} answers, slowest {slowest:?}, Redis again after {back:?}",
+        events.len()
+    );
+    assert!(
+        back <= Duration::from_secs(2),
+        "decisions from Redis again after {back:?}"
+    );
+    let settled = between(
+        &events,
+        restarted + back + Duration::from_millis(100),
+        Instant::now(),
+    );
+    assert!(
+        settled.iter().all(|e| e.answer == Answer::Ok),
+        "stays healthy"
+    );
+}
+
+fn first_ok_after(events: &[Event], t: Instant) -> Duration {
+    events
+        .iter()
+        .filter(|e| e.start >= t && e.answer == Answer::Ok)
+        .map(|e| e.start - t)
+        .min()
+        .unwrap_or(Duration::MAX)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_error_local_keeps_answering_and_returns_to_redis() {
+    let mut redis = RedisServer::start();
+    let server = serve(settings(redis.url(), OnError::Local)).await;
+    let load = Load::start(&server).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    redis.kill();
+    let killed = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    redis.restart();
+    let restarted = Instant::now();
+    let mut back = None;
+    while restarted.elapsed() < Duration::from_secs(3) {
+        if redis.calls("evalsha") + redis.calls("eval") > 0 {
+            back = Some(restarted.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let events = load.finish().await;
+
+    assert!(
+        events.iter().all(|e| e.answer == Answer::Ok),
+        "always answered"
+    );
+    assert!(between(&events, killed, restarted).len() > 20);
+    let slowest = events.iter().map(|e| e.took).max().unwrap_or_default();
+    assert!(slowest <= TIMEOUT + SLACK, "an answer took {slowest:?}");
+    let back = back.expect("Redis is called again");
+    eprintln!(
+        "on_error=local: {} answers, slowest {slowest:?}, Redis again after {back:?}",
+        events.len()
+    );
+    assert!(
+        back <= Duration::from_secs(2),
+        "back to Redis after {back:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sluice_starts_with_redis_down_and_uses_it_once_it_is_up() {
+    let port = free_port();
+    let server = serve(settings(
+        format!("redis://127.0.0.1:{port}"),
+        OnError::Error,
+    ))
+    .await;
+    let mut c = client(&server).await;
+    for _ in 0..5 {
+        let started = Instant::now();
+        let err = c
+            .should_rate_limit(req("f", vec![desc(&[("k", "v")])]))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unavailable);
+        assert!(started.elapsed() <= TIMEOUT + SLACK);
+    }
+    let _redis = RedisServer::start_on(port);
+    let up = Instant::now();
+    loop {
+        if c.should_rate_limit(req("f", vec![desc(&[("k", "v")])]))
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        assert!(
+            up.elapsed() < Duration::from_secs(2),
+            "still failing after 2 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn on_error_allow_and_deny_answer_when_redis_is_down() {
+    let url = format!("redis://127.0.0.1:{}", free_port());
+    for (on_error, expected) in [(OnError::Allow, Code::Ok), (OnError::Deny, Code::OverLimit)] {
+        let server = serve(settings(url.clone(), on_error)).await;
+        let mut c = client(&server).await;
+        for _ in 0..5 {
+            let started = Instant::now();
+            let r = call(&mut c, req("f", vec![desc(&[("k", "v")])])).await;
+            assert_eq!(overall(&r), expected, "{on_error:?}");
+            assert!(started.elapsed() <= TIMEOUT + SLACK);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_serves_with_redis_down_and_decides_once_it_is_up() {
+    let port = free_port();
+    let rules = tempfile::NamedTempFile::new().expect("a rules file");
+    std::fs::write(rules.path(), RULES).expect("write rules");
+    let url = format!("redis://127.0.0.1:{port}");
+    let sluice =
+        sluice_process::SluiceProcess::start(env!("CARGO_BIN_EXE_sluice"), rules.path(), &url, &[]);
+    let mut c = RateLimitServiceClient::connect(sluice.url())
+        .await
+        .expect("connect");
+    let ask = || req("f", vec![desc(&[("k", "v")])]);
+    let err = c.should_rate_limit(ask()).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+    let _redis = RedisServer::start_on(port);
+    let up = Instant::now();
+    while c.should_rate_limit(ask()).await.is_err() {
+        assert!(
+            up.elapsed() < Duration::from_secs(2),
+            "still failing after 2 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[test]
+fn the_app_builds_a_redis_backend_without_connecting() {
+    let mut settings = Settings::default();
+    settings.limiter.backend = sluice::config::settings::Backend::Redis;
+    settings.redis.url = format!("redis://127.0.0.1:{}", free_port());
+    let model = sluice::config::rules::from_sources(&[("r.yaml".into(), RULES.to_owned())])
+        .expect("valid rules");
+    let app = sluice::app::App::build(&settings, sluice::rules::RuleSet::compile(model));
+    assert!(app.is_ok());
+    settings.redis.prefix = "bad{".to_owned();
+    let model = sluice::config::rules::from_sources(&[("r.yaml".into(), RULES.to_owned())])
+        .expect("valid rules");
+    assert!(sluice::app::App::build(&settings, sluice::rules::RuleSet::compile(model)).is_err());
+}

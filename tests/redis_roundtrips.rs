@@ -1,0 +1,126 @@
+//! Round trips to Redis, counted by Redis itself (`INFO commandstats`): one script call per
+//! request whatever its number of descriptors, and none for a key in the deny cache.
+
+mod common;
+#[path = "support/redis.rs"]
+mod redis_support;
+
+use std::sync::Arc;
+
+use common::*;
+use redis_support::RedisServer;
+use sluice::config::settings::{RedisSettings, Settings};
+use sluice::limiter::RedisLimiter;
+
+const RULES: &str = "
+domain: rt
+descriptors:
+  - key: wide
+    rate_limit: {unit: minute, requests_per_unit: 1000}
+  - key: one
+    rate_limit: {unit: minute, requests_per_unit: 1}
+";
+
+async fn serve(settings: RedisSettings) -> (TestServer, Client) {
+    let limiter = RedisLimiter::new(&settings, 1_000).expect("valid redis settings");
+    let server = TestServer::start_over(Settings::default(), RULES, Arc::new(limiter)).await;
+    let c = client(&server).await;
+    (server, c)
+}
+
+/// Commands that only the script runs (commandstats counts them too).
+const INSIDE_THE_SCRIPT: [&str; 4] = ["time", "get", "set", "del"];
+
+/// Every command a client sent to Redis, except the test's own `INFO` and `CONFIG`.
+fn limiter_calls(redis: &RedisServer) -> Vec<(String, u64)> {
+    let mut calls: Vec<(String, u64)> = redis
+        .command_calls()
+        .into_iter()
+        .filter(|(name, _)| name != "info" && !name.starts_with("config"))
+        .filter(|(name, _)| !INSIDE_THE_SCRIPT.contains(&name.as_str()))
+        .collect();
+    calls.sort();
+    calls
+}
+
+fn descriptors(n: usize, round: usize) -> Vec<RateLimitDescriptor> {
+    (0..n)
+        .map(|i| desc(&[("wide", &format!("r{round}-d{i}"))]))
+        .collect()
+}
+
+#[tokio::test]
+async fn one_script_call_per_request_for_1_and_for_10_descriptors() {
+    let redis = RedisServer::start();
+    let (_server, mut c) = serve(redis.settings()).await;
+    // Warm up: the first call loads the script (NOSCRIPT, then EVAL).
+    call(&mut c, req("rt", descriptors(1, 0))).await;
+    for n in [1, 10] {
+        redis.reset_stats();
+        for round in 1..=20 {
+            let r = call(&mut c, req("rt", descriptors(n, round))).await;
+            assert_eq!(overall(&r), Code::Ok);
+            assert_eq!(r.statuses.len(), n);
+        }
+        assert_eq!(
+            limiter_calls(&redis),
+            [("evalsha".to_owned(), 20)],
+            "{n} descriptors"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_denied_key_is_answered_from_the_deny_cache_without_redis() {
+    let redis = RedisServer::start();
+    let (_server, mut c) = serve(redis.settings()).await;
+    assert_eq!(overall(&hit_rt(&mut c, "one", "hot").await), Code::Ok);
+    assert_eq!(
+        overall(&hit_rt(&mut c, "one", "hot").await),
+        Code::OverLimit
+    );
+    redis.reset_stats();
+    for _ in 0..50 {
+        let r = hit_rt(&mut c, "one", "hot").await;
+        assert_eq!(overall(&r), Code::OverLimit);
+        let reset = reset_secs(&r.statuses[0]).expect("a reset");
+        assert!((59..=60).contains(&reset), "reset {reset}");
+        assert_eq!(
+            limit_of(&r.statuses[0]),
+            Some((1, Unit::Minute, String::new()))
+        );
+    }
+    assert_eq!(
+        limiter_calls(&redis),
+        [],
+        "no Redis call for a cached denial"
+    );
+    // Another key, or the same key with another descriptor beside it, still goes to Redis.
+    assert_eq!(overall(&hit_rt(&mut c, "one", "cold").await), Code::Ok);
+    let both = req("rt", vec![desc(&[("one", "hot")]), desc(&[("wide", "x")])]);
+    assert_eq!(overall(&call(&mut c, both).await), Code::OverLimit);
+    assert_eq!(limiter_calls(&redis), [("evalsha".to_owned(), 2)]);
+}
+
+#[tokio::test]
+async fn without_the_deny_cache_every_denial_is_a_round_trip() {
+    let redis = RedisServer::start();
+    let settings = RedisSettings {
+        deny_cache_size: 0,
+        ..redis.settings()
+    };
+    let (_server, mut c) = serve(settings).await;
+    hit_rt(&mut c, "one", "hot").await;
+    redis.reset_stats();
+    for _ in 0..5 {
+        assert_eq!(
+            overall(&hit_rt(&mut c, "one", "hot").await),
+            Code::OverLimit
+        );
+    }
+    assert_eq!(limiter_calls(&redis), [("evalsha".to_owned(), 5)]);
+}
+
+async fn hit_rt(c: &mut Client, key: &str, value: &str) -> RateLimitResponse {
+    call(c, req("rt", vec![desc(&[(key, value)])])).await
+}

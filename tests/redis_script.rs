@@ -1,0 +1,225 @@
+//! The Lua script against a real `redis-server`: the differential test (the same random
+//! batches through the memory backend and through the script give identical outcomes), TTLs
+//! and deletion of fresh states, and reloading after `SCRIPT FLUSH`.
+
+#[path = "support/redis.rs"]
+mod redis_support;
+
+use tokio::time::Instant;
+
+use redis_support::RedisServer;
+use sluice::config::model::{Algorithm, Charge};
+use sluice::limiter::{
+    Batch, Hit, LimitParams, Limiter, ManualClock, MemoryLimiter, RedisLimiter, Role,
+};
+
+/// A small deterministic generator (xorshift64*), so every run replays the same sequences.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn pick<T: Copy>(&mut self, from: &[T]) -> T {
+        from[self.below(from.len() as u64) as usize]
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+const SECOND_MICROS: u64 = 1_000_000;
+
+/// A random hit; periods are in microseconds, the unit of the script (and of the memory
+/// limiter in this test, whose clock counts microseconds too).
+fn random_hit(rng: &mut Rng, seed: u64) -> Hit {
+    let group = rng.below(5) as usize;
+    let limit = LimitParams {
+        algorithm: Algorithm::Funnel,
+        quota: rng.pick(&[0, 1, 2, 3, 5, 7]),
+        period_nanos: rng.pick(&[
+            1_000,
+            SECOND_MICROS,
+            3 * SECOND_MICROS + 1,
+            7 * SECOND_MICROS,
+            60 * SECOND_MICROS,
+        ]),
+        burst: rng.pick(&[0, 1, 2, 3, 6]),
+        charge: if rng.chance(15) {
+            Charge::Always
+        } else {
+            Charge::Admitted
+        },
+        borrow: rng.chance(15),
+    };
+    Hit {
+        key: format!("{{diff|seed={seed}}}:{}", rng.pick(&["a", "b", "c"]))
+            .into_bytes()
+            .into(),
+        limit,
+        cost: rng.pick(&[0, 1, 1, 1, 2, 3, 5, 40]),
+        refund: rng.chance(10),
+        group,
+        role: [
+            Role::Enforced,
+            Role::Enforced,
+            Role::Shadow,
+            Role::Quota,
+            Role::Quota,
+        ][group],
+    }
+}
+
+fn random_batch(rng: &mut Rng, seed: u64) -> Batch {
+    let n = 1 + rng.below(5);
+    Batch {
+        hits: (0..n).map(|_| random_hit(rng, seed)).collect(),
+    }
+}
+
+/// Time steps between batches, in microseconds: none, a fraction of an interval, about an
+/// interval, several.
+fn random_step(rng: &mut Rng) -> u64 {
+    rng.pick(&[
+        0,
+        0,
+        1,
+        999,
+        100_000,
+        333_334,
+        SECOND_MICROS,
+        3 * SECOND_MICROS,
+        20 * SECOND_MICROS,
+    ])
+}
+
+/// Fake time must advance at least as fast as real time, because Redis expires keys on its
+/// own clock: with that, a key Redis has expired is one the memory backend sees as fresh too.
+/// Each step therefore adds the real time elapsed since the last one, plus a margin for the
+/// time between measuring it and the script running.
+const MARGIN_MICROS: u64 = 20_000;
+
+#[tokio::test]
+async fn lua_and_memory_give_identical_outcomes_on_random_sequences() {
+    let redis = RedisServer::start();
+    let script = RedisLimiter::new(&redis.settings(), 1).expect("valid settings");
+    let mut compared = 0;
+    for seed in 1..=60u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let mut fake = 1_700_000_000 * SECOND_MICROS;
+        let clock = ManualClock::at(fake);
+        let memory = MemoryLimiter::with_clock(10_000, clock.clone());
+        let mut last = Instant::now();
+        for step in 0..50 {
+            let now = Instant::now();
+            let real = u64::try_from((now - last).as_micros()).unwrap_or(u64::MAX);
+            last = now;
+            fake += random_step(&mut rng) + real + MARGIN_MICROS;
+            clock.set(fake);
+            let batch = random_batch(&mut rng, seed);
+            let expected = memory.check(&batch).await.expect("memory never fails");
+            let got = script
+                .check_micros(&batch, Some(fake))
+                .await
+                .expect("the script answers");
+            assert_eq!(got, expected, "seed {seed}, step {step}, batch {batch:#?}");
+            compared += 1;
+        }
+    }
+    assert_eq!(compared, 3_000);
+}
+
+fn limit(quota: u32, period_secs: u64) -> LimitParams {
+    LimitParams {
+        algorithm: Algorithm::Funnel,
+        quota,
+        period_nanos: period_secs * 1_000_000_000,
+        burst: quota,
+        charge: Charge::Admitted,
+        borrow: false,
+    }
+}
+
+fn hit(key: &str, limit: LimitParams, cost: u64, group: usize) -> Hit {
+    Hit {
+        key: key.as_bytes().into(),
+        limit,
+        cost,
+        refund: false,
+        group,
+        role: Role::Enforced,
+    }
+}
+
+#[tokio::test]
+async fn every_written_key_expires_when_fresh_and_fresh_states_are_deleted() {
+    let redis = RedisServer::start();
+    let limiter = RedisLimiter::new(&redis.settings(), 1).expect("valid settings");
+    let check = |hits: Vec<Hit>| {
+        let batch = Batch { hits };
+        let limiter = &limiter;
+        async move { limiter.check(&batch).await.expect("redis answers") }
+    };
+    // One unit of 1/minute: fresh again in 60 s.
+    assert!(
+        check(vec![hit("{t|a}:funnel:60", limit(1, 60), 1, 0)])
+            .await
+            .admitted
+    );
+    let ttl: i64 = redis.cmd(&["PTTL", "sluice:{t|a}:funnel:60"]);
+    assert!((59_000..=60_000).contains(&ttl), "PTTL {ttl}");
+    // Two units of 5 per 5 minutes: 120 s.
+    assert!(
+        check(vec![hit("{t|b}:funnel:300", limit(5, 300), 2, 0)])
+            .await
+            .admitted
+    );
+    let ttl: i64 = redis.cmd(&["PTTL", "sluice:{t|b}:funnel:300"]);
+    assert!((119_000..=120_000).contains(&ttl), "PTTL {ttl}");
+    // Giving everything back deletes the key.
+    let mut back = hit("{t|b}:funnel:300", limit(5, 300), 2, 0);
+    back.refund = true;
+    assert!(check(vec![back]).await.admitted);
+    let exists: i64 = redis.cmd(&["EXISTS", "sluice:{t|b}:funnel:300"]);
+    assert_eq!(exists, 0);
+    // A check-only hit and a denied request write nothing.
+    check(vec![hit("{t|c}:funnel:60", limit(1, 60), 0, 0)]).await;
+    let denied = check(vec![
+        hit("{t|d}:funnel:60", limit(1, 60), 1, 0),
+        hit("{t|a}:funnel:60", limit(1, 60), 1, 1),
+    ])
+    .await;
+    assert!(!denied.admitted);
+    let keys: Vec<String> = redis.cmd(&["KEYS", "*"]);
+    assert_eq!(keys, ["sluice:{t|a}:funnel:60"]);
+    // Nothing without a TTL.
+    let ttl: i64 = redis.cmd(&["PTTL", "sluice:{t|a}:funnel:60"]);
+    assert!(ttl > 0);
+}
+
+#[tokio::test]
+async fn the_script_is_reloaded_after_script_flush() {
+    let redis = RedisServer::start();
+    let limiter = RedisLimiter::new(&redis.settings(), 1).expect("valid settings");
+    let batch = Batch {
+        hits: vec![hit("{f|x}:funnel:60", limit(100, 60), 1, 0)],
+    };
+    for _ in 0..2 {
+        let _: () = redis.cmd(&["SCRIPT", "FLUSH"]);
+        redis.reset_stats();
+        assert!(limiter.check(&batch).await.expect("redis answers").admitted);
+        assert!(limiter.check(&batch).await.expect("redis answers").admitted);
+        let calls = redis.command_calls();
+        assert_eq!(calls.get("evalsha"), Some(&2), "{calls:?}");
+        assert_eq!(calls.get("eval"), Some(&1), "one reload: {calls:?}");
+    }
+}

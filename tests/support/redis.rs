@@ -1,0 +1,292 @@
+//! Real `redis-server` processes for tests: each on a free loopback port, in its own temporary
+//! directory, persistence off, killed when dropped. A missing `redis-server` FAILS the test
+//! with the command that installs it; nothing is skipped.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use sluice::config::settings::RedisSettings;
+
+/// How to get the programs these tests need.
+pub const INSTALL: &str =
+    "command -v redis-server || (apt-get update && apt-get install -y redis-server)";
+
+/// A running `redis-server`, killed on drop.
+pub struct RedisServer {
+    pub port: u16,
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    extra: Vec<String>,
+    /// A configuration file given first (Sentinel needs one it can rewrite).
+    config: Option<PathBuf>,
+}
+
+/// A free loopback port (bound then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+fn program(name: &str) -> PathBuf {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(name))
+            .find(|p| p.is_file())
+    });
+    found.unwrap_or_else(|| panic!("{name} is not installed; run: {INSTALL}"))
+}
+
+impl RedisServer {
+    /// A standalone server on a free port.
+    pub fn start() -> RedisServer {
+        Self::start_with(&[])
+    }
+
+    /// A standalone server on a given port.
+    pub fn start_on(port: u16) -> RedisServer {
+        Self::start_port(port, &[])
+    }
+
+    /// A server on a free port with extra arguments (e.g. `--replicaof`).
+    pub fn start_with(extra: &[&str]) -> RedisServer {
+        Self::start_port(free_port(), extra)
+    }
+
+    fn start_port(port: u16, extra: &[&str]) -> RedisServer {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let mut server = RedisServer {
+            port,
+            child: None,
+            dir,
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            config: None,
+        };
+        server.spawn();
+        server
+    }
+
+    /// A Sentinel on a free port watching `master` on `master_port` with `quorum`, quick to
+    /// declare it down (500 ms).
+    pub fn sentinel(master: &str, master_port: u16, quorum: u32) -> RedisServer {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let port = free_port();
+        let config = dir.path().join("sentinel.conf");
+        let text = format!(
+            "port {port}\nbind 127.0.0.1\n\
+             sentinel monitor {master} 127.0.0.1 {master_port} {quorum}\n\
+             sentinel down-after-milliseconds {master} 500\n\
+             sentinel failover-timeout {master} 3000\n"
+        );
+        std::fs::write(&config, text).expect("write sentinel.conf");
+        let mut server = RedisServer {
+            port,
+            child: None,
+            dir,
+            extra: vec!["--sentinel".to_owned()],
+            config: Some(config),
+        };
+        server.spawn();
+        server
+    }
+
+    /// A Cluster node on a free port (its bus on another free port), not yet in a cluster.
+    pub fn cluster_node() -> RedisServer {
+        let bus = free_port().to_string();
+        Self::start_with(&[
+            "--cluster-enabled",
+            "yes",
+            "--cluster-port",
+            &bus,
+            "--cluster-node-timeout",
+            "2000",
+        ])
+    }
+
+    fn spawn(&mut self) {
+        let port = self.port.to_string();
+        let mut command = Command::new(program("redis-server"));
+        if let Some(config) = &self.config {
+            command.arg(config);
+        }
+        let child = command
+            .args([
+                "--port",
+                &port,
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start redis-server ({e}); run: {INSTALL}"));
+        self.child = Some(child);
+        wait_for_ping(self.port);
+    }
+
+    /// Kills the server (SIGKILL) and waits for it to exit.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// `127.0.0.1:<port>`.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Limiter settings for this server: the defaults, with its URL.
+    pub fn settings(&self) -> RedisSettings {
+        RedisSettings {
+            url: self.url(),
+            ..RedisSettings::default()
+        }
+    }
+
+    /// A plain connection for the test's own commands.
+    pub fn conn(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .and_then(|c| c.get_connection())
+            .expect("connect to the test redis-server")
+    }
+
+    /// Runs one command.
+    pub fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.query(&mut self.conn()).expect("a test redis command")
+    }
+
+    /// `calls` per command from `INFO commandstats` (e.g. `"evalsha"`).
+    pub fn command_calls(&self) -> HashMap<String, u64> {
+        let info: String = self.cmd(&["INFO", "commandstats"]);
+        info.lines()
+            .filter_map(|l| l.strip_prefix("cmdstat_"))
+            .filter_map(|l| {
+                let (name, rest) = l.split_once(':')?;
+                let calls = rest.split(',').find_map(|f| f.strip_prefix("calls="))?;
+                Some((name.to_owned(), calls.parse().ok()?))
+            })
+            .collect()
+    }
+
+    pub fn calls(&self, command: &str) -> u64 {
+        self.command_calls().get(command).copied().unwrap_or(0)
+    }
+
+    /// Resets `INFO commandstats`.
+    pub fn reset_stats(&self) {
+        let _: () = self.cmd(&["CONFIG", "RESETSTAT"]);
+    }
+}
+
+/// Waits up to 10 s for `PING` to answer on `port`.
+pub fn wait_for_ping(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let url = format!("redis://127.0.0.1:{port}");
+    loop {
+        let pong = redis::Client::open(url.as_str())
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
+            .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c));
+        if pong.is_ok() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "redis-server on port {port} did not answer PING"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Waits up to `within` for `ready` to hold, polling every 50 ms.
+pub fn wait_until(within: Duration, what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !ready() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A 3-master Redis Cluster (no replicas) built with `redis-cli --cluster create`.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start() -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::cluster_node()).collect();
+        let mut create = Command::new(program("redis-cli"));
+        create.arg("--cluster").arg("create");
+        for n in &nodes {
+            create.arg(n.addr());
+        }
+        let out = create
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run redis-cli ({e}); run: {INSTALL}"));
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {out:?}"
+        );
+        for n in &nodes {
+            wait_until(Duration::from_secs(20), "cluster_state:ok", || {
+                n.cmd::<String>(&["CLUSTER", "INFO"])
+                    .contains("cluster_state:ok")
+            });
+        }
+        RedisCluster { nodes }
+    }
+
+    /// `redis+cluster://` with every node as a seed.
+    pub fn url(&self) -> String {
+        let seeds: Vec<String> = self.nodes.iter().map(RedisServer::addr).collect();
+        format!("redis+cluster://{}", seeds.join(","))
+    }
+
+    /// Script calls (`evalsha` + `eval`) summed over the nodes.
+    pub fn script_calls(&self) -> u64 {
+        self.nodes
+            .iter()
+            .map(|n| n.calls("evalsha") + n.calls("eval"))
+            .sum()
+    }
+}
