@@ -11,6 +11,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+mod ops;
+pub use ops::{MetricsSettings, ReloadSettings, TlsSettings};
+
 /// All settings.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -205,70 +208,6 @@ impl Default for ResponseSettings {
             retry_after: true,
             dynamic_metadata: false,
         }
-    }
-}
-
-/// `[metrics]`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct MetricsSettings {
-    /// A descriptor counts as near its limit once more than this share (0 < r <= 1) of the
-    /// capacity is used.
-    pub near_limit_ratio: f64,
-    /// At most this many per-rule label sets built from request values (`detailed_metric`,
-    /// `value_to_metric`, overrides); later ones count under `rule="__other__"`.
-    pub max_value_label_sets: usize,
-}
-
-impl Default for MetricsSettings {
-    fn default() -> Self {
-        MetricsSettings {
-            near_limit_ratio: 0.8,
-            max_value_label_sets: 10_000,
-        }
-    }
-}
-
-/// `[reload]`: hot reload of the rules.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct ReloadSettings {
-    /// Watch the rules paths and reload on change (SIGHUP reloads either way).
-    pub watch: bool,
-    /// Quiet time after the last change before reloading.
-    pub debounce_ms: u64,
-}
-
-impl Default for ReloadSettings {
-    fn default() -> Self {
-        ReloadSettings {
-            watch: true,
-            debounce_ms: 200,
-        }
-    }
-}
-
-/// `[tls]`: TLS on the gRPC port (off unless `cert_file` and `key_file` are set). The files
-/// are PEM and are reloaded when they change.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct TlsSettings {
-    /// The server certificate chain, leaf first.
-    pub cert_file: Option<PathBuf>,
-    /// The server's private key.
-    pub key_file: Option<PathBuf>,
-    /// With it, clients must present a certificate signed by one of these CAs (mTLS).
-    pub client_ca_file: Option<PathBuf>,
-}
-
-impl TlsSettings {
-    /// The files, when TLS is on.
-    pub fn files(&self) -> Option<crate::tls::TlsFiles> {
-        Some(crate::tls::TlsFiles {
-            cert: self.cert_file.clone()?,
-            key: self.key_file.clone()?,
-            client_ca: self.client_ca_file.clone(),
-        })
     }
 }
 
