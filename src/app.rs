@@ -34,6 +34,11 @@ pub trait Housekeeping: Send + Sync + 'static {
     fn sweep(&self) -> usize;
     /// Entries held.
     fn held(&self) -> usize;
+    /// Checks that the backend is reachable (and records it for readiness); `None` when the
+    /// backend has nothing to probe.
+    fn probe(&self) -> Option<crate::limiter::BoxFuture<'_, ()>> {
+        None
+    }
 }
 
 impl<C: crate::limiter::Clock> Housekeeping for MemoryLimiter<C> {
@@ -53,6 +58,16 @@ impl Housekeeping for RedisLimiter {
 
     fn held(&self) -> usize {
         RedisLimiter::held(self)
+    }
+
+    fn probe(&self) -> Option<crate::limiter::BoxFuture<'_, ()>> {
+        Some(Box::pin(RedisLimiter::probe(self)))
+    }
+}
+
+impl BackendProbe for RedisLimiter {
+    fn ready(&self) -> Result<(), String> {
+        self.health()
     }
 }
 
@@ -81,22 +96,24 @@ impl App {
     /// Builds the backend and the engine. Fails on settings it cannot honour.
     /// With the Redis backend, no connection is made here: sluice starts while Redis is down.
     pub fn build(settings: &Settings, rules: RuleSet) -> anyhow::Result<App> {
-        let (limiter, state): (Arc<dyn Limiter>, Arc<dyn Housekeeping>) =
+        let (limiter, state, probe): (Arc<dyn Limiter>, Arc<dyn Housekeeping>, _) =
             match settings.limiter.backend {
                 Backend::Memory => {
                     let memory = Arc::new(MemoryLimiter::new(settings.memory.max_keys));
-                    (memory.clone(), memory)
+                    (memory.clone(), memory, None)
                 }
                 Backend::Redis => {
                     let redis = RedisLimiter::new(&settings.redis, settings.memory.max_keys)
                         .context("invalid [redis] settings")?;
                     let redis = Arc::new(redis);
-                    (redis.clone(), redis)
+                    let probe: Arc<dyn BackendProbe> = redis.clone();
+                    (redis.clone(), redis, Some(probe))
                 }
             };
         let every = Duration::from_secs(settings.memory.sweep_interval_secs.max(1));
         let mut app = App::from_parts(settings, rules, limiter);
         app.housekeeping = Some((state, every));
+        app.backend_probe = probe;
         if let Some(files) = settings.tls.files() {
             app = app.with_tls(files)?;
         }

@@ -19,6 +19,8 @@ use sluice::config::settings::{OnError, RedisSettings, Settings};
 use sluice::limiter::RedisLimiter;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
 const RULES: &str = "
 domain: f
@@ -285,6 +287,31 @@ async fn the_binary_serves_with_redis_down_and_decides_once_it_is_up() {
     let ask = || req("f", vec![desc(&[("k", "v")])]);
     let err = c.should_rate_limit(ask()).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unavailable);
+    // Not ready while Redis is down: /readyz says why, gRPC health says NOT_SERVING.
+    let ready = common::http::get(sluice.admin(), "/readyz").await;
+    assert_eq!(ready.status, 503, "{}", ready.body);
+    assert!(ready.body.contains("redis"), "{}", ready.body);
+    let health = HealthClient::new(
+        tonic::transport::Channel::from_shared(sluice.url())
+            .expect("a URL")
+            .connect()
+            .await
+            .expect("connect"),
+    );
+    let status = |h: &HealthClient<tonic::transport::Channel>| {
+        let mut h = h.clone();
+        async move {
+            h.check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .expect("a health answer")
+            .into_inner()
+            .status
+        }
+    };
+    wait_for(|| async { status(&health).await == ServingStatus::NotServing as i32 }).await;
+
     let _redis = RedisServer::start_on(port);
     let up = Instant::now();
     while c.should_rate_limit(ask()).await.is_err() {
@@ -293,6 +320,17 @@ async fn the_binary_serves_with_redis_down_and_decides_once_it_is_up() {
             "still failing after 2 s"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    wait_for(|| async { common::http::get(sluice.admin(), "/readyz").await.status == 200 }).await;
+    wait_for(|| async { status(&health).await == ServingStatus::Serving as i32 }).await;
+}
+
+/// Waits up to 3 s for `ready` (the probe runs every second).
+async fn wait_for<F: std::future::Future<Output = bool>>(mut ready: impl FnMut() -> F) {
+    let start = Instant::now();
+    while !ready().await {
+        assert!(start.elapsed() < Duration::from_secs(3), "not within 3 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -33,7 +33,11 @@ use crate::reload::{self, WatchOptions};
 use crate::tls;
 
 /// Names under which gRPC health reports the service.
-const HEALTH_NAMES: [&str; 2] = ["envoy.service.ratelimit.v3.RateLimitService", "ratelimit"];
+const HEALTH_NAMES: [&str; 3] = [
+    "",
+    "envoy.service.ratelimit.v3.RateLimitService",
+    "ratelimit",
+];
 
 /// The bound listeners `run` serves on.
 pub struct Listeners {
@@ -76,7 +80,11 @@ pub(super) async fn run(
     let incoming = incoming(&app, listeners.grpc, &mut tasks, &failed, &grpc_stop, &stop);
     spawn_tasks(&mut tasks, app, listeners.admin, &readiness, &stop, &failed);
     let (health, health_service) = tonic_health::server::health_reporter();
-    set_health(&health, ServingStatus::Serving).await;
+    let follow = follow_readiness(health.clone(), readiness.clone(), stop.clone());
+    guarded(&mut tasks, &failed, async {
+        follow.await;
+        Ok::<_, std::convert::Infallible>(())
+    });
     let (reflection_v1, reflection_v1alpha) = reflection()?;
     let tls = matches!(incoming, Incoming::Tls(_));
     tracing::info!(?addr, tls, backend = engine.backend_name(), "serving gRPC");
@@ -188,6 +196,11 @@ fn spawn_tasks(
     );
     guarded(tasks, failed, watch);
     if let Some((state, every)) = app.housekeeping {
+        let probing = probe(state.clone(), stop.clone());
+        guarded(tasks, failed, async {
+            probing.await;
+            Ok::<_, std::convert::Infallible>(())
+        });
         let sweep = housekeeping(state, every, stop.clone());
         guarded(tasks, failed, async {
             sweep.await;
@@ -225,6 +238,39 @@ async fn join_all(mut tasks: Tasks) -> anyhow::Result<()> {
     first
 }
 
+/// How often gRPC health is brought in line with readiness (rules, backend).
+const FOLLOW_EVERY: Duration = Duration::from_millis(250);
+
+/// Keeps gRPC health equal to readiness until stopped or draining (the drain sets
+/// NOT_SERVING itself, and a change seen here just as draining starts is undone).
+async fn follow_readiness(
+    health: HealthReporter,
+    readiness: Arc<Readiness>,
+    stop: CancellationToken,
+) {
+    let mut shown = None;
+    let mut tick = tokio::time::interval(FOLLOW_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let status = match readiness.check() {
+            Ok(()) => ServingStatus::Serving,
+            Err(_) => ServingStatus::NotServing,
+        };
+        if shown != Some(status) {
+            set_health(&health, status).await;
+            shown = Some(status);
+        }
+        if readiness.is_draining() {
+            set_health(&health, ServingStatus::NotServing).await;
+            return;
+        }
+    }
+}
+
 async fn set_health(health: &HealthReporter, status: ServingStatus) {
     for name in HEALTH_NAMES {
         health.set_service_status(name, status).await;
@@ -248,6 +294,25 @@ fn reflection() -> anyhow::Result<(
         builder().build_v1().context("reflection v1")?,
         builder().build_v1alpha().context("reflection v1alpha")?,
     ))
+}
+
+/// How often a backend with something to probe (Redis) is checked for readiness.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+
+/// Probes the backend at once (which also makes its first connection), then every
+/// [`PROBE_EVERY`], until stopped; returns at once for a backend with nothing to probe.
+async fn probe(state: Arc<dyn Housekeeping>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(PROBE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => match state.probe() {
+                Some(probing) => probing.await,
+                None => return,
+            },
+        }
+    }
 }
 
 /// Sweeps backend state every `every` until stopped.

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 /// A running `sluice serve`.
 pub struct SluiceProcess {
     pub port: u16,
+    pub admin_port: u16,
     child: Child,
 }
 
@@ -24,23 +25,25 @@ impl SluiceProcess {
         env: &[(&str, &str)],
     ) -> SluiceProcess {
         let port = crate::redis_support::free_port();
+        let admin_port = crate::redis_support::free_port();
         let listen = format!("127.0.0.1:{port}");
         let child = Command::new(binary)
             .args(["serve", "--backend", "redis", "--redis-url", redis_url])
             .arg("--rules")
             .arg(rules)
             .args(["--grpc-listen", &listen])
-            .args([
-                "--admin-listen",
-                &format!("127.0.0.1:{}", crate::redis_support::free_port()),
-            ])
+            .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")])
             .envs(env.iter().copied())
             .env("SLUICE_LOG__LEVEL", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start the sluice binary");
-        let process = SluiceProcess { port, child };
+        let process = SluiceProcess {
+            port,
+            admin_port,
+            child,
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(
@@ -54,6 +57,11 @@ impl SluiceProcess {
 
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The admin HTTP address.
+    pub fn admin(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.admin_port))
     }
 }
 

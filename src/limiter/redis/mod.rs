@@ -30,7 +30,7 @@ pub mod script;
 
 use std::time::Duration;
 
-use redis::RedisError;
+use redis::{RedisError, RedisResult};
 use tokio::time::Instant;
 
 use super::{
@@ -51,6 +51,8 @@ pub struct RedisLimiter {
     breaker: Breaker,
     deny: DenyCache,
     local: Option<MemoryLimiter>,
+    /// What the last exchange with Redis (a request or a probe) said: readiness.
+    health: parking_lot::Mutex<Result<(), String>>,
 }
 
 impl RedisLimiter {
@@ -83,6 +85,7 @@ impl RedisLimiter {
             deny: DenyCache::new(settings.deny_cache_size),
             local: (settings.on_error == OnError::Local)
                 .then(|| MemoryLimiter::new(local_max_keys)),
+            health: parking_lot::Mutex::new(Err("not connected to Redis yet".to_owned())),
         })
     }
 
@@ -99,6 +102,37 @@ impl RedisLimiter {
         self.call(&call, batch.hits.len())
             .await
             .map_err(limiter_error)
+    }
+
+    /// Whether Redis answered the last exchange (request or probe); the reason if not.
+    pub fn health(&self) -> Result<(), String> {
+        self.health.lock().clone()
+    }
+
+    /// Sends one `PING` within the time-out and records the result as the health. It also
+    /// makes the first connection, so that the first request does not pay for it.
+    pub async fn probe(&self) {
+        let ping = async {
+            let reply: RedisResult<String> = match self.connector.get().await {
+                Ok(Conn::Single(mut c)) => redis::cmd("PING").query_async(&mut c).await,
+                Ok(Conn::Sentinel(mut c)) => redis::cmd("PING").query_async(&mut c).await,
+                Ok(Conn::Cluster(mut c)) => redis::cmd("PING").query_async(&mut c).await,
+                Err(e) => Err(e),
+            };
+            reply.inspect_err(|e| self.connector.failed(e))
+        };
+        let result = match tokio::time::timeout(self.timeout, ping).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!("redis: {e}")),
+            Err(_) => {
+                self.connector.timed_out();
+                Err(format!(
+                    "redis: no answer to PING within {:?}",
+                    self.timeout
+                ))
+            }
+        };
+        *self.health.lock() = result;
     }
 
     /// Drops expired deny-cache entries and drained local-fallback states.
@@ -133,6 +167,7 @@ impl RedisLimiter {
         };
         match result {
             Ok(outcome) => {
+                *self.health.lock() = Ok(());
                 self.breaker.record(true);
                 self.deny.learn(batch, &outcome, sent);
                 Ok(outcome)
@@ -140,6 +175,7 @@ impl RedisLimiter {
             Err(e) => {
                 if e.transient {
                     self.breaker.record(false);
+                    *self.health.lock() = Err(e.message.clone());
                 }
                 self.fallback(batch, e).await
             }
