@@ -33,8 +33,8 @@ use crate::metrics::{self, Metrics};
 use crate::proto::rate_limit_response::Code;
 use crate::reload::ActiveRules;
 
-/// Reads how many states the memory backend holds.
-pub type KeysHeld = Arc<dyn Fn() -> usize + Send + Sync>;
+/// Reads the backend's report.
+pub type BackendStats = Arc<dyn Fn() -> metrics::BackendReport + Send + Sync>;
 
 /// What the endpoints read.
 #[derive(Clone)]
@@ -43,7 +43,7 @@ pub struct Admin {
     pub rules: Arc<ActiveRules>,
     pub readiness: Arc<Readiness>,
     pub metrics: Arc<Metrics>,
-    pub keys_held: Option<KeysHeld>,
+    pub backend: Option<BackendStats>,
 }
 
 const INDEX: &str = "\
@@ -91,8 +91,10 @@ async fn readyz(State(a): State<Admin>) -> Response {
 }
 
 async fn metrics(State(a): State<Admin>) -> Response {
-    let keys = a.keys_held.as_ref().map(|held| held());
-    a.metrics.refresh(&a.rules.status(), keys);
+    let backend = a.backend.as_ref().map(|stats| stats());
+    let name = a.engine.backend_name();
+    a.metrics
+        .refresh(&a.rules.status(), backend.as_ref().map(|b| (name, b)));
     match a.metrics.encode() {
         Ok(body) => ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], body).into_response(),
         Err(_) => text(

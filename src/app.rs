@@ -39,6 +39,10 @@ pub trait Housekeeping: Send + Sync + 'static {
     fn probe(&self) -> Option<crate::limiter::BoxFuture<'_, ()>> {
         None
     }
+    /// Running totals of backend events (`(event, count)`), exported as metrics.
+    fn events(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
 }
 
 impl<C: crate::limiter::Clock> Housekeeping for MemoryLimiter<C> {
@@ -62,6 +66,10 @@ impl Housekeeping for RedisLimiter {
 
     fn probe(&self) -> Option<crate::limiter::BoxFuture<'_, ()>> {
         Some(Box::pin(RedisLimiter::probe(self)))
+    }
+
+    fn events(&self) -> Vec<(&'static str, u64)> {
+        RedisLimiter::events(self)
     }
 }
 

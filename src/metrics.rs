@@ -58,8 +58,23 @@ struct BackendErrorLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BackendEventLabels {
+    backend: &'static str,
+    event: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
     outcome: &'static str,
+}
+
+/// What the backend reports at scrape time.
+#[derive(Debug, Clone, Default)]
+pub struct BackendReport {
+    /// States held in process.
+    pub keys_held: usize,
+    /// Running totals of backend events, `(event, count)`.
+    pub events: Vec<(&'static str, u64)>,
 }
 
 /// Every metric of one app.
@@ -70,6 +85,7 @@ pub struct Metrics {
     latency: Histogram,
     backend_errors: Family<BackendErrorLabels, Counter>,
     memory_keys: Gauge,
+    backend_events: Family<BackendEventLabels, Counter>,
     reloads: Family<OutcomeLabels, Counter>,
     config_version: Gauge,
     config_loaded: Gauge,
@@ -85,6 +101,7 @@ impl Metrics {
             latency: Histogram::new(LATENCY_BUCKETS),
             backend_errors: Family::default(),
             memory_keys: Gauge::default(),
+            backend_events: Family::default(),
             reloads: Family::default(),
             config_version: Gauge::default(),
             config_loaded: Gauge::default(),
@@ -109,6 +126,11 @@ impl Metrics {
             "memory_keys",
             "Limiter states held in process (memory backend; Redis: deny cache and local fallback)",
             m.memory_keys.clone(),
+        );
+        registry.register(
+            "backend_events",
+            "Backend events by backend and event: Redis deny_cache_hit, breaker_open, failure, fallback",
+            m.backend_events.clone(),
         );
         registry.register(
             "config_reloads",
@@ -142,8 +164,9 @@ impl Metrics {
         self.reloads.get_or_create(&OutcomeLabels { outcome }).inc();
     }
 
-    /// Sets the values read at scrape time: the rules' version and the memory backend's size.
-    pub fn refresh(&self, config: &ConfigStatus, memory_keys: Option<usize>) {
+    /// Sets the values read at scrape time: the rules' version, and the backend's size and
+    /// event totals (given with the backend's name).
+    pub fn refresh(&self, config: &ConfigStatus, backend: Option<(&'static str, &BackendReport)>) {
         self.config_version
             .set(i64::try_from(config.version).unwrap_or(i64::MAX));
         let loaded = config
@@ -152,9 +175,17 @@ impl Metrics {
             .unwrap_or_default();
         self.config_loaded
             .set(i64::try_from(loaded.as_secs()).unwrap_or(i64::MAX));
-        if let Some(keys) = memory_keys {
+        if let Some((name, report)) = backend {
             self.memory_keys
-                .set(i64::try_from(keys).unwrap_or(i64::MAX));
+                .set(i64::try_from(report.keys_held).unwrap_or(i64::MAX));
+            for &(event, total) in &report.events {
+                let labels = BackendEventLabels {
+                    backend: name,
+                    event,
+                };
+                let counter = self.backend_events.get_or_create(&labels);
+                counter.inc_by(total.saturating_sub(counter.get()));
+            }
         }
     }
 

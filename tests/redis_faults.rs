@@ -348,3 +348,35 @@ fn the_app_builds_a_redis_backend_without_connecting() {
         .expect("valid rules");
     assert!(sluice::app::App::build(&settings, sluice::rules::RuleSet::compile(model)).is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_events_reach_the_metrics() {
+    let redis = RedisServer::start();
+    let rules = tempfile::NamedTempFile::new().expect("a rules file");
+    let one_per_minute = "domain: f\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n";
+    std::fs::write(rules.path(), one_per_minute).expect("write rules");
+    let sluice = sluice_process::SluiceProcess::start(
+        env!("CARGO_BIN_EXE_sluice"),
+        rules.path(),
+        &redis.url(),
+        &[("SLUICE_REDIS__TIMEOUT_MS", "2000")],
+    );
+    let mut c = RateLimitServiceClient::connect(sluice.url())
+        .await
+        .expect("connect");
+    let ask = || req("f", vec![desc(&[("k", "hot")])]);
+    let mut codes = Vec::new();
+    for _ in 0..7 {
+        codes.push(overall(&call(&mut c, ask()).await));
+    }
+    let over = codes.iter().filter(|c| **c == Code::OverLimit).count();
+    assert_eq!(over, 6, "{codes:?}");
+    // The first denial comes from Redis and is learned; every later one is a cache hit.
+    let metrics = common::http::get(sluice.admin(), "/metrics").await.body;
+    let expected = format!(
+        "sluice_backend_events_total{{backend=\"redis\",event=\"deny_cache_hit\"}} {}",
+        over - 1
+    );
+    assert!(metrics.contains(&expected), "{expected} not in:\n{metrics}");
+    assert!(metrics.contains("sluice_backend_events_total{backend=\"redis\",event=\"failure\"} 0"));
+}

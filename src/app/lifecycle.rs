@@ -24,10 +24,11 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use super::{App, Housekeeping};
-use crate::admin::{self, Admin, KeysHeld};
+use crate::admin::{self, Admin, BackendStats};
 use crate::grpc::RateLimiter;
 use crate::health::Readiness;
 use crate::limiter::BoxFuture;
+use crate::metrics::BackendReport;
 use crate::proto::rate_limit_service_server::RateLimitServiceServer;
 use crate::reload::{self, WatchOptions};
 use crate::tls;
@@ -162,9 +163,12 @@ fn spawn_tasks(
     stop: &CancellationToken,
     failed: &CancellationToken,
 ) {
-    let keys_held: Option<KeysHeld> = app.housekeeping.as_ref().map(|(state, _)| {
+    let backend: Option<BackendStats> = app.housekeeping.as_ref().map(|(state, _)| {
         let state = state.clone();
-        Arc::new(move || state.held()) as KeysHeld
+        Arc::new(move || BackendReport {
+            keys_held: state.held(),
+            events: state.events(),
+        }) as BackendStats
     });
     if let Some(listener) = admin_listener {
         let addr = listener.local_addr().ok();
@@ -174,7 +178,7 @@ fn spawn_tasks(
             rules: app.rules.clone(),
             readiness: readiness.clone(),
             metrics: app.metrics.clone(),
-            keys_held,
+            backend,
         };
         let serve = admin::serve(listener, admin, stop.clone());
         guarded(tasks, failed, async {

@@ -28,6 +28,7 @@ pub mod connection;
 mod deny_cache;
 pub mod script;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::{RedisError, RedisResult};
@@ -53,6 +54,20 @@ pub struct RedisLimiter {
     local: Option<MemoryLimiter>,
     /// What the last exchange with Redis (a request or a probe) said: readiness.
     health: parking_lot::Mutex<Result<(), String>>,
+    events: Events,
+}
+
+/// Counts of what happened instead of a plain script call, for metrics.
+#[derive(Debug, Default)]
+struct Events {
+    deny_cache_hits: AtomicU64,
+    breaker_open: AtomicU64,
+    failures: AtomicU64,
+    fallbacks: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
 }
 
 impl RedisLimiter {
@@ -86,6 +101,7 @@ impl RedisLimiter {
             local: (settings.on_error == OnError::Local)
                 .then(|| MemoryLimiter::new(local_max_keys)),
             health: parking_lot::Mutex::new(Err("not connected to Redis yet".to_owned())),
+            events: Events::default(),
         })
     }
 
@@ -102,6 +118,19 @@ impl RedisLimiter {
         self.call(&call, batch.hits.len())
             .await
             .map_err(limiter_error)
+    }
+
+    /// Running totals since start: requests answered from the deny cache, requests answered
+    /// at once because the breaker was open, failed Redis calls, and answers given by
+    /// `on_error` (`allow`, `deny`, `local`) instead of Redis.
+    pub fn events(&self) -> Vec<(&'static str, u64)> {
+        let e = &self.events;
+        vec![
+            ("deny_cache_hit", e.deny_cache_hits.load(Ordering::Relaxed)),
+            ("breaker_open", e.breaker_open.load(Ordering::Relaxed)),
+            ("failure", e.failures.load(Ordering::Relaxed)),
+            ("fallback", e.fallbacks.load(Ordering::Relaxed)),
+        ]
     }
 
     /// Whether Redis answered the last exchange (request or probe); the reason if not.
@@ -147,9 +176,11 @@ impl RedisLimiter {
 
     async fn decide(&self, batch: &Batch) -> Result<BatchOutcome, LimiterError> {
         if let Some(outcome) = self.deny.answer(batch) {
+            bump(&self.events.deny_cache_hits);
             return Ok(outcome);
         }
         if !self.breaker.allow() {
+            bump(&self.events.breaker_open);
             return self
                 .fallback(
                     batch,
@@ -173,6 +204,7 @@ impl RedisLimiter {
                 Ok(outcome)
             }
             Err(e) => {
+                bump(&self.events.failures);
                 if e.transient {
                     self.breaker.record(false);
                     *self.health.lock() = Err(e.message.clone());
@@ -212,6 +244,9 @@ impl RedisLimiter {
         err: LimiterError,
     ) -> Result<BatchOutcome, LimiterError> {
         tracing::debug!(error = %err, on_error = ?self.on_error, "redis backend failed");
+        if self.on_error != OnError::Error {
+            bump(&self.events.fallbacks);
+        }
         match (self.on_error, &self.local) {
             (OnError::Allow, _) => Ok(uniform(batch, true)),
             (OnError::Deny, _) => Ok(uniform(batch, false)),
