@@ -31,7 +31,7 @@ descriptors:
 
 const TIMEOUT: Duration = Duration::from_millis(100);
 /// What a loaded 2-core machine may add to the time-out (gRPC on loopback, scheduling).
-const SLACK: Duration = Duration::from_millis(150);
+const SLACK: Duration = Duration::from_millis(400);
 const CLIENTS: usize = 8;
 
 #[derive(Debug, Clone, PartialEq)]
