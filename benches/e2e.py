@@ -13,7 +13,8 @@ target alike. Prints each run, then the medians and the ratios to the reference.
 
 Options: --binary PATH (default target/release/sluice or $CARGO_TARGET_DIR/release/sluice),
 --other NAME=PATH (an extra sluice binary served with the memory backend, e.g. a build
-before a change), --scenario one|ten|all|flood, --json FILE (every run, for the record).
+before a change), --scenario one|ten|all|flood, --json FILE (every run, for the record),
+--rate R (open loop at R requests/s: latency from each request's due time).
 """
 
 import argparse
@@ -135,7 +136,8 @@ def run_rounds(args, binary, targets, scenario, record):
     for r in range(args.rounds):
         for name, (url, _admin, pids) in targets.items():
             each0, t0 = [cpu_secs([p]) for p in pids], time.time()
-            result = bench(binary, url, scenario, args.duration, args.warmup)
+            extra = ["--rate", str(args.rate)] if args.rate else []
+            result = bench(binary, url, scenario, args.duration, args.warmup, extra)
             wall = time.time() - t0
             each = [cpu_secs([p]) - c for p, c in zip(pids, each0)]
             cpu = sum(each)
@@ -244,6 +246,7 @@ def main():
     p.add_argument("--redis", action="store_true")
     p.add_argument("--scenario", default="all", choices=["one", "ten", "all", "flood"])
     p.add_argument("--json")
+    p.add_argument("--rate", type=float, help="open loop at this rate instead of closed loop")
     args = p.parse_args()
     binary = os.path.abspath(args.binary)
     rules = os.path.join(tempfile.mkdtemp(), "bench.yaml")

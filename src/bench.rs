@@ -10,13 +10,13 @@
 //! - **closed loop** (default): each worker sends its next request when the previous one is
 //!   answered, so `C` requests are always in flight. A request counts when it completes inside
 //!   the measured window; its latency runs from its send to its answer.
-//! - **open loop** (`--rate R`): request `k` is due at `start + k/R`, whoever sends it; the
-//!   workers take requests in order and send each one at its due time, or as soon as one of them
-//!   is free when all are busy. Latency runs from the due time (no coordinated omission: a slow
-//!   server cannot slow the schedule down and hide its own queueing); the time from the actual
-//!   send is reported apart as the service time. A request counts when it is due inside the
-//!   measured window. Sends wake on tokio's 1 ms timer, which adds up to 1 ms to the latency
-//!   from the due time.
+//! - **open loop** (`--rate R`): request `k` is due at `start + k/R`. A pacer thread releases
+//!   each request at its due time (a thread's sleep is precise to tens of microseconds, where
+//!   tokio's timer rounds up to the next millisecond); a dispatcher sends it at once, or as
+//!   soon as fewer than `C` are in flight. Latency runs from the due time (no coordinated
+//!   omission: a slow server cannot slow the schedule down and hide its own queueing); the
+//!   time from the actual send is reported apart as the service time. A request counts when
+//!   it is due inside the measured window.
 //!
 //! The request comes from `--request FILE` (the proto3-JSON form of `RateLimitRequest`, in JSON
 //! or YAML) or from flags (`--domain`, `--descriptor k=v,k2=v2` repeated, `--hits`).

@@ -7,12 +7,14 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use hdrhistogram::Histogram;
+use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
 use super::report::Summary;
 use super::request::{Rng, Template};
+use crate::proto::RateLimitRequest;
 use crate::proto::rate_limit_response::Code;
 use crate::proto::rate_limit_service_client::RateLimitServiceClient;
 
@@ -137,27 +139,16 @@ pub async fn run_load(plan: Plan) -> anyhow::Result<Summary> {
     let progress = plan
         .progress
         .then(|| tokio::spawn(progress(live.clone(), window)));
-    let next = Arc::new(AtomicU64::new(0));
-    let mut workers = JoinSet::new();
-    for i in 0..plan.concurrency {
-        let client = Client::new(channels[i % channels.len()].clone());
-        let rng = Rng::new(plan.seed ^ (i as u64).wrapping_mul(0x9E37_79B9));
-        let (plan, live, next) = (plan.clone(), live.clone(), next.clone());
-        workers.spawn(async move {
-            match plan.rate {
-                None => closed_worker(client, &plan, rng, window, &live).await,
-                Some(rate) => open_worker(client, &plan, rng, window, &live, rate, &next).await,
-            }
-        });
-    }
-    let mut total = Tally::new()?;
-    while let Some(done) = workers.join_next().await {
-        total.merge(done.context("a load worker panicked")??)?;
-    }
+    let clients: Vec<Client> = channels.into_iter().map(Client::new).collect();
+    let total = match plan.rate {
+        None => closed_loop(&clients, &plan, window, &live).await,
+        Some(rate) => open_loop(&clients, &plan, window, &live, rate).await,
+    };
     if let Some(p) = progress {
         p.abort();
         let _ = p.await;
     }
+    let mut total = total?;
     if let Some(rate) = plan.rate {
         let missing = due_in_window(&plan, rate).saturating_sub(total.requests());
         if missing > 0 {
@@ -184,10 +175,13 @@ async fn connect(target: &str, n: usize) -> anyhow::Result<Vec<Channel>> {
 }
 
 /// Sends one request; what it came to.
-async fn call(client: &mut Client, plan: &Plan, rng: &mut Rng, live: &Live) -> Outcome {
-    let request = plan.template.make(rng);
-    let outcome = match tokio::time::timeout(plan.timeout, client.should_rate_limit(request)).await
-    {
+async fn call(
+    client: &mut Client,
+    request: RateLimitRequest,
+    timeout: Duration,
+    live: &Live,
+) -> Outcome {
+    let outcome = match tokio::time::timeout(timeout, client.should_rate_limit(request)).await {
         Err(_) => Outcome::Error("timeout".to_owned()),
         Ok(Err(status)) => Outcome::Error(format!("{:?}", status.code())),
         Ok(Ok(answer)) => match Code::try_from(answer.get_ref().overall_code) {
@@ -205,8 +199,29 @@ async fn call(client: &mut Client, plan: &Plan, rng: &mut Rng, live: &Live) -> O
     outcome
 }
 
-/// Closed loop: the next request as soon as the last is answered. Counts what completes in
-/// the window.
+/// Closed loop: `concurrency` workers over the connections.
+async fn closed_loop(
+    clients: &[Client],
+    plan: &Arc<Plan>,
+    window: Window,
+    live: &Arc<Live>,
+) -> anyhow::Result<Tally> {
+    let mut workers = JoinSet::new();
+    for i in 0..plan.concurrency {
+        let client = clients[i % clients.len()].clone();
+        let rng = Rng::new(plan.seed ^ (i as u64).wrapping_mul(0x9E37_79B9));
+        let (plan, live) = (plan.clone(), live.clone());
+        workers.spawn(async move { closed_worker(client, &plan, rng, window, &live).await });
+    }
+    let mut total = Tally::new()?;
+    while let Some(done) = workers.join_next().await {
+        total.merge(done.context("a load worker panicked")??)?;
+    }
+    Ok(total)
+}
+
+/// One closed-loop worker: the next request as soon as the last is answered. Counts what
+/// completes in the window.
 async fn closed_worker(
     mut client: Client,
     plan: &Plan,
@@ -216,11 +231,12 @@ async fn closed_worker(
 ) -> anyhow::Result<Tally> {
     let mut tally = Tally::new()?;
     loop {
-        let sent = Instant::now();
-        if sent >= window.end {
+        if Instant::now() >= window.end {
             return Ok(tally);
         }
-        let outcome = call(&mut client, plan, &mut rng, live).await;
+        let request = plan.template.make(&mut rng);
+        let sent = Instant::now();
+        let outcome = call(&mut client, request, plan.timeout, live).await;
         let done = Instant::now();
         if window.contains(done) {
             tally.record(outcome, done - sent, None);
@@ -228,30 +244,90 @@ async fn closed_worker(
     }
 }
 
-/// Open loop: request `k` is due at `origin + k / rate`; latency runs from then. Counts what
-/// is due in the window. Gives up on requests it could not even send by `end + timeout`.
-async fn open_worker(
-    mut client: Client,
-    plan: &Plan,
-    mut rng: Rng,
+/// Open loop: a pacer thread releases request `k` at its due time `origin + k / rate`; a
+/// dispatcher sends each released request as soon as fewer than `concurrency` are in flight,
+/// on the connections in turn. Latency runs from the due time. Counts what is due in the
+/// window; gives up on requests it could not even send by `end + timeout`.
+async fn open_loop(
+    clients: &[Client],
+    plan: &Arc<Plan>,
     window: Window,
-    live: &Live,
+    live: &Arc<Live>,
     rate: f64,
-    next: &AtomicU64,
 ) -> anyhow::Result<Tally> {
-    let mut tally = Tally::new()?;
-    loop {
-        let k = next.fetch_add(1, Ordering::Relaxed);
-        let due = window.origin + Duration::from_secs_f64(k as f64 / rate);
-        if due >= window.end || Instant::now() > window.end + plan.timeout {
-            return Ok(tally);
+    let (due_tx, mut due_rx) = mpsc::unbounded_channel();
+    let pacer = std::thread::spawn(move || pace(window, rate, &due_tx));
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Answered>();
+    let collect = tokio::spawn(async move {
+        let mut tally = Tally::new()?;
+        while let Some(a) = done_rx.recv().await {
+            if window.contains(a.due) {
+                tally.record(a.outcome, a.done - a.due, Some(a.done - a.sent));
+            }
         }
-        tokio::time::sleep_until(due).await;
-        let sent = Instant::now();
-        let outcome = call(&mut client, plan, &mut rng, live).await;
-        let done = Instant::now();
-        if window.contains(due) {
-            tally.record(outcome, done - due, Some(done - sent));
+        anyhow::Ok(tally)
+    });
+    let slots = Arc::new(Semaphore::new(plan.concurrency));
+    let mut in_flight = JoinSet::new();
+    let mut rng = Rng::new(plan.seed);
+    let mut sent = 0usize;
+    while let Some(due) = due_rx.recv().await {
+        if Instant::now() > window.end + plan.timeout {
+            break;
+        }
+        let slot = slots.clone().acquire_owned().await?;
+        let request = plan.template.make(&mut rng);
+        let mut client = clients[sent % clients.len()].clone();
+        sent += 1;
+        let (timeout, live, done_tx) = (plan.timeout, live.clone(), done_tx.clone());
+        in_flight.spawn(async move {
+            let sent = Instant::now();
+            let outcome = call(&mut client, request, timeout, &live).await;
+            let done = Instant::now();
+            drop(slot);
+            let _ = done_tx.send(Answered {
+                due,
+                sent,
+                done,
+                outcome,
+            });
+        });
+        while in_flight.try_join_next().is_some() {}
+    }
+    drop(due_rx);
+    while in_flight.join_next().await.is_some() {}
+    drop(done_tx);
+    let tally = collect.await.context("the collector panicked")??;
+    pacer
+        .join()
+        .map_err(|_| anyhow::anyhow!("the pacer panicked"))?;
+    Ok(tally)
+}
+
+/// One answered open-loop request.
+struct Answered {
+    due: Instant,
+    sent: Instant,
+    done: Instant,
+    outcome: Outcome,
+}
+
+/// Releases the due times of the open loop, from a thread of its own: a thread's sleep wakes
+/// within tens of microseconds, where tokio's timer rounds up to the next millisecond (which
+/// would add up to 1-2 ms to every latency measured from the due time). Stops at the end of
+/// the window or when nobody listens.
+fn pace(window: Window, rate: f64, due_tx: &mpsc::UnboundedSender<Instant>) {
+    for k in 0u64.. {
+        let due = window.origin + Duration::from_secs_f64(k as f64 / rate);
+        if due >= window.end {
+            return;
+        }
+        let now = Instant::now();
+        if due > now {
+            std::thread::sleep(due - now);
+        }
+        if due_tx.send(due).is_err() {
+            return;
         }
     }
 }
