@@ -1,0 +1,271 @@
+//! End to end through a real Envoy 1.40: a client asks Envoy, Envoy asks the real `sluice`
+//! binary (gRPC, HTTP/2) and forwards to an upstream stub, every process on loopback ports.
+//!
+//! Envoy runs `deploy/envoy/envoy.yaml` itself, its addresses swapped for free ports, and
+//! sluice runs `deploy/envoy/rules.yaml`: what is shipped is what is tested. Two Envoys share
+//! one sluice: one with `failure_mode_deny: true` (as shipped), one with `false`. The same
+//! scenario runs on the memory backend and on a real `redis-server`.
+
+#[path = "support/envoy.rs"]
+mod envoy;
+#[path = "support/http_client.rs"]
+mod http_client;
+#[path = "support/redis.rs"]
+mod redis_support;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use envoy::EnvoyProcess;
+use http_client::{Answer, get};
+use redis_support::{RedisServer, free_port};
+use tokio::time::Instant;
+
+fn deploy_file(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy/envoy")
+        .join(name)
+}
+
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// An HTTP server answering 200 `upstream` to everything, stopped when dropped.
+struct Upstream {
+    port: u16,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Upstream {
+    async fn start() -> Upstream {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the upstream stub");
+        let port = listener.local_addr().expect("its address").port();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let app = axum::Router::new().fallback(|| async { "upstream" });
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        Upstream { port, _stop: stop }
+    }
+}
+
+/// The real `sluice serve` on free ports with `deploy/envoy/rules.yaml`, killed when dropped.
+struct Sluice {
+    grpc_port: u16,
+    child: Option<Child>,
+}
+
+impl Sluice {
+    async fn start(backend: &[String]) -> Sluice {
+        let grpc_port = free_port();
+        let admin_port = free_port();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        command.env_remove("RUST_LOG");
+        for (k, _) in std::env::vars() {
+            if k.starts_with("SLUICE_") {
+                command.env_remove(k);
+            }
+        }
+        let child = command
+            .arg("serve")
+            .arg("--rules")
+            .arg(deploy_file("rules.yaml"))
+            .args(["--grpc-listen", &loopback(grpc_port).to_string()])
+            .args(["--admin-listen", &loopback(admin_port).to_string()])
+            .args(backend)
+            .env("SLUICE_LOG__LEVEL", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the sluice binary");
+        let sluice = Sluice {
+            grpc_port,
+            child: Some(child),
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ready = http_client::try_get(loopback(admin_port), "/readyz", &[]).await;
+            if ready.is_some_and(|a| a.status == 200) {
+                return sluice;
+            }
+            assert!(Instant::now() < deadline, "sluice did not become ready");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Sluice {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// An Envoy running the shipped config on loopback, and the port it listens on.
+struct Proxy {
+    port: u16,
+    _envoy: EnvoyProcess,
+}
+
+impl Proxy {
+    async fn start(upstream: u16, sluice: u16, failure_mode_deny: bool) -> Proxy {
+        let template = std::fs::read_to_string(deploy_file("envoy.yaml")).expect("envoy.yaml");
+        let (port, admin) = (free_port(), free_port());
+        let swaps = [
+            (
+                "address: { socket_address: { address: 127.0.0.1, port_value: 9901 } }",
+                admin,
+            ),
+            (
+                "address: { socket_address: { address: 0.0.0.0, port_value: 10000 } }",
+                port,
+            ),
+            (
+                "address: { socket_address: { address: app, port_value: 8000 } }",
+                upstream,
+            ),
+            (
+                "address: { socket_address: { address: sluice, port_value: 8081 } }",
+                sluice,
+            ),
+        ];
+        let mut config = template;
+        for (from, to) in swaps {
+            let to = format!(
+                "address: {{ socket_address: {{ address: 127.0.0.1, port_value: {to} }} }}"
+            );
+            config = envoy::replace_once(&config, from, &to);
+        }
+        config = envoy::replace_once(
+            &config,
+            "failure_mode_deny: true",
+            &format!("failure_mode_deny: {failure_mode_deny}"),
+        );
+        // A loaded CI machine runs a debug sluice: a generous deadline keeps "too slow" out of
+        // what this test observes.
+        config = envoy::replace_once(&config, " timeout: 0.25s", " timeout: 5s");
+        Proxy {
+            port,
+            _envoy: EnvoyProcess::start(&config, admin).await,
+        }
+    }
+
+    async fn get(&self, path: &str, headers: &[(&str, &str)]) -> Answer {
+        get(loopback(self.port), path, headers).await
+    }
+}
+
+fn header<'a>(answer: &'a Answer, name: &str) -> &'a str {
+    answer
+        .header(name)
+        .unwrap_or_else(|| panic!("no {name} header in {answer:?}"))
+}
+
+/// The whole scenario against one sluice (started with `backend` arguments).
+async fn scenario(backend: &[String]) {
+    let upstream = Upstream::start().await;
+    let mut sluice = Sluice::start(backend).await;
+    let deny = Proxy::start(upstream.port, sluice.grpc_port, true).await;
+    let allow = Proxy::start(upstream.port, sluice.grpc_port, false).await;
+
+    // /login: 5 per minute, so one every 12 s. Within the limit: 200s, counting down. The
+    // path status has the least left, so it gives remaining and reset (12 s per request taken).
+    // The limit header lists every status with a limit: remote_address's, then the path's.
+    let limit = r#"5, 50;w=1, 5;w=60;name="login""#;
+    for taken in 1..=5u32 {
+        let answer = deny.get("/login", &[]).await;
+        assert_eq!(
+            answer.status, 200,
+            "request {taken} within the limit: {answer:?}"
+        );
+        assert_eq!(answer.body, "upstream");
+        assert_eq!(header(&answer, "x-ratelimit-limit"), limit);
+        assert_eq!(
+            header(&answer, "x-ratelimit-remaining"),
+            (5 - taken).to_string()
+        );
+        assert_eq!(
+            header(&answer, "x-ratelimit-reset"),
+            (12 * taken).to_string()
+        );
+        assert!(answer.header("x-envoy-ratelimited").is_none());
+    }
+
+    // The next one is over: 429, marked by Envoy, admitted again in 12 s.
+    let over = deny.get("/login", &[]).await;
+    assert_eq!(over.status, 429, "{over:?}");
+    assert_eq!(header(&over, "x-envoy-ratelimited"), "true");
+    assert_eq!(header(&over, "x-ratelimit-limit"), limit);
+    assert_eq!(header(&over, "x-ratelimit-remaining"), "0");
+    assert_eq!(header(&over, "x-ratelimit-reset"), "12");
+
+    // A path with no rule passes, again and again; only remote_address's limit is reported.
+    for _ in 0..8 {
+        let answer = deny.get("/orders", &[]).await;
+        assert_eq!(answer.status, 200, "{answer:?}");
+        assert_eq!(header(&answer, "x-ratelimit-limit"), "50, 50;w=1");
+    }
+
+    // The header descriptor: an API key's per-second limit has the least left.
+    let keyed = deny.get("/orders", &[("x-api-key", "k-1")]).await;
+    assert_eq!(keyed.status, 200, "{keyed:?}");
+    assert_eq!(
+        header(&keyed, "x-ratelimit-limit"),
+        r#"10, 50;w=1, 10;w=1;name="api_key_per_second""#
+    );
+    assert_eq!(header(&keyed, "x-ratelimit-remaining"), "9");
+    assert_eq!(header(&keyed, "x-ratelimit-reset"), "1");
+
+    // The fail-open Envoy asks the same sluice (it reports the limit, and /login is over).
+    let answer = allow.get("/orders", &[]).await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(header(&answer, "x-ratelimit-limit"), "50, 50;w=1");
+    assert_eq!(allow.get("/login", &[]).await.status, 429);
+
+    // sluice stopped: failure_mode_deny true answers 500, false lets the request through.
+    sluice.stop();
+    let denied = deny.get("/orders", &[]).await;
+    assert_eq!(denied.status, 500, "failure_mode_deny: true: {denied:?}");
+    let allowed = allow.get("/orders", &[]).await;
+    assert_eq!(allowed.status, 200, "failure_mode_deny: false: {allowed:?}");
+    assert_eq!(allowed.body, "upstream");
+    assert!(allowed.header("x-ratelimit-limit").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_with_the_memory_backend() {
+    scenario(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_with_the_redis_backend() {
+    let redis = RedisServer::start();
+    scenario(&[
+        "--backend".to_owned(),
+        "redis".to_owned(),
+        "--redis-url".to_owned(),
+        redis.url(),
+    ])
+    .await;
+    // The limits were Redis's: it holds the /login funnel.
+    let keys: Vec<String> = redis.cmd(&["KEYS", "sluice:*"]);
+    assert!(
+        keys.iter().any(|k| k.contains("path=/login")),
+        "no /login key in Redis: {keys:?}"
+    );
+}
