@@ -12,108 +12,20 @@ mod envoy;
 mod http_client;
 #[path = "support/redis.rs"]
 mod redis_support;
+#[path = "support/stack.rs"]
+mod stack;
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
 use envoy::EnvoyProcess;
 use http_client::{Answer, get};
-use redis_support::{RedisServer, free_port};
-use tokio::time::Instant;
+use redis_support::RedisServer;
+use stack::{Sluice, Upstream, free_port, loopback};
 
 fn deploy_file(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("deploy/envoy")
         .join(name)
-}
-
-fn loopback(port: u16) -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], port))
-}
-
-/// An HTTP server answering 200 `upstream` to everything, stopped when dropped.
-struct Upstream {
-    port: u16,
-    _stop: tokio::sync::oneshot::Sender<()>,
-}
-
-impl Upstream {
-    async fn start() -> Upstream {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind the upstream stub");
-        let port = listener.local_addr().expect("its address").port();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let app = axum::Router::new().fallback(|| async { "upstream" });
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(async {
-                    let _ = stopped.await;
-                })
-                .await;
-        });
-        Upstream { port, _stop: stop }
-    }
-}
-
-/// The real `sluice serve` on free ports with `deploy/envoy/rules.yaml`, killed when dropped.
-struct Sluice {
-    grpc_port: u16,
-    child: Option<Child>,
-}
-
-impl Sluice {
-    async fn start(backend: &[String]) -> Sluice {
-        let grpc_port = free_port();
-        let admin_port = free_port();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
-        command.env_remove("RUST_LOG");
-        for (k, _) in std::env::vars() {
-            if k.starts_with("SLUICE_") {
-                command.env_remove(k);
-            }
-        }
-        let child = command
-            .arg("serve")
-            .arg("--rules")
-            .arg(deploy_file("rules.yaml"))
-            .args(["--grpc-listen", &loopback(grpc_port).to_string()])
-            .args(["--admin-listen", &loopback(admin_port).to_string()])
-            .args(backend)
-            .env("SLUICE_LOG__LEVEL", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start the sluice binary");
-        let sluice = Sluice {
-            grpc_port,
-            child: Some(child),
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let ready = http_client::try_get(loopback(admin_port), "/readyz", &[]).await;
-            if ready.is_some_and(|a| a.status == 200) {
-                return sluice;
-            }
-            assert!(Instant::now() < deadline, "sluice did not become ready");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Sluice {
-    fn drop(&mut self) {
-        self.stop();
-    }
 }
 
 /// An Envoy running the shipped config on loopback, and the port it listens on.
@@ -179,7 +91,7 @@ fn header<'a>(answer: &'a Answer, name: &str) -> &'a str {
 /// The whole scenario against one sluice (started with `backend` arguments).
 async fn scenario(backend: &[String]) {
     let upstream = Upstream::start().await;
-    let mut sluice = Sluice::start(backend).await;
+    let mut sluice = Sluice::start(&deploy_file("rules.yaml"), backend).await;
     let deny = Proxy::start(upstream.port, sluice.grpc_port, true).await;
     let allow = Proxy::start(upstream.port, sluice.grpc_port, false).await;
 
