@@ -6,6 +6,9 @@
 //! one sluice: one with `failure_mode_deny: true` (as shipped), one with `false`. The same
 //! scenario runs on the memory backend and on a real `redis-server`.
 
+#[allow(dead_code)]
+#[path = "common/http.rs"]
+mod admin_http;
 #[path = "support/envoy.rs"]
 mod envoy;
 #[path = "support/http_client.rs"]
@@ -35,8 +38,9 @@ struct Proxy {
 }
 
 impl Proxy {
-    async fn start(upstream: u16, sluice: u16, failure_mode_deny: bool) -> Proxy {
-        let template = std::fs::read_to_string(deploy_file("envoy.yaml")).expect("envoy.yaml");
+    /// `deploy/envoy/<file>` with loopback addresses.
+    async fn start(file: &str, upstream: u16, sluice: u16, failure_mode_deny: bool) -> Proxy {
+        let template = std::fs::read_to_string(deploy_file(file)).expect("an Envoy config");
         let (port, admin) = (free_port(), free_port());
         let swaps = [
             (
@@ -92,8 +96,8 @@ fn header<'a>(answer: &'a Answer, name: &str) -> &'a str {
 async fn scenario(backend: &[String]) {
     let upstream = Upstream::start().await;
     let mut sluice = Sluice::start(&deploy_file("rules.yaml"), backend).await;
-    let deny = Proxy::start(upstream.port, sluice.grpc_port, true).await;
-    let allow = Proxy::start(upstream.port, sluice.grpc_port, false).await;
+    let deny = Proxy::start("envoy.yaml", upstream.port, sluice.grpc_port, true).await;
+    let allow = Proxy::start("envoy.yaml", upstream.port, sluice.grpc_port, false).await;
 
     // /login: 5 per minute, so one every 12 s. Within the limit: 200s, counting down. The
     // path status has the least left, so it gives remaining and reset (12 s per request taken).
@@ -180,4 +184,74 @@ async fn envoy_with_the_redis_backend() {
         keys.iter().any(|k| k.contains("path=/login")),
         "no /login key in Redis: {keys:?}"
     );
+}
+
+/// Waits until sluice has counted `tokens` on the large-model rule (reports are sent after
+/// the answer, so they may land a little after the client got it).
+async fn wait_for_tokens(sluice: &Sluice, tokens: u64) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let labels = [("domain", "llm"), ("rule", "user.model_large")];
+    loop {
+        let metrics = get(loopback(sluice.admin_port), "/metrics", &[]).await;
+        let counted = admin_http::sample(&metrics.body, "sluice_rule_hits_total", &labels);
+        if counted == Some(tokens as f64) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "sluice counted {counted:?} tokens, not {tokens}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// deploy/envoy/llm-tokens.yaml with the rules of deploy/examples/llm-tokens.yaml: a check
+/// before the request, the answer's token count reported when the stream is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_reports_llm_tokens_after_the_answer() {
+    let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples/llm-tokens.yaml");
+    let upstream = Upstream::start().await;
+    let sluice = Sluice::start(&rules, &[]).await;
+    let proxy = Proxy::start("llm-tokens.yaml", upstream.port, sluice.grpc_port, true).await;
+    let alice = [("x-user-id", "alice"), ("x-model", "large")];
+
+    // 100k tokens per minute. A first answer of 60k tokens: admitted (the check costs 0).
+    let first = proxy
+        .get(
+            "/v1/chat",
+            &[alice[0], alice[1], ("x-reply-tokens", "60000")],
+        )
+        .await;
+    assert_eq!(first.status, 200, "{first:?}");
+    assert_eq!(header(&first, "x-ratelimit-remaining"), "100000");
+    // The report arrives after the answer: wait until sluice has counted it.
+    wait_for_tokens(&sluice, 60_000).await;
+    let second = proxy
+        .get(
+            "/v1/chat",
+            &[alice[0], alice[1], ("x-reply-tokens", "90000")],
+        )
+        .await;
+    // Not in debt yet (40k left, plus what leaked since: 1667 tokens a second): admitted; its
+    // 90k overshoot is charged anyway.
+    assert_eq!(second.status, 200, "{second:?}");
+    let left: u32 = header(&second, "x-ratelimit-remaining").parse().unwrap();
+    assert!((40_000..42_000).contains(&left), "{left} left");
+    wait_for_tokens(&sluice, 150_000).await;
+    let third = proxy.get("/v1/chat", &alice).await;
+    assert_eq!(third.status, 429, "{third:?}");
+    // In debt by about 50k: denied for the ~30 s it takes to leak away (100k per minute).
+    assert_eq!(header(&third, "x-envoy-ratelimited"), "true");
+    assert_eq!(header(&third, "x-ratelimit-remaining"), "0");
+    assert_eq!(
+        header(&third, "x-ratelimit-limit"),
+        r#"100000, 100000;w=60;name="large_tokens_per_minute""#
+    );
+    let reset: u32 = header(&third, "x-ratelimit-reset").parse().unwrap();
+    assert!((28..=30).contains(&reset), "reset in {reset} s");
+    // Another user is not affected.
+    let bob = proxy
+        .get("/v1/chat", &[("x-user-id", "bob"), ("x-model", "large")])
+        .await;
+    assert_eq!(bob.status, 200, "{bob:?}");
 }
