@@ -91,6 +91,14 @@ fn only<'a>(docs: &'a [Doc], kind: &str) -> &'a Yaml<'static> {
     &found[0].yaml
 }
 
+fn by_name<'a>(docs: &'a [Doc], kind: &str, name: &str) -> &'a Yaml<'static> {
+    &docs
+        .iter()
+        .find(|d| d.kind() == kind && d.name() == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+        .yaml
+}
+
 fn kinds(docs: &[Doc]) -> Vec<&str> {
     let mut kinds: Vec<&str> = docs.iter().map(Doc::kind).collect();
     kinds.sort_unstable();
@@ -294,6 +302,7 @@ fn every_optional_part_renders_when_enabled() {
             "PodDisruptionBudget",
             "Secret",
             "Service",
+            "Service",
             "ServiceAccount",
             "ServiceMonitor"
         ]
@@ -323,13 +332,20 @@ fn every_optional_part_renders_when_enabled() {
     assert_eq!(str_at(monitor, "spec.endpoints.0.interval"), "15s");
     assert_eq!(str_at(monitor, "spec.namespaceSelector.matchNames.0"), "rl");
     assert_eq!(str_at(monitor, "metadata.labels.release"), "prometheus");
-    let service_labels = string_map(only(&docs, "Service"), "metadata.labels");
+    let service = by_name(&docs, "Service", name);
+    let service_labels = string_map(service, "metadata.labels");
     for label in string_map(monitor, "spec.selector.matchLabels") {
         assert!(
             service_labels.contains(&label),
             "{label:?} selects no Service"
         );
     }
+
+    // The headless Service: the pods' own addresses in DNS, for Envoy's STRICT_DNS clusters.
+    let headless = by_name(&docs, "Service", &format!("{name}-headless"));
+    assert_eq!(str_at(headless, "spec.clusterIP"), "None");
+    assert_eq!(int_at(named(headless, "spec.ports", "grpc"), "port"), 8081);
+    assert_eq!(string_map(headless, "spec.selector"), selector);
 
     let policy = only(&docs, "NetworkPolicy");
     assert_eq!(string_map(policy, "spec.podSelector.matchLabels"), selector);
