@@ -323,3 +323,39 @@ scenario!(statuses_follow_request_order, |c| {
     assert_eq!(r.statuses[1].current_limit, None);
     assert_eq!(limit_of(&r.statuses[2]).map(|l| l.0), Some(1));
 });
+
+scenario!(token_bucket_bursts_then_refills_in_steps, |c| {
+    let cost = |n| req("test", vec![with_hits(desc(&[("bucket", "b")]), n)]);
+    // 3 tokens held; 2 come back one minute after the first is taken.
+    let r = call(&mut c, cost(1)).await;
+    assert_eq!(overall(&r), Code::Ok);
+    assert_eq!(r.statuses[0].limit_remaining, 2);
+    assert_eq!(
+        reset_secs(&r.statuses[0]),
+        Some(60),
+        "full again at the next refill"
+    );
+    let r = call(&mut c, cost(2)).await;
+    assert_eq!(r.statuses[0].limit_remaining, 0);
+    assert_eq!(
+        reset_secs(&r.statuses[0]),
+        Some(120),
+        "3 missing: two refills"
+    );
+    let r = call(&mut c, cost(1)).await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    assert_eq!(reset_secs(&r.statuses[0]), Some(60), "the next refill");
+    assert_eq!(
+        limit_of(&r.statuses[0]),
+        Some((2, Unit::Minute, String::new()))
+    );
+    let r = call(&mut c, cost(0)).await;
+    assert_eq!(overall(&r), Code::Ok, "empty is not in debt");
+    let mut back = with_hits(desc(&[("bucket", "b")]), 2);
+    back.is_negative_hits = true;
+    let r = call(&mut c, req("test", vec![back])).await;
+    assert_eq!(
+        r.statuses[0].limit_remaining, 2,
+        "a refund puts tokens back"
+    );
+});

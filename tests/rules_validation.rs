@@ -15,9 +15,9 @@ const VALID_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/rul
 #[rustfmt::skip]
 const INVALID: &[(&str, &[&str])] = &[
     ("algorithm_unknown.yaml", &[
-        "algorithm_unknown.yaml:8: descriptors[0].rate_limit.algorithm: algorithm 'token_bucket' is not supported in this version (supported: funnel)",
-        "algorithm_unknown.yaml:13: descriptors[1].rate_limits[0].algorithm: algorithm 'sliding_window' is not supported in this version (supported: funnel)",
-        "algorithm_unknown.yaml:16: descriptors[1].rate_limits[1].algorithm: unknown algorithm 'gcra'",
+        "algorithm_unknown.yaml:8: descriptors[0].rate_limit.algorithm: algorithm 'fixed_window' is not supported in this version (supported: funnel or token_bucket)",
+        "algorithm_unknown.yaml:13: descriptors[1].rate_limits[0].algorithm: algorithm 'sliding_window' is not supported in this version (supported: funnel or token_bucket)",
+        "algorithm_unknown.yaml:16: descriptors[1].rate_limits[1].algorithm: unknown algorithm 'gcra' (expected funnel or token_bucket)",
     ]),
     ("burst_zero.yaml", &[
         "burst_zero.yaml:8: descriptors[0].rate_limit.burst: must be at least 1",
@@ -290,6 +290,7 @@ fn extensions_build_the_model() {
         "  llm_tokens @12: 100000/5xminute burst=100000 funnel Always borrow name=None replaces=[]".to_owned(),
         "  export @20: unlimited name=None replaces=[]".to_owned(),
         "  blocked @23: 0/100xyear burst=0 funnel Admitted name=None replaces=[]".to_owned(),
+        "  bucket @29: 10/1xminute burst=15 token_bucket Admitted borrow name=None replaces=[] & 100/1xhour burst=100 token_bucket Admitted name=None replaces=[]".to_owned(),
     ]);
 }
 

@@ -1,0 +1,112 @@
+//! Every algorithm behind one interface: a key's [`State`], and [`Algo`], one limit's algorithm
+//! with its parameters, answering what a backend asks about a hit. Each algorithm's math lives
+//! in its own module as pure functions; this module only dispatches.
+//!
+//! A state of one algorithm read by another (which the state keys, naming the algorithm, rule
+//! out) counts as fresh.
+
+use super::LimitParams;
+use super::funnel::{self, Funnel};
+use super::token_bucket::{self, Bucket, TokenBucket};
+use crate::config::model::Algorithm;
+
+/// One key's limiter state. [`State::Fresh`] is the state of a key never used, or whose state
+/// holds no information any more; backends never store it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum State {
+    #[default]
+    Fresh,
+    /// The funnel's `tat`.
+    Funnel(u64),
+    TokenBucket(Bucket),
+}
+
+/// One limit's algorithm and parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Algo {
+    Funnel(Funnel),
+    TokenBucket(TokenBucket),
+}
+
+impl Algo {
+    /// The algorithm of a limit.
+    pub fn of(limit: &LimitParams) -> Algo {
+        let (q, p, b, borrow) = (limit.quota, limit.period_nanos, limit.burst, limit.borrow);
+        match limit.algorithm {
+            Algorithm::Funnel => Algo::Funnel(Funnel::new(q, p, b, borrow)),
+            Algorithm::TokenBucket => Algo::TokenBucket(TokenBucket::new(q, p, b, borrow)),
+        }
+    }
+
+    /// Whether `cost` at `now` is admitted against `state`.
+    pub fn admits(&self, state: &State, now: u64, cost: u64) -> bool {
+        match self {
+            Algo::Funnel(f) => f.evaluate(tat(state), now, cost).admitted,
+            Algo::TokenBucket(b) => b.admits(bucket(state), now, cost),
+        }
+    }
+
+    /// Takes `cost` at `now`, admitted or not.
+    pub fn take(&self, state: &mut State, now: u64, cost: u64) {
+        *state = match self {
+            Algo::Funnel(f) => State::Funnel(f.consume(tat(state), now, cost)),
+            Algo::TokenBucket(b) => State::TokenBucket(b.consume(bucket(state), now, cost)),
+        };
+    }
+
+    /// Gives `cost` back at `now` (never below empty).
+    pub fn give_back(&self, state: &mut State, now: u64, cost: u64) {
+        *state = match self {
+            Algo::Funnel(f) => State::Funnel(f.refund(tat(state), now, cost)),
+            Algo::TokenBucket(b) => State::TokenBucket(b.refund(bucket(state), now, cost)),
+        };
+    }
+
+    /// What is left at `now`.
+    pub fn remaining(&self, state: &State, now: u64) -> u64 {
+        match self {
+            Algo::Funnel(f) => f.remaining(tat(state), now),
+            Algo::TokenBucket(b) => b.remaining(bucket(state), now),
+        }
+    }
+
+    /// The reset reported for an admitted hit: until the full quota is back.
+    pub fn reset_after(&self, state: &State, now: u64) -> u64 {
+        match self {
+            Algo::Funnel(f) => f.until_empty(tat(state), now),
+            Algo::TokenBucket(b) => b.until_full(bucket(state), now),
+        }
+    }
+
+    /// Until `cost` would be admitted (at least 1 when it is denied now).
+    pub fn until_admitted(&self, state: &State, now: u64, cost: u64) -> u64 {
+        match self {
+            Algo::Funnel(f) => f.until_admitted(tat(state), now, cost),
+            Algo::TokenBucket(b) => b.until_admitted(bucket(state), now, cost),
+        }
+    }
+
+    /// When `state` becomes fresh (holds no information any more), or `None` when it already
+    /// is at `now`. Backends drop a state then: Redis gives its key this expiry.
+    pub fn fresh_at(&self, state: &State, now: u64) -> Option<u64> {
+        let wait = match self {
+            Algo::Funnel(f) => f.until_empty(tat(state), now),
+            Algo::TokenBucket(b) => b.until_full(bucket(state), now),
+        };
+        (wait > 0).then(|| now.saturating_add(wait))
+    }
+}
+
+fn tat(state: &State) -> u64 {
+    match state {
+        State::Funnel(tat) => *tat,
+        _ => funnel::FRESH,
+    }
+}
+
+fn bucket(state: &State) -> Bucket {
+    match state {
+        State::TokenBucket(b) => *b,
+        _ => token_bucket::FULL,
+    }
+}
