@@ -359,3 +359,37 @@ scenario!(token_bucket_bursts_then_refills_in_steps, |c| {
         "a refund puts tokens back"
     );
 });
+
+scenario!(
+    fixed_window_counts_admitted_costs_until_the_window_ends,
+    |c| {
+        let cost = |n| req("test", vec![with_hits(desc(&[("window", "w")]), n)]);
+        // 3 per day, days aligned to 00:00 UTC: the reset is the time to the end of the day.
+        let r = call(&mut c, cost(2)).await;
+        assert_eq!(overall(&r), Code::Ok);
+        assert_eq!(r.statuses[0].limit_remaining, 1);
+        let to_day_end = reset_secs(&r.statuses[0]).expect("a reset");
+        assert!((1..=86_400).contains(&to_day_end), "{to_day_end}");
+        let r = call(&mut c, cost(2)).await;
+        assert_eq!(overall(&r), Code::OverLimit);
+        let later = |r: &RateLimitResponse| {
+            // Redis reads its own clock: a second may pass between two calls.
+            let reset = reset_secs(&r.statuses[0]).expect("a reset");
+            assert!(
+                reset <= to_day_end && reset + 1 >= to_day_end,
+                "{reset} vs {to_day_end}"
+            );
+        };
+        later(&r);
+        let r = call(&mut c, cost(1)).await;
+        assert_eq!(overall(&r), Code::Ok, "the denied cost was not counted");
+        assert_eq!(r.statuses[0].limit_remaining, 0);
+        later(&r);
+        assert_eq!(
+            overall(&call(&mut c, cost(0)).await),
+            Code::Ok,
+            "full is not over"
+        );
+        assert_eq!(overall(&call(&mut c, cost(1)).await), Code::OverLimit);
+    }
+);

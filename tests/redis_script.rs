@@ -192,6 +192,7 @@ macro_rules! differential {
 differential! {
     differential_funnel: [Algorithm::Funnel];
     differential_token_bucket: [Algorithm::TokenBucket];
+    differential_fixed_window: [Algorithm::FixedWindow];
     differential_every_algorithm_in_one_batch: Algorithm::ALL;
 }
 
@@ -295,6 +296,24 @@ async fn every_algorithm_keys_its_state_until_it_is_fresh() {
     // 5 tokens missing, 2 back per 10 s: full again after 3 refills.
     let ttl = ttl_after(&redis, &limiter, bucket, 5).await;
     assert!((29_000..=30_000).contains(&ttl), "token bucket PTTL {ttl}");
+    // A window lives until its end: within the hour of Redis time, to the millisecond.
+    let window = LimitParams {
+        algorithm: Algorithm::FixedWindow,
+        ..limit(5, 3_600)
+    };
+    let ttl = ttl_after(&redis, &limiter, window, 1).await;
+    let to_end = 3_600_000 - (unix_millis() % 3_600_000);
+    assert!(
+        ttl.abs_diff(to_end) < 1_000,
+        "fixed window PTTL {ttl}, {to_end} ms to the hour"
+    );
+}
+
+fn unix_millis() -> i64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970");
+    i64::try_from(since.as_millis()).expect("in range")
 }
 
 #[tokio::test]

@@ -174,11 +174,17 @@ pub enum Algorithm {
     Funnel,
     /// Stepwise refills: Q tokens every P, at most B held.
     TokenBucket,
+    /// envoyproxy/ratelimit's counter per epoch-aligned window.
+    FixedWindow,
 }
 
 impl Algorithm {
     /// Every algorithm, in the order the docs list them.
-    pub const ALL: [Algorithm; 2] = [Algorithm::Funnel, Algorithm::TokenBucket];
+    pub const ALL: [Algorithm; 3] = [
+        Algorithm::Funnel,
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+    ];
 
     pub fn parse(name: &str) -> Option<Algorithm> {
         Self::ALL.into_iter().find(|a| a.as_str() == name)
@@ -188,6 +194,7 @@ impl Algorithm {
         match self {
             Algorithm::Funnel => "funnel",
             Algorithm::TokenBucket => "token_bucket",
+            Algorithm::FixedWindow => "fixed_window",
         }
     }
 

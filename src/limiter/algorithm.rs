@@ -6,6 +6,7 @@
 //! out) counts as fresh.
 
 use super::LimitParams;
+use super::fixed_window::{self, FixedWindow, Window};
 use super::funnel::{self, Funnel};
 use super::token_bucket::{self, Bucket, TokenBucket};
 use crate::config::model::Algorithm;
@@ -19,6 +20,7 @@ pub enum State {
     /// The funnel's `tat`.
     Funnel(u64),
     TokenBucket(Bucket),
+    FixedWindow(Window),
 }
 
 /// One limit's algorithm and parameters.
@@ -26,6 +28,7 @@ pub enum State {
 pub enum Algo {
     Funnel(Funnel),
     TokenBucket(TokenBucket),
+    FixedWindow(FixedWindow),
 }
 
 impl Algo {
@@ -35,6 +38,7 @@ impl Algo {
         match limit.algorithm {
             Algorithm::Funnel => Algo::Funnel(Funnel::new(q, p, b, borrow)),
             Algorithm::TokenBucket => Algo::TokenBucket(TokenBucket::new(q, p, b, borrow)),
+            Algorithm::FixedWindow => Algo::FixedWindow(FixedWindow::new(q, p)),
         }
     }
 
@@ -43,6 +47,7 @@ impl Algo {
         match self {
             Algo::Funnel(f) => f.evaluate(tat(state), now, cost).admitted,
             Algo::TokenBucket(b) => b.admits(bucket(state), now, cost),
+            Algo::FixedWindow(w) => w.admits(window(state), now, cost),
         }
     }
 
@@ -51,6 +56,7 @@ impl Algo {
         *state = match self {
             Algo::Funnel(f) => State::Funnel(f.consume(tat(state), now, cost)),
             Algo::TokenBucket(b) => State::TokenBucket(b.consume(bucket(state), now, cost)),
+            Algo::FixedWindow(w) => State::FixedWindow(w.consume(window(state), now, cost)),
         };
     }
 
@@ -59,6 +65,7 @@ impl Algo {
         *state = match self {
             Algo::Funnel(f) => State::Funnel(f.refund(tat(state), now, cost)),
             Algo::TokenBucket(b) => State::TokenBucket(b.refund(bucket(state), now, cost)),
+            Algo::FixedWindow(w) => State::FixedWindow(w.refund(window(state), now, cost)),
         };
     }
 
@@ -67,14 +74,17 @@ impl Algo {
         match self {
             Algo::Funnel(f) => f.remaining(tat(state), now),
             Algo::TokenBucket(b) => b.remaining(bucket(state), now),
+            Algo::FixedWindow(w) => w.remaining(window(state), now),
         }
     }
 
-    /// The reset reported for an admitted hit: until the full quota is back.
+    /// The reset reported for an admitted hit: until the full quota is back (for a fixed
+    /// window, as envoyproxy/ratelimit reports it: to the end of the window).
     pub fn reset_after(&self, state: &State, now: u64) -> u64 {
         match self {
             Algo::Funnel(f) => f.until_empty(tat(state), now),
             Algo::TokenBucket(b) => b.until_full(bucket(state), now),
+            Algo::FixedWindow(w) => w.until_window_end(now),
         }
     }
 
@@ -83,6 +93,7 @@ impl Algo {
         match self {
             Algo::Funnel(f) => f.until_admitted(tat(state), now, cost),
             Algo::TokenBucket(b) => b.until_admitted(bucket(state), now, cost),
+            Algo::FixedWindow(w) => w.until_admitted(window(state), now, cost),
         }
     }
 
@@ -92,6 +103,7 @@ impl Algo {
         let wait = match self {
             Algo::Funnel(f) => f.until_empty(tat(state), now),
             Algo::TokenBucket(b) => b.until_full(bucket(state), now),
+            Algo::FixedWindow(w) => w.until_fresh(window(state), now),
         };
         (wait > 0).then(|| now.saturating_add(wait))
     }
@@ -108,5 +120,12 @@ fn bucket(state: &State) -> Bucket {
     match state {
         State::TokenBucket(b) => *b,
         _ => token_bucket::FULL,
+    }
+}
+
+fn window(state: &State) -> Window {
+    match state {
+        State::FixedWindow(w) => *w,
+        _ => fixed_window::EMPTY,
     }
 }

@@ -1,7 +1,7 @@
 //! The limiters: the algorithms as pure functions, and the backends that keep their state.
 //!
 //! Each algorithm is a module of pure integer functions of (state, now, cost, parameters):
-//! [`funnel`], [`token_bucket`]. [`algorithm`] puts them behind one interface for the memory
+//! [`funnel`], [`token_bucket`], [`fixed_window`]. [`algorithm`] puts them behind one interface for the memory
 //! backend; the Redis backend mirrors them in Lua (`redis/lua/`). docs/algorithms.md compares
 //! them.
 //!
@@ -12,6 +12,7 @@
 
 pub mod algorithm;
 pub mod clock;
+pub mod fixed_window;
 pub mod funnel;
 pub mod memory;
 pub mod plan;

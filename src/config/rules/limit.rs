@@ -5,9 +5,10 @@ use std::num::NonZeroU32;
 
 use saphyr::{MarkedYaml, YamlData};
 
+use super::algorithm::{algorithm, fits_algorithm};
 use super::scalar::{boolean, string, uint};
 use super::tree::{Ctx, Field, Fields, describe, index, is_null, line, mapping};
-use crate::config::model::{Algorithm, Charge, LimitRule, Policy, Unit};
+use crate::config::model::{Charge, LimitRule, Policy, Unit};
 
 /// The keys of one limit.
 const LIMIT_KEYS: &[&str] = &[
@@ -32,9 +33,6 @@ const LIMITED_ONLY: &[&str] = &[
     "charge",
     "borrow",
 ];
-
-/// Algorithms planned but not available in this version.
-const UNSUPPORTED: &[&str] = &["fixed_window", "sliding_window", "sliding_log"];
 
 /// The longest period a limit may have: 100 years of 365 days.
 pub const MAX_PERIOD_SECS: u64 = 100 * Unit::Year.seconds();
@@ -275,65 +273,6 @@ fn multiplier(fields: &Fields<'_>, unit: Option<Unit>, ctx: &mut Ctx<'_>) -> Opt
         return None;
     }
     Some(n)
-}
-
-/// The algorithm and whether it was written (`false`: the default of the settings).
-fn algorithm(fields: &Fields<'_>, ctx: &mut Ctx<'_>) -> Option<(Algorithm, bool)> {
-    let Some(f) = fields.get("algorithm") else {
-        return Some((ctx.default_algorithm, false));
-    };
-    let name = string(f, ctx)?;
-    let algorithm = Algorithm::parse(&name);
-    if algorithm.is_none() {
-        let message = if UNSUPPORTED.contains(&name.as_str()) {
-            format!(
-                "algorithm '{name}' is not supported in this version (supported: {})",
-                Algorithm::names()
-            )
-        } else {
-            format!(
-                "unknown algorithm '{name}' (expected {})",
-                Algorithm::names()
-            )
-        };
-        ctx.error(f.line, &f.path, message);
-    }
-    algorithm.map(|a| (a, true))
-}
-
-/// `burst` and `borrow: true` only mean something to an algorithm with a capacity.
-fn fits_algorithm(
-    fields: &Fields<'_>,
-    (algorithm, written): (Algorithm, bool),
-    borrow: bool,
-    ctx: &mut Ctx<'_>,
-) -> bool {
-    if algorithm.has_capacity() {
-        return true;
-    }
-    let which = if written {
-        format!("this limit's algorithm is {}", algorithm.as_str())
-    } else {
-        format!(
-            "this limit's algorithm is {} (limits.default_algorithm)",
-            algorithm.as_str()
-        )
-    };
-    let mut ok = true;
-    if let Some(f) = fields.get("burst") {
-        let message = format!("burst only applies to funnel and token_bucket; {which}");
-        ctx.error(f.line, &f.path, message);
-        ok = false;
-    }
-    if let Some(f) = fields.get("borrow").filter(|_| borrow) {
-        let message = format!(
-            "borrow only applies to funnel and token_bucket, whose debt is paid back at their \
-             rate (a window forgets it when the window passes); {which}"
-        );
-        ctx.error(f.line, &f.path, message);
-        ok = false;
-    }
-    ok
 }
 
 /// `burst`: at least 1 when given; `Some(None)` when absent (defaults to the quota).

@@ -20,6 +20,7 @@
 //! | `scalar` | typed field values (string, bool, u32) and `metadata` as JSON |
 //! | `document` | a domain document and its descriptor tree |
 //! | `limit` | `rate_limit` / `rate_limits` and every limit setting |
+//! | `algorithm` | `algorithm`, its default, and the settings only some algorithms take |
 //!
 //! # Values
 //!
@@ -96,11 +97,18 @@
 //!   years of 365 days: `unit_multiplier: a period of N x unit is longer than 100 years`.
 //! - **`burst: 0`** (`burst_zero.yaml`): `burst: must be at least 1`. Without `burst`, the
 //!   burst is `requests_per_unit`.
-//! - **Algorithm** (`algorithm_unknown.yaml`): `funnel` and `token_bucket` exist in this
-//!   version. `fixed_window`, `sliding_window` and `sliding_log` give `algorithm 'x' is not
-//!   supported in this version (supported: funnel or token_bucket)`; any other name
-//!   `unknown algorithm 'x' (expected funnel or token_bucket)`. A limit without `algorithm`
-//!   takes `limits.default_algorithm` from the settings ([`LoadOptions`]).
+//! - **Algorithm** (`algorithm_unknown.yaml`): `funnel`, `token_bucket` and `fixed_window`
+//!   exist in this version. `sliding_window` and `sliding_log` give `algorithm 'x' is not
+//!   supported in this version (supported: funnel, token_bucket or fixed_window)`; any other
+//!   name `unknown algorithm 'x' (expected funnel, token_bucket or fixed_window)`. A limit
+//!   without `algorithm` takes `limits.default_algorithm` from the settings ([`LoadOptions`]).
+//! - **`burst` without a capacity** (`burst_without_capacity.yaml`): `burst` on a window
+//!   algorithm: `burst: burst only applies to funnel and token_bucket; this limit's algorithm
+//!   is x`, followed by ` (limits.default_algorithm)` when the limit names no algorithm.
+//! - **`borrow` without a capacity** (`borrow_without_capacity.yaml`): `borrow: true` on a
+//!   window algorithm: `borrow: borrow only applies to funnel and token_bucket, whose debt is
+//!   paid back at their rate (a window forgets it when the window passes); this limit's
+//!   algorithm is x` (same suffix). `borrow: false` is accepted everywhere.
 //! - **Unknown charge** (`charge_unknown.yaml`): `charge: unknown charge 'x' (expected
 //!   admitted or always)`.
 //! - **Limits sharing a state** (`limits_share_state.yaml`): two limits of one descriptor
@@ -121,6 +129,7 @@
 //! sorted by path. A file named explicitly is loaded whatever its extension. No files at all
 //! is an empty model, not an error.
 
+mod algorithm;
 mod document;
 mod files;
 mod limit;

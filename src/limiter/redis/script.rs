@@ -22,6 +22,7 @@ pub const SOURCE: &str = concat!(
     include_str!("lua/prelude.lua"),
     include_str!("lua/funnel.lua"),
     include_str!("lua/token_bucket.lua"),
+    include_str!("lua/fixed_window.lua"),
     include_str!("lua/main.lua"),
 );
 
@@ -106,6 +107,7 @@ fn algorithm_code(algorithm: Algorithm) -> &'static str {
     match algorithm {
         Algorithm::Funnel => "f",
         Algorithm::TokenBucket => "b",
+        Algorithm::FixedWindow => "w",
     }
 }
 

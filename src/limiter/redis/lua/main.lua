@@ -1,6 +1,17 @@
 -- main: one request, mirroring src/limiter/memory/decide.rs and src/limiter/plan.rs.
 
-local ALGOS = { f = FUNNEL, b = BUCKET }
+-- The algorithms this request uses, built on first use.
+local ALGOS = {}
+local function algorithm(code)
+  local made = ALGOS[code]
+  if made == nil then
+    local make = MAKERS[code]
+    if make == nil then return nil end
+    made = make()
+    ALGOS[code] = made
+  end
+  return made
+end
 
 -- The clock.
 local now
@@ -17,7 +28,7 @@ local hits = {}
 local count = tonumber(ARGV[3]) or 0
 for h = 0, count - 1 do
   local at = 4 + 11 * h
-  local algo = ALGOS[ARGV[at + 1]]
+  local algo = algorithm(ARGV[at + 1])
   if algo == nil then
     return redis.error_reply("sluice: unknown algorithm code " .. tostring(ARGV[at + 1]))
   end

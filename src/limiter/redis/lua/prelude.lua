@@ -3,7 +3,7 @@
 -- This script is the concatenation of src/limiter/redis/lua/*.lua, in the order given by
 -- src/limiter/redis/script.rs: this prelude (the contract and integer helpers), one file per
 -- algorithm, then main.lua (evaluate, plan, commit, write, report). It mirrors the Rust pure
--- functions (src/limiter/{funnel,token_bucket}.rs), src/limiter/plan.rs (all or nothing) and
+-- functions (src/limiter/{funnel,token_bucket,fixed_window}.rs), src/limiter/plan.rs (all or nothing) and
 -- src/limiter/memory/decide.rs (evaluate with an overlay, plan, commit from the original states,
 -- report, write). Any change there must be made here too; tests/redis_script.rs checks that both
 -- give identical outcomes on random sequences.
@@ -25,7 +25,7 @@
 --              plans the whole request and refunds what must not have been consumed).
 -- ARGV[3]      H, the number of hits; then 11 fields per hit h = 0..H-1, at 4 + 11*h:
 --   +0 slot    index into KEYS (1-based) of the hit's state key
---   +1 algo    "f" funnel, "b" token bucket
+--   +1 algo    "f" funnel, "b" token bucket, "w" fixed window
 --   +2 quota   Q, requests per period (0 = zero quota)
 --   +3 period  P in microseconds (>= 1 after clamping)
 --   +4 burst   B
@@ -46,6 +46,11 @@
 -- Keys no cost touched (check-only hits, denied requests) are not written.
 
 local MAX = 9007199254740991
+
+-- Per algorithm code, a function building that algorithm's table of functions. The script
+-- runs whole on every call, so an algorithm's functions are only made for the requests that
+-- use it (making every closure every time costs more than the decision itself).
+local MAKERS = {}
 
 local function sat_add(a, b)
   local s = a + b
