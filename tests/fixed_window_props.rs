@@ -18,7 +18,10 @@ fn window(quota: u32, period: u64, charge: Charge) -> LimitParams {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(ProptestConfig {
+        max_global_rejects: 1 << 20,
+        ..ProptestConfig::with_cases(256)
+    })]
 
     /// At most Q is admitted in each window [k*P, (k+1)*P): windows are aligned to the epoch.
     /// Every admitted hit reports `Q - count` remaining and the time to its window's end, as

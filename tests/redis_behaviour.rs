@@ -393,3 +393,25 @@ scenario!(
         assert_eq!(overall(&call(&mut c, cost(1)).await), Code::OverLimit);
     }
 );
+
+scenario!(sliding_window_counts_within_the_hour, |c| {
+    let cost = |n| req("test", vec![with_hits(desc(&[("sliding", "s")]), n)]);
+    // 4 per hour. Nothing was counted in the previous hour, so this hour's count decides;
+    // it is fresh again once it weighs nothing in the next hour: at most two hours away.
+    let r = call(&mut c, cost(3)).await;
+    assert_eq!(overall(&r), Code::Ok);
+    assert_eq!(r.statuses[0].limit_remaining, 1);
+    let reset = reset_secs(&r.statuses[0]).expect("a reset");
+    assert!((3_600..=7_200).contains(&reset), "{reset}");
+    let r = call(&mut c, cost(2)).await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    let retry = reset_secs(&r.statuses[0]).expect("a retry time");
+    assert!((1..=7_200).contains(&retry), "{retry}");
+    let r = call(&mut c, cost(1)).await;
+    assert_eq!(overall(&r), Code::Ok, "the denied cost was not counted");
+    assert_eq!(r.statuses[0].limit_remaining, 0);
+    let mut back = with_hits(desc(&[("sliding", "s")]), 2);
+    back.is_negative_hits = true;
+    let r = call(&mut c, req("test", vec![back])).await;
+    assert_eq!(r.statuses[0].limit_remaining, 2, "a refund uncounts");
+});

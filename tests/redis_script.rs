@@ -193,6 +193,7 @@ differential! {
     differential_funnel: [Algorithm::Funnel];
     differential_token_bucket: [Algorithm::TokenBucket];
     differential_fixed_window: [Algorithm::FixedWindow];
+    differential_sliding_window: [Algorithm::SlidingWindow];
     differential_every_algorithm_in_one_batch: Algorithm::ALL;
 }
 

@@ -15,9 +15,9 @@ const VALID_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/rul
 #[rustfmt::skip]
 const INVALID: &[(&str, &[&str])] = &[
     ("algorithm_unknown.yaml", &[
-        "algorithm_unknown.yaml:8: descriptors[0].rate_limit.algorithm: algorithm 'sliding_log' is not supported in this version (supported: funnel, token_bucket or fixed_window)",
-        "algorithm_unknown.yaml:13: descriptors[1].rate_limits[0].algorithm: algorithm 'sliding_window' is not supported in this version (supported: funnel, token_bucket or fixed_window)",
-        "algorithm_unknown.yaml:16: descriptors[1].rate_limits[1].algorithm: unknown algorithm 'gcra' (expected funnel, token_bucket or fixed_window)",
+        "algorithm_unknown.yaml:8: descriptors[0].rate_limit.algorithm: algorithm 'sliding_log' is not supported in this version (supported: funnel, token_bucket, fixed_window or sliding_window)",
+        "algorithm_unknown.yaml:13: descriptors[1].rate_limits[0].algorithm: unknown algorithm 'sliding_windows' (expected funnel, token_bucket, fixed_window or sliding_window)",
+        "algorithm_unknown.yaml:16: descriptors[1].rate_limits[1].algorithm: unknown algorithm 'gcra' (expected funnel, token_bucket, fixed_window or sliding_window)",
     ]),
     ("borrow_without_capacity.yaml", &[
         "borrow_without_capacity.yaml:9: descriptors[0].rate_limit.borrow: borrow only applies to funnel and token_bucket, whose debt is paid back at their rate (a window forgets it when the window passes); this limit's algorithm is fixed_window",
@@ -299,6 +299,7 @@ fn extensions_build_the_model() {
         "  blocked @23: 0/100xyear burst=0 funnel Admitted name=None replaces=[]".to_owned(),
         "  bucket @29: 10/1xminute burst=15 token_bucket Admitted borrow name=None replaces=[] & 100/1xhour burst=100 token_bucket Admitted name=None replaces=[]".to_owned(),
         "  window @33: 100/1xweek burst=100 fixed_window Always name=None replaces=[]".to_owned(),
+        "  sliding @35: 50/10xminute burst=50 sliding_window Admitted name=None replaces=[]".to_owned(),
     ]);
 }
 

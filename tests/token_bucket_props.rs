@@ -15,7 +15,10 @@ fn bucket(quota: u32, period: u64, burst: u32, borrow: bool, charge: Charge) -> 
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(ProptestConfig {
+        max_global_rejects: 1 << 20,
+        ..ProptestConfig::with_cases(256)
+    })]
 
     /// The cost admitted in any closed interval of length L is at most B + Q * ceil(L / P):
     /// a full bucket, plus one refill per period begun (refills that add tokens are at least

@@ -176,14 +176,17 @@ pub enum Algorithm {
     TokenBucket,
     /// envoyproxy/ratelimit's counter per epoch-aligned window.
     FixedWindow,
+    /// The current and previous windows' counts, the previous one weighted.
+    SlidingWindow,
 }
 
 impl Algorithm {
     /// Every algorithm, in the order the docs list them.
-    pub const ALL: [Algorithm; 3] = [
+    pub const ALL: [Algorithm; 4] = [
         Algorithm::Funnel,
         Algorithm::TokenBucket,
         Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
     ];
 
     pub fn parse(name: &str) -> Option<Algorithm> {
@@ -195,6 +198,7 @@ impl Algorithm {
             Algorithm::Funnel => "funnel",
             Algorithm::TokenBucket => "token_bucket",
             Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
         }
     }
 

@@ -8,6 +8,7 @@
 use super::LimitParams;
 use super::fixed_window::{self, FixedWindow, Window};
 use super::funnel::{self, Funnel};
+use super::sliding_window::{self, Counters, SlidingWindow};
 use super::token_bucket::{self, Bucket, TokenBucket};
 use crate::config::model::Algorithm;
 
@@ -21,6 +22,7 @@ pub enum State {
     Funnel(u64),
     TokenBucket(Bucket),
     FixedWindow(Window),
+    SlidingWindow(Counters),
 }
 
 /// One limit's algorithm and parameters.
@@ -29,6 +31,7 @@ pub enum Algo {
     Funnel(Funnel),
     TokenBucket(TokenBucket),
     FixedWindow(FixedWindow),
+    SlidingWindow(SlidingWindow),
 }
 
 impl Algo {
@@ -39,6 +42,7 @@ impl Algo {
             Algorithm::Funnel => Algo::Funnel(Funnel::new(q, p, b, borrow)),
             Algorithm::TokenBucket => Algo::TokenBucket(TokenBucket::new(q, p, b, borrow)),
             Algorithm::FixedWindow => Algo::FixedWindow(FixedWindow::new(q, p)),
+            Algorithm::SlidingWindow => Algo::SlidingWindow(SlidingWindow::new(q, p)),
         }
     }
 
@@ -48,6 +52,7 @@ impl Algo {
             Algo::Funnel(f) => f.evaluate(tat(state), now, cost).admitted,
             Algo::TokenBucket(b) => b.admits(bucket(state), now, cost),
             Algo::FixedWindow(w) => w.admits(window(state), now, cost),
+            Algo::SlidingWindow(w) => w.admits(counters(state), now, cost),
         }
     }
 
@@ -57,6 +62,7 @@ impl Algo {
             Algo::Funnel(f) => State::Funnel(f.consume(tat(state), now, cost)),
             Algo::TokenBucket(b) => State::TokenBucket(b.consume(bucket(state), now, cost)),
             Algo::FixedWindow(w) => State::FixedWindow(w.consume(window(state), now, cost)),
+            Algo::SlidingWindow(w) => State::SlidingWindow(w.consume(counters(state), now, cost)),
         };
     }
 
@@ -66,6 +72,7 @@ impl Algo {
             Algo::Funnel(f) => State::Funnel(f.refund(tat(state), now, cost)),
             Algo::TokenBucket(b) => State::TokenBucket(b.refund(bucket(state), now, cost)),
             Algo::FixedWindow(w) => State::FixedWindow(w.refund(window(state), now, cost)),
+            Algo::SlidingWindow(w) => State::SlidingWindow(w.refund(counters(state), now, cost)),
         };
     }
 
@@ -75,6 +82,7 @@ impl Algo {
             Algo::Funnel(f) => f.remaining(tat(state), now),
             Algo::TokenBucket(b) => b.remaining(bucket(state), now),
             Algo::FixedWindow(w) => w.remaining(window(state), now),
+            Algo::SlidingWindow(w) => w.remaining(counters(state), now),
         }
     }
 
@@ -85,6 +93,7 @@ impl Algo {
             Algo::Funnel(f) => f.until_empty(tat(state), now),
             Algo::TokenBucket(b) => b.until_full(bucket(state), now),
             Algo::FixedWindow(w) => w.until_window_end(now),
+            Algo::SlidingWindow(w) => w.until_fresh(counters(state), now),
         }
     }
 
@@ -94,6 +103,7 @@ impl Algo {
             Algo::Funnel(f) => f.until_admitted(tat(state), now, cost),
             Algo::TokenBucket(b) => b.until_admitted(bucket(state), now, cost),
             Algo::FixedWindow(w) => w.until_admitted(window(state), now, cost),
+            Algo::SlidingWindow(w) => w.until_admitted(counters(state), now, cost),
         }
     }
 
@@ -104,6 +114,7 @@ impl Algo {
             Algo::Funnel(f) => f.until_empty(tat(state), now),
             Algo::TokenBucket(b) => b.until_full(bucket(state), now),
             Algo::FixedWindow(w) => w.until_fresh(window(state), now),
+            Algo::SlidingWindow(w) => w.until_fresh(counters(state), now),
         };
         (wait > 0).then(|| now.saturating_add(wait))
     }
@@ -127,5 +138,12 @@ fn window(state: &State) -> Window {
     match state {
         State::FixedWindow(w) => *w,
         _ => fixed_window::EMPTY,
+    }
+}
+
+fn counters(state: &State) -> Counters {
+    match state {
+        State::SlidingWindow(c) => *c,
+        _ => sliding_window::EMPTY,
     }
 }

@@ -6,7 +6,7 @@ use super::tree::{Ctx, Fields};
 use crate::config::model::Algorithm;
 
 /// Algorithms planned but not available in this version.
-const UNSUPPORTED: &[&str] = &["sliding_window", "sliding_log"];
+const UNSUPPORTED: &[&str] = &["sliding_log"];
 
 /// The algorithm and whether it was written (`false`: the default of the settings).
 pub(super) fn algorithm(fields: &Fields<'_>, ctx: &mut Ctx<'_>) -> Option<(Algorithm, bool)> {

@@ -97,11 +97,12 @@
 //!   years of 365 days: `unit_multiplier: a period of N x unit is longer than 100 years`.
 //! - **`burst: 0`** (`burst_zero.yaml`): `burst: must be at least 1`. Without `burst`, the
 //!   burst is `requests_per_unit`.
-//! - **Algorithm** (`algorithm_unknown.yaml`): `funnel`, `token_bucket` and `fixed_window`
-//!   exist in this version. `sliding_window` and `sliding_log` give `algorithm 'x' is not
-//!   supported in this version (supported: funnel, token_bucket or fixed_window)`; any other
-//!   name `unknown algorithm 'x' (expected funnel, token_bucket or fixed_window)`. A limit
-//!   without `algorithm` takes `limits.default_algorithm` from the settings ([`LoadOptions`]).
+//! - **Algorithm** (`algorithm_unknown.yaml`): `funnel`, `token_bucket`, `fixed_window` and
+//!   `sliding_window` exist in this version. `sliding_log` gives `algorithm 'sliding_log' is
+//!   not supported in this version (supported: funnel, token_bucket, fixed_window or
+//!   sliding_window)`; any other name `unknown algorithm 'x' (expected funnel, token_bucket,
+//!   fixed_window or sliding_window)`. A limit without `algorithm` takes
+//!   `limits.default_algorithm` from the settings ([`LoadOptions`]).
 //! - **`burst` without a capacity** (`burst_without_capacity.yaml`): `burst` on a window
 //!   algorithm: `burst: burst only applies to funnel and token_bucket; this limit's algorithm
 //!   is x`, followed by ` (limits.default_algorithm)` when the limit names no algorithm.

@@ -23,6 +23,7 @@ pub const SOURCE: &str = concat!(
     include_str!("lua/funnel.lua"),
     include_str!("lua/token_bucket.lua"),
     include_str!("lua/fixed_window.lua"),
+    include_str!("lua/sliding_window.lua"),
     include_str!("lua/main.lua"),
 );
 
@@ -108,6 +109,7 @@ fn algorithm_code(algorithm: Algorithm) -> &'static str {
         Algorithm::Funnel => "f",
         Algorithm::TokenBucket => "b",
         Algorithm::FixedWindow => "w",
+        Algorithm::SlidingWindow => "s",
     }
 }
 
