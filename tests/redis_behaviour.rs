@@ -415,3 +415,36 @@ scenario!(sliding_window_counts_within_the_hour, |c| {
     let r = call(&mut c, req("test", vec![back])).await;
     assert_eq!(r.statuses[0].limit_remaining, 2, "a refund uncounts");
 });
+
+scenario!(sliding_log_admits_at_most_the_quota_in_any_hour, |c| {
+    let cost = |n| req("test", vec![with_hits(desc(&[("log", "l")]), n)]);
+    // 3 per hour, exactly: each admitted cost counts for one hour from its own time.
+    let r = call(&mut c, cost(2)).await;
+    assert_eq!(overall(&r), Code::Ok);
+    assert_eq!(r.statuses[0].limit_remaining, 1);
+    assert_eq!(reset_secs(&r.statuses[0]), Some(3_600));
+    let r = call(&mut c, cost(2)).await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    assert_eq!(
+        reset_secs(&r.statuses[0]),
+        Some(3_600),
+        "when the first entry leaves"
+    );
+    let r = call(&mut c, cost(1)).await;
+    assert_eq!(overall(&r), Code::Ok, "the denied cost was not logged");
+    assert_eq!(r.statuses[0].limit_remaining, 0);
+    assert_eq!(
+        overall(&call(&mut c, cost(0)).await),
+        Code::Ok,
+        "full is not over"
+    );
+    let mut back = with_hits(desc(&[("log", "l")]), 1);
+    back.is_negative_hits = true;
+    let r = call(&mut c, req("test", vec![back])).await;
+    assert_eq!(
+        r.statuses[0].limit_remaining, 1,
+        "a refund removes the newest cost"
+    );
+    assert_eq!(overall(&call(&mut c, cost(1)).await), Code::Ok);
+    assert_eq!(overall(&call(&mut c, cost(1)).await), Code::OverLimit);
+});

@@ -176,6 +176,14 @@ fn batch_of(rng: &mut Rng, seed: u64, algorithms: &[Algorithm]) -> Batch {
     }
 }
 
+/// Random sequences per differential test (`SLUICE_DIFF_SEEDS` runs more, e.g. 1000).
+fn seeds() -> u64 {
+    std::env::var("SLUICE_DIFF_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(30)
+}
+
 /// One test per algorithm, and one mixing them all in each batch.
 macro_rules! differential {
     ($($name:ident: $algorithms:expr;)*) => {$(
@@ -184,7 +192,9 @@ macro_rules! differential {
             fn batch(rng: &mut Rng, seed: u64) -> Batch {
                 batch_of(rng, seed, &$algorithms)
             }
-            assert_eq!(compare(1..=30, batch).await, 1_500);
+            let seeds = seeds();
+            let compared = compare(1..=seeds, batch).await;
+            assert_eq!(u64::try_from(compared).ok(), Some(seeds * 50));
         }
     )*};
 }
@@ -194,6 +204,7 @@ differential! {
     differential_token_bucket: [Algorithm::TokenBucket];
     differential_fixed_window: [Algorithm::FixedWindow];
     differential_sliding_window: [Algorithm::SlidingWindow];
+    differential_sliding_log: [Algorithm::SlidingLog];
     differential_every_algorithm_in_one_batch: Algorithm::ALL;
 }
 

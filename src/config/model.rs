@@ -166,6 +166,10 @@ impl Unit {
     }
 }
 
+/// The largest `requests_per_unit` of a `sliding_log` limit: its memory grows with the quota
+/// (one entry per admitted request in the last period).
+pub const SLIDING_LOG_MAX_QUOTA: u32 = 10_000;
+
 /// The limiter algorithm of one limit (see docs/algorithms.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Algorithm {
@@ -178,15 +182,18 @@ pub enum Algorithm {
     FixedWindow,
     /// The current and previous windows' counts, the previous one weighted.
     SlidingWindow,
+    /// An exact log of the admitted costs of the last period.
+    SlidingLog,
 }
 
 impl Algorithm {
     /// Every algorithm, in the order the docs list them.
-    pub const ALL: [Algorithm; 4] = [
+    pub const ALL: [Algorithm; 5] = [
         Algorithm::Funnel,
         Algorithm::TokenBucket,
         Algorithm::FixedWindow,
         Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
     ];
 
     pub fn parse(name: &str) -> Option<Algorithm> {
@@ -199,6 +206,7 @@ impl Algorithm {
             Algorithm::TokenBucket => "token_bucket",
             Algorithm::FixedWindow => "fixed_window",
             Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::SlidingLog => "sliding_log",
         }
     }
 

@@ -8,6 +8,7 @@
 use super::LimitParams;
 use super::fixed_window::{self, FixedWindow, Window};
 use super::funnel::{self, Funnel};
+use super::sliding_log::{Log, SlidingLog};
 use super::sliding_window::{self, Counters, SlidingWindow};
 use super::token_bucket::{self, Bucket, TokenBucket};
 use crate::config::model::Algorithm;
@@ -23,6 +24,8 @@ pub enum State {
     TokenBucket(Bucket),
     FixedWindow(Window),
     SlidingWindow(Counters),
+    /// Boxed, so that every other state stays small.
+    SlidingLog(Box<Log>),
 }
 
 /// One limit's algorithm and parameters.
@@ -32,6 +35,7 @@ pub enum Algo {
     TokenBucket(TokenBucket),
     FixedWindow(FixedWindow),
     SlidingWindow(SlidingWindow),
+    SlidingLog(SlidingLog),
 }
 
 impl Algo {
@@ -43,6 +47,7 @@ impl Algo {
             Algorithm::TokenBucket => Algo::TokenBucket(TokenBucket::new(q, p, b, borrow)),
             Algorithm::FixedWindow => Algo::FixedWindow(FixedWindow::new(q, p)),
             Algorithm::SlidingWindow => Algo::SlidingWindow(SlidingWindow::new(q, p)),
+            Algorithm::SlidingLog => Algo::SlidingLog(SlidingLog::new(q, p)),
         }
     }
 
@@ -53,6 +58,7 @@ impl Algo {
             Algo::TokenBucket(b) => b.admits(bucket(state), now, cost),
             Algo::FixedWindow(w) => w.admits(window(state), now, cost),
             Algo::SlidingWindow(w) => w.admits(counters(state), now, cost),
+            Algo::SlidingLog(l) => l.admits(log(state), now, cost),
         }
     }
 
@@ -63,6 +69,11 @@ impl Algo {
             Algo::TokenBucket(b) => State::TokenBucket(b.consume(bucket(state), now, cost)),
             Algo::FixedWindow(w) => State::FixedWindow(w.consume(window(state), now, cost)),
             Algo::SlidingWindow(w) => State::SlidingWindow(w.consume(counters(state), now, cost)),
+            Algo::SlidingLog(l) => {
+                let mut log = take_log(state);
+                l.consume(&mut log, now, cost);
+                State::SlidingLog(log)
+            }
         };
     }
 
@@ -73,6 +84,11 @@ impl Algo {
             Algo::TokenBucket(b) => State::TokenBucket(b.refund(bucket(state), now, cost)),
             Algo::FixedWindow(w) => State::FixedWindow(w.refund(window(state), now, cost)),
             Algo::SlidingWindow(w) => State::SlidingWindow(w.refund(counters(state), now, cost)),
+            Algo::SlidingLog(l) => {
+                let mut log = take_log(state);
+                l.refund(&mut log, now, cost);
+                State::SlidingLog(log)
+            }
         };
     }
 
@@ -83,6 +99,7 @@ impl Algo {
             Algo::TokenBucket(b) => b.remaining(bucket(state), now),
             Algo::FixedWindow(w) => w.remaining(window(state), now),
             Algo::SlidingWindow(w) => w.remaining(counters(state), now),
+            Algo::SlidingLog(l) => l.remaining(log(state), now),
         }
     }
 
@@ -94,6 +111,7 @@ impl Algo {
             Algo::TokenBucket(b) => b.until_full(bucket(state), now),
             Algo::FixedWindow(w) => w.until_window_end(now),
             Algo::SlidingWindow(w) => w.until_fresh(counters(state), now),
+            Algo::SlidingLog(l) => l.until_fresh(log(state), now),
         }
     }
 
@@ -104,6 +122,7 @@ impl Algo {
             Algo::TokenBucket(b) => b.until_admitted(bucket(state), now, cost),
             Algo::FixedWindow(w) => w.until_admitted(window(state), now, cost),
             Algo::SlidingWindow(w) => w.until_admitted(counters(state), now, cost),
+            Algo::SlidingLog(l) => l.until_admitted(log(state), now, cost),
         }
     }
 
@@ -115,6 +134,7 @@ impl Algo {
             Algo::TokenBucket(b) => b.until_full(bucket(state), now),
             Algo::FixedWindow(w) => w.until_fresh(window(state), now),
             Algo::SlidingWindow(w) => w.until_fresh(counters(state), now),
+            Algo::SlidingLog(l) => l.until_fresh(log(state), now),
         };
         (wait > 0).then(|| now.saturating_add(wait))
     }
@@ -145,5 +165,22 @@ fn counters(state: &State) -> Counters {
     match state {
         State::SlidingWindow(c) => *c,
         _ => sliding_window::EMPTY,
+    }
+}
+
+static EMPTY_LOG: Log = Log::EMPTY;
+
+fn log(state: &State) -> &Log {
+    match state {
+        State::SlidingLog(l) => l,
+        _ => &EMPTY_LOG,
+    }
+}
+
+/// The log of `state`, taken out of it (an empty log if it holds something else).
+fn take_log(state: &mut State) -> Box<Log> {
+    match std::mem::take(state) {
+        State::SlidingLog(l) => l,
+        _ => Box::default(),
     }
 }

@@ -1,7 +1,7 @@
 //! The limiters: the algorithms as pure functions, and the backends that keep their state.
 //!
 //! Each algorithm is a module of pure integer functions of (state, now, cost, parameters):
-//! [`funnel`], [`token_bucket`], [`fixed_window`], [`sliding_window`]. [`algorithm`] puts them behind one interface for the memory
+//! [`funnel`], [`token_bucket`], [`fixed_window`], [`sliding_window`], [`sliding_log`]. [`algorithm`] puts them behind one interface for the memory
 //! backend; the Redis backend mirrors them in Lua (`redis/lua/`). docs/algorithms.md compares
 //! them.
 //!
@@ -17,6 +17,7 @@ pub mod funnel;
 pub mod memory;
 pub mod plan;
 pub mod redis;
+pub mod sliding_log;
 pub mod sliding_window;
 pub mod token_bucket;
 

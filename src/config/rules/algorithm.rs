@@ -1,12 +1,10 @@
 //! A limit's `algorithm`, and the settings that only some algorithms take: the default from
-//! the settings when none is named, and `burst` and `borrow` only where there is a capacity.
+//! the settings when none is named, `burst` and `borrow` only where there is a capacity, and
+//! the quota cap of `sliding_log`.
 
 use super::scalar::string;
 use super::tree::{Ctx, Fields};
-use crate::config::model::Algorithm;
-
-/// Algorithms planned but not available in this version.
-const UNSUPPORTED: &[&str] = &["sliding_log"];
+use crate::config::model::{Algorithm, SLIDING_LOG_MAX_QUOTA as MAX_QUOTA};
 
 /// The algorithm and whether it was written (`false`: the default of the settings).
 pub(super) fn algorithm(fields: &Fields<'_>, ctx: &mut Ctx<'_>) -> Option<(Algorithm, bool)> {
@@ -16,27 +14,21 @@ pub(super) fn algorithm(fields: &Fields<'_>, ctx: &mut Ctx<'_>) -> Option<(Algor
     let name = string(f, ctx)?;
     let algorithm = Algorithm::parse(&name);
     if algorithm.is_none() {
-        let message = if UNSUPPORTED.contains(&name.as_str()) {
-            format!(
-                "algorithm '{name}' is not supported in this version (supported: {})",
-                Algorithm::names()
-            )
-        } else {
-            format!(
-                "unknown algorithm '{name}' (expected {})",
-                Algorithm::names()
-            )
-        };
+        let message = format!(
+            "unknown algorithm '{name}' (expected {})",
+            Algorithm::names()
+        );
         ctx.error(f.line, &f.path, message);
     }
     algorithm.map(|a| (a, true))
 }
 
-/// `burst` and `borrow: true` only mean something to an algorithm with a capacity.
+/// `burst` and `borrow: true` only mean something to an algorithm with a capacity; a sliding
+/// log keeps one entry per admitted request, so its quota is capped.
 pub(super) fn fits_algorithm(
     fields: &Fields<'_>,
     (algorithm, written): (Algorithm, bool),
-    borrow: bool,
+    (requests, borrow): (Option<u32>, bool),
     ctx: &mut Ctx<'_>,
 ) -> bool {
     if algorithm.has_capacity() {
@@ -60,6 +52,16 @@ pub(super) fn fits_algorithm(
         let message = format!(
             "borrow only applies to funnel and token_bucket, whose debt is paid back at their \
              rate (a window forgets it when the window passes); {which}"
+        );
+        ctx.error(f.line, &f.path, message);
+        ok = false;
+    }
+    let over = requests.filter(|&q| algorithm == Algorithm::SlidingLog && q > MAX_QUOTA);
+    if let (Some(q), Some(f)) = (over, fields.get("requests_per_unit")) {
+        let message = format!(
+            "sliding_log keeps one entry per admitted request: requests_per_unit must be at \
+             most {MAX_QUOTA} with it, got {q} (sliding_window needs two counters whatever the \
+             quota); {which}"
         );
         ctx.error(f.line, &f.path, message);
         ok = false;

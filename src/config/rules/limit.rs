@@ -223,7 +223,7 @@ fn limited(
     let burst = burst(fields, ctx);
     let charge = charge(fields, ctx);
     let borrow = flag(fields, "borrow", ctx);
-    let fits = algorithm.is_none_or(|a| fits_algorithm(fields, a, borrow, ctx));
+    let fits = algorithm.is_none_or(|a| fits_algorithm(fields, a, (requests, borrow), ctx));
     let requests = requests?;
     let (algorithm, _) = algorithm?;
     if !fits {

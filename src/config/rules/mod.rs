@@ -97,12 +97,10 @@
 //!   years of 365 days: `unit_multiplier: a period of N x unit is longer than 100 years`.
 //! - **`burst: 0`** (`burst_zero.yaml`): `burst: must be at least 1`. Without `burst`, the
 //!   burst is `requests_per_unit`.
-//! - **Algorithm** (`algorithm_unknown.yaml`): `funnel`, `token_bucket`, `fixed_window` and
-//!   `sliding_window` exist in this version. `sliding_log` gives `algorithm 'sliding_log' is
-//!   not supported in this version (supported: funnel, token_bucket, fixed_window or
-//!   sliding_window)`; any other name `unknown algorithm 'x' (expected funnel, token_bucket,
-//!   fixed_window or sliding_window)`. A limit without `algorithm` takes
-//!   `limits.default_algorithm` from the settings ([`LoadOptions`]).
+//! - **Unknown algorithm** (`algorithm_unknown.yaml`): `algorithm: unknown algorithm 'x'
+//!   (expected funnel, token_bucket, fixed_window, sliding_window or sliding_log)`; names are
+//!   lower case. A limit without `algorithm` takes `limits.default_algorithm` from the
+//!   settings ([`LoadOptions`]), and the checks below apply to that algorithm.
 //! - **`burst` without a capacity** (`burst_without_capacity.yaml`): `burst` on a window
 //!   algorithm: `burst: burst only applies to funnel and token_bucket; this limit's algorithm
 //!   is x`, followed by ` (limits.default_algorithm)` when the limit names no algorithm.
@@ -110,6 +108,11 @@
 //!   window algorithm: `borrow: borrow only applies to funnel and token_bucket, whose debt is
 //!   paid back at their rate (a window forgets it when the window passes); this limit's
 //!   algorithm is x` (same suffix). `borrow: false` is accepted everywhere.
+//! - **`sliding_log` over its cap** (`sliding_log_over_cap.yaml`): more than 10000
+//!   `requests_per_unit` with `sliding_log`: `requests_per_unit: sliding_log keeps one entry
+//!   per admitted request: requests_per_unit must be at most 10000 with it, got N
+//!   (sliding_window needs two counters whatever the quota); this limit's algorithm is
+//!   sliding_log` (same suffix).
 //! - **Unknown charge** (`charge_unknown.yaml`): `charge: unknown charge 'x' (expected
 //!   admitted or always)`.
 //! - **Limits sharing a state** (`limits_share_state.yaml`): two limits of one descriptor

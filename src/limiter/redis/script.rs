@@ -24,6 +24,7 @@ pub const SOURCE: &str = concat!(
     include_str!("lua/token_bucket.lua"),
     include_str!("lua/fixed_window.lua"),
     include_str!("lua/sliding_window.lua"),
+    include_str!("lua/sliding_log.lua"),
     include_str!("lua/main.lua"),
 );
 
@@ -110,6 +111,7 @@ fn algorithm_code(algorithm: Algorithm) -> &'static str {
         Algorithm::TokenBucket => "b",
         Algorithm::FixedWindow => "w",
         Algorithm::SlidingWindow => "s",
+        Algorithm::SlidingLog => "l",
     }
 }
 

@@ -104,20 +104,7 @@ for _, hit in ipairs(hits) do
   end
 end
 
--- Write: keys no cost touched are left alone; the others are stored until they are fresh
--- (judged by the limit of their first hit), or deleted when they already are.
-for s, hit in pairs(first) do
-  if changed[s] then
-    local fresh_at = hit.A.fresh_at(hit.p, finals[s], now)
-    if fresh_at then
-      hit.A.save(KEYS[s], hit.p, finals[s], now, fresh_at)
-    else
-      redis.call("DEL", KEYS[s])
-    end
-  end
-end
-
--- Report.
+-- Report (before writing: a state may still read its stored key).
 local reply = { request_ok and 1 or 0 }
 for i, hit in ipairs(hits) do
   if admitted[i] then
@@ -131,4 +118,18 @@ for i, hit in ipairs(hits) do
     reply[#reply + 1] = waits[i]
   end
 end
+
+-- Write: keys no cost touched are left alone; the others are stored until they are fresh
+-- (judged by the limit of their first hit), or deleted when they already are.
+for s, hit in pairs(first) do
+  if changed[s] then
+    local fresh_at = hit.A.fresh_at(hit.p, finals[s], now)
+    if fresh_at then
+      hit.A.save(KEYS[s], hit.p, finals[s], now, fresh_at)
+    else
+      redis.call("DEL", KEYS[s])
+    end
+  end
+end
+
 return reply

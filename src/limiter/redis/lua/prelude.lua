@@ -3,7 +3,7 @@
 -- This script is the concatenation of src/limiter/redis/lua/*.lua, in the order given by
 -- src/limiter/redis/script.rs: this prelude (the contract and integer helpers), one file per
 -- algorithm, then main.lua (evaluate, plan, commit, write, report). It mirrors the Rust pure
--- functions (src/limiter/{funnel,token_bucket,fixed_window,sliding_window}.rs), src/limiter/plan.rs (all or nothing) and
+-- functions (src/limiter/{funnel,token_bucket,fixed_window,sliding_window,sliding_log}.rs), src/limiter/plan.rs (all or nothing) and
 -- src/limiter/memory/decide.rs (evaluate with an overlay, plan, commit from the original states,
 -- report, write). Any change there must be made here too; tests/redis_script.rs checks that both
 -- give identical outcomes on random sequences.
@@ -25,7 +25,8 @@
 --              plans the whole request and refunds what must not have been consumed).
 -- ARGV[3]      H, the number of hits; then 11 fields per hit h = 0..H-1, at 4 + 11*h:
 --   +0 slot    index into KEYS (1-based) of the hit's state key
---   +1 algo    "f" funnel, "b" token bucket, "w" fixed window, "s" sliding window
+--   +1 algo    "f" funnel, "b" token bucket, "w" fixed window, "s" sliding window,
+--              "l" sliding log
 --   +2 quota   Q, requests per period (0 = zero quota)
 --   +3 period  P in microseconds (>= 1 after clamping)
 --   +4 burst   B
