@@ -1,73 +1,16 @@
 //! One behaviour suite, run against both backends: every scenario is a module with a `memory`
 //! and a `redis` test (the latter over a real `redis-server` on a loopback port). These are the
 //! scenarios of tests/grpc_semantics.rs that need no control of time (Redis reads its own
-//! clock), with the same rules file.
+//! clock), with the same rules file. tests/algorithms_behaviour.rs runs every algorithm the
+//! same way.
 
+#[path = "support/backends.rs"]
+mod backends;
 mod common;
 #[path = "support/redis.rs"]
 mod redis_support;
 
-use std::sync::Arc;
-
 use common::*;
-use redis_support::RedisServer;
-use sluice::config::settings::Settings;
-use sluice::limiter::RedisLimiter;
-
-const RULES: &str = include_str!("fixtures/semantics.yaml");
-
-/// What a test holds on to: the server, and the Redis behind it (if any).
-struct Backend {
-    _server: TestServer,
-    _redis: Option<RedisServer>,
-}
-
-async fn memory() -> (Backend, Client) {
-    let server = TestServer::start(RULES).await;
-    let c = client(&server).await;
-    (
-        Backend {
-            _server: server,
-            _redis: None,
-        },
-        c,
-    )
-}
-
-async fn redis() -> (Backend, Client) {
-    let redis = RedisServer::start();
-    let limiter = RedisLimiter::new(&redis.settings(), 1_000).expect("valid redis settings");
-    let server = TestServer::start_over(Settings::default(), RULES, Arc::new(limiter)).await;
-    let c = client(&server).await;
-    (
-        Backend {
-            _server: server,
-            _redis: Some(redis),
-        },
-        c,
-    )
-}
-
-/// `scenario!(name, |c| { ... })`: the body runs once per backend with a fresh client `c`.
-macro_rules! scenario {
-    ($name:ident, |$c:ident| $body:block) => {
-        mod $name {
-            use super::*;
-
-            #[tokio::test]
-            async fn memory() {
-                let (_b, mut $c) = super::memory().await;
-                $body
-            }
-
-            #[tokio::test]
-            async fn redis() {
-                let (_b, mut $c) = super::redis().await;
-                $body
-            }
-        }
-    };
-}
 
 scenario!(within_then_over_the_limit, |c| {
     let r = hit(&mut c, "one_per_minute", "a").await;
@@ -322,129 +265,4 @@ scenario!(statuses_follow_request_order, |c| {
     assert_eq!(r.statuses[0].limit_remaining, u32::MAX);
     assert_eq!(r.statuses[1].current_limit, None);
     assert_eq!(limit_of(&r.statuses[2]).map(|l| l.0), Some(1));
-});
-
-scenario!(token_bucket_bursts_then_refills_in_steps, |c| {
-    let cost = |n| req("test", vec![with_hits(desc(&[("bucket", "b")]), n)]);
-    // 3 tokens held; 2 come back one minute after the first is taken.
-    let r = call(&mut c, cost(1)).await;
-    assert_eq!(overall(&r), Code::Ok);
-    assert_eq!(r.statuses[0].limit_remaining, 2);
-    assert_eq!(
-        reset_secs(&r.statuses[0]),
-        Some(60),
-        "full again at the next refill"
-    );
-    let r = call(&mut c, cost(2)).await;
-    assert_eq!(r.statuses[0].limit_remaining, 0);
-    assert_eq!(
-        reset_secs(&r.statuses[0]),
-        Some(120),
-        "3 missing: two refills"
-    );
-    let r = call(&mut c, cost(1)).await;
-    assert_eq!(overall(&r), Code::OverLimit);
-    assert_eq!(reset_secs(&r.statuses[0]), Some(60), "the next refill");
-    assert_eq!(
-        limit_of(&r.statuses[0]),
-        Some((2, Unit::Minute, String::new()))
-    );
-    let r = call(&mut c, cost(0)).await;
-    assert_eq!(overall(&r), Code::Ok, "empty is not in debt");
-    let mut back = with_hits(desc(&[("bucket", "b")]), 2);
-    back.is_negative_hits = true;
-    let r = call(&mut c, req("test", vec![back])).await;
-    assert_eq!(
-        r.statuses[0].limit_remaining, 2,
-        "a refund puts tokens back"
-    );
-});
-
-scenario!(
-    fixed_window_counts_admitted_costs_until_the_window_ends,
-    |c| {
-        let cost = |n| req("test", vec![with_hits(desc(&[("window", "w")]), n)]);
-        // 3 per day, days aligned to 00:00 UTC: the reset is the time to the end of the day.
-        let r = call(&mut c, cost(2)).await;
-        assert_eq!(overall(&r), Code::Ok);
-        assert_eq!(r.statuses[0].limit_remaining, 1);
-        let to_day_end = reset_secs(&r.statuses[0]).expect("a reset");
-        assert!((1..=86_400).contains(&to_day_end), "{to_day_end}");
-        let r = call(&mut c, cost(2)).await;
-        assert_eq!(overall(&r), Code::OverLimit);
-        let later = |r: &RateLimitResponse| {
-            // Redis reads its own clock: a second may pass between two calls.
-            let reset = reset_secs(&r.statuses[0]).expect("a reset");
-            assert!(
-                reset <= to_day_end && reset + 1 >= to_day_end,
-                "{reset} vs {to_day_end}"
-            );
-        };
-        later(&r);
-        let r = call(&mut c, cost(1)).await;
-        assert_eq!(overall(&r), Code::Ok, "the denied cost was not counted");
-        assert_eq!(r.statuses[0].limit_remaining, 0);
-        later(&r);
-        assert_eq!(
-            overall(&call(&mut c, cost(0)).await),
-            Code::Ok,
-            "full is not over"
-        );
-        assert_eq!(overall(&call(&mut c, cost(1)).await), Code::OverLimit);
-    }
-);
-
-scenario!(sliding_window_counts_within_the_hour, |c| {
-    let cost = |n| req("test", vec![with_hits(desc(&[("sliding", "s")]), n)]);
-    // 4 per hour. Nothing was counted in the previous hour, so this hour's count decides;
-    // it is fresh again once it weighs nothing in the next hour: at most two hours away.
-    let r = call(&mut c, cost(3)).await;
-    assert_eq!(overall(&r), Code::Ok);
-    assert_eq!(r.statuses[0].limit_remaining, 1);
-    let reset = reset_secs(&r.statuses[0]).expect("a reset");
-    assert!((3_600..=7_200).contains(&reset), "{reset}");
-    let r = call(&mut c, cost(2)).await;
-    assert_eq!(overall(&r), Code::OverLimit);
-    let retry = reset_secs(&r.statuses[0]).expect("a retry time");
-    assert!((1..=7_200).contains(&retry), "{retry}");
-    let r = call(&mut c, cost(1)).await;
-    assert_eq!(overall(&r), Code::Ok, "the denied cost was not counted");
-    assert_eq!(r.statuses[0].limit_remaining, 0);
-    let mut back = with_hits(desc(&[("sliding", "s")]), 2);
-    back.is_negative_hits = true;
-    let r = call(&mut c, req("test", vec![back])).await;
-    assert_eq!(r.statuses[0].limit_remaining, 2, "a refund uncounts");
-});
-
-scenario!(sliding_log_admits_at_most_the_quota_in_any_hour, |c| {
-    let cost = |n| req("test", vec![with_hits(desc(&[("log", "l")]), n)]);
-    // 3 per hour, exactly: each admitted cost counts for one hour from its own time.
-    let r = call(&mut c, cost(2)).await;
-    assert_eq!(overall(&r), Code::Ok);
-    assert_eq!(r.statuses[0].limit_remaining, 1);
-    assert_eq!(reset_secs(&r.statuses[0]), Some(3_600));
-    let r = call(&mut c, cost(2)).await;
-    assert_eq!(overall(&r), Code::OverLimit);
-    assert_eq!(
-        reset_secs(&r.statuses[0]),
-        Some(3_600),
-        "when the first entry leaves"
-    );
-    let r = call(&mut c, cost(1)).await;
-    assert_eq!(overall(&r), Code::Ok, "the denied cost was not logged");
-    assert_eq!(r.statuses[0].limit_remaining, 0);
-    assert_eq!(
-        overall(&call(&mut c, cost(0)).await),
-        Code::Ok,
-        "full is not over"
-    );
-    let mut back = with_hits(desc(&[("log", "l")]), 1);
-    back.is_negative_hits = true;
-    let r = call(&mut c, req("test", vec![back])).await;
-    assert_eq!(
-        r.statuses[0].limit_remaining, 1,
-        "a refund removes the newest cost"
-    );
-    assert_eq!(overall(&call(&mut c, cost(1)).await), Code::Ok);
-    assert_eq!(overall(&call(&mut c, cost(1)).await), Code::OverLimit);
 });

@@ -24,6 +24,9 @@ impl std::fmt::Display for Location {
 #[derive(Debug, Clone, Default)]
 pub struct RulesModel {
     pub domains: Vec<DomainRules>,
+    /// The algorithm given to limits that name none (already resolved in `domains`), and to
+    /// limit overrides sent by clients: `limits.default_algorithm`.
+    pub default_algorithm: Algorithm,
 }
 
 /// One `domain:` document.

@@ -300,6 +300,7 @@ impl Loader {
         if self.errors.is_empty() {
             Ok(RulesModel {
                 domains: self.domains,
+                default_algorithm: self.options.default_algorithm,
             })
         } else {
             Err(RuleErrors(self.errors))
