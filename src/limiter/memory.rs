@@ -33,10 +33,12 @@
 mod decide;
 mod shards;
 
+use std::sync::Arc;
+
 use super::algorithm::State;
 use super::{Batch, BatchOutcome, BoxFuture, Clock, Limiter, LimiterError, MonotonicClock};
 use decide::{Slots, Write};
-use shards::{Shards, Stored};
+use shards::{Locked, Shards, Stored};
 
 /// Limiter state in this process's memory.
 ///
@@ -137,26 +139,47 @@ impl<C: Clock> MemoryLimiter<C> {
             .map(|t| t.map_or(State::Fresh, |s| s.state))
             .collect();
         let decided = decide::decide(&batch.hits, &slots.of_hit, &mut states, now);
-        // Keys that were held go back first, so that only new keys can cause an eviction.
-        let mut puts: Vec<(usize, Stored, bool)> = Vec::with_capacity(states.len());
-        for (slot, (state, write)) in states.into_iter().zip(&decided.writes).enumerate() {
-            let held = kept_until.get(slot).copied().flatten();
-            let fresh_at = match *write {
-                Write::Keep => held,
-                Write::Store(at) => Some(at),
-                Write::Remove => None,
-            };
-            if let Some(fresh_at) = fresh_at {
-                puts.push((slot, Stored { fresh_at, state }, held.is_some()));
-            }
-        }
-        puts.sort_by_key(|p| !p.2);
-        for (slot, stored, _) in puts {
-            if let (Some(key), Some(&shard)) = (slots.keys.get(slot), shard_of.get(slot)) {
-                locked.store(shard, key, stored, now);
-            }
-        }
+        let places: Vec<(&Arc<[u8]>, usize)> = slots.keys.iter().copied().zip(shard_of).collect();
+        put_back(
+            &mut locked,
+            &places,
+            states,
+            &decided.writes,
+            &kept_until,
+            now,
+        );
         decided.outcome
+    }
+}
+
+/// Puts a batch's states back at their `places` (key, shard) as `writes` say; `held` is when
+/// each taken state was to become fresh (`None`: the key was not held). Keys that were held go
+/// back first, so that only new keys can cause an eviction.
+fn put_back(
+    locked: &mut Locked<'_>,
+    places: &[(&Arc<[u8]>, usize)],
+    states: Vec<State>,
+    writes: &[Write],
+    held: &[Option<u64>],
+    now: u64,
+) {
+    let mut puts: Vec<(usize, Stored, bool)> = Vec::with_capacity(states.len());
+    for (slot, (state, write)) in states.into_iter().zip(writes).enumerate() {
+        let held = held.get(slot).copied().flatten();
+        let fresh_at = match *write {
+            Write::Keep => held,
+            Write::Store(at) => Some(at),
+            Write::Remove => None,
+        };
+        if let Some(fresh_at) = fresh_at {
+            puts.push((slot, Stored { fresh_at, state }, held.is_some()));
+        }
+    }
+    puts.sort_by_key(|p| !p.2);
+    for (slot, stored, _) in puts {
+        if let Some(&(key, shard)) = places.get(slot) {
+            locked.store(shard, key, stored, now);
+        }
     }
 }
 
