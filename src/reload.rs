@@ -196,7 +196,8 @@ mod tests {
     fn updates_only_on_change_and_keeps_the_last_good_rules() {
         let dir = tempfile::tempdir().unwrap();
         let file = write(dir.path(), V1);
-        let set = RuleSet::compile(load(std::slice::from_ref(&file)).unwrap());
+        let set =
+            RuleSet::compile(load(std::slice::from_ref(&file), LoadOptions::default()).unwrap());
         let active = ActiveRules::new(set, vec![file], LoadOptions::default());
         assert!(matches!(active.reload(), Reloaded::Unchanged));
         write(dir.path(), V2);
