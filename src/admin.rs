@@ -13,7 +13,7 @@
 //! The server keeps answering while the service drains (so that probes see `/readyz` fail)
 //! and stops once the gRPC server has.
 
-mod json;
+pub mod json;
 mod rlconfig;
 
 use std::sync::Arc;

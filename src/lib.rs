@@ -21,11 +21,13 @@
 //! | [`tls`] | TLS and mTLS on the gRPC port, certificates reloaded from files |
 //! | [`telemetry`] | logs to stderr, and spans over OTLP (feature `otel`) |
 //! | [`app`] | serving: listeners, tasks, the ordered drain |
+//! | [`bench`] | `sluice bench`: a load generator for any RLS server, and a no-op server |
 
 #![forbid(unsafe_code)]
 
 pub mod admin;
 pub mod app;
+pub mod bench;
 pub mod config;
 pub mod engine;
 pub mod grpc;

@@ -1,4 +1,4 @@
-//! The `sluice` command: `serve`, `check`.
+//! The `sluice` command: `serve`, `check`, `bench`.
 //!
 //! Settings and rules are loaded and validated before any port is bound; a bad setting or rule
 //! exits with code 64 (EX_USAGE).
@@ -38,6 +38,8 @@ enum Command {
         #[arg(long = "rules", value_name = "PATH")]
         rules: Vec<PathBuf>,
     },
+    /// Load any Envoy RLS v3 server and report throughput and latency; or run a no-op server.
+    Bench(Box<sluice::bench::BenchArgs>),
 }
 
 #[derive(clap::Args)]
@@ -66,6 +68,13 @@ fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Check { rules } => check(&rules),
         Command::Serve(args) => serve(args),
+        Command::Bench(args) => match sluice::bench::main(*args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("sluice bench: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }
 

@@ -18,8 +18,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_rustls::server::TlsStream;
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
+use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
@@ -58,7 +59,9 @@ type Tasks = JoinSet<anyhow::Result<()>>;
 
 /// Where the gRPC server's connections come from.
 enum Incoming {
-    Plain(TcpListenerStream),
+    /// Accepted connections with `TCP_NODELAY` (an answer is sent at once, not held back by
+    /// Nagle's algorithm waiting for the ACK of the previous one).
+    Plain(TcpIncoming),
     Tls(ReceiverStream<std::io::Result<TlsStream<TcpStream>>>),
 }
 
@@ -140,7 +143,7 @@ fn incoming(
     stop: &CancellationToken,
 ) -> Incoming {
     let Some((files, active)) = app.tls.clone() else {
-        return Incoming::Plain(TcpListenerStream::new(listener));
+        return Incoming::Plain(TcpIncoming::from(listener).with_nodelay(Some(true)));
     };
     let (tx, rx) = mpsc::channel(64);
     let accept = tls::accept(listener, active.clone(), tx, grpc_stop.clone());

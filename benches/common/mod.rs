@@ -1,0 +1,58 @@
+//! Shared by the benchmarks: short criterion settings, a seeded generator, batch builders.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::Criterion;
+pub use sluice::bench::Rng;
+use sluice::config::model::{Algorithm, Charge};
+use sluice::limiter::{Batch, Hit, LimitParams, Role};
+
+/// Criterion with a modest time budget (the whole suite runs in a few minutes).
+pub fn criterion() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(30)
+        .without_plots()
+}
+
+/// The seeded generator of `sluice bench`: every run draws the same sequence.
+pub fn rng() -> Rng {
+    Rng::new(0x5EED)
+}
+
+/// A limit that (practically) always admits: every hit stores a state.
+pub fn wide_limit() -> LimitParams {
+    LimitParams {
+        algorithm: Algorithm::Funnel,
+        quota: 1_000_000_000,
+        period_nanos: 3_600_000_000_000,
+        burst: 1_000_000_000,
+        charge: Charge::Admitted,
+        borrow: false,
+    }
+}
+
+/// A state key shaped like the engine's: `{bench|user=user-<n>}:funnel:3600`.
+pub fn key(n: u64) -> Arc<[u8]> {
+    format!("{{bench|user=user-{n}}}:funnel:3600")
+        .into_bytes()
+        .into()
+}
+
+/// A batch of one hit on key `n`.
+pub fn batch(n: u64) -> Batch {
+    Batch {
+        hits: vec![Hit {
+            key: key(n),
+            limit: wide_limit(),
+            cost: 1,
+            refund: false,
+            group: 0,
+            role: Role::Enforced,
+        }],
+    }
+}

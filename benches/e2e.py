@@ -1,0 +1,295 @@
+#!/usr/bin/env python3
+"""End-to-end measurements of docs/BENCHMARKS.md, every figure beside its reference.
+
+Starts, on free loopback ports, the no-op RLS server (`sluice bench --noop-server`), sluice
+with the memory backend, and (with --redis) a redis-server and sluice with the Redis backend;
+then runs `sluice bench` against each of them in turn, ROUNDS times, interleaved (noop,
+memory, redis, noop, memory, redis, ...), so that a change in the machine's load hits every
+target alike. Prints each run, then the medians and the ratios to the reference.
+
+    cargo build --release
+    python3 benches/e2e.py --rounds 5 --duration 5 --redis
+    python3 benches/e2e.py --scenario flood     # memory per key in the server
+
+Options: --binary PATH (default target/release/sluice or $CARGO_TARGET_DIR/release/sluice),
+--other NAME=PATH (an extra sluice binary served with the memory backend, e.g. a build
+before a change), --scenario one|ten|all|flood, --json FILE (every run, for the record).
+"""
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+RULES = """
+domain: bench
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 1000000}
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, what, limit=20):
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    sys.exit(f"{what} did not listen on port {port}")
+
+
+class Procs:
+    def __init__(self):
+        self.children = []
+
+    def start(self, args, port, what, env=None):
+        child = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                 env={**os.environ, **(env or {})})
+        self.children.append(child)
+        wait_port(port, what)
+        return child
+
+    def stop(self):
+        for c in self.children:
+            c.send_signal(signal.SIGTERM)
+        for c in self.children:
+            try:
+                c.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                c.kill()
+
+
+def cpu_secs(pids):
+    """User + system CPU time of these processes so far (all their threads)."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def serve(procs, binary, rules, backend="memory", redis_url=None, env=None):
+    port, admin = free_port(), free_port()
+    args = [binary, "serve", "--rules", rules, "--grpc-listen", f"127.0.0.1:{port}",
+            "--admin-listen", f"127.0.0.1:{admin}", "--backend", backend]
+    if redis_url:
+        args += ["--redis-url", redis_url]
+    child = procs.start(args, port, f"sluice ({backend})",
+                        {"SLUICE_LOG__LEVEL": "warn", **(env or {})})
+    return f"http://127.0.0.1:{port}", admin, child
+
+
+def bench(binary, target, scenario, duration, warmup, extra=()):
+    descriptors = ["--descriptor", "user=x"] * (10 if scenario == "ten" else 1)
+    args = [binary, "bench", "--target", target, "--domain", "bench", *descriptors,
+            "--spread", "user=10000", "--connections", "4", "--concurrency", "64",
+            "--duration", f"{duration}s", "--warmup", f"{warmup}s", "--json", "--quiet",
+            *extra]
+    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def metric(admin, name):
+    text = urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics").read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def redis_cli(port, *args):
+    return subprocess.run(["redis-cli", "-p", str(port), *args], check=True,
+                          capture_output=True, text=True).stdout
+
+
+def evalsha_calls(port):
+    for line in redis_cli(port, "INFO", "commandstats").splitlines():
+        if line.startswith("cmdstat_evalsha:"):
+            return int(line.split("calls=")[1].split(",")[0])
+    return 0
+
+
+def load():
+    return os.getloadavg()
+
+
+def run_rounds(args, binary, targets, scenario, record):
+    runs = {name: [] for name in targets}
+    for r in range(args.rounds):
+        for name, (url, _admin, pids) in targets.items():
+            each0, t0 = [cpu_secs([p]) for p in pids], time.time()
+            result = bench(binary, url, scenario, args.duration, args.warmup)
+            wall = time.time() - t0
+            each = [cpu_secs([p]) - c for p, c in zip(pids, each0)]
+            cpu = sum(each)
+            result["cpu_us_per_request_by_process"] = [
+                c * 1e6 / (result["requests_per_sec"] * wall) for c in each]
+            # Server CPU per request, from the whole run (warm-up included) at its mean rate.
+            result["server_cpu_us_per_request"] = cpu * 1e6 / (result["requests_per_sec"] * wall)
+            result["server_cpu_share"] = cpu / wall
+            runs[name].append(result)
+            record.append({"scenario": scenario, "round": r, "target": name, **result})
+            print(f"  round {r + 1} {name:<10} {result['requests_per_sec']:>9.0f} req/s  "
+                  f"p50 {result['latency_us']['p50']:>6.0f}  p99 {result['latency_us']['p99']:>6.0f} µs"
+                  f"  ok {result['ok']} over {result['over_limit']} err {result['errors']}"
+                  f"  server CPU {result['server_cpu_share']:.2f} cores,"
+                  f" {result['server_cpu_us_per_request']:.1f} µs/request"
+                  f" {[round(c, 1) for c in result['cpu_us_per_request_by_process']]}",
+                  flush=True)
+    return runs
+
+
+def medians(runs, reference="noop"):
+    ref = runs[reference]
+    paired = lambda rs, f: statistics.median(f(r) / f(q) for r, q in zip(rs, ref))
+    return {name: {"rps": statistics.median(r["requests_per_sec"] for r in rs),
+                   "rps_ratio": paired(rs, lambda r: r["requests_per_sec"]),
+                   "p99_ratio": paired(rs, lambda r: r["latency_us"]["p99"]),
+                   "cpu_us": statistics.median(r["server_cpu_us_per_request"] for r in rs),
+                   "p50": statistics.median(r["latency_us"]["p50"] for r in rs),
+                   "p99": statistics.median(r["latency_us"]["p99"] for r in rs),
+                   "p99_9": statistics.median(r["latency_us"]["p99_9"] for r in rs),
+                   "errors": sum(r["errors"] for r in rs)}
+            for name, rs in runs.items()}
+
+
+def report(scenario, runs, reference="noop"):
+    m = medians(runs, reference)
+    print(f"\n== {scenario}: medians over the rounds; ratios to {reference} are medians of the"
+          f" per-round ratios (same round, same machine load)")
+    print(f"  {'target':<10} {'req/s':>9} {'ratio':>6} {'p50 µs':>7} {'p99 µs':>7} {'p99 ratio':>9}"
+          f" {'p99.9':>7} {'srv CPU µs/req':>14} errors")
+    for name, v in m.items():
+        print(f"  {name:<10} {v['rps']:>9.0f} {v['rps_ratio']:>6.2f} {v['p50']:>7.0f} "
+              f"{v['p99']:>7.0f} {v['p99_ratio']:>9.2f} {v['p99_9']:>7.0f} {v['cpu_us']:>14.1f}"
+              f" {v['errors']}")
+    if "redis" in m and "memory" in m:
+        ratio = statistics.median(r["requests_per_sec"] / q["requests_per_sec"]
+                                  for r, q in zip(runs["redis"], runs["memory"]))
+        print(f"  redis / memory throughput (median of per-round ratios): {ratio:.2f}")
+
+
+def script_calls(args, binary, redis_port, admin, url):
+    """EVALSHA calls per request, counted by Redis, for 1 and 10 descriptors."""
+    for scenario in ("one", "ten"):
+        redis_cli(redis_port, "CONFIG", "RESETSTAT")
+        before = metric(admin, "sluice_requests_total")
+        bench(binary, url, scenario, 2, 0)
+        requests = metric(admin, "sluice_requests_total") - before
+        calls = evalsha_calls(redis_port)
+        print(f"  redis script calls, {scenario} descriptor(s): {calls} EVALSHA for "
+              f"{requests:.0f} requests = {calls / requests:.4f} per request")
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def flood(args, binary, rules):
+    """1,000,000 keys into a running server; its RSS before and after."""
+    procs = Procs()
+    try:
+        url, admin, child = serve(procs, binary, rules,
+                                  env={"SLUICE_MEMORY__MAX_KEYS": "2000000",
+                                       "SLUICE_MEMORY__SWEEP_INTERVAL_SECS": "3600"})
+        bench(binary, url, "one", 1, 0)  # connections, buffers, allocator warm
+        keys0, rss0 = metric(admin, "sluice_memory_keys"), rss_kib(child.pid)
+        args_ = [binary, "bench", "--target", url, "--domain", "bench", "--descriptor",
+                 "user=x", "--spread", "user=1000000", "--spread-order", "sequential",
+                 "--warmup", "0s", "--quiet", "--json"]
+        while metric(admin, "sluice_memory_keys") < 1_000_000:
+            subprocess.run([*args_, "--duration", "5s"], check=True, capture_output=True)
+        keys1, rss1 = metric(admin, "sluice_memory_keys"), rss_kib(child.pid)
+        per_key = (rss1 - rss0) * 1024 / (keys1 - keys0)
+        key_len = len("{bench|user=user-500000}:funnel:3600")
+        print(f"  server flood: keys {keys0:.0f} -> {keys1:.0f}, RSS {rss0 / 1024:.1f} -> "
+              f"{rss1 / 1024:.1f} MiB: {per_key:.1f} bytes per key (key {key_len} bytes, "
+              f"rest {per_key - key_len:.1f})")
+    finally:
+        procs.stop()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    default = os.path.join(os.environ.get("CARGO_TARGET_DIR", "target"), "release", "sluice")
+    p.add_argument("--binary", default=default)
+    p.add_argument("--other", action="append", default=[])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--duration", type=float, default=5)
+    p.add_argument("--warmup", type=float, default=1)
+    p.add_argument("--redis", action="store_true")
+    p.add_argument("--scenario", default="all", choices=["one", "ten", "all", "flood"])
+    p.add_argument("--json")
+    args = p.parse_args()
+    binary = os.path.abspath(args.binary)
+    rules = os.path.join(tempfile.mkdtemp(), "bench.yaml")
+    with open(rules, "w") as f:
+        f.write(RULES)
+    print(f"machine: {os.cpu_count()} CPUs, load average before {load()}")
+    if args.scenario == "flood":
+        flood(args, binary, rules)
+        print(f"load average after {load()}")
+        return
+    procs = Procs()
+    record = []
+    try:
+        noop_port = free_port()
+        noop = procs.start([binary, "bench", "--noop-server", f"127.0.0.1:{noop_port}"],
+                           noop_port, "no-op server")
+        targets = {"noop": (f"http://127.0.0.1:{noop_port}", None, [noop.pid])}
+        url, admin, child = serve(procs, binary, rules)
+        targets["memory"] = (url, admin, [child.pid])
+        for other in args.other:
+            name, path = other.split("=", 1)
+            url, admin, child = serve(procs, os.path.abspath(path), rules)
+            targets[name] = (url, admin, [child.pid])
+        redis_port = None
+        if args.redis:
+            redis_port = free_port()
+            redis = procs.start(["redis-server", "--port", str(redis_port), "--bind",
+                                 "127.0.0.1", "--save", "", "--appendonly", "no"], redis_port,
+                                "redis-server")
+            url, admin, child = serve(procs, binary, rules, "redis",
+                                      f"redis://127.0.0.1:{redis_port}")
+            # The server's CPU is sluice's plus redis-server's.
+            targets["redis"] = (url, admin, [child.pid, redis.pid])
+        scenarios = ["one", "ten"] if args.scenario == "all" else [args.scenario]
+        for scenario in scenarios:
+            print(f"\n== scenario {scenario}: {'10 descriptors' if scenario == 'ten' else '1 descriptor'}"
+                  f" per request, user spread over 10,000 values, 64 in flight on 4 connections")
+            report(scenario, run_rounds(args, binary, targets, scenario, record))
+        if redis_port:
+            script_calls(args, binary, redis_port, targets["redis"][1], targets["redis"][0])
+            print("  (the redis row's server CPU is sluice's plus redis-server's, listed apart"
+                  " per run above)")
+    finally:
+        procs.stop()
+    print(f"load average after {load()}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

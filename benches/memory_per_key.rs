@@ -1,0 +1,46 @@
+//! Memory per key of the memory backend: the process's resident memory before and after
+//! storing 1,000,000 funnel states, each under its own key (not a criterion benchmark: it
+//! prints one line; `cargo bench --bench memory_per_key`). Run by `cargo test` (without
+//! `--bench`), it stores 10,000 keys only, as a smoke test.
+
+mod common;
+
+use futures_util::FutureExt as _;
+use sluice::limiter::{Limiter, MemoryLimiter};
+
+/// Resident set size in bytes, from /proc/self/statm (pages).
+fn rss() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+fn main() {
+    let measuring = std::env::args().any(|a| a == "--bench");
+    let keys: u64 = if measuring { 1_000_000 } else { 10_000 };
+    // Room for every key, as `memory.max_keys` would be sized for such a flood.
+    let limiter = MemoryLimiter::new(2 * keys as usize);
+    let before = rss();
+    let mut key_bytes = 0;
+    for n in 0..keys {
+        let batch = common::batch(n);
+        key_bytes += batch.hits[0].key.len() as u64;
+        let admitted = matches!(limiter.check(&batch).now_or_never(), Some(Ok(o)) if o.admitted);
+        assert!(admitted, "key {n} was not admitted");
+    }
+    let after = rss();
+    assert_eq!(limiter.len(), keys as usize);
+    let per_key = after.saturating_sub(before) as f64 / keys as f64;
+    let key_len = key_bytes as f64 / keys as f64;
+    println!(
+        "memory_per_key: {keys} keys, RSS {:.1} MiB -> {:.1} MiB: {per_key:.1} bytes per key \
+         (key {key_len:.1} bytes, state and overhead {:.1} bytes)",
+        before as f64 / 1048576.0,
+        after as f64 / 1048576.0,
+        per_key - key_len
+    );
+}

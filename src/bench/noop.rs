@@ -1,0 +1,54 @@
+//! The no-op RLS server: every request is OK, with one OK status per descriptor and nothing
+//! else. Served like sluice's own gRPC port (same tonic server, same TCP settings), it is the
+//! ceiling of gRPC on the machine that sluice is measured against.
+
+use std::future::Future;
+
+use anyhow::Context as _;
+use tokio::net::TcpListener;
+use tonic::transport::server::TcpIncoming;
+use tonic::{Request, Response, Status};
+
+use crate::proto::rate_limit_response::{Code, DescriptorStatus};
+use crate::proto::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
+use crate::proto::{RateLimitRequest, RateLimitResponse};
+
+/// Answers OK to everything.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Noop;
+
+#[tonic::async_trait]
+impl RateLimitService for Noop {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let statuses = request
+            .get_ref()
+            .descriptors
+            .iter()
+            .map(|_| DescriptorStatus {
+                code: Code::Ok.into(),
+                ..Default::default()
+            })
+            .collect();
+        Ok(Response::new(RateLimitResponse {
+            overall_code: Code::Ok.into(),
+            statuses,
+            ..Default::default()
+        }))
+    }
+}
+
+/// Serves [`Noop`] on `listener` until `shutdown` resolves.
+pub async fn serve_noop(
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    tonic::transport::Server::builder()
+        .add_service(RateLimitServiceServer::new(Noop))
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+        .context("no-op server failed")
+}

@@ -1,0 +1,231 @@
+//! `sluice bench`, the real binary, for about a second each: against the no-op server it runs
+//! itself (`--noop-server`), and against `sluice serve`; the JSON result must be sane.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+use tokio::time::Instant;
+
+const RULES: &str = "
+domain: bench
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 1000000}
+  - key: tight
+    rate_limit: {unit: hour, requests_per_unit: 5}
+";
+
+fn sluice() -> Command {
+    sluice_command(env!("CARGO_BIN_EXE_sluice"))
+}
+
+/// Starts `sluice <args>` and waits until `port` accepts connections.
+fn start(args: &[&str], port: u16) -> Served {
+    let child = sluice()
+        .args(args)
+        .env("SLUICE_LOG__LEVEL", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start the sluice binary");
+    let served = Served(child);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nothing listens on {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    served
+}
+
+fn noop_server() -> (Served, String) {
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let served = start(
+        &["bench", "--noop-server", &addr, "--duration", "60s"],
+        port,
+    );
+    (served, format!("http://{addr}"))
+}
+
+fn sluice_server(rules: &Path) -> (Served, String) {
+    let (port, admin) = (free_port(), free_port());
+    let grpc = format!("127.0.0.1:{port}");
+    let admin = format!("127.0.0.1:{admin}");
+    let rules = rules.to_str().expect("a UTF-8 path");
+    let args = [
+        "serve",
+        "--rules",
+        rules,
+        "--grpc-listen",
+        &grpc,
+        "--admin-listen",
+        &admin,
+    ];
+    (start(&args, port), format!("http://{grpc}"))
+}
+
+/// Runs `sluice bench --json` with `args`; its parsed result.
+fn bench(target: &str, args: &[&str]) -> Value {
+    let out = sluice()
+        .args(["bench", "--target", target, "--json", "--quiet"])
+        .args(["--warmup", "200ms", "--duration", "1s"])
+        .args(args)
+        .output()
+        .expect("run sluice bench");
+    assert!(
+        out.status.success(),
+        "sluice bench failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+fn count(v: &Value, field: &str) -> u64 {
+    v[field]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no {field} in {v}"))
+}
+
+/// Requests were made, the counts add up, the percentiles are ordered and positive.
+fn assert_sane(v: &Value) {
+    let requests = count(v, "requests");
+    assert!(requests > 0, "no request measured: {v}");
+    let kinds: u64 = v["error_kinds"]
+        .as_object()
+        .expect("error_kinds")
+        .values()
+        .filter_map(Value::as_u64)
+        .sum();
+    assert_eq!(count(v, "errors"), kinds, "{v}");
+    assert_eq!(
+        count(v, "ok") + count(v, "over_limit") + count(v, "errors"),
+        requests,
+        "{v}"
+    );
+    let rps = v["requests_per_sec"].as_f64().expect("requests_per_sec");
+    let secs = v["duration_secs"].as_f64().expect("duration_secs");
+    assert!((rps * secs - requests as f64).abs() < 1.0, "{v}");
+    let p = &v["latency_us"];
+    let at = |k: &str| p[k].as_f64().unwrap_or_else(|| panic!("no {k} in {p}"));
+    assert!(at("p50") > 0.0, "{v}");
+    assert!(at("p50") <= at("p90") && at("p90") <= at("p99"), "{v}");
+    assert!(at("p99") <= at("p99_9") && at("p99_9") <= at("max"), "{v}");
+}
+
+#[test]
+fn closed_loop_against_the_noop_server_is_all_ok() {
+    let (_noop, url) = noop_server();
+    let v = bench(
+        &url,
+        &[
+            "--domain",
+            "any",
+            "--descriptor",
+            "user=x,path=/",
+            "--spread",
+            "user=100",
+        ],
+    );
+    assert_sane(&v);
+    assert_eq!(v["mode"], "closed");
+    assert_eq!(count(&v, "ok"), count(&v, "requests"), "{v}");
+}
+
+#[test]
+fn against_sluice_a_tight_rule_is_over_limit() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(&rules, RULES).expect("write the rules");
+    let (_server, url) = sluice_server(&rules);
+    // Spread over many users: all within their limit.
+    let wide = bench(
+        &url,
+        &[
+            "--domain",
+            "bench",
+            "--descriptor",
+            "user=x",
+            "--spread",
+            "user=10000",
+            "--connections",
+            "2",
+            "--concurrency",
+            "8",
+        ],
+    );
+    assert_sane(&wide);
+    assert_eq!(count(&wide, "ok"), count(&wide, "requests"), "{wide}");
+    // One key of 5 per hour, from a request file: all but the first 5 are over the limit.
+    let request = dir.path().join("request.yaml");
+    std::fs::write(
+        &request,
+        "domain: bench\ndescriptors:\n  - entries: [{key: tight, value: one}]\n",
+    )
+    .expect("write the request");
+    let tight = bench(&url, &["--request", request.to_str().expect("UTF-8")]);
+    assert_sane(&tight);
+    assert_eq!(count(&tight, "errors"), 0, "{tight}");
+    assert!(count(&tight, "over_limit") > 0, "{tight}");
+    assert!(count(&tight, "ok") <= 5, "{tight}");
+}
+
+#[test]
+fn open_loop_keeps_its_rate() {
+    let (_noop, url) = noop_server();
+    let started = Instant::now();
+    let v = bench(
+        &url,
+        &[
+            "--domain",
+            "any",
+            "--descriptor",
+            "k=v",
+            "--rate",
+            "500",
+            "--concurrency",
+            "16",
+        ],
+    );
+    assert_sane(&v);
+    assert_eq!(v["mode"], "open");
+    // 500 due in the measured second, every one sent and answered (none late beyond the
+    // time-out), and the run did not stretch much past warm-up + duration.
+    assert_eq!(count(&v, "requests"), 500, "{v}");
+    assert_eq!(count(&v, "ok"), 500, "rate not kept: {v}");
+    let rps = v["requests_per_sec"].as_f64().expect("requests_per_sec");
+    assert!((rps - 500.0).abs() < 1.0, "{v}");
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(6), "took {took:?}: {v}");
+    let service = &v["service_time_us"];
+    assert!(service["p50"].as_f64().is_some_and(|p| p > 0.0), "{v}");
+}
+
+#[test]
+fn bad_options_fail_with_a_message() {
+    let out = sluice()
+        .args(["bench", "--target", "http://127.0.0.1:1", "--domain", "d"])
+        .output()
+        .expect("run sluice bench");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--descriptor"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = sluice()
+        .args(["bench", "--target", "http://127.0.0.1:1", "--domain", "d"])
+        .args(["--descriptor", "k=v", "--spread", "other=5"])
+        .output()
+        .expect("run sluice bench");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no entry of the request has this key"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
