@@ -207,7 +207,7 @@ impl RedisLimiter {
                 bump(&self.events.failures);
                 if e.transient {
                     self.breaker.record(false);
-                    *self.health.lock() = Err(e.message.clone());
+                    *self.health.lock() = Err(format!("redis: {}", e.message));
                 }
                 self.fallback(batch, e).await
             }
