@@ -145,7 +145,7 @@ def run_rounds(args, binary, targets, scenario, record):
             result["server_cpu_us_per_request"] = cpu * 1e6 / (result["requests_per_sec"] * wall)
             result["server_cpu_share"] = cpu / wall
             runs[name].append(result)
-            record.append({"scenario": scenario, "round": r, "target": name, **result})
+            record.append({**result, "scenario": scenario, "round": r, "name": name})
             print(f"  round {r + 1} {name:<10} {result['requests_per_sec']:>9.0f} req/s  "
                   f"p50 {result['latency_us']['p50']:>6.0f}  p99 {result['latency_us']['p99']:>6.0f} µs"
                   f"  ok {result['ok']} over {result['over_limit']} err {result['errors']}"
@@ -218,8 +218,11 @@ def flood(args, binary, rules):
         args_ = [binary, "bench", "--target", url, "--domain", "bench", "--descriptor",
                  "user=x", "--spread", "user=1000000", "--spread-order", "sequential",
                  "--warmup", "0s", "--quiet", "--json"]
+        start = 0
         while metric(admin, "sluice_memory_keys") < 1_000_000:
-            subprocess.run([*args_, "--duration", "5s"], check=True, capture_output=True)
+            out = subprocess.run([*args_, "--duration", "5s", "--seed", str(start)], check=True,
+                                 capture_output=True, text=True).stdout
+            start += json.loads(out)["requests"]
         keys1, rss1 = metric(admin, "sluice_memory_keys"), rss_kib(child.pid)
         per_key = (rss1 - rss0) * 1024 / (keys1 - keys0)
         key_len = len("{bench|user=user-500000}:funnel:3600")

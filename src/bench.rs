@@ -21,7 +21,7 @@
 //! The request comes from `--request FILE` (the proto3-JSON form of `RateLimitRequest`, in JSON
 //! or YAML) or from flags (`--domain`, `--descriptor k=v,k2=v2` repeated, `--hits`).
 //! `--spread KEY=N` replaces the value of every entry whose key is `KEY` by `KEY-n`, `n` drawn
-//! per entry from `0..N` (uniformly with a fixed seed, or in sequence with
+//! per entry from `0..N` (uniformly, seeded by `--seed`; or in sequence from `--seed` with
 //! `--spread-order sequential`), to exercise many keys.
 //!
 //! Progress goes to stderr once a second; the result (requests/s, latency percentiles from an
@@ -96,7 +96,8 @@ pub struct BenchArgs {
     /// How spread values are drawn.
     #[arg(long, value_enum, default_value_t = SpreadOrder::Random)]
     pub spread_order: SpreadOrder,
-    /// Seed of the random spread (each worker derives its own).
+    /// Seed of the random spread (each worker derives its own); the first value of the
+    /// sequential one.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// A request not answered within this time counts as an error.
@@ -168,7 +169,7 @@ fn plan_of(args: &BenchArgs) -> anyhow::Result<Plan> {
         template.set_hits(hits);
     }
     if let Some(spread) = &args.spread {
-        template.set_spread(Spread::parse(spread, args.spread_order)?)?;
+        template.set_spread(Spread::parse(spread, args.spread_order)?.starting_at(args.seed))?;
     }
     if let Some(rate) = args.rate {
         anyhow::ensure!(

@@ -16,7 +16,8 @@ use crate::proto::{RateLimitDescriptor, RateLimitRequest};
 pub enum SpreadOrder {
     /// Uniformly at random (fixed seed per worker).
     Random,
-    /// 0, 1, 2, ... shared by all workers, wrapping at N: every value once before any twice.
+    /// `--seed`, then +1 each, shared by all workers, wrapping at N: every value once before
+    /// any twice.
     Sequential,
 }
 
@@ -37,6 +38,12 @@ impl Spread {
             order,
             next: AtomicU64::new(0),
         }
+    }
+
+    /// A sequential spread starts at `first` (mod N).
+    pub fn starting_at(self, first: u64) -> Spread {
+        self.next.store(first, Ordering::Relaxed);
+        self
     }
 
     /// Parses `KEY=N`.
