@@ -131,7 +131,11 @@ impl App {
     /// A service over a given limiter, with no housekeeping task. Reloads read
     /// `settings.rules.paths` (none: the embedded demo rules).
     pub fn from_parts(settings: &Settings, rules: RuleSet, limiter: Arc<dyn Limiter>) -> App {
-        let rules = Arc::new(ActiveRules::new(rules, settings.rules.paths.clone()));
+        let rules = Arc::new(ActiveRules::new(
+            rules,
+            settings.rules.paths.clone(),
+            (&settings.limits).into(),
+        ));
         let metrics = Metrics::new(MetricsOptions {
             near_limit_ratio: settings.metrics.near_limit_ratio,
             max_value_label_sets: settings.metrics.max_value_label_sets,

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use sluice::config::rules::{self, EMBEDDED_NAME, EMBEDDED_RULES};
+use sluice::config::rules::{self, LoadOptions};
 use sluice::config::settings::{Backend, LogFormat, Overrides, Settings};
 use sluice::rules::RuleSet;
 use tokio_util::sync::CancellationToken;
@@ -79,7 +79,16 @@ fn main() -> ExitCode {
 }
 
 fn check(paths: &[PathBuf]) -> ExitCode {
-    match load_rules(paths) {
+    // Rules are checked with the defaults `serve` would resolve from the environment.
+    let env = std::env::vars().collect();
+    let settings = match Settings::load(None, env, &Overrides::default()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("sluice: {e}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    match load_rules(paths, (&settings.limits).into()) {
         Ok(set) => {
             println!("ok: {} domain(s)", set.domains);
             ExitCode::SUCCESS
@@ -98,12 +107,8 @@ struct Loaded {
     set: RuleSet,
 }
 
-fn load_rules(paths: &[PathBuf]) -> Result<Loaded, rules::RuleErrors> {
-    let model = if paths.is_empty() {
-        rules::from_sources(&[(PathBuf::from(EMBEDDED_NAME), EMBEDDED_RULES.to_owned())])?
-    } else {
-        rules::load_paths(paths)?
-    };
+fn load_rules(paths: &[PathBuf], options: LoadOptions) -> Result<Loaded, rules::RuleErrors> {
+    let model = sluice::reload::load(paths, options)?;
     Ok(Loaded {
         domains: model.domains.len(),
         set: RuleSet::compile(model),
@@ -143,7 +148,7 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EX_USAGE);
         }
     };
-    let loaded = match load_rules(&settings.rules.paths) {
+    let loaded = match load_rules(&settings.rules.paths, (&settings.limits).into()) {
         Ok(l) => l,
         Err(errors) => {
             for e in &errors.0 {

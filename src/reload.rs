@@ -21,18 +21,19 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
 use crate::config::model::RulesModel;
-use crate::config::rules::{self, EMBEDDED_NAME, EMBEDDED_RULES, RuleErrors};
+use crate::config::rules::{self, EMBEDDED_NAME, EMBEDDED_RULES, LoadOptions, RuleErrors};
 use crate::rules::{Rule, RuleSet};
 
 pub use watch::{ReloadTrigger, WatchOptions, watch};
 
 /// Loads the rules of `paths` (files or directories), or the embedded demo rules when there
-/// is no path.
-pub fn load(paths: &[PathBuf]) -> Result<RulesModel, RuleErrors> {
+/// is no path. Start-up and every reload go through here, with the same options.
+pub fn load(paths: &[PathBuf], options: LoadOptions) -> Result<RulesModel, RuleErrors> {
     if paths.is_empty() {
-        rules::from_sources(&[(PathBuf::from(EMBEDDED_NAME), EMBEDDED_RULES.to_owned())])
+        let embedded = [(PathBuf::from(EMBEDDED_NAME), EMBEDDED_RULES.to_owned())];
+        rules::from_sources_with(&embedded, options)
     } else {
-        rules::load_paths(paths)
+        rules::load_paths_with(paths, options)
     }
 }
 
@@ -78,16 +79,19 @@ struct State {
 pub struct ActiveRules {
     current: Arc<ArcSwap<RuleSet>>,
     paths: Vec<PathBuf>,
+    options: LoadOptions,
     state: Mutex<State>,
 }
 
 impl ActiveRules {
-    /// Rules loaded from `paths` (empty: the embedded demo rules), as version 1.
-    pub fn new(set: RuleSet, paths: Vec<PathBuf>) -> ActiveRules {
+    /// Rules loaded from `paths` (empty: the embedded demo rules) with `options`, as version 1;
+    /// reloads use the same paths and options.
+    pub fn new(set: RuleSet, paths: Vec<PathBuf>, options: LoadOptions) -> ActiveRules {
         let fingerprint = fingerprint(&set);
         ActiveRules {
             current: Arc::new(ArcSwap::from_pointee(set)),
             paths,
+            options,
             state: Mutex::new(State {
                 status: ConfigStatus {
                     version: 1,
@@ -122,7 +126,7 @@ impl ActiveRules {
     /// and different. Blocking (reads files); one reload at a time.
     pub fn reload(&self) -> Reloaded {
         let mut state = self.state.lock();
-        let set = match load(&self.paths) {
+        let set = match load(&self.paths, self.options) {
             Ok(model) => RuleSet::compile(model),
             Err(errors) => {
                 state.status.last_failure = Some((SystemTime::now(), errors.0.len()));
@@ -192,8 +196,9 @@ mod tests {
     fn updates_only_on_change_and_keeps_the_last_good_rules() {
         let dir = tempfile::tempdir().unwrap();
         let file = write(dir.path(), V1);
-        let set = RuleSet::compile(load(std::slice::from_ref(&file)).unwrap());
-        let active = ActiveRules::new(set, vec![file]);
+        let set =
+            RuleSet::compile(load(std::slice::from_ref(&file), LoadOptions::default()).unwrap());
+        let active = ActiveRules::new(set, vec![file], LoadOptions::default());
         assert!(matches!(active.reload(), Reloaded::Unchanged));
         write(dir.path(), V2);
         assert!(matches!(active.reload(), Reloaded::Updated { version: 2 }));
@@ -210,7 +215,7 @@ mod tests {
 
     #[test]
     fn no_path_means_the_embedded_rules() {
-        let model = load(&[]).unwrap();
+        let model = load(&[], LoadOptions::default()).unwrap();
         assert!(!model.domains.is_empty());
     }
 }

@@ -9,6 +9,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::app::App;
+use crate::config::model::RulesModel;
 use crate::config::rules;
 use crate::config::settings::Settings;
 use crate::limiter::{Limiter, ManualClock, MemoryLimiter};
@@ -48,6 +49,17 @@ impl TestServer {
         Self::serve(settings, rules_yaml, limiter, clock).await
     }
 
+    /// Serves an already validated model (e.g. loaded with `limits.default_algorithm`) with
+    /// `settings`, over the memory backend on a manual clock.
+    pub async fn start_model(settings: Settings, model: RulesModel) -> TestServer {
+        let clock = ManualClock::at(1_000 * SECOND);
+        let limiter: Arc<dyn Limiter> = Arc::new(MemoryLimiter::with_clock(
+            settings.memory.max_keys,
+            clock.clone(),
+        ));
+        Self::serve_model(settings, model, limiter, clock).await
+    }
+
     /// Serves `rules_yaml` with `settings` over `limiter`; `clock` then controls nothing.
     ///
     /// # Panics
@@ -68,6 +80,15 @@ impl TestServer {
     ) -> TestServer {
         let model = rules::from_sources(&[(PathBuf::from("test.yaml"), rules_yaml.to_owned())])
             .unwrap_or_else(|e| panic!("test rules are invalid:\n{e}"));
+        Self::serve_model(settings, model, limiter, clock).await
+    }
+
+    async fn serve_model(
+        settings: Settings,
+        model: RulesModel,
+        limiter: Arc<dyn Limiter>,
+        clock: ManualClock,
+    ) -> TestServer {
         let app = App::from_parts(&settings, RuleSet::compile(model), limiter);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await

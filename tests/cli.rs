@@ -44,6 +44,38 @@ fn check_accepts_good_rules_and_the_embedded_set() {
 }
 
 #[test]
+fn check_resolves_limits_with_the_default_algorithm_of_the_environment() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rules = dir.path().join("r.yaml");
+    let text = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, burst: 2}\n";
+    std::fs::write(&rules, text).expect("write rules");
+    let rules = rules.display().to_string();
+    assert!(
+        run(sluice().args(["check", "--rules", &rules]))
+            .status
+            .success()
+    );
+    let out = run(sluice()
+        .env("SLUICE_LIMITS__DEFAULT_ALGORITHM", "sliding_window")
+        .args(["check", "--rules", &rules]));
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("burst only applies to funnel and token_bucket; this limit's algorithm is sliding_window (limits.default_algorithm)"),
+        "{stderr}"
+    );
+    let out = run(sluice()
+        .env("SLUICE_LIMITS__DEFAULT_ALGORITHM", "gcra")
+        .args(["check", "--rules", &rules]));
+    assert_eq!(
+        out.status.code(),
+        Some(64),
+        "a bad setting is a usage error"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown algorithm 'gcra'"));
+}
+
+#[test]
 fn check_reports_every_error_with_file_and_line() {
     let dir = fixtures("invalid");
     let out = run(sluice().args(["check", "--rules", &dir]));

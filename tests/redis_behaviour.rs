@@ -1,73 +1,16 @@
 //! One behaviour suite, run against both backends: every scenario is a module with a `memory`
 //! and a `redis` test (the latter over a real `redis-server` on a loopback port). These are the
 //! scenarios of tests/grpc_semantics.rs that need no control of time (Redis reads its own
-//! clock), with the same rules file.
+//! clock), with the same rules file. tests/algorithms_behaviour.rs runs every algorithm the
+//! same way.
 
+#[path = "support/backends.rs"]
+mod backends;
 mod common;
 #[path = "support/redis.rs"]
 mod redis_support;
 
-use std::sync::Arc;
-
 use common::*;
-use redis_support::RedisServer;
-use sluice::config::settings::Settings;
-use sluice::limiter::RedisLimiter;
-
-const RULES: &str = include_str!("fixtures/semantics.yaml");
-
-/// What a test holds on to: the server, and the Redis behind it (if any).
-struct Backend {
-    _server: TestServer,
-    _redis: Option<RedisServer>,
-}
-
-async fn memory() -> (Backend, Client) {
-    let server = TestServer::start(RULES).await;
-    let c = client(&server).await;
-    (
-        Backend {
-            _server: server,
-            _redis: None,
-        },
-        c,
-    )
-}
-
-async fn redis() -> (Backend, Client) {
-    let redis = RedisServer::start();
-    let limiter = RedisLimiter::new(&redis.settings(), 1_000).expect("valid redis settings");
-    let server = TestServer::start_over(Settings::default(), RULES, Arc::new(limiter)).await;
-    let c = client(&server).await;
-    (
-        Backend {
-            _server: server,
-            _redis: Some(redis),
-        },
-        c,
-    )
-}
-
-/// `scenario!(name, |c| { ... })`: the body runs once per backend with a fresh client `c`.
-macro_rules! scenario {
-    ($name:ident, |$c:ident| $body:block) => {
-        mod $name {
-            use super::*;
-
-            #[tokio::test]
-            async fn memory() {
-                let (_b, mut $c) = super::memory().await;
-                $body
-            }
-
-            #[tokio::test]
-            async fn redis() {
-                let (_b, mut $c) = super::redis().await;
-                $body
-            }
-        }
-    };
-}
 
 scenario!(within_then_over_the_limit, |c| {
     let r = hit(&mut c, "one_per_minute", "a").await;

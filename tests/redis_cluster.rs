@@ -29,6 +29,14 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 1000}
   - key: hot
     rate_limit: {unit: second, requests_per_unit: 20, burst: 10}
+  - key: wide_bucket
+    rate_limit: {unit: minute, requests_per_unit: 1000, algorithm: token_bucket}
+  - key: wide_window
+    rate_limit: {unit: minute, requests_per_unit: 1000, algorithm: fixed_window}
+  - key: wide_sliding
+    rate_limit: {unit: minute, requests_per_unit: 1000, algorithm: sliding_window}
+  - key: wide_log
+    rate_limit: {unit: minute, requests_per_unit: 1000, algorithm: sliding_log}
 ";
 
 fn slot(key: &str, value: &str, period: u32) -> Slot {
@@ -37,10 +45,16 @@ fn slot(key: &str, value: &str, period: u32) -> Slot {
 
 /// A value of `wide` whose key is in another slot than `one=a`'s.
 fn other_slot_value() -> String {
+    other_slot_value_of("wide")
+}
+
+/// A value of `key` whose state key is in another slot than `one=a`'s (the slot depends only
+/// on the descriptor part, the hash tag).
+fn other_slot_value_of(key: &str) -> String {
     let taken = slot("one", "a", 60);
     (0..)
         .map(|i| format!("w{i}"))
-        .find(|v| slot("wide", v, 60) != taken)
+        .find(|v| slot(key, v, 60) != taken)
         .unwrap_or_default()
 }
 
@@ -74,6 +88,19 @@ async fn a_request_across_slots_is_all_or_nothing() {
         998,
         "only the admitted request consumed"
     );
+    // Every algorithm gives back what a denied request took in another slot.
+    for key in ["wide_bucket", "wide_window", "wide_sliding", "wide_log"] {
+        let value = other_slot_value_of(key);
+        let both = req("c", vec![desc(&[("one", "a")]), desc(&[(key, &value)])]);
+        let r = call(&mut c, both).await;
+        assert_eq!(overall(&r), Code::OverLimit, "{key}");
+        assert_eq!(r.statuses[1].limit_remaining, 1000, "{key}: given back");
+        let r = call(&mut c, req("c", vec![desc(&[(key, &value)])])).await;
+        assert_eq!(
+            r.statuses[0].limit_remaining, 999,
+            "{key}: nothing was kept"
+        );
+    }
     assert!(
         cluster
             .nodes

@@ -108,14 +108,15 @@ fn random_step(rng: &mut Rng) -> u64 {
 /// time between measuring it and the script running.
 const MARGIN_MICROS: u64 = 20_000;
 
-#[tokio::test]
-async fn lua_and_memory_give_identical_outcomes_on_random_sequences() {
+/// Runs `seeds` random sequences of 50 batches through the memory backend and the script and
+/// requires identical outcomes; returns how many batches were compared.
+async fn compare(seeds: std::ops::RangeInclusive<u64>, batch: fn(&mut Rng, u64) -> Batch) -> usize {
     let redis = RedisServer::start();
     let script = RedisLimiter::new(&redis.settings(), 1).expect("valid settings");
     let mut compared = 0;
-    for seed in 1..=60u64 {
+    for seed in seeds {
         let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        let mut fake = 1_700_000_000 * SECOND_MICROS;
+        let mut fake = 1_700_000_000 * SECOND_MICROS + rng.below(SECOND_MICROS);
         let clock = ManualClock::at(fake);
         let memory = MemoryLimiter::with_clock(10_000, clock.clone());
         let mut last = Instant::now();
@@ -125,7 +126,7 @@ async fn lua_and_memory_give_identical_outcomes_on_random_sequences() {
             last = now;
             fake += random_step(&mut rng) + real + MARGIN_MICROS;
             clock.set(fake);
-            let batch = random_batch(&mut rng, seed);
+            let batch = batch(&mut rng, seed);
             let expected = memory.check(&batch).await.expect("memory never fails");
             let got = script
                 .check_micros(&batch, Some(fake))
@@ -135,7 +136,76 @@ async fn lua_and_memory_give_identical_outcomes_on_random_sequences() {
             compared += 1;
         }
     }
-    assert_eq!(compared, 3_000);
+    compared
+}
+
+/// Funnels whose hits on one key mix every parameter (a funnel's state is read the same way
+/// whatever the limit).
+#[tokio::test]
+async fn lua_and_memory_give_identical_outcomes_on_random_sequences() {
+    assert_eq!(compare(1..=60, random_batch).await, 3_000);
+}
+
+/// A hit of `algorithm` on one of three keys of a seed; each key has its own quota and
+/// period, as real state keys (which name the algorithm and the period) have; burst, borrow,
+/// charge, cost, refund and role vary per hit.
+fn algorithm_hit(rng: &mut Rng, seed: u64, algorithm: Algorithm) -> Hit {
+    let name = rng.below(3);
+    let mut keyed = Rng((seed << 8 | name << 4 | algorithm as u64).wrapping_mul(0x2545_F491));
+    let mut hit = random_hit(rng, seed);
+    hit.limit.algorithm = algorithm;
+    hit.limit.quota = keyed.pick(&[0, 1, 2, 3, 5, 7]);
+    hit.limit.period_nanos =
+        keyed.pick(&[1_000, SECOND_MICROS, 3 * SECOND_MICROS, 60 * SECOND_MICROS]);
+    hit.limit.borrow &= algorithm.has_capacity();
+    hit.key = format!("{{diff|seed={seed}}}:{}:{name}", algorithm.as_str())
+        .into_bytes()
+        .into();
+    hit
+}
+
+fn batch_of(rng: &mut Rng, seed: u64, algorithms: &[Algorithm]) -> Batch {
+    let n = 1 + rng.below(5);
+    Batch {
+        hits: (0..n)
+            .map(|_| {
+                let algorithm = rng.pick(algorithms);
+                algorithm_hit(rng, seed, algorithm)
+            })
+            .collect(),
+    }
+}
+
+/// Random sequences per differential test (`SLUICE_DIFF_SEEDS` runs more, e.g. 1000).
+fn seeds() -> u64 {
+    std::env::var("SLUICE_DIFF_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(30)
+}
+
+/// One test per algorithm, and one mixing them all in each batch.
+macro_rules! differential {
+    ($($name:ident: $algorithms:expr;)*) => {$(
+        #[tokio::test]
+        async fn $name() {
+            fn batch(rng: &mut Rng, seed: u64) -> Batch {
+                batch_of(rng, seed, &$algorithms)
+            }
+            let seeds = seeds();
+            let compared = compare(1..=seeds, batch).await;
+            assert_eq!(u64::try_from(compared).ok(), Some(seeds * 50));
+        }
+    )*};
+}
+
+differential! {
+    differential_funnel: [Algorithm::Funnel];
+    differential_token_bucket: [Algorithm::TokenBucket];
+    differential_fixed_window: [Algorithm::FixedWindow];
+    differential_sliding_window: [Algorithm::SlidingWindow];
+    differential_sliding_log: [Algorithm::SlidingLog];
+    differential_every_algorithm_in_one_batch: Algorithm::ALL;
 }
 
 fn limit(quota: u32, period_secs: u64) -> LimitParams {
@@ -204,6 +274,58 @@ async fn every_written_key_expires_when_fresh_and_fresh_states_are_deleted() {
     // Nothing without a TTL.
     let ttl: i64 = redis.cmd(&["PTTL", "sluice:{t|a}:funnel:60"]);
     assert!(ttl > 0);
+}
+
+/// A key of `algorithm` and its PTTL after a request of `cost`, given a limit.
+async fn ttl_after(
+    redis: &RedisServer,
+    limiter: &RedisLimiter,
+    limit: LimitParams,
+    cost: u64,
+) -> i64 {
+    let key = format!(
+        "{{ttl}}:{}:{}",
+        limit.algorithm.as_str(),
+        limit.period_nanos
+    );
+    let batch = Batch {
+        hits: vec![hit(&key, limit, cost, 0)],
+    };
+    let outcome = limiter.check(&batch).await.expect("redis answers");
+    assert!(outcome.admitted, "{outcome:?}");
+    redis.cmd(&["PTTL", &format!("sluice:{key}")])
+}
+
+#[tokio::test]
+async fn every_algorithm_keys_its_state_until_it_is_fresh() {
+    let redis = RedisServer::start();
+    let limiter = RedisLimiter::new(&redis.settings(), 1).expect("valid settings");
+    let bucket = LimitParams {
+        algorithm: Algorithm::TokenBucket,
+        burst: 5,
+        ..limit(2, 10)
+    };
+    // 5 tokens missing, 2 back per 10 s: full again after 3 refills.
+    let ttl = ttl_after(&redis, &limiter, bucket, 5).await;
+    assert!((29_000..=30_000).contains(&ttl), "token bucket PTTL {ttl}");
+    // A window lives until its end: within the hour of Redis time, to the millisecond.
+    let window = LimitParams {
+        algorithm: Algorithm::FixedWindow,
+        ..limit(5, 3_600)
+    };
+    let ttl = ttl_after(&redis, &limiter, window, 1).await;
+    let to_end = 3_600_000 - (unix_millis() % 3_600_000);
+    assert!(
+        ttl.abs_diff(to_end) < 1_000,
+        "fixed window PTTL {ttl}, {to_end} ms to the hour"
+    );
+}
+
+fn unix_millis() -> i64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970");
+    i64::try_from(since.as_millis()).expect("in range")
 }
 
 #[tokio::test]

@@ -70,7 +70,8 @@ struct Running {
 }
 
 async fn start(settings: Settings) -> Running {
-    let model = sluice::reload::load(&settings.rules.paths).expect("valid rules at start");
+    let model = sluice::reload::load(&settings.rules.paths, (&settings.limits).into())
+        .expect("valid rules at start");
     let limiter: Arc<dyn Limiter> = Arc::new(MemoryLimiter::new(1000));
     let app = App::from_parts(&settings, sluice::rules::RuleSet::compile(model), limiter);
     let trigger = app.reload_trigger();
@@ -204,5 +205,33 @@ async fn the_trigger_reloads_without_a_watcher() {
     })
     .await;
     assert_eq!(server.metric("sluice_config_version", &[]).await, Some(2.0));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_reload_keeps_the_default_algorithm() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rules.yaml");
+    std::fs::write(&file, rules(1)).unwrap();
+    let mut settings = watching(vec![file.clone()]);
+    settings.reload.watch = false;
+    settings.limits.default_algorithm = sluice::config::model::Algorithm::FixedWindow;
+    let server = start(settings).await;
+    let dump = get(server.admin, "/rlconfig").await.body;
+    assert!(
+        dump.contains("fixed_window") && !dump.contains("funnel"),
+        "{dump}"
+    );
+    std::fs::write(&file, rules(3)).unwrap();
+    server.trigger.reload();
+    eventually(Duration::from_secs(2), "the triggered reload", || async {
+        server.limit().await == 3
+    })
+    .await;
+    let dump = get(server.admin, "/rlconfig").await.body;
+    assert!(
+        dump.contains("fixed_window") && !dump.contains("funnel"),
+        "{dump}"
+    );
     server.stop().await;
 }

@@ -215,5 +215,6 @@ fn shared_rules() -> RuleSet {
             descriptors: vec![user],
             location: location.clone(),
         }],
+        ..RulesModel::default()
     })
 }

@@ -15,9 +15,16 @@ const VALID_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/rul
 #[rustfmt::skip]
 const INVALID: &[(&str, &[&str])] = &[
     ("algorithm_unknown.yaml", &[
-        "algorithm_unknown.yaml:8: descriptors[0].rate_limit.algorithm: algorithm 'token_bucket' is not supported in this version (supported: funnel)",
-        "algorithm_unknown.yaml:13: descriptors[1].rate_limits[0].algorithm: algorithm 'sliding_window' is not supported in this version (supported: funnel)",
-        "algorithm_unknown.yaml:16: descriptors[1].rate_limits[1].algorithm: unknown algorithm 'gcra'",
+        "algorithm_unknown.yaml:8: descriptors[0].rate_limit.algorithm: unknown algorithm 'leaky_bucket' (expected funnel, token_bucket, fixed_window, sliding_window or sliding_log)",
+        "algorithm_unknown.yaml:13: descriptors[1].rate_limits[0].algorithm: unknown algorithm 'Funnel' (expected funnel, token_bucket, fixed_window, sliding_window or sliding_log)",
+        "algorithm_unknown.yaml:16: descriptors[1].rate_limits[1].algorithm: unknown algorithm 'gcra' (expected funnel, token_bucket, fixed_window, sliding_window or sliding_log)",
+    ]),
+    ("borrow_without_capacity.yaml", &[
+        "borrow_without_capacity.yaml:9: descriptors[0].rate_limit.borrow: borrow only applies to funnel and token_bucket, whose debt is paid back at their rate (a window forgets it when the window passes); this limit's algorithm is fixed_window",
+    ]),
+    ("burst_without_capacity.yaml", &[
+        "burst_without_capacity.yaml:9: descriptors[0].rate_limit.burst: burst only applies to funnel and token_bucket; this limit's algorithm is fixed_window",
+        "burst_without_capacity.yaml:13: descriptors[1].rate_limits[1].burst: burst only applies to funnel and token_bucket; this limit's algorithm is fixed_window",
     ]),
     ("burst_zero.yaml", &[
         "burst_zero.yaml:8: descriptors[0].rate_limit.burst: must be at least 1",
@@ -83,6 +90,10 @@ const INVALID: &[(&str, &[&str])] = &[
     ("share_threshold_without_wildcard.yaml", &[
         "share_threshold_without_wildcard.yaml:6: descriptors[0].share_threshold: share_threshold needs a wildcard value (containing '*'), got 'path_/exact'",
         "share_threshold_without_wildcard.yaml:11: descriptors[1].share_threshold: share_threshold needs a wildcard value (containing '*'), got 'path'",
+    ]),
+    ("sliding_log_over_cap.yaml", &[
+        "sliding_log_over_cap.yaml:7: descriptors[0].rate_limit.requests_per_unit: sliding_log keeps one entry per admitted request: requests_per_unit must be at most 10000 with it, got 10001 (sliding_window needs two counters whatever the quota); this limit's algorithm is sliding_log",
+        "sliding_log_over_cap.yaml:12: descriptors[1].descriptors[0].rate_limit.borrow: borrow only applies to funnel and token_bucket, whose debt is paid back at their rate (a window forgets it when the window passes); this limit's algorithm is sliding_log",
     ]),
     ("unit_missing.yaml", &[
         "unit_missing.yaml:5: descriptors[0].rate_limit: missing unit (second, minute, hour, day, week, month or year)",
@@ -290,6 +301,10 @@ fn extensions_build_the_model() {
         "  llm_tokens @12: 100000/5xminute burst=100000 funnel Always borrow name=None replaces=[]".to_owned(),
         "  export @20: unlimited name=None replaces=[]".to_owned(),
         "  blocked @23: 0/100xyear burst=0 funnel Admitted name=None replaces=[]".to_owned(),
+        "  bucket @29: 10/1xminute burst=15 token_bucket Admitted borrow name=None replaces=[] & 100/1xhour burst=100 token_bucket Admitted name=None replaces=[]".to_owned(),
+        "  window @33: 100/1xweek burst=100 fixed_window Always name=None replaces=[]".to_owned(),
+        "  sliding @35: 50/10xminute burst=50 sliding_window Admitted name=None replaces=[]".to_owned(),
+        "  log @37: 10000/1xhour burst=10000 sliding_log Always name=None replaces=[]".to_owned(),
     ]);
 }
 

@@ -24,6 +24,9 @@ impl std::fmt::Display for Location {
 #[derive(Debug, Clone, Default)]
 pub struct RulesModel {
     pub domains: Vec<DomainRules>,
+    /// The algorithm given to limits that name none (already resolved in `domains`), and to
+    /// limit overrides sent by clients: `limits.default_algorithm`.
+    pub default_algorithm: Algorithm,
 }
 
 /// One `domain:` document.
@@ -166,26 +169,75 @@ impl Unit {
     }
 }
 
-/// The limiter algorithm of one limit.
+/// The largest `requests_per_unit` of a `sliding_log` limit: its memory grows with the quota
+/// (one entry per admitted request in the last period).
+pub const SLIDING_LOG_MAX_QUOTA: u32 = 10_000;
+
+/// The limiter algorithm of one limit (see docs/algorithms.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Algorithm {
     /// The leaky bucket in GCRA form (the default).
     #[default]
     Funnel,
+    /// Stepwise refills: Q tokens every P, at most B held.
+    TokenBucket,
+    /// envoyproxy/ratelimit's counter per epoch-aligned window.
+    FixedWindow,
+    /// The current and previous windows' counts, the previous one weighted.
+    SlidingWindow,
+    /// An exact log of the admitted costs of the last period.
+    SlidingLog,
 }
 
 impl Algorithm {
+    /// Every algorithm, in the order the docs list them.
+    pub const ALL: [Algorithm; 5] = [
+        Algorithm::Funnel,
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+    ];
+
     pub fn parse(name: &str) -> Option<Algorithm> {
-        match name {
-            "funnel" => Some(Algorithm::Funnel),
-            _ => None,
-        }
+        Self::ALL.into_iter().find(|a| a.as_str() == name)
     }
 
     pub const fn as_str(self) -> &'static str {
         match self {
             Algorithm::Funnel => "funnel",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::SlidingLog => "sliding_log",
         }
+    }
+
+    /// Every name, for messages: `a, b or c`.
+    pub fn names() -> String {
+        let names: Vec<&str> = Self::ALL.iter().map(|a| a.as_str()).collect();
+        match names.split_last() {
+            Some((last, [])) => (*last).to_owned(),
+            Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+            None => String::new(),
+        }
+    }
+
+    /// Whether `burst` and `borrow` mean something: the algorithms with a capacity that
+    /// refills at a rate, so that debt is paid back.
+    pub const fn has_capacity(self) -> bool {
+        matches!(self, Algorithm::Funnel | Algorithm::TokenBucket)
+    }
+}
+
+/// An algorithm in the settings (`limits.default_algorithm`), by name.
+impl<'de> serde::Deserialize<'de> for Algorithm {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Algorithm, D::Error> {
+        let name = String::deserialize(d)?;
+        Algorithm::parse(&name).ok_or_else(|| {
+            let message = format!("unknown algorithm '{name}' (expected {})", Self::names());
+            serde::de::Error::custom(message)
+        })
     }
 }
 

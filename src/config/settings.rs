@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use super::model::Algorithm;
+
 mod ops;
 pub use ops::{MetricsSettings, ReloadSettings, TlsSettings};
 
@@ -22,6 +24,7 @@ pub struct Settings {
     pub log: LogSettings,
     pub rules: RulesSettings,
     pub limiter: LimiterSettings,
+    pub limits: LimitsSettings,
     pub memory: MemorySettings,
     pub redis: RedisSettings,
     pub response: ResponseSettings,
@@ -111,6 +114,14 @@ pub enum Backend {
 #[serde(default, deny_unknown_fields)]
 pub struct LimiterSettings {
     pub backend: Backend,
+}
+
+/// `[limits]`: defaults of the limits in the rules files.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsSettings {
+    /// The algorithm of a limit without `algorithm` (see docs/algorithms.md).
+    pub default_algorithm: Algorithm,
 }
 
 /// `[memory]`: the in-process backend.
@@ -340,6 +351,7 @@ mod tests {
             ("SLUICE_LIMITER__BACKEND", "redis"),
             ("SLUICE_REDIS__ON_ERROR", "local"),
             ("SLUICE_REDIS__URL", "redis://env:1"),
+            ("SLUICE_LIMITS__DEFAULT_ALGORITHM", "token_bucket"),
             ("OTHER", "ignored"),
         ]);
         let cli = Overrides {
@@ -358,6 +370,7 @@ mod tests {
         assert_eq!(s.limiter.backend, Backend::Memory);
         assert_eq!(s.redis.on_error, OnError::Local);
         assert_eq!(s.redis.url, "redis://cli:2");
+        assert_eq!(s.limits.default_algorithm, Algorithm::TokenBucket);
     }
 
     #[test]
@@ -370,5 +383,8 @@ mod tests {
         let ratio = env(&[("SLUICE_METRICS__NEAR_LIMIT_RATIO", "1.5")]);
         let err = Settings::load(None, ratio, &Overrides::default()).unwrap_err();
         assert!(err.to_string().contains("near_limit_ratio"), "{err}");
+        let bad = env(&[("SLUICE_LIMITS__DEFAULT_ALGORITHM", "gcra")]);
+        let err = Settings::load(None, bad, &Overrides::default()).unwrap_err();
+        assert!(err.to_string().contains("token_bucket"), "{err}");
     }
 }

@@ -144,7 +144,7 @@ impl Engine {
         validate(request)?;
         let rules = self.rules.load_full();
         let domain = rules.domain(&request.domain);
-        let planned = plan::plan_request(domain, request);
+        let planned = plan::plan_request(domain, request, rules.default_algorithm());
         let outcome = if planned.batch.hits.is_empty() {
             BatchOutcome {
                 hits: Vec::new(),

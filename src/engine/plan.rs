@@ -47,11 +47,16 @@ enum Candidate<'r> {
     Override(LimitRule),
 }
 
-pub(super) fn plan_request<'r>(domain: Option<&'r Domain>, request: &Request) -> Planned<'r> {
+/// Plans a request; a client's limit override gets `override_algorithm`.
+pub(super) fn plan_request<'r>(
+    domain: Option<&'r Domain>,
+    request: &Request,
+    override_algorithm: Algorithm,
+) -> Planned<'r> {
     let candidates: Vec<Candidate<'r>> = request
         .descriptors
         .iter()
-        .map(|d| candidate(domain, d))
+        .map(|d| candidate(domain, d, override_algorithm))
         .collect();
     let replaced = replaced_names(&candidates);
     let mut batch = Batch::default();
@@ -72,7 +77,11 @@ pub(super) fn plan_request<'r>(domain: Option<&'r Domain>, request: &Request) ->
     Planned { descriptors, batch }
 }
 
-fn candidate<'r>(domain: Option<&'r Domain>, d: &Descriptor) -> Candidate<'r> {
+fn candidate<'r>(
+    domain: Option<&'r Domain>,
+    d: &Descriptor,
+    algorithm: Algorithm,
+) -> Candidate<'r> {
     let Some(domain) = domain else {
         return Candidate::Nothing;
     };
@@ -80,7 +89,7 @@ fn candidate<'r>(domain: Option<&'r Domain>, d: &Descriptor) -> Candidate<'r> {
         return Candidate::Nothing;
     }
     if let Some(limit) = d.limit {
-        return Candidate::Override(override_rule(limit));
+        return Candidate::Override(override_rule(limit, algorithm));
     }
     match domain.find(&d.entries) {
         Some(m) => Candidate::Rule(m),
@@ -88,14 +97,14 @@ fn candidate<'r>(domain: Option<&'r Domain>, d: &Descriptor) -> Candidate<'r> {
     }
 }
 
-/// A client-sent limit as a rule: a funnel with burst equal to the quota.
-fn override_rule(limit: Override) -> LimitRule {
+/// A client-sent limit as a rule: the default algorithm, burst equal to the quota.
+fn override_rule(limit: Override, algorithm: Algorithm) -> LimitRule {
     LimitRule {
         name: None,
         unit: limit.unit,
         requests_per_unit: limit.requests_per_unit,
         unit_multiplier: NonZeroU32::MIN,
-        algorithm: Algorithm::Funnel,
+        algorithm,
         burst: limit.requests_per_unit,
         charge: Charge::Admitted,
         borrow: false,

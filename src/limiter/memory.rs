@@ -1,11 +1,12 @@
-//! The in-process backend: a sharded map of funnel states, bounded in size.
+//! The in-process backend: a sharded map of limiter states, bounded in size.
 //!
 //! # State
 //!
-//! One `u64` per key: the funnel's `tat` (see [`super::funnel`]). A key whose state is fresh
-//! (`tat <= now`: the funnel has drained) holds no information, so it is never stored: a commit
-//! that leaves a key fresh removes it, and check-only hits (cost 0), zero-quota limits and denied
-//! requests never create an entry.
+//! One [`State`] per key (the algorithm's own state, see [`super::algorithm`]), with the time
+//! at which it becomes fresh. A key whose state is fresh (a funnel or bucket that has drained, a
+//! window that has passed) holds no information, so it is never stored: a commit that leaves a
+//! key fresh removes it, and check-only hits (cost 0), zero-quota limits and denied requests
+//! never create an entry. docs/algorithms.md gives the bytes held per key for each algorithm.
 //!
 //! # Concurrency
 //!
@@ -22,8 +23,8 @@
 //! shards, down to one). When a new key must be stored in a full shard:
 //!
 //! 1. every fresh entry of that shard is dropped (this loses nothing);
-//! 2. if the shard is still full, the entry with the smallest `tat` is evicted: the one closest
-//!    to fresh, so the least information is lost. Its key starts over as fresh, which can admit
+//! 2. if the shard is still full, the entry that becomes fresh soonest is evicted: the one
+//!    closest to fresh, so the least information is lost. Its key starts over as fresh, which can admit
 //!    more than the limit would have; size `max_keys` so that this is rare, and watch `len`.
 //!
 //! Fresh entries that nothing touches again stay until [`MemoryLimiter::sweep`] (called
@@ -32,9 +33,12 @@
 mod decide;
 mod shards;
 
+use std::sync::Arc;
+
+use super::algorithm::State;
 use super::{Batch, BatchOutcome, BoxFuture, Clock, Limiter, LimiterError, MonotonicClock};
 use decide::{Slots, Write};
-use shards::Shards;
+use shards::{Locked, Shards, Stored};
 
 /// Limiter state in this process's memory.
 ///
@@ -102,32 +106,80 @@ impl<C: Clock> MemoryLimiter<C> {
         self.len() == 0
     }
 
+    /// Every held key with its state, sorted by key (for tests: a denied request must leave
+    /// this unchanged).
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn snapshot(&self) -> Vec<(Vec<u8>, State)> {
+        self.shards.snapshot()
+    }
+
     /// Drops every fresh entry; returns how many were dropped.
     pub fn sweep(&self) -> usize {
         self.shards.sweep(&self.clock)
     }
 
-    /// Decides a batch: lock its shards, evaluate, plan, commit, report.
+    /// Decides a batch: lock its shards, take its states out, decide, put them back.
     fn decide(&self, batch: &Batch) -> BatchOutcome {
         let slots = Slots::new(&batch.hits);
         let shard_of: Vec<usize> = slots.keys.iter().map(|k| self.shards.index(k)).collect();
         let mut locked = self.shards.lock(&shard_of);
         let now = self.clock.now_nanos();
-        let originals: Vec<u64> = slots
+        let taken: Vec<Option<Stored>> = slots
             .keys
             .iter()
             .zip(&shard_of)
-            .map(|(key, &shard)| locked.get(shard, key))
+            .map(|(key, &shard)| locked.take(shard, key))
             .collect();
-        let decided = decide::decide(&batch.hits, &slots.of_hit, &originals, now);
-        for ((key, &shard), write) in slots.keys.iter().zip(&shard_of).zip(&decided.writes) {
-            match *write {
-                Write::Keep => {}
-                Write::Remove => locked.remove(shard, key),
-                Write::Store(tat) => locked.store(shard, key, tat, now),
-            }
-        }
+        let kept_until: Vec<Option<u64>> = taken
+            .iter()
+            .map(|t| t.as_ref().map(|s| s.fresh_at))
+            .collect();
+        let mut states: Vec<State> = taken
+            .into_iter()
+            .map(|t| t.map_or(State::Fresh, |s| s.state))
+            .collect();
+        let decided = decide::decide(&batch.hits, &slots.of_hit, &mut states, now);
+        let places: Vec<(&Arc<[u8]>, usize)> = slots.keys.iter().copied().zip(shard_of).collect();
+        put_back(
+            &mut locked,
+            &places,
+            states,
+            &decided.writes,
+            &kept_until,
+            now,
+        );
         decided.outcome
+    }
+}
+
+/// Puts a batch's states back at their `places` (key, shard) as `writes` say; `held` is when
+/// each taken state was to become fresh (`None`: the key was not held). Keys that were held go
+/// back first, so that only new keys can cause an eviction.
+fn put_back(
+    locked: &mut Locked<'_>,
+    places: &[(&Arc<[u8]>, usize)],
+    states: Vec<State>,
+    writes: &[Write],
+    held: &[Option<u64>],
+    now: u64,
+) {
+    let mut puts: Vec<(usize, Stored, bool)> = Vec::with_capacity(states.len());
+    for (slot, (state, write)) in states.into_iter().zip(writes).enumerate() {
+        let held = held.get(slot).copied().flatten();
+        let fresh_at = match *write {
+            Write::Keep => held,
+            Write::Store(at) => Some(at),
+            Write::Remove => None,
+        };
+        if let Some(fresh_at) = fresh_at {
+            puts.push((slot, Stored { fresh_at, state }, held.is_some()));
+        }
+    }
+    puts.sort_by_key(|p| !p.2);
+    for (slot, stored, _) in puts {
+        if let Some(&(key, shard)) = places.get(slot) {
+            locked.store(shard, key, stored, now);
+        }
     }
 }
 

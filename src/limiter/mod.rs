@@ -1,15 +1,25 @@
 //! The limiters: the algorithms as pure functions, and the backends that keep their state.
 //!
+//! Each algorithm is a module of pure integer functions of (state, now, cost, parameters):
+//! [`funnel`], [`token_bucket`], [`fixed_window`], [`sliding_window`], [`sliding_log`].
+//! [`algorithm`] puts them behind one interface for the memory backend; the Redis backend
+//! mirrors them in Lua (`redis/lua/`). docs/algorithms.md compares them.
+//!
 //! A request reaches a backend as one [`Batch`]: every limit of every descriptor that must be
 //! checked, so that a backend makes one decision (and, for Redis, one round trip) per request.
 //! The backend evaluates every hit against the current state, decides which hits consume with
 //! [`plan`] (all or nothing), commits, and reports a [`HitOutcome`] per hit.
 
+pub mod algorithm;
 pub mod clock;
+pub mod fixed_window;
 pub mod funnel;
 pub mod memory;
 pub mod plan;
 pub mod redis;
+pub mod sliding_log;
+pub mod sliding_window;
+pub mod token_bucket;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -20,7 +20,9 @@ use std::sync::Arc;
 
 use ahash::RandomState;
 
-use crate::config::model::{DescriptorRule, DomainRules, Location, Policy, RulesModel, ValueMatch};
+use crate::config::model::{
+    Algorithm, DescriptorRule, DomainRules, Location, Policy, RulesModel, ValueMatch,
+};
 use tree::Level;
 
 /// One entry of a request descriptor.
@@ -45,13 +47,17 @@ pub struct RuleSet {
     /// In the model's order.
     domains: Vec<Domain>,
     by_name: HashMap<Box<str>, usize, RandomState>,
+    default_algorithm: Algorithm,
 }
 
 impl RuleSet {
     /// Compiles a validated model. Domain names are unique in a valid model; were one repeated,
     /// its first definition would be kept.
     pub fn compile(model: RulesModel) -> RuleSet {
-        let mut set = RuleSet::default();
+        let mut set = RuleSet {
+            default_algorithm: model.default_algorithm,
+            ..RuleSet::default()
+        };
         for domain in model.domains {
             set.insert(Domain::compile(domain));
         }
@@ -67,6 +73,11 @@ impl RuleSet {
     /// Every domain, in the order of the model.
     pub fn domains(&self) -> std::slice::Iter<'_, Domain> {
         self.domains.iter()
+    }
+
+    /// The algorithm of a client's limit override (`limits.default_algorithm`).
+    pub fn default_algorithm(&self) -> Algorithm {
+        self.default_algorithm
     }
 
     /// The number of domains.
@@ -146,6 +157,7 @@ impl Domain {
     /// let login = rule("path", ValueMatch::Exact("/login".into()), vec![user]);
     /// let model = RulesModel {
     ///     domains: vec![DomainRules { domain: "api".into(), descriptors: vec![login], location }],
+    ///     ..RulesModel::default()
     /// };
     /// let rules = RuleSet::compile(model);
     /// let api = rules.domain("api").unwrap();

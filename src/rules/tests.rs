@@ -70,6 +70,7 @@ fn domain(descriptors: Vec<DescriptorRule>) -> RuleSet {
             descriptors,
             location: location(),
         }],
+        ..RulesModel::default()
     })
 }
 

@@ -165,10 +165,14 @@ impl RedisServer {
         self.dir.path()
     }
 
-    /// Limiter settings for this server: the defaults, with its URL.
+    /// Limiter settings for this server: the defaults, with its URL and a time-out long
+    /// enough that a loaded test machine never turns a behaviour test into a latency test
+    /// (the fault tests set their own short one).
     pub fn settings(&self) -> RedisSettings {
         RedisSettings {
             url: self.url(),
+            timeout_ms: 5_000,
+            connect_timeout_ms: 5_000,
             ..RedisSettings::default()
         }
     }

@@ -5,9 +5,10 @@ use std::num::NonZeroU32;
 
 use saphyr::{MarkedYaml, YamlData};
 
+use super::algorithm::{algorithm, fits_algorithm};
 use super::scalar::{boolean, string, uint};
 use super::tree::{Ctx, Field, Fields, describe, index, is_null, line, mapping};
-use crate::config::model::{Algorithm, Charge, LimitRule, Policy, Unit};
+use crate::config::model::{Charge, LimitRule, Policy, Unit};
 
 /// The keys of one limit.
 const LIMIT_KEYS: &[&str] = &[
@@ -31,14 +32,6 @@ const LIMITED_ONLY: &[&str] = &[
     "burst",
     "charge",
     "borrow",
-];
-
-/// Algorithms planned but not available in this version.
-const UNSUPPORTED: &[&str] = &[
-    "token_bucket",
-    "fixed_window",
-    "sliding_window",
-    "sliding_log",
 ];
 
 /// The longest period a limit may have: 100 years of 365 days.
@@ -230,13 +223,18 @@ fn limited(
     let burst = burst(fields, ctx);
     let charge = charge(fields, ctx);
     let borrow = flag(fields, "borrow", ctx);
+    let fits = algorithm.is_none_or(|a| fits_algorithm(fields, a, (requests, borrow), ctx));
     let requests = requests?;
+    let (algorithm, _) = algorithm?;
+    if !fits {
+        return None;
+    }
     Some(LimitRule {
         name,
         unit: unit?,
         requests_per_unit: requests,
         unit_multiplier: multiplier?,
-        algorithm: algorithm?,
+        algorithm,
         burst: burst?.unwrap_or(requests),
         charge: charge?,
         borrow,
@@ -275,23 +273,6 @@ fn multiplier(fields: &Fields<'_>, unit: Option<Unit>, ctx: &mut Ctx<'_>) -> Opt
         return None;
     }
     Some(n)
-}
-
-fn algorithm(fields: &Fields<'_>, ctx: &mut Ctx<'_>) -> Option<Algorithm> {
-    let Some(f) = fields.get("algorithm") else {
-        return Some(Algorithm::default());
-    };
-    let name = string(f, ctx)?;
-    let algorithm = Algorithm::parse(&name);
-    if algorithm.is_none() {
-        let message = if UNSUPPORTED.contains(&name.as_str()) {
-            format!("algorithm '{name}' is not supported in this version (supported: funnel)")
-        } else {
-            format!("unknown algorithm '{name}'")
-        };
-        ctx.error(f.line, &f.path, message);
-    }
-    algorithm
 }
 
 /// `burst`: at least 1 when given; `Some(None)` when absent (defaults to the quota).

@@ -20,6 +20,7 @@
 //! | `scalar` | typed field values (string, bool, u32) and `metadata` as JSON |
 //! | `document` | a domain document and its descriptor tree |
 //! | `limit` | `rate_limit` / `rate_limits` and every limit setting |
+//! | `algorithm` | `algorithm`, its default, and the settings only some algorithms take |
 //!
 //! # Values
 //!
@@ -96,10 +97,22 @@
 //!   years of 365 days: `unit_multiplier: a period of N x unit is longer than 100 years`.
 //! - **`burst: 0`** (`burst_zero.yaml`): `burst: must be at least 1`. Without `burst`, the
 //!   burst is `requests_per_unit`.
-//! - **Algorithm** (`algorithm_unknown.yaml`): only `funnel` exists in this version.
-//!   `token_bucket`, `fixed_window`, `sliding_window` and `sliding_log` give `algorithm 'x'
-//!   is not supported in this version (supported: funnel)`; any other name
-//!   `unknown algorithm 'x'`.
+//! - **Unknown algorithm** (`algorithm_unknown.yaml`): `algorithm: unknown algorithm 'x'
+//!   (expected funnel, token_bucket, fixed_window, sliding_window or sliding_log)`; names are
+//!   lower case. A limit without `algorithm` takes `limits.default_algorithm` from the
+//!   settings ([`LoadOptions`]), and the checks below apply to that algorithm.
+//! - **`burst` without a capacity** (`burst_without_capacity.yaml`): `burst` on a window
+//!   algorithm: `burst: burst only applies to funnel and token_bucket; this limit's algorithm
+//!   is x`, followed by ` (limits.default_algorithm)` when the limit names no algorithm.
+//! - **`borrow` without a capacity** (`borrow_without_capacity.yaml`): `borrow: true` on a
+//!   window algorithm: `borrow: borrow only applies to funnel and token_bucket, whose debt is
+//!   paid back at their rate (a window forgets it when the window passes); this limit's
+//!   algorithm is x` (same suffix). `borrow: false` is accepted everywhere.
+//! - **`sliding_log` over its cap** (`sliding_log_over_cap.yaml`): more than 10000
+//!   `requests_per_unit` with `sliding_log`: `requests_per_unit: sliding_log keeps one entry
+//!   per admitted request: requests_per_unit must be at most 10000 with it, got N
+//!   (sliding_window needs two counters whatever the quota); this limit's algorithm is
+//!   sliding_log` (same suffix).
 //! - **Unknown charge** (`charge_unknown.yaml`): `charge: unknown charge 'x' (expected
 //!   admitted or always)`.
 //! - **Limits sharing a state** (`limits_share_state.yaml`): two limits of one descriptor
@@ -120,6 +133,7 @@
 //! sorted by path. A file named explicitly is loaded whatever its extension. No files at all
 //! is an empty model, not an error.
 
+mod algorithm;
 mod document;
 mod files;
 mod limit;
@@ -133,7 +147,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::model::{DomainRules, Location, RulesModel};
+use super::model::{Algorithm, DomainRules, Location, RulesModel};
+use super::settings::LimitsSettings;
 
 /// One problem in a rules file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -178,9 +193,30 @@ impl std::error::Error for RuleErrors {}
 pub const EMBEDDED_NAME: &str = "<embedded>/demo.yaml";
 pub const EMBEDDED_RULES: &str = include_str!("../../../examples/rules/demo.yaml");
 
-/// Loads every rules file of `paths` (files, or directories of `*.yaml`/`*.yml`).
+/// What validation takes from the settings.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// The algorithm of a limit that names none (`limits.default_algorithm`).
+    pub default_algorithm: Algorithm,
+}
+
+impl From<&LimitsSettings> for LoadOptions {
+    fn from(limits: &LimitsSettings) -> LoadOptions {
+        LoadOptions {
+            default_algorithm: limits.default_algorithm,
+        }
+    }
+}
+
+/// Loads every rules file of `paths` (files, or directories of `*.yaml`/`*.yml`), with the
+/// default options (a limit without `algorithm` is a funnel).
 pub fn load_paths(paths: &[PathBuf]) -> Result<RulesModel, RuleErrors> {
-    let mut loader = Loader::default();
+    load_paths_with(paths, LoadOptions::default())
+}
+
+/// Loads every rules file of `paths` with `options` (e.g. `(&settings.limits).into()`).
+pub fn load_paths_with(paths: &[PathBuf], options: LoadOptions) -> Result<RulesModel, RuleErrors> {
+    let mut loader = Loader::new(options);
     for found in files::expand(paths) {
         match found.and_then(|path| files::read(&path).map(|text| (path, text))) {
             Ok((path, text)) => loader.add(path, &text),
@@ -190,34 +226,52 @@ pub fn load_paths(paths: &[PathBuf]) -> Result<RulesModel, RuleErrors> {
     loader.finish()
 }
 
-/// Validates already-read files, given as (name, text) pairs.
+/// Validates already-read files, given as (name, text) pairs, with the default options.
 pub fn from_sources(sources: &[(PathBuf, String)]) -> Result<RulesModel, RuleErrors> {
-    let mut loader = Loader::default();
+    from_sources_with(sources, LoadOptions::default())
+}
+
+/// Validates already-read files, given as (name, text) pairs, with `options`.
+pub fn from_sources_with(
+    sources: &[(PathBuf, String)],
+    options: LoadOptions,
+) -> Result<RulesModel, RuleErrors> {
+    let mut loader = Loader::new(options);
     for (path, text) in sources {
         loader.add(path.clone(), text);
     }
     loader.finish()
 }
 
-/// Parses and validates the documents of one file.
+/// Parses and validates the documents of one file, with the default options.
 pub fn parse_file(file: &Path, text: &str) -> Result<Vec<DomainRules>, RuleErrors> {
-    let mut loader = Loader::default();
+    let mut loader = Loader::new(LoadOptions::default());
     loader.add(file.to_path_buf(), text);
     loader.finish().map(|model| model.domains)
 }
 
 /// Files checked so far: their domains and errors, and every domain name seen (even in a
 /// document with errors) so a duplicate is always reported.
-#[derive(Default)]
 struct Loader {
+    options: LoadOptions,
     domains: Vec<DomainRules>,
     seen: HashMap<String, Location>,
     errors: Vec<RuleError>,
 }
 
 impl Loader {
+    fn new(options: LoadOptions) -> Loader {
+        Loader {
+            options,
+            domains: Vec::new(),
+            seen: HashMap::new(),
+            errors: Vec::new(),
+        }
+    }
+
     fn add(&mut self, file: PathBuf, text: &str) {
         let mut ctx = tree::Ctx::new(Arc::new(file), text);
+        ctx.default_algorithm = self.options.default_algorithm;
         let docs = tree::parse(&mut ctx);
         for doc in &docs {
             if let Some(domain) = document::domain(doc, &mut ctx) {
@@ -246,6 +300,7 @@ impl Loader {
         if self.errors.is_empty() {
             Ok(RulesModel {
                 domains: self.domains,
+                default_algorithm: self.options.default_algorithm,
             })
         } else {
             Err(RuleErrors(self.errors))

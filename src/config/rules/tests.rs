@@ -28,6 +28,52 @@ fn embedded_rules_load() {
 }
 
 #[test]
+fn embedded_rules_load_whatever_the_default_algorithm() {
+    for default_algorithm in crate::config::model::Algorithm::ALL {
+        let options = LoadOptions { default_algorithm };
+        let sources = [(PathBuf::from(EMBEDDED_NAME), EMBEDDED_RULES.to_owned())];
+        if let Err(e) = from_sources_with(&sources, options) {
+            panic!("embedded rules are invalid with {default_algorithm:?}:\n{e}");
+        }
+    }
+}
+
+#[test]
+fn a_limit_without_algorithm_takes_the_default() {
+    use crate::config::model::Algorithm;
+    let text = "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: second, requests_per_unit: 1}\n      - {unit: minute, requests_per_unit: 1, algorithm: funnel}\n";
+    let options = LoadOptions {
+        default_algorithm: Algorithm::TokenBucket,
+    };
+    let model = from_sources_with(&[(PathBuf::from("t.yaml"), text.to_owned())], options)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let Policy::Limited(limits) = &model.domains[0].descriptors[0].policy else {
+        panic!("limited");
+    };
+    let algorithms: Vec<Algorithm> = limits.iter().map(|l| l.algorithm).collect();
+    assert_eq!(algorithms, [Algorithm::TokenBucket, Algorithm::Funnel]);
+}
+
+#[test]
+fn burst_on_a_default_window_names_the_setting() {
+    use crate::config::model::Algorithm;
+    let text = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, burst: 2, borrow: true}\n";
+    let options = LoadOptions {
+        default_algorithm: Algorithm::FixedWindow,
+    };
+    let errors = from_sources_with(&[(PathBuf::from("t.yaml"), text.to_owned())], options)
+        .expect_err("burst on a window");
+    let lines: Vec<String> = errors.0.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        lines,
+        [
+            "t.yaml:4: descriptors[0].rate_limit.burst: burst only applies to funnel and token_bucket; this limit's algorithm is fixed_window (limits.default_algorithm)",
+            "t.yaml:4: descriptors[0].rate_limit.borrow: borrow only applies to funnel and token_bucket, whose debt is paid back at their rate (a window forgets it when the window passes); this limit's algorithm is fixed_window (limits.default_algorithm)",
+        ]
+    );
+}
+
+#[test]
 fn builds_the_model() {
     let model = load("domain: d\ndescriptors:\n  - key: k\n    value: a*\n    share_threshold: true\n    rate_limit: {unit: Minute, requests_per_unit: 3}\n").unwrap();
     let domain = &model.domains[0];

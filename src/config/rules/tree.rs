@@ -10,7 +10,7 @@ use std::sync::Arc;
 use saphyr::{LoadableYamlNode, MarkedYaml, Scalar, YamlData};
 
 use super::RuleError;
-use crate::config::model::Location;
+use crate::config::model::{Algorithm, Location};
 
 /// The deepest indentation (in columns) a line of a rules file may have.
 pub const MAX_INDENT: usize = 100;
@@ -23,6 +23,8 @@ pub struct Ctx<'t> {
     text: &'t str,
     chars: CharIndex,
     pub errors: Vec<RuleError>,
+    /// The algorithm of a limit that names none.
+    pub default_algorithm: Algorithm,
 }
 
 impl<'t> Ctx<'t> {
@@ -32,6 +34,7 @@ impl<'t> Ctx<'t> {
             text,
             chars: CharIndex::new(text),
             errors: Vec::new(),
+            default_algorithm: Algorithm::default(),
         }
     }
 

@@ -1,15 +1,17 @@
 //! One batch decided against a snapshot of its keys' states, as a pure function: evaluate every
 //! hit (seeing earlier hits of the batch on the same key), plan (all or nothing), commit from the
-//! original states, report. The caller reads the states and writes the result back.
+//! original states, report. The caller takes the states out of the map and writes the result
+//! back. Tentative states are only copied for a key that a later hit of the batch reads, so a
+//! large state (a sliding log) is not copied on the common path.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use ahash::RandomState;
 
-use crate::config::model::{Algorithm, Charge};
-use crate::limiter::funnel::{FRESH, Funnel};
-use crate::limiter::{BatchOutcome, Hit, HitOutcome, LimitParams, plan};
+use crate::config::model::Charge;
+use crate::limiter::algorithm::{Algo, State};
+use crate::limiter::{BatchOutcome, Hit, HitOutcome, plan};
 
 /// Above this many hits, distinct keys are found with a hash map instead of a linear scan.
 const LINEAR_SCAN_MAX: usize = 16;
@@ -53,14 +55,14 @@ impl<'a> Slots<'a> {
     }
 }
 
-/// What to do with one key's stored state after a batch.
+/// What to do with one key's state after a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Write {
-    /// Unchanged: leave the map alone.
+    /// No hit changed it: put the original back as it was.
     Keep,
     /// Fresh after commit: forget it.
     Remove,
-    /// Store this state.
+    /// Store the committed state, which becomes fresh at this time.
     Store(u64),
 }
 
@@ -70,131 +72,135 @@ pub(super) struct Decided {
     pub(super) writes: Vec<Write>,
 }
 
-/// Decides a batch: `of_hit[i]` is the slot of `hits[i]`, `originals[s]` the state of slot `s`.
-pub(super) fn decide(hits: &[Hit], of_hit: &[usize], originals: &[u64], now: u64) -> Decided {
-    let evaluated = evaluate(hits, of_hit, originals, now);
-    let plan = plan::plan(hits, &evaluated.admitted);
-    let finals = commit(hits, of_hit, originals, &plan.consume, now);
-    let reported = hits
-        .iter()
-        .zip(of_hit)
-        .zip(evaluated.admitted.iter().zip(&evaluated.against))
-        .map(|((hit, &slot), (&admitted, &against))| {
-            let fin = finals.get(slot).copied().unwrap_or(FRESH);
-            report(hit, admitted, against, fin, now)
-        })
-        .collect();
+/// Decides a batch: `of_hit[i]` is the slot of `hits[i]`, `states[s]` the state of slot `s`.
+/// On return, `states` holds the committed states (those a [`Write::Keep`] leaves untouched).
+pub(super) fn decide(hits: &[Hit], of_hit: &[usize], states: &mut [State], now: u64) -> Decided {
+    let mut reports = evaluate(hits, of_hit, states, now);
+    let admitted: Vec<bool> = reports.iter().map(Option::is_none).collect();
+    let plan = plan::plan(hits, &admitted);
+    let changed = commit(hits, of_hit, states, &plan.consume, now);
+    for ((hit, &slot), report) in hits.iter().zip(of_hit).zip(&mut reports) {
+        if report.is_none() {
+            *report = Some(admitted_report(hit, states.get(slot), now));
+        }
+    }
     Decided {
         outcome: BatchOutcome {
-            hits: reported,
+            hits: reports.into_iter().flatten().collect(),
             admitted: plan.admitted,
         },
-        writes: writes(hits, of_hit, originals, &finals, now),
+        writes: writes(hits, of_hit, states, &changed, now),
     }
 }
 
-/// The funnel of a limit. Every algorithm must be handled here before it can reach this backend.
-fn funnel_of(limit: &LimitParams) -> Funnel {
-    match limit.algorithm {
-        Algorithm::Funnel => limit.funnel(),
-    }
-}
-
-/// The state after `hit` takes its cost (or gives it back, for a refund).
-fn apply(hit: &Hit, funnel: &Funnel, tat: u64, now: u64) -> u64 {
+/// Takes a hit's cost (or gives it back, for a refund).
+fn apply(hit: &Hit, algo: &Algo, state: &mut State, now: u64) {
     if hit.refund {
-        funnel.refund(tat, now, hit.cost)
+        algo.give_back(state, now, hit.cost);
     } else {
-        funnel.consume(tat, now, hit.cost)
+        algo.take(state, now, hit.cost);
     }
-}
-
-/// Each hit's own verdict, and the state it was evaluated against.
-struct Evaluated {
-    admitted: Vec<bool>,
-    against: Vec<u64>,
 }
 
 /// Evaluates hits in order; a hit sees the tentative effect of the earlier hits on its key
-/// (those admitted, and those charged always).
-fn evaluate(hits: &[Hit], of_hit: &[usize], originals: &[u64], now: u64) -> Evaluated {
-    let mut overlay = originals.to_vec();
-    let mut out = Evaluated {
-        admitted: Vec::with_capacity(hits.len()),
-        against: Vec::with_capacity(hits.len()),
-    };
-    for (hit, &slot) in hits.iter().zip(of_hit) {
-        let funnel = funnel_of(&hit.limit);
-        let tat = overlay.get(slot).copied().unwrap_or(FRESH);
-        let admitted = hit.refund || funnel.evaluate(tat, now, hit.cost).admitted;
-        let takes = admitted || hit.limit.charge == Charge::Always;
-        if let Some(state) = overlay.get_mut(slot).filter(|_| takes) {
-            *state = apply(hit, &funnel, tat, now);
+/// (those admitted, and those charged always). Returns the report of each denied hit (from
+/// the state it was evaluated against) and `None` for each admitted one.
+fn evaluate(hits: &[Hit], of_hit: &[usize], states: &[State], now: u64) -> Vec<Option<HitOutcome>> {
+    let mut uses_left = vec![0usize; states.len()];
+    for &slot in of_hit {
+        if let Some(n) = uses_left.get_mut(slot) {
+            *n += 1;
         }
-        out.admitted.push(admitted);
-        out.against.push(tat);
     }
-    out
+    // A slot's tentative state, materialised only when a later hit will read it.
+    let mut overlay: Vec<Option<State>> = vec![None; states.len()];
+    let fresh = State::Fresh;
+    let mut reports = Vec::with_capacity(hits.len());
+    for (hit, &slot) in hits.iter().zip(of_hit) {
+        let algo = Algo::of(&hit.limit);
+        let later = uses_left.get_mut(slot).map_or(0, |n| {
+            *n = n.saturating_sub(1);
+            *n
+        });
+        let current = match overlay.get(slot) {
+            Some(Some(tentative)) => tentative,
+            _ => states.get(slot).unwrap_or(&fresh),
+        };
+        let admitted = hit.refund || algo.admits(current, now, hit.cost);
+        reports.push((!admitted).then(|| HitOutcome {
+            admitted: false,
+            remaining: 0,
+            reset_nanos: algo.until_admitted(current, now, hit.cost),
+        }));
+        if later > 0 && (admitted || hit.limit.charge == Charge::Always) {
+            let mut next = current.clone();
+            apply(hit, &algo, &mut next, now);
+            if let Some(o) = overlay.get_mut(slot) {
+                *o = Some(next);
+            }
+        }
+    }
+    reports
 }
 
-/// The states after the planned hits consume, from the original states, in batch order.
+/// Applies the planned hits to the original states, in batch order; returns which slots a
+/// cost (not a check-only 0) was applied to.
 fn commit(
     hits: &[Hit],
     of_hit: &[usize],
-    originals: &[u64],
+    states: &mut [State],
     consume: &[bool],
     now: u64,
-) -> Vec<u64> {
-    let mut finals = originals.to_vec();
+) -> Vec<bool> {
+    let mut changed = vec![false; states.len()];
     for ((hit, &slot), _) in hits.iter().zip(of_hit).zip(consume).filter(|(_, c)| **c) {
-        if let Some(state) = finals.get_mut(slot) {
-            *state = apply(hit, &funnel_of(&hit.limit), *state, now);
+        if let (Some(state), Some(flag)) = (states.get_mut(slot), changed.get_mut(slot))
+            && hit.cost > 0
+        {
+            apply(hit, &Algo::of(&hit.limit), state, now);
+            *flag = true;
         }
     }
-    finals
+    changed
 }
 
-/// One hit's outcome: from the key's final state when admitted, else from the state it was
-/// evaluated against.
-fn report(hit: &Hit, admitted: bool, against: u64, fin: u64, now: u64) -> HitOutcome {
-    let funnel = funnel_of(&hit.limit);
-    if admitted {
-        HitOutcome {
-            admitted,
-            remaining: funnel.remaining(fin, now),
-            reset_nanos: funnel.until_empty(fin, now),
-        }
-    } else {
-        HitOutcome {
-            admitted,
-            remaining: 0,
-            reset_nanos: funnel.until_admitted(against, now, hit.cost),
-        }
+/// An admitted hit's outcome, from its key's committed state.
+fn admitted_report(hit: &Hit, state: Option<&State>, now: u64) -> HitOutcome {
+    let algo = Algo::of(&hit.limit);
+    let state = state.unwrap_or(&State::Fresh);
+    HitOutcome {
+        admitted: true,
+        remaining: algo.remaining(state, now),
+        reset_nanos: algo.reset_after(state, now),
     }
 }
 
-/// One write per slot: keep what did not change, remove what is fresh, store the rest.
+/// One write per slot: keep what no cost touched; store the rest until it is fresh (by the
+/// limit of the slot's first hit), or remove it when it already is.
 fn writes(
     hits: &[Hit],
     of_hit: &[usize],
-    originals: &[u64],
-    finals: &[u64],
+    states: &[State],
+    changed: &[bool],
     now: u64,
 ) -> Vec<Write> {
-    let mut first_hit: Vec<Option<&Hit>> = vec![None; originals.len()];
+    let mut first_hit: Vec<Option<&Hit>> = vec![None; states.len()];
     for (hit, &slot) in hits.iter().zip(of_hit) {
         if let Some(first @ None) = first_hit.get_mut(slot) {
             *first = Some(hit);
         }
     }
-    originals
+    states
         .iter()
-        .zip(finals)
+        .zip(changed)
         .zip(first_hit)
-        .map(|((&old, &new), hit)| match hit {
-            _ if old == new => Write::Keep,
-            Some(hit) if !funnel_of(&hit.limit).is_fresh(new, now) => Write::Store(new),
-            _ => Write::Remove,
+        .map(|((state, &changed), hit)| match hit {
+            _ if !changed => Write::Keep,
+            Some(hit) => match Algo::of(&hit.limit).fresh_at(state, now) {
+                Some(at) => Write::Store(at),
+                None => Write::Remove,
+            },
+            None => Write::Remove,
         })
         .collect()
 }
@@ -202,7 +208,8 @@ fn writes(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::Role;
+    use crate::config::model::Algorithm;
+    use crate::limiter::{LimitParams, Role};
 
     const SEC: u64 = 1_000_000_000;
 
@@ -238,7 +245,7 @@ mod tests {
     #[test]
     fn a_later_hit_sees_an_earlier_one_on_the_same_key() {
         let hits = [hit("a", 0, 3), hit("a", 1, 2)];
-        let d = decide(&hits, &[0, 0], &[FRESH], SEC);
+        let d = decide(&hits, &[0, 0], &mut [State::Fresh], SEC);
         assert!(!d.outcome.admitted);
         assert_eq!(
             d.outcome
@@ -254,17 +261,19 @@ mod tests {
     #[test]
     fn admitted_hits_report_the_final_state_of_their_key() {
         let hits = [hit("a", 0, 1), hit("a", 1, 2)];
-        let d = decide(&hits, &[0, 0], &[FRESH], SEC);
+        let mut states = [State::Fresh];
+        let d = decide(&hits, &[0, 0], &mut states, SEC);
         assert!(d.outcome.admitted);
         assert!(d.outcome.hits.iter().all(|h| h.remaining == 1));
         assert_eq!(d.writes, [Write::Store(SEC + 3 * SEC / 4)]);
+        assert_eq!(states, [State::Funnel(SEC + 3 * SEC / 4)]);
     }
 
     #[test]
     fn a_refund_to_empty_removes_the_key() {
         let mut back = hit("a", 0, 9);
         back.refund = true;
-        let d = decide(&[back], &[0], &[SEC + 1], SEC);
+        let d = decide(&[back], &[0], &mut [State::Funnel(SEC + 1)], SEC);
         assert_eq!(d.writes, [Write::Remove]);
         assert_eq!(d.outcome.hits[0].remaining, 4);
     }

@@ -7,18 +7,26 @@ use ahash::RandomState;
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::limiter::Clock;
-use crate::limiter::funnel::FRESH;
+use crate::limiter::algorithm::State;
 
-type Map = HashMap<Arc<[u8]>, u64, RandomState>;
+/// A stored state and when it becomes fresh (see `Algo::fresh_at`): the map can tell a fresh
+/// entry, and the one closest to fresh, without knowing the limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Stored {
+    pub(super) fresh_at: u64,
+    pub(super) state: State,
+}
+
+type Map = HashMap<Arc<[u8]>, Stored, RandomState>;
 
 /// The most shards a limiter has.
 const MAX_SHARDS: usize = 64;
 /// Fewer shards rather than fewer keys than this per shard.
 const MIN_KEYS_PER_SHARD: usize = 16;
 
-/// Whether a funnel state holds no information at `now` (see `Funnel::is_fresh`).
-fn is_fresh(tat: u64, now: u64) -> bool {
-    tat <= now
+/// Whether a stored state holds no information at `now`.
+fn is_fresh(stored: &Stored, now: u64) -> bool {
+    stored.fresh_at <= now
 }
 
 /// One shard: its map and how many keys it may hold (at least 1).
@@ -74,6 +82,23 @@ impl Shards {
         self.shards.iter().map(|s| s.map.lock().len()).sum()
     }
 
+    /// Every held key with its state, sorted by key.
+    #[cfg(any(test, feature = "test-util"))]
+    pub(super) fn snapshot(&self) -> Vec<(Vec<u8>, State)> {
+        let mut all: Vec<(Vec<u8>, State)> = self
+            .shards
+            .iter()
+            .flat_map(|s| {
+                let map = s.map.lock();
+                map.iter()
+                    .map(|(k, v)| (k.to_vec(), v.state.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
     /// Drops every fresh entry, shard by shard, reading the clock under each shard's lock.
     pub(super) fn sweep(&self, clock: &impl Clock) -> usize {
         self.shards
@@ -82,7 +107,7 @@ impl Shards {
                 let mut map = s.map.lock();
                 let now = clock.now_nanos();
                 let before = map.len();
-                map.retain(|_, tat| !is_fresh(*tat, now));
+                map.retain(|_, s| !is_fresh(s, now));
                 before - map.len()
             })
             .sum()
@@ -120,46 +145,38 @@ impl Locked<'_> {
             .map(|(_, cap, map)| (*cap, &mut **map))
     }
 
-    /// The state of a key ([`FRESH`] when absent).
-    pub(super) fn get(&mut self, shard: usize, key: &[u8]) -> u64 {
-        self.shard(shard)
-            .and_then(|(_, map)| map.get(key).copied())
-            .unwrap_or(FRESH)
-    }
-
-    pub(super) fn remove(&mut self, shard: usize, key: &[u8]) {
-        if let Some((_, map)) = self.shard(shard) {
-            map.remove(key);
-        }
+    /// Takes a key's state out of the map (the batch puts it back, changed or not).
+    pub(super) fn take(&mut self, shard: usize, key: &[u8]) -> Option<Stored> {
+        self.shard(shard).and_then(|(_, map)| map.remove(key))
     }
 
     /// Stores a non-fresh state, making room in a full shard first (see the module doc).
-    pub(super) fn store(&mut self, shard: usize, key: &Arc<[u8]>, tat: u64, now: u64) {
+    pub(super) fn store(&mut self, shard: usize, key: &Arc<[u8]>, stored: Stored, now: u64) {
         if let Some((capacity, map)) = self.shard(shard) {
-            insert_bounded(map, capacity, key, tat, now);
+            insert_bounded(map, capacity, key, stored, now);
         }
     }
 }
 
-fn insert_bounded(map: &mut Map, capacity: usize, key: &Arc<[u8]>, tat: u64, now: u64) {
+fn insert_bounded(map: &mut Map, capacity: usize, key: &Arc<[u8]>, stored: Stored, now: u64) {
     if let Some(state) = map.get_mut(&**key) {
-        *state = tat;
+        *state = stored;
         return;
     }
     if map.len() >= capacity {
-        map.retain(|_, t| !is_fresh(*t, now));
+        map.retain(|_, s| !is_fresh(s, now));
     }
     while map.len() >= capacity.max(1) {
         let Some(oldest) = map
             .iter()
-            .min_by_key(|(_, t)| **t)
+            .min_by_key(|(_, s)| s.fresh_at)
             .map(|(k, _)| Arc::clone(k))
         else {
             break;
         };
         map.remove(&oldest);
     }
-    map.insert(Arc::clone(key), tat);
+    map.insert(Arc::clone(key), stored);
 }
 
 #[cfg(test)]
@@ -168,6 +185,13 @@ mod tests {
 
     fn key(s: &str) -> Arc<[u8]> {
         s.as_bytes().into()
+    }
+
+    fn at(fresh_at: u64) -> Stored {
+        Stored {
+            fresh_at,
+            state: State::Funnel(fresh_at),
+        }
     }
 
     #[test]
@@ -190,15 +214,15 @@ mod tests {
     }
 
     #[test]
-    fn a_full_shard_drops_fresh_entries_then_the_smallest_tat() {
+    fn a_full_shard_drops_fresh_entries_then_the_one_closest_to_fresh() {
         let mut map = Map::default();
-        insert_bounded(&mut map, 3, &key("a"), 5, 0);
-        insert_bounded(&mut map, 3, &key("b"), 9, 0);
-        insert_bounded(&mut map, 3, &key("c"), 7, 0);
-        insert_bounded(&mut map, 3, &key("d"), 8, 0);
+        insert_bounded(&mut map, 3, &key("a"), at(5), 0);
+        insert_bounded(&mut map, 3, &key("b"), at(9), 0);
+        insert_bounded(&mut map, 3, &key("c"), at(7), 0);
+        insert_bounded(&mut map, 3, &key("d"), at(8), 0);
         assert!(!map.contains_key(b"a".as_slice()));
         assert_eq!(map.len(), 3);
-        insert_bounded(&mut map, 3, &key("e"), 20, 8);
+        insert_bounded(&mut map, 3, &key("e"), at(20), 8);
         let mut left: Vec<_> = map.keys().map(|k| k.to_vec()).collect();
         left.sort();
         assert_eq!(left, [b"b".to_vec(), b"e".to_vec()]);
@@ -207,9 +231,9 @@ mod tests {
     #[test]
     fn updating_a_held_key_never_evicts() {
         let mut map = Map::default();
-        insert_bounded(&mut map, 1, &key("a"), 5, 0);
-        insert_bounded(&mut map, 1, &key("a"), 6, 0);
-        assert_eq!(map.get(b"a".as_slice()), Some(&6));
+        insert_bounded(&mut map, 1, &key("a"), at(5), 0);
+        insert_bounded(&mut map, 1, &key("a"), at(6), 0);
+        assert_eq!(map.get(b"a".as_slice()), Some(&at(6)));
     }
 
     #[test]

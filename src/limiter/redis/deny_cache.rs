@@ -1,9 +1,11 @@
 //! The exact local deny cache: a hit that Redis denied is remembered until its retry time, so a
 //! request made only of such hits is answered without a round trip.
 //!
-//! Why it is exact: a funnel denial of cost `c` lasts until `tat + c*T - tau`; other replicas'
-//! traffic only moves `tat` later, so the same limit keeps denying the same cost at least
-//! until then (the reported retry time is then a lower bound, as it is from Redis itself). The retry time is counted from when the request was *sent* (before Redis read
+//! Why it is exact: every algorithm reports the exact time a denied cost would be admitted
+//! without other traffic (e.g. `tat + c*T - tau` for a funnel); other replicas' traffic only
+//! makes a limiter fuller (a later `tat`, fewer tokens, higher counts, more log entries), so the
+//! same limit keeps denying the same cost at least until then (the reported retry time is then
+//! a lower bound, as it is from Redis itself). The retry time is counted from when the request was *sent* (before Redis read
 //! its clock), so the cached denial never outlasts the real one. Entries are per state key and
 //! limit parameters (a rule and a client override may share a key with different quotas).
 //!

@@ -1,12 +1,12 @@
 //! The Redis backend: every replica shares one state, decided by one atomic Lua call per
-//! request (see `funnel.lua` for the script and its KEYS/ARGV contract, docs/redis.md for the
-//! operator's view).
+//! request (see `lua/prelude.lua` for the script's KEYS/ARGV contract, `lua/` for one file per
+//! algorithm, docs/redis.md for the operator's view).
 //!
 //! # Layout
 //!
 //! | module | owns |
 //! |---|---|
-//! | `script` | encoding a batch for `funnel.lua`, EVALSHA (EVAL on NOSCRIPT), decoding |
+//! | `script` | encoding a batch for the script (`lua/`), EVALSHA (EVAL on NOSCRIPT), decoding |
 //! | `connection` | URL forms (one server, Sentinel, Cluster) and lazy, self-healing connections |
 //! | `cluster` | splitting a request by Cluster slot, planning it whole, refunding |
 //! | `breaker` | the circuit breaker that stops waiting on a dead Redis |
@@ -207,7 +207,7 @@ impl RedisLimiter {
                 bump(&self.events.failures);
                 if e.transient {
                     self.breaker.record(false);
-                    *self.health.lock() = Err(e.message.clone());
+                    *self.health.lock() = Err(format!("redis: {}", e.message));
                 }
                 self.fallback(batch, e).await
             }

@@ -1,20 +1,35 @@
-//! The funnel script (`funnel.lua`): encoding a batch into its KEYS and ARGV, calling it by
-//! SHA (EVAL with the source when the server answers NOSCRIPT, which also caches it there),
-//! and decoding its reply. Generic over the connection, so any `ConnectionLike` works.
+//! The limiter script: encoding a batch into its KEYS and ARGV, calling it by SHA (EVAL with
+//! the source when the server answers NOSCRIPT, which also caches it there), and decoding its
+//! reply. Generic over the connection, so any `ConnectionLike` works.
 //!
-//! Time in the script is in microseconds (see the top of `funnel.lua`). [`Micros`] converts a
-//! batch's periods from nanoseconds and the outcome's reset times back.
+//! The script is one Lua chunk made of the files of `lua/`: `prelude.lua` (the KEYS/ARGV
+//! contract, at its top, and integer helpers), one file per algorithm, and `main.lua`. One
+//! script serves every algorithm, so a request is one call whatever the mix of its limits.
+//!
+//! Time in the script is in microseconds. [`Micros`] converts a batch's periods from
+//! nanoseconds and the outcome's reset times back.
 
 use std::sync::LazyLock;
 
 use redis::aio::ConnectionLike;
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
-use crate::config::model::Charge;
+use crate::config::model::{Algorithm, Charge};
 use crate::limiter::{Batch, BatchOutcome, Hit, HitOutcome, Role};
 
 /// The Lua source, with its KEYS/ARGV contract at the top.
-pub const SOURCE: &str = include_str!("funnel.lua");
+pub const SOURCE: &str = concat!(
+    include_str!("lua/prelude.lua"),
+    include_str!("lua/funnel.lua"),
+    include_str!("lua/token_bucket.lua"),
+    include_str!("lua/fixed_window.lua"),
+    include_str!("lua/sliding_window.lua"),
+    include_str!("lua/sliding_log.lua"),
+    include_str!("lua/main.lua"),
+);
+
+/// Fields per hit in ARGV.
+const FIELDS: usize = 11;
 
 /// The largest integer the script handles exactly (2^53 - 1); larger inputs are clamped.
 pub const MAX_EXACT: u64 = (1 << 53) - 1;
@@ -42,7 +57,7 @@ pub struct Call {
 /// `now_micros` overrides Redis `TIME` (tests only).
 pub fn encode(hits: &[Hit], prefix: &[u8], mode: Mode, now_micros: Option<u64>) -> Call {
     let mut keys: Vec<Vec<u8>> = Vec::new();
-    let mut args = Vec::with_capacity(3 + 10 * hits.len());
+    let mut args = Vec::with_capacity(3 + FIELDS * hits.len());
     args.push(now_micros.map_or_else(String::new, |n| n.min(MAX_EXACT).to_string()));
     args.push(
         match mode {
@@ -70,6 +85,7 @@ fn push_hit(args: &mut Vec<String>, slot: usize, hit: &Hit) {
     let flag = |b: bool| if b { "1" } else { "0" }.to_owned();
     let l = &hit.limit;
     args.push(slot.to_string());
+    args.push(algorithm_code(l.algorithm).to_owned());
     args.push(l.quota.to_string());
     args.push(l.period_nanos.min(MAX_EXACT).to_string());
     args.push(l.burst.to_string());
@@ -86,6 +102,17 @@ fn push_hit(args: &mut Vec<String>, slot: usize, hit: &Hit) {
         }
         .to_owned(),
     );
+}
+
+/// The script's code for an algorithm (ARGV field +1 of a hit).
+fn algorithm_code(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::Funnel => "f",
+        Algorithm::TokenBucket => "b",
+        Algorithm::FixedWindow => "w",
+        Algorithm::SlidingWindow => "s",
+        Algorithm::SlidingLog => "l",
+    }
 }
 
 /// `prefix` then `key`.
@@ -182,7 +209,6 @@ impl Micros {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::model::Algorithm;
     use crate::limiter::LimitParams;
 
     fn hit(key: &str, group: usize) -> Hit {
@@ -213,12 +239,16 @@ mod tests {
         );
         assert_eq!(call.keys, [b"p:a".to_vec(), b"p:b".to_vec()]);
         assert_eq!(&call.args[..3], ["", "request", "3"]);
-        let slots: Vec<&str> = call.args[3..].chunks(10).map(|h| h[0].as_str()).collect();
+        let slots: Vec<&str> = call.args[3..]
+            .chunks(FIELDS)
+            .map(|h| h[0].as_str())
+            .collect();
         assert_eq!(slots, ["1", "2", "1"]);
         assert_eq!(
-            call.args[3..13],
+            call.args[3..3 + FIELDS],
             [
                 "1",
+                "f",
                 "3",
                 "1500000001",
                 "4",

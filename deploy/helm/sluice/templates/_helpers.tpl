@@ -1,0 +1,98 @@
+{{/* The chart name, or nameOverride. */}}
+{{- define "sluice.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Resource names: fullnameOverride, else the release name (when it contains the chart
+name) or <release>-<chart>. */}}
+{{- define "sluice.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Labels that select the pods. */}}
+{{- define "sluice.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sluice.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Labels of every resource. */}}
+{{- define "sluice.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "sluice.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/component: rate-limit-service
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "sluice.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "sluice.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The ConfigMap holding the rules files. */}}
+{{- define "sluice.rulesConfigMap" -}}
+{{- if .Values.rules.existingConfigMap }}
+{{- .Values.rules.existingConfigMap }}
+{{- else }}
+{{- printf "%s-rules" (include "sluice.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret and key holding the Redis URL. */}}
+{{- define "sluice.redisSecret" -}}
+{{- if .Values.redis.existingSecret }}
+{{- .Values.redis.existingSecret }}
+{{- else }}
+{{- printf "%s-redis" (include "sluice.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{- define "sluice.redisSecretKey" -}}
+{{- if .Values.redis.existingSecret }}
+{{- .Values.redis.existingSecretKey }}
+{{- else }}
+{{- "url" }}
+{{- end }}
+{{- end }}
+
+{{/* Checks the values that would make a broken release. */}}
+{{- define "sluice.validate" -}}
+{{- if not (has .Values.backend (list "memory" "redis")) }}
+{{- fail (printf "backend must be memory or redis, not %q" .Values.backend) }}
+{{- end }}
+{{- if and (eq .Values.backend "redis") (not .Values.redis.url) (not .Values.redis.existingSecret) }}
+{{- fail "backend redis needs redis.url or redis.existingSecret" }}
+{{- end }}
+{{- if not (has .Values.redis.onError (list "error" "allow" "deny" "local")) }}
+{{- fail (printf "redis.onError must be error, allow, deny or local, not %q" .Values.redis.onError) }}
+{{- end }}
+{{- if and (not .Values.rules.existingConfigMap) (not .Values.rules.content) (not .Values.rules.files) }}
+{{- fail "rules.content and rules.files are empty and rules.existingConfigMap is not set: sluice needs rules" }}
+{{- end }}
+{{- if hasKey .Values.rules.files "rules.yaml" }}
+{{- if .Values.rules.content }}
+{{- fail "rules.files has a rules.yaml: that name is rules.content's" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* terminationGracePeriodSeconds: longer than the whole drain. */}}
+{{- define "sluice.terminationGrace" -}}
+{{- if .Values.terminationGracePeriodSeconds }}
+{{- .Values.terminationGracePeriodSeconds }}
+{{- else }}
+{{- add .Values.shutdown.drainDelaySecs .Values.shutdown.graceSecs 5 }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,186 @@
+//! Every algorithm behind one interface: a key's [`State`], and [`Algo`], one limit's algorithm
+//! with its parameters, answering what a backend asks about a hit. Each algorithm's math lives
+//! in its own module as pure functions; this module only dispatches.
+//!
+//! A state of one algorithm read by another (which the state keys, naming the algorithm, rule
+//! out) counts as fresh.
+
+use super::LimitParams;
+use super::fixed_window::{self, FixedWindow, Window};
+use super::funnel::{self, Funnel};
+use super::sliding_log::{Log, SlidingLog};
+use super::sliding_window::{self, Counters, SlidingWindow};
+use super::token_bucket::{self, Bucket, TokenBucket};
+use crate::config::model::Algorithm;
+
+/// One key's limiter state. [`State::Fresh`] is the state of a key never used, or whose state
+/// holds no information any more; backends never store it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum State {
+    #[default]
+    Fresh,
+    /// The funnel's `tat`.
+    Funnel(u64),
+    TokenBucket(Bucket),
+    FixedWindow(Window),
+    SlidingWindow(Counters),
+    /// Boxed, so that every other state stays small.
+    SlidingLog(Box<Log>),
+}
+
+/// One limit's algorithm and parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Algo {
+    Funnel(Funnel),
+    TokenBucket(TokenBucket),
+    FixedWindow(FixedWindow),
+    SlidingWindow(SlidingWindow),
+    SlidingLog(SlidingLog),
+}
+
+impl Algo {
+    /// The algorithm of a limit.
+    pub fn of(limit: &LimitParams) -> Algo {
+        let (q, p, b, borrow) = (limit.quota, limit.period_nanos, limit.burst, limit.borrow);
+        match limit.algorithm {
+            Algorithm::Funnel => Algo::Funnel(Funnel::new(q, p, b, borrow)),
+            Algorithm::TokenBucket => Algo::TokenBucket(TokenBucket::new(q, p, b, borrow)),
+            Algorithm::FixedWindow => Algo::FixedWindow(FixedWindow::new(q, p)),
+            Algorithm::SlidingWindow => Algo::SlidingWindow(SlidingWindow::new(q, p)),
+            Algorithm::SlidingLog => Algo::SlidingLog(SlidingLog::new(q, p)),
+        }
+    }
+
+    /// Whether `cost` at `now` is admitted against `state`.
+    pub fn admits(&self, state: &State, now: u64, cost: u64) -> bool {
+        match self {
+            Algo::Funnel(f) => f.evaluate(tat(state), now, cost).admitted,
+            Algo::TokenBucket(b) => b.admits(bucket(state), now, cost),
+            Algo::FixedWindow(w) => w.admits(window(state), now, cost),
+            Algo::SlidingWindow(w) => w.admits(counters(state), now, cost),
+            Algo::SlidingLog(l) => l.admits(log(state), now, cost),
+        }
+    }
+
+    /// Takes `cost` at `now`, admitted or not.
+    pub fn take(&self, state: &mut State, now: u64, cost: u64) {
+        *state = match self {
+            Algo::Funnel(f) => State::Funnel(f.consume(tat(state), now, cost)),
+            Algo::TokenBucket(b) => State::TokenBucket(b.consume(bucket(state), now, cost)),
+            Algo::FixedWindow(w) => State::FixedWindow(w.consume(window(state), now, cost)),
+            Algo::SlidingWindow(w) => State::SlidingWindow(w.consume(counters(state), now, cost)),
+            Algo::SlidingLog(l) => {
+                let mut log = take_log(state);
+                l.consume(&mut log, now, cost);
+                State::SlidingLog(log)
+            }
+        };
+    }
+
+    /// Gives `cost` back at `now` (never below empty).
+    pub fn give_back(&self, state: &mut State, now: u64, cost: u64) {
+        *state = match self {
+            Algo::Funnel(f) => State::Funnel(f.refund(tat(state), now, cost)),
+            Algo::TokenBucket(b) => State::TokenBucket(b.refund(bucket(state), now, cost)),
+            Algo::FixedWindow(w) => State::FixedWindow(w.refund(window(state), now, cost)),
+            Algo::SlidingWindow(w) => State::SlidingWindow(w.refund(counters(state), now, cost)),
+            Algo::SlidingLog(l) => {
+                let mut log = take_log(state);
+                l.refund(&mut log, now, cost);
+                State::SlidingLog(log)
+            }
+        };
+    }
+
+    /// What is left at `now`.
+    pub fn remaining(&self, state: &State, now: u64) -> u64 {
+        match self {
+            Algo::Funnel(f) => f.remaining(tat(state), now),
+            Algo::TokenBucket(b) => b.remaining(bucket(state), now),
+            Algo::FixedWindow(w) => w.remaining(window(state), now),
+            Algo::SlidingWindow(w) => w.remaining(counters(state), now),
+            Algo::SlidingLog(l) => l.remaining(log(state), now),
+        }
+    }
+
+    /// The reset reported for an admitted hit: until the full quota is back (for a fixed
+    /// window, as envoyproxy/ratelimit reports it: to the end of the window).
+    pub fn reset_after(&self, state: &State, now: u64) -> u64 {
+        match self {
+            Algo::Funnel(f) => f.until_empty(tat(state), now),
+            Algo::TokenBucket(b) => b.until_full(bucket(state), now),
+            Algo::FixedWindow(w) => w.until_window_end(now),
+            Algo::SlidingWindow(w) => w.until_fresh(counters(state), now),
+            Algo::SlidingLog(l) => l.until_fresh(log(state), now),
+        }
+    }
+
+    /// Until `cost` would be admitted (at least 1 when it is denied now).
+    pub fn until_admitted(&self, state: &State, now: u64, cost: u64) -> u64 {
+        match self {
+            Algo::Funnel(f) => f.until_admitted(tat(state), now, cost),
+            Algo::TokenBucket(b) => b.until_admitted(bucket(state), now, cost),
+            Algo::FixedWindow(w) => w.until_admitted(window(state), now, cost),
+            Algo::SlidingWindow(w) => w.until_admitted(counters(state), now, cost),
+            Algo::SlidingLog(l) => l.until_admitted(log(state), now, cost),
+        }
+    }
+
+    /// When `state` becomes fresh (holds no information any more), or `None` when it already
+    /// is at `now`. Backends drop a state then: Redis gives its key this expiry.
+    pub fn fresh_at(&self, state: &State, now: u64) -> Option<u64> {
+        let wait = match self {
+            Algo::Funnel(f) => f.until_empty(tat(state), now),
+            Algo::TokenBucket(b) => b.until_full(bucket(state), now),
+            Algo::FixedWindow(w) => w.until_fresh(window(state), now),
+            Algo::SlidingWindow(w) => w.until_fresh(counters(state), now),
+            Algo::SlidingLog(l) => l.until_fresh(log(state), now),
+        };
+        (wait > 0).then(|| now.saturating_add(wait))
+    }
+}
+
+fn tat(state: &State) -> u64 {
+    match state {
+        State::Funnel(tat) => *tat,
+        _ => funnel::FRESH,
+    }
+}
+
+fn bucket(state: &State) -> Bucket {
+    match state {
+        State::TokenBucket(b) => *b,
+        _ => token_bucket::FULL,
+    }
+}
+
+fn window(state: &State) -> Window {
+    match state {
+        State::FixedWindow(w) => *w,
+        _ => fixed_window::EMPTY,
+    }
+}
+
+fn counters(state: &State) -> Counters {
+    match state {
+        State::SlidingWindow(c) => *c,
+        _ => sliding_window::EMPTY,
+    }
+}
+
+static EMPTY_LOG: Log = Log::EMPTY;
+
+fn log(state: &State) -> &Log {
+    match state {
+        State::SlidingLog(l) => l,
+        _ => &EMPTY_LOG,
+    }
+}
+
+/// The log of `state`, taken out of it (an empty log if it holds something else).
+fn take_log(state: &mut State) -> Box<Log> {
+    match std::mem::take(state) {
+        State::SlidingLog(l) => l,
+        _ => Box::default(),
+    }
+}

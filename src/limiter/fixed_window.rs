@@ -1,0 +1,235 @@
+//! The fixed window: envoyproxy/ratelimit's counter, as pure integer functions.
+//!
+//! Time is cut into windows of length P aligned to the Unix epoch (a minute window starts at a
+//! whole minute of UTC, a day window at 00:00 UTC; week, month and year are blocks of 7, 30
+//! and 365 days since the epoch, as in envoyproxy/ratelimit). Each window counts the cost it
+//! admitted and admits a cost `c` while `count + c <= Q`; the count starts again at 0 when the
+//! next window begins. Remaining is `Q - count`; the reset reported is the time to the end of
+//! the window, always, as envoyproxy/ratelimit reports it. One difference: a denied cost is not
+//! counted (unless `charge: always`), so a client that keeps knocking is not kept out longer.
+//!
+//! State is `(start, count)`: the window the count belongs to. A count of another window, or
+//! of 0, holds no information (it is never stored). At most Q is admitted per window, but up
+//! to 2Q around a window's end (Q at its last instant, Q at the first of the next).
+//!
+//! `borrow` means nothing here (rules refuse it): a window forgets debt when it ends. With
+//! `charge: always` the count may pass Q; until the window ends, even a check-only cost of 0 is
+//! then denied. A zero quota admits nothing with a cost and keeps no state. Arithmetic
+//! saturates; nothing divides by zero or panics.
+//!
+//! ```
+//! use sluice::limiter::fixed_window::{FixedWindow, EMPTY};
+//! const SEC: u64 = 1_000_000_000;
+//! // 2 per minute.
+//! let w = FixedWindow::new(2, 60 * SEC);
+//! let now = 1_000 * SEC; // 40 s into the window [960 s, 1020 s)
+//! let full = w.consume(w.consume(EMPTY, now, 1), now, 1);
+//! assert!(!w.admits(full, now, 1));
+//! assert_eq!(w.until_admitted(full, now, 1), 20 * SEC);
+//! assert!(w.admits(full, 1_020 * SEC, 2), "a new window");
+//! ```
+
+/// One limit's window parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FixedWindow {
+    /// Q. 0 means a zero quota.
+    quota: u64,
+    /// P, at least 1.
+    period: u64,
+}
+
+/// A window's count, and the start of the window it belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Window {
+    pub start: u64,
+    pub count: u64,
+}
+
+/// Nothing counted: the state of a key never used (or whose window has passed).
+pub const EMPTY: Window = Window { start: 0, count: 0 };
+
+/// The result of evaluating one cost against a window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Step {
+    /// The window alone would admit this cost.
+    pub admitted: bool,
+    /// The window after counting the cost (whether admitted or not).
+    pub window: Window,
+}
+
+impl FixedWindow {
+    /// A window of `quota` per `period`.
+    pub fn new(quota: u32, period: u64) -> FixedWindow {
+        FixedWindow {
+            quota: u64::from(quota),
+            period: period.max(1),
+        }
+    }
+
+    fn is_zero(&self) -> bool {
+        self.quota == 0
+    }
+
+    /// The start of the window holding `now`.
+    pub fn window_start(&self, now: u64) -> u64 {
+        now - now % self.period
+    }
+
+    /// The count of the window holding `now`.
+    pub fn count(&self, window: Window, now: u64) -> u64 {
+        if window.start == self.window_start(now) {
+            window.count
+        } else {
+            0
+        }
+    }
+
+    /// Whether `cost` at `now` is admitted.
+    pub fn admits(&self, window: Window, now: u64, cost: u64) -> bool {
+        if self.is_zero() {
+            return cost == 0;
+        }
+        self.count(window, now).saturating_add(cost) <= self.quota
+    }
+
+    /// The window after counting `cost` at `now`, admitted or not.
+    pub fn consume(&self, window: Window, now: u64, cost: u64) -> Window {
+        if self.is_zero() || cost == 0 {
+            return window;
+        }
+        Window {
+            start: self.window_start(now),
+            count: self.count(window, now).saturating_add(cost),
+        }
+    }
+
+    /// Whether `cost` at `now` is admitted, and the window if it is counted.
+    pub fn evaluate(&self, window: Window, now: u64, cost: u64) -> Step {
+        Step {
+            admitted: self.admits(window, now, cost),
+            window: self.consume(window, now, cost),
+        }
+    }
+
+    /// The window after giving `cost` back at `now`; never below 0.
+    pub fn refund(&self, window: Window, now: u64, cost: u64) -> Window {
+        if self.is_zero() || cost == 0 {
+            return window;
+        }
+        match self.count(window, now).saturating_sub(cost) {
+            0 => EMPTY,
+            count => Window {
+                start: self.window_start(now),
+                count,
+            },
+        }
+    }
+
+    /// What the window still admits at `now`.
+    pub fn remaining(&self, window: Window, now: u64) -> u64 {
+        self.quota.saturating_sub(self.count(window, now))
+    }
+
+    /// Nanoseconds to the end of the window holding `now` (at least 1): the reset reported.
+    pub fn until_window_end(&self, now: u64) -> u64 {
+        self.window_start(now)
+            .saturating_add(self.period)
+            .saturating_sub(now)
+            .max(1)
+    }
+
+    /// Nanoseconds until nothing is counted any more (0 when nothing is).
+    pub fn until_fresh(&self, window: Window, now: u64) -> u64 {
+        if self.count(window, now) == 0 {
+            0
+        } else {
+            self.until_window_end(now)
+        }
+    }
+
+    /// Nanoseconds until `cost` would be admitted: the next window. A cost above the quota
+    /// (which never fits) and a zero quota get one period.
+    pub fn until_admitted(&self, window: Window, now: u64, cost: u64) -> u64 {
+        if self.is_zero() || cost > self.quota {
+            return self.period;
+        }
+        if self.admits(window, now, cost) {
+            return 1;
+        }
+        self.until_window_end(now)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: u64 = 1_000_000_000;
+    const MIN: u64 = 60 * SEC;
+
+    #[test]
+    fn windows_are_aligned_to_the_epoch() {
+        let w = FixedWindow::new(3, MIN);
+        let now = 1_234 * SEC + 300_000_000;
+        assert_eq!(w.window_start(now), 1_200 * SEC);
+        // envoyproxy/ratelimit: unit - now % unit, in whole seconds: 60 - 34 = 26.
+        assert_eq!(w.until_window_end(now).div_ceil(SEC), 26);
+        let day = FixedWindow::new(1, 86_400 * SEC);
+        assert_eq!(day.window_start(1_000_000 * SEC), 950_400 * SEC);
+    }
+
+    #[test]
+    fn counts_up_to_the_quota_then_starts_again() {
+        let w = FixedWindow::new(3, MIN);
+        let mut s = EMPTY;
+        for left in [2, 1, 0] {
+            let step = w.evaluate(s, MIN + 5, 1);
+            assert!(step.admitted);
+            s = step.window;
+            assert_eq!(w.remaining(s, MIN + 5), left);
+        }
+        assert!(!w.admits(s, 2 * MIN - 1, 1));
+        assert_eq!(w.until_admitted(s, MIN + 5, 1), MIN - 5);
+        assert_eq!(w.until_fresh(s, MIN + 5), MIN - 5);
+        assert_eq!(w.remaining(s, 2 * MIN), 3);
+        assert_eq!(w.until_fresh(s, 2 * MIN), 0);
+    }
+
+    #[test]
+    fn zero_quota_and_oversized_costs() {
+        let zero = FixedWindow::new(0, MIN);
+        assert!(!zero.admits(EMPTY, 5, 1));
+        assert!(zero.admits(EMPTY, 5, 0));
+        assert_eq!(zero.consume(EMPTY, 5, 3), EMPTY);
+        assert_eq!(zero.until_admitted(EMPTY, 5, 1), MIN);
+        let w = FixedWindow::new(2, MIN);
+        assert_eq!(w.until_admitted(EMPTY, 5, 3), MIN);
+    }
+
+    #[test]
+    fn check_only_is_denied_only_over_the_quota() {
+        let w = FixedWindow::new(2, MIN);
+        let full = w.consume(EMPTY, 0, 2);
+        assert!(w.admits(full, 0, 0));
+        let over = w.consume(full, 0, 1);
+        assert!(!w.admits(over, 0, 0));
+        assert_eq!(w.until_admitted(over, 10, 0), MIN - 10);
+    }
+
+    #[test]
+    fn refund_never_goes_below_zero_nor_into_another_window() {
+        let w = FixedWindow::new(4, MIN);
+        let s = w.consume(EMPTY, 0, 3);
+        assert_eq!(w.remaining(w.refund(s, 0, 1), 0), 2);
+        assert_eq!(w.refund(s, 0, 100), EMPTY);
+        assert_eq!(w.refund(s, MIN, 1), EMPTY, "the window has passed");
+    }
+
+    #[test]
+    fn huge_numbers_saturate() {
+        let w = FixedWindow::new(u32::MAX, u64::MAX);
+        let s = w.consume(EMPTY, u64::MAX - 1, u64::MAX);
+        assert_eq!(s.count, u64::MAX);
+        assert_eq!(w.until_window_end(u64::MAX - 1), 1);
+    }
+}

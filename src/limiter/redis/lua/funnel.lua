@@ -1,0 +1,78 @@
+-- funnel: mirrors src/limiter/funnel.rs. State: the tat, one decimal integer ("0" = fresh).
+-- Built only when a request uses it (see MAKERS in the prelude).
+
+MAKERS.f = function()
+  local FUNNEL = {}
+
+  -- Funnel::new
+  function FUNNEL.params(quota, period, burst, borrow)
+    if period < 1 then period = 1 end
+    local interval = 0
+    if quota > 0 then
+      interval = div_ceil(period, quota)
+      if interval < 1 then interval = 1 end
+    end
+    return { interval = interval, tolerance = sat_mul(interval, burst), period = period,
+             borrow = borrow }
+  end
+
+  function FUNNEL.load(key)
+    return clamp(redis.call("GET", key) or "0")
+  end
+
+  local function funnel_consume(f, tat, now, cost)
+    if f.interval == 0 or cost == 0 then return tat end
+    return sat_add(math.max(tat, now), sat_mul(cost, f.interval))
+  end
+
+  local function funnel_probe(f, cost)
+    if f.borrow then return math.min(cost, 1) end
+    return cost
+  end
+
+  function FUNNEL.admits(f, tat, now, cost)
+    if f.interval == 0 then return cost == 0 end
+    return sat_sub(funnel_consume(f, tat, now, funnel_probe(f, cost)), now) <= f.tolerance
+  end
+
+  FUNNEL.take = funnel_consume
+
+  function FUNNEL.give(f, tat, now, cost)
+    if f.interval == 0 then return tat end
+    local back = sat_sub(tat, sat_mul(cost, f.interval))
+    if back <= now then return 0 end
+    return back
+  end
+
+  function FUNNEL.remaining(f, tat, now)
+    if f.interval == 0 then return 0 end
+    return div_floor(sat_sub(f.tolerance, sat_sub(tat, now)), f.interval)
+  end
+
+  function FUNNEL.reset(f, tat, now)
+    return sat_sub(tat, now)
+  end
+
+  function FUNNEL.until_admitted(f, tat, now, cost)
+    if f.interval == 0 then return f.period end
+    local probe = funnel_probe(f, cost)
+    local wait
+    if sat_mul(probe, f.interval) > f.tolerance then
+      wait = math.max(sat_sub(tat, now), f.period)
+    else
+      wait = sat_sub(sat_sub(funnel_consume(f, tat, now, probe), now), f.tolerance)
+    end
+    return math.max(wait, 1)
+  end
+
+  function FUNNEL.fresh_at(f, tat, now)
+    if tat > now then return tat end
+    return nil
+  end
+
+  function FUNNEL.save(key, f, tat, now, fresh_at)
+    store(key, fmt(tat), now, fresh_at)
+  end
+
+  return FUNNEL
+end

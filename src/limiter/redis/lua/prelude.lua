@@ -1,0 +1,135 @@
+-- sluice: one request's limits, decided atomically (all or nothing), for every algorithm.
+--
+-- This script is the concatenation of src/limiter/redis/lua/*.lua, in the order given by
+-- src/limiter/redis/script.rs: this prelude (the contract and integer helpers), one file per
+-- algorithm, then main.lua (evaluate, plan, commit, write, report). It mirrors the Rust pure
+-- functions (src/limiter/{funnel,token_bucket,fixed_window,sliding_window,sliding_log}.rs), src/limiter/plan.rs (all or nothing) and
+-- src/limiter/memory/decide.rs (evaluate with an overlay, plan, commit from the original states,
+-- report, write). Any change there must be made here too; tests/redis_script.rs checks that both
+-- give identical outcomes on random sequences.
+--
+-- Time unit: MICROSECONDS. Lua numbers are doubles, exact for integers up to 2^53 - 1; Unix
+-- time in microseconds is about 2^51 today, so every time and duration below is exact.
+-- Arithmetic saturates at MAX = 2^53 - 1 (the Rust functions saturate at 2^64 - 1; the two agree
+-- whenever neither saturates, i.e. for any state less than ~250 years ahead of now).
+--
+-- KEYS[s]      the distinct state keys of the request (prefix included), s = 1..#KEYS, in
+--              order of first appearance. Every key the script touches is in KEYS, so Redis
+--              Cluster routes the call (all keys of one call must share a slot there).
+--
+-- ARGV[1]      "now" override in microseconds, or "" to read Redis TIME (the normal case).
+--              Only tests set it, to drive the script on a controlled clock.
+-- ARGV[2]      mode: "request" (all or nothing over the hits of this call) or "independent"
+--              (each descriptor group consumes when all of its hits admit, whatever the
+--              others do; used for one slot group of a Redis Cluster request, the caller then
+--              plans the whole request and refunds what must not have been consumed).
+-- ARGV[3]      H, the number of hits; then 11 fields per hit h = 0..H-1, at 4 + 11*h:
+--   +0 slot    index into KEYS (1-based) of the hit's state key
+--   +1 algo    "f" funnel, "b" token bucket, "w" fixed window, "s" sliding window,
+--              "l" sliding log
+--   +2 quota   Q, requests per period (0 = zero quota)
+--   +3 period  P in microseconds (>= 1 after clamping)
+--   +4 burst   B
+--   +5 borrow  "1" or "0"
+--   +6 always  "1" when the limit has charge: always, else "0"
+--   +7 cost    the cost (0 = check only)
+--   +8 refund  "1" to give the cost back (is_negative_hits), else "0"
+--   +9 group   the descriptor the hit belongs to (any string; equal for one descriptor)
+--   +10 role   "e" enforced, "s" shadow, "q" quota mode
+--
+-- Reply: { request_admitted, then per hit: admitted, remaining, reset_micros }, all integers
+-- (admitted flags are 1 or 0). reset_micros: for an admitted hit, until the full quota is
+-- back; for a denied one, until this hit would be admitted.
+--
+-- Storage: each key holds its algorithm's state (the format is at the top of each algorithm's
+-- file). A key a cost was applied to is written back with a TTL of exactly the time until its
+-- state is fresh again (rounded up to the millisecond), or deleted when it already is.
+-- Keys no cost touched (check-only hits, denied requests) are not written.
+
+local MAX = 9007199254740991
+
+-- Per algorithm code, a function building that algorithm's table of functions. The script
+-- runs whole on every call, so an algorithm's functions are only made for the requests that
+-- use it (making every closure every time costs more than the decision itself).
+local MAKERS = {}
+
+local function sat_add(a, b)
+  local s = a + b
+  if s > MAX then return MAX end
+  return s
+end
+
+local function sat_mul(a, b)
+  local p = a * b
+  if p > MAX then return MAX end
+  return p
+end
+
+local function sat_sub(a, b)
+  if a > b then return a - b end
+  return 0
+end
+
+-- floor(a / b) for integers 0 <= a <= MAX, b >= 1, corrected for the rounding of the division.
+local function div_floor(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 end
+  if (q + 1) * b <= a then q = q + 1 end
+  return q
+end
+
+-- ceil(a / b) for integers 0 <= a <= MAX, b >= 1.
+local function div_ceil(a, b)
+  local q = div_floor(a, b)
+  if q * b < a then q = q + 1 end
+  return q
+end
+
+-- floor(x * y / z) and the remainder, exactly, for 0 <= x <= z <= 2^52 and 0 <= y <= MAX
+-- (the Rust side multiplies in 128 bits): long multiplication over the bits of y, keeping the
+-- running remainder below z, so that no intermediate value reaches 2^53.
+local function mul_div(x, y, z)
+  local q, r, bit = 0, 0, 1
+  while bit * 2 <= y do bit = bit * 2 end
+  while bit >= 1 do
+    q = q * 2
+    r = r * 2
+    if r >= z then r = r - z; q = q + 1 end
+    if y >= bit then
+      y = y - bit
+      r = r + x
+      if r >= z then r = r - z; q = q + 1 end
+    end
+    bit = bit / 2
+  end
+  return q, r
+end
+
+local function clamp(text)
+  local n = tonumber(text) or 0
+  if n > MAX then return MAX end
+  if n < 0 then return 0 end
+  return math.floor(n)
+end
+
+-- An integer as decimal text (tostring would write large numbers in exponent form).
+local function fmt(n)
+  return string.format("%.0f", n)
+end
+
+-- Stores a state's text with a TTL until `fresh_at`, rounded up to the millisecond.
+local function store(key, text, now, fresh_at)
+  local ttl_ms = math.floor((fresh_at - now + 999) / 1000)
+  if ttl_ms < 1 then ttl_ms = 1 end
+  redis.call("SET", key, text, "PX", fmt(ttl_ms))
+end
+
+-- The numbers of a state stored as "n1:n2:...", or nil when the key is absent or malformed.
+local function load_numbers(key, count)
+  local text = redis.call("GET", key)
+  if not text then return nil end
+  local out = {}
+  for part in string.gmatch(text, "[^:]+") do out[#out + 1] = clamp(part) end
+  if #out ~= count then return nil end
+  return out
+end

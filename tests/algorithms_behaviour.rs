@@ -1,0 +1,137 @@
+//! Every algorithm through gRPC on loopback, on both backends (the `scenario!` suite of
+//! tests/redis_behaviour.rs): one descriptor per algorithm in tests/fixtures/semantics.yaml.
+//! Redis reads its own clock, so these scenarios need no control of time; a second may pass
+//! between two calls.
+
+#[path = "support/backends.rs"]
+mod backends;
+mod common;
+#[path = "support/redis.rs"]
+mod redis_support;
+
+use common::*;
+
+scenario!(token_bucket_bursts_then_refills_in_steps, |c| {
+    let cost = |n| req("test", vec![with_hits(desc(&[("bucket", "b")]), n)]);
+    // 3 tokens held; 2 come back one minute after the first is taken.
+    let r = call(&mut c, cost(1)).await;
+    assert_eq!(overall(&r), Code::Ok);
+    assert_eq!(r.statuses[0].limit_remaining, 2);
+    assert_eq!(
+        reset_secs(&r.statuses[0]),
+        Some(60),
+        "full again at the next refill"
+    );
+    let r = call(&mut c, cost(2)).await;
+    assert_eq!(r.statuses[0].limit_remaining, 0);
+    assert_eq!(
+        reset_secs(&r.statuses[0]),
+        Some(120),
+        "3 missing: two refills"
+    );
+    let r = call(&mut c, cost(1)).await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    assert_eq!(reset_secs(&r.statuses[0]), Some(60), "the next refill");
+    assert_eq!(
+        limit_of(&r.statuses[0]),
+        Some((2, Unit::Minute, String::new()))
+    );
+    let r = call(&mut c, cost(0)).await;
+    assert_eq!(overall(&r), Code::Ok, "empty is not in debt");
+    let mut back = with_hits(desc(&[("bucket", "b")]), 2);
+    back.is_negative_hits = true;
+    let r = call(&mut c, req("test", vec![back])).await;
+    assert_eq!(
+        r.statuses[0].limit_remaining, 2,
+        "a refund puts tokens back"
+    );
+});
+
+scenario!(
+    fixed_window_counts_admitted_costs_until_the_window_ends,
+    |c| {
+        let cost = |n| req("test", vec![with_hits(desc(&[("window", "w")]), n)]);
+        // 3 per day, days aligned to 00:00 UTC: the reset is the time to the end of the day.
+        let r = call(&mut c, cost(2)).await;
+        assert_eq!(overall(&r), Code::Ok);
+        assert_eq!(r.statuses[0].limit_remaining, 1);
+        let to_day_end = reset_secs(&r.statuses[0]).expect("a reset");
+        assert!((1..=86_400).contains(&to_day_end), "{to_day_end}");
+        let r = call(&mut c, cost(2)).await;
+        assert_eq!(overall(&r), Code::OverLimit);
+        let later = |r: &RateLimitResponse| {
+            // Redis reads its own clock: a second may pass between two calls.
+            let reset = reset_secs(&r.statuses[0]).expect("a reset");
+            assert!(
+                reset <= to_day_end && reset + 1 >= to_day_end,
+                "{reset} vs {to_day_end}"
+            );
+        };
+        later(&r);
+        let r = call(&mut c, cost(1)).await;
+        assert_eq!(overall(&r), Code::Ok, "the denied cost was not counted");
+        assert_eq!(r.statuses[0].limit_remaining, 0);
+        later(&r);
+        assert_eq!(
+            overall(&call(&mut c, cost(0)).await),
+            Code::Ok,
+            "full is not over"
+        );
+        assert_eq!(overall(&call(&mut c, cost(1)).await), Code::OverLimit);
+    }
+);
+
+scenario!(sliding_window_counts_within_the_hour, |c| {
+    let cost = |n| req("test", vec![with_hits(desc(&[("sliding", "s")]), n)]);
+    // 4 per hour. Nothing was counted in the previous hour, so this hour's count decides;
+    // it is fresh again once it weighs nothing in the next hour: at most two hours away.
+    let r = call(&mut c, cost(3)).await;
+    assert_eq!(overall(&r), Code::Ok);
+    assert_eq!(r.statuses[0].limit_remaining, 1);
+    let reset = reset_secs(&r.statuses[0]).expect("a reset");
+    assert!((3_600..=7_200).contains(&reset), "{reset}");
+    let r = call(&mut c, cost(2)).await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    let retry = reset_secs(&r.statuses[0]).expect("a retry time");
+    assert!((1..=7_200).contains(&retry), "{retry}");
+    let r = call(&mut c, cost(1)).await;
+    assert_eq!(overall(&r), Code::Ok, "the denied cost was not counted");
+    assert_eq!(r.statuses[0].limit_remaining, 0);
+    let mut back = with_hits(desc(&[("sliding", "s")]), 2);
+    back.is_negative_hits = true;
+    let r = call(&mut c, req("test", vec![back])).await;
+    assert_eq!(r.statuses[0].limit_remaining, 2, "a refund uncounts");
+});
+
+scenario!(sliding_log_admits_at_most_the_quota_in_any_hour, |c| {
+    let cost = |n| req("test", vec![with_hits(desc(&[("log", "l")]), n)]);
+    // 3 per hour, exactly: each admitted cost counts for one hour from its own time.
+    let r = call(&mut c, cost(2)).await;
+    assert_eq!(overall(&r), Code::Ok);
+    assert_eq!(r.statuses[0].limit_remaining, 1);
+    assert_eq!(reset_secs(&r.statuses[0]), Some(3_600));
+    let r = call(&mut c, cost(2)).await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    assert_eq!(
+        reset_secs(&r.statuses[0]),
+        Some(3_600),
+        "when the first entry leaves"
+    );
+    let r = call(&mut c, cost(1)).await;
+    assert_eq!(overall(&r), Code::Ok, "the denied cost was not logged");
+    assert_eq!(r.statuses[0].limit_remaining, 0);
+    assert_eq!(
+        overall(&call(&mut c, cost(0)).await),
+        Code::Ok,
+        "full is not over"
+    );
+    let mut back = with_hits(desc(&[("log", "l")]), 1);
+    back.is_negative_hits = true;
+    let r = call(&mut c, req("test", vec![back])).await;
+    assert_eq!(
+        r.statuses[0].limit_remaining, 1,
+        "a refund removes the newest cost"
+    );
+    assert_eq!(overall(&call(&mut c, cost(1)).await), Code::Ok);
+    assert_eq!(overall(&call(&mut c, cost(1)).await), Code::OverLimit);
+});

@@ -1,0 +1,69 @@
+//! The two backends of the behaviour suites, and `scenario!`, which runs one test body on each:
+//! `scenario!(name, |c| { ... })` makes a module `name` with a `memory` and a `redis` test,
+//! each with a fresh client `c` of a server over that backend (Redis: a real `redis-server` on
+//! a loopback port). Both serve the rules of tests/fixtures/semantics.yaml.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use crate::common::{Client, TestServer, client};
+use crate::redis_support::RedisServer;
+use sluice::config::settings::Settings;
+use sluice::limiter::RedisLimiter;
+
+pub const RULES: &str = include_str!("../fixtures/semantics.yaml");
+
+/// What a test holds on to: the server, and the Redis behind it (if any).
+pub struct Backend {
+    _server: TestServer,
+    _redis: Option<RedisServer>,
+}
+
+pub async fn memory() -> (Backend, Client) {
+    let server = TestServer::start(RULES).await;
+    let c = client(&server).await;
+    (
+        Backend {
+            _server: server,
+            _redis: None,
+        },
+        c,
+    )
+}
+
+pub async fn redis() -> (Backend, Client) {
+    let redis = RedisServer::start();
+    let limiter = RedisLimiter::new(&redis.settings(), 1_000).expect("valid redis settings");
+    let server = TestServer::start_over(Settings::default(), RULES, Arc::new(limiter)).await;
+    let c = client(&server).await;
+    (
+        Backend {
+            _server: server,
+            _redis: Some(redis),
+        },
+        c,
+    )
+}
+
+/// `scenario!(name, |c| { ... })`: the body runs once per backend with a fresh client `c`.
+#[macro_export]
+macro_rules! scenario {
+    ($name:ident, |$c:ident| $body:block) => {
+        mod $name {
+            use super::*;
+
+            #[tokio::test]
+            async fn memory() {
+                let (_b, mut $c) = $crate::backends::memory().await;
+                $body
+            }
+
+            #[tokio::test]
+            async fn redis() {
+                let (_b, mut $c) = $crate::backends::redis().await;
+                $body
+            }
+        }
+    };
+}

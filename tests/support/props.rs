@@ -1,0 +1,185 @@
+//! Shared parts of the per-algorithm property tests: building hits, driving the memory
+//! backend on a manual clock, checking interval bounds, and the property every algorithm
+//! shares: a denied request changes no state (unless `charge: always`).
+
+#![allow(dead_code)]
+
+use futures_util::FutureExt;
+use proptest::collection::vec;
+use proptest::prelude::*;
+use sluice::config::model::{Algorithm, Charge};
+use sluice::limiter::{
+    Batch, BatchOutcome, Hit, LimitParams, Limiter, ManualClock, MemoryLimiter, Role,
+};
+
+pub const MS: u64 = 1_000_000;
+pub const SEC: u64 = 1_000_000_000;
+
+pub fn params(
+    algorithm: Algorithm,
+    quota: u32,
+    period_nanos: u64,
+    burst: u32,
+    borrow: bool,
+    charge: Charge,
+) -> LimitParams {
+    LimitParams {
+        algorithm,
+        quota,
+        period_nanos,
+        burst,
+        charge,
+        borrow,
+    }
+}
+
+pub fn hit(
+    key: &str,
+    limit: LimitParams,
+    cost: u64,
+    refund: bool,
+    group: usize,
+    role: Role,
+) -> Hit {
+    Hit {
+        key: key.as_bytes().into(),
+        limit,
+        cost,
+        refund,
+        group,
+        role,
+    }
+}
+
+pub fn check(limiter: &MemoryLimiter<ManualClock>, hits: Vec<Hit>) -> BatchOutcome {
+    let batch = Batch { hits };
+    let result = limiter.check(&batch).now_or_never();
+    result.expect("ready future").expect("no backend error")
+}
+
+/// Time steps in thousandths of `unit`: often none (a burst at one instant), up to three
+/// units; and a cost per step.
+pub fn steps(max_len: usize, max_cost: u64) -> impl Strategy<Value = Vec<(u64, u64)>> {
+    vec(
+        (prop_oneof![Just(0u64), 0u64..3000], 0..=max_cost),
+        1..=max_len,
+    )
+}
+
+/// `permille` thousandths of `unit` nanoseconds.
+pub fn step(unit: u64, permille: u64) -> u64 {
+    let nanos = u128::from(unit) * u128::from(permille) / 1000;
+    u64::try_from(nanos).unwrap_or(u64::MAX)
+}
+
+/// Drives one key of `limit` through `steps` (advance, cost), starting at `start`; returns
+/// the admitted events as (time, cost), costs of 0 left out.
+pub fn admitted_events(
+    limit: LimitParams,
+    start: u64,
+    unit: u64,
+    steps: &[(u64, u64)],
+) -> Vec<(u64, u64)> {
+    let clock = ManualClock::at(start);
+    let limiter = MemoryLimiter::with_clock(16, clock.clone());
+    let mut now = start;
+    let mut events = Vec::new();
+    for &(permille, cost) in steps {
+        now += step(unit, permille);
+        clock.set(now);
+        let hits = vec![hit("k", limit, cost, false, 0, Role::Enforced)];
+        if check(&limiter, hits).admitted && cost > 0 {
+            events.push((now, cost));
+        }
+    }
+    events
+}
+
+/// For every pair of admitted events i <= j, the cost admitted in [t_i, t_j] is at most
+/// `bound(t_j - t_i)`.
+pub fn assert_interval_bound(
+    events: &[(u64, u64)],
+    bound: impl Fn(u64) -> u128,
+) -> Result<(), TestCaseError> {
+    let mut prefix = vec![0u128];
+    for &(_, cost) in events {
+        prefix.push(prefix[prefix.len() - 1] + u128::from(cost));
+    }
+    for (i, &(start, _)) in events.iter().enumerate() {
+        for (j, &(end, _)) in events.iter().enumerate().skip(i) {
+            let cost = prefix[j + 1] - prefix[i];
+            let allowed = bound(end - start);
+            prop_assert!(
+                cost <= allowed,
+                "{cost} admitted in [{start}, {end}], bound {allowed}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A descriptor: its role and its hits as (key index, cost, refund).
+pub type Descriptor = (Role, Vec<(usize, u64, bool)>);
+
+pub fn descriptor() -> impl Strategy<Value = Descriptor> {
+    let role = prop_oneof![
+        3 => Just(Role::Enforced),
+        1 => Just(Role::Shadow),
+        1 => Just(Role::Quota),
+    ];
+    let hit = (0usize..4, 0u64..4, prop::bool::weighted(0.15));
+    (role, vec(hit, 1..=3))
+}
+
+/// One key's limit of `algorithm` for the denial property (never `charge: always`).
+pub fn key_limit(algorithm: Algorithm) -> impl Strategy<Value = LimitParams> {
+    (0u32..5, MS..=SEC, 0u32..6, any::<bool>()).prop_map(move |(q, p, b, borrow)| {
+        let borrow = borrow && algorithm.has_capacity();
+        params(algorithm, q, p, b, borrow, Charge::Admitted)
+    })
+}
+
+/// Random requests: a time step (up to 300 ms) and 1 to 3 descriptors.
+pub fn requests() -> impl Strategy<Value = Vec<(u64, Vec<Descriptor>)>> {
+    vec((0u64..300 * MS, vec(descriptor(), 1..=3)), 1..=60)
+}
+
+fn batch(limits: &[LimitParams], descriptors: &[Descriptor]) -> Vec<Hit> {
+    let mut hits = Vec::new();
+    for (group, (role, entries)) in descriptors.iter().enumerate() {
+        for &(k, cost, refund) in entries {
+            hits.push(hit(
+                &format!("key-{k}"),
+                limits[k],
+                cost,
+                refund,
+                group,
+                *role,
+            ));
+        }
+    }
+    hits
+}
+
+/// A denied request changes no state: every held key keeps its state, and the same batch at
+/// the same instant gets the same outcome again.
+pub fn assert_denials_change_nothing(
+    limits: &[LimitParams],
+    requests: &[(u64, Vec<Descriptor>)],
+) -> Result<(), TestCaseError> {
+    let clock = ManualClock::at(1_000 * SEC);
+    let limiter = MemoryLimiter::with_clock(64, clock.clone());
+    for (advance, descriptors) in requests {
+        clock.advance(*advance);
+        let before = limiter.snapshot();
+        let first = check(&limiter, batch(limits, descriptors));
+        if first.admitted {
+            continue;
+        }
+        prop_assert_eq!(&limiter.snapshot(), &before);
+        let again = check(&limiter, batch(limits, descriptors));
+        prop_assert_eq!(&again, &first);
+        prop_assert_eq!(&limiter.snapshot(), &before);
+    }
+    Ok(())
+}
