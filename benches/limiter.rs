@@ -1,5 +1,5 @@
-//! The funnel decision, and the memory backend: one thread, and both cores on one hot key
-//! and on 1,000,000 keys.
+//! The funnel decision, every algorithm's decision, and the memory backend: one thread, and
+//! both cores on one hot key and on 1,000,000 keys.
 
 mod common;
 
@@ -8,8 +8,10 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use futures_util::FutureExt as _;
+use sluice::config::model::{Algorithm, Charge};
+use sluice::limiter::algorithm::{Algo, State};
 use sluice::limiter::funnel::{FRESH, Funnel};
-use sluice::limiter::{Batch, Limiter, MemoryLimiter};
+use sluice::limiter::{Batch, LimitParams, Limiter, MemoryLimiter};
 use tokio::time::Instant;
 
 use common::batch;
@@ -47,6 +49,49 @@ fn funnel(c: &mut Criterion) {
             )
         })
     });
+    g.finish();
+}
+
+/// Each algorithm behind the backends' interface, 100 per second: a decision on a state half
+/// used, and a decision then taking the cost, one interval apart (always admitted).
+fn algorithms(c: &mut Criterion) {
+    let mut g = c.benchmark_group("algorithm");
+    for algorithm in [
+        Algorithm::Funnel,
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+    ] {
+        let algo = Algo::of(&LimitParams {
+            algorithm,
+            quota: 100,
+            period_nanos: SECOND,
+            burst: 100,
+            charge: Charge::Admitted,
+            borrow: false,
+        });
+        let name = algorithm.as_str();
+        let mut half = State::Fresh;
+        for i in 0..50 {
+            algo.take(&mut half, SECOND + i * (SECOND / 1000), 1);
+        }
+        let now = SECOND + SECOND / 10;
+        g.bench_function(format!("{name}_decision"), |b| {
+            b.iter(|| algo.admits(black_box(&half), black_box(now), black_box(1)))
+        });
+        g.bench_function(format!("{name}_decide_and_take"), |b| {
+            let (mut state, mut now) = (State::Fresh, SECOND);
+            b.iter(|| {
+                let admitted = algo.admits(&state, black_box(now), 1);
+                if admitted {
+                    algo.take(&mut state, now, 1);
+                }
+                now += SECOND / 100;
+                admitted
+            })
+        });
+    }
     g.finish();
 }
 
@@ -128,6 +173,6 @@ fn memory_two_threads(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = common::criterion();
-    targets = funnel, memory_single_thread, memory_two_threads
+    targets = funnel, algorithms, memory_single_thread, memory_two_threads
 }
 criterion_main!(benches);
