@@ -81,15 +81,24 @@ scenario!(
     }
 );
 
-scenario!(sliding_window_counts_within_the_hour, |c| {
+scenario!(sliding_window_counts_within_the_hour, |c, b| {
     let cost = |n| req("test", vec![with_hits(desc(&[("sliding", "s")]), n)]);
-    // 4 per hour. Nothing was counted in the previous hour, so this hour's count decides;
-    // it is fresh again once it weighs nothing in the next hour: at most two hours away.
+    // 4 per hour, windows aligned to the clock's hours. Nothing was counted in the previous
+    // hour, so this hour's count decides. It is fresh again once it weighs nothing in the next
+    // hour: 3 * left / 3600 < 1 from 2,401 s into that hour, so the reset is the time to this
+    // hour's end plus 2,401 s, on the clock of the backend.
+    let to_hour_end = || 3_600 - (b.now_secs() % 3_600) as i64;
+    let before = to_hour_end();
     let r = call(&mut c, cost(3)).await;
+    let after = to_hour_end();
     assert_eq!(overall(&r), Code::Ok);
     assert_eq!(r.statuses[0].limit_remaining, 1);
     let reset = reset_secs(&r.statuses[0]).expect("a reset");
-    assert!((3_600..=7_200).contains(&reset), "{reset}");
+    let (lo, hi) = (before.min(after) + 2_401, before.max(after) + 2_401);
+    assert!(
+        (lo - 1..=hi + 1).contains(&reset),
+        "{reset} not in {lo}..={hi}"
+    );
     let r = call(&mut c, cost(2)).await;
     assert_eq!(overall(&r), Code::OverLimit);
     let retry = reset_secs(&r.statuses[0]).expect("a retry time");

@@ -11,6 +11,7 @@ use crate::common::{Client, TestServer, client};
 use crate::redis_support::RedisServer;
 use sluice::config::settings::Settings;
 use sluice::limiter::RedisLimiter;
+use sluice::limiter::clock::Clock;
 
 pub const RULES: &str = include_str!("../fixtures/semantics.yaml");
 
@@ -18,6 +19,21 @@ pub const RULES: &str = include_str!("../fixtures/semantics.yaml");
 pub struct Backend {
     _server: TestServer,
     _redis: Option<RedisServer>,
+}
+
+impl Backend {
+    /// Whole seconds since the Unix epoch on the clock this backend's limiter reads: the
+    /// server's manual clock over memory, the wall clock (Redis's `TIME`) over Redis.
+    pub fn now_secs(&self) -> u64 {
+        if self._redis.is_some() {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("a clock after 1970")
+                .as_secs()
+        } else {
+            self._server.clock.now_nanos() / 1_000_000_000
+        }
+    }
 }
 
 pub async fn memory() -> (Backend, Client) {
@@ -46,9 +62,27 @@ pub async fn redis() -> (Backend, Client) {
     )
 }
 
-/// `scenario!(name, |c| { ... })`: the body runs once per backend with a fresh client `c`.
+/// `scenario!(name, |c| { ... })`: the body runs once per backend with a fresh client `c`;
+/// `scenario!(name, |c, b| { ... })` also names the [`Backend`] `b`.
 #[macro_export]
 macro_rules! scenario {
+    ($name:ident, |$c:ident, $b:ident| $body:block) => {
+        mod $name {
+            use super::*;
+
+            #[tokio::test]
+            async fn memory() {
+                let ($b, mut $c) = $crate::backends::memory().await;
+                $body
+            }
+
+            #[tokio::test]
+            async fn redis() {
+                let ($b, mut $c) = $crate::backends::redis().await;
+                $body
+            }
+        }
+    };
     ($name:ident, |$c:ident| $body:block) => {
         mod $name {
             use super::*;
