@@ -130,6 +130,11 @@ pub async fn accept(
                 }
             },
         };
+        // As on the plain port: a response is flushed as soon as it is written, not held back
+        // by Nagle's algorithm until the peer's delayed ACK.
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(%peer, error = %e, "TCP_NODELAY could not be set");
+        }
         let acceptor = TlsAcceptor::from(tls.load_full());
         let accepted = accepted.clone();
         handshakes.spawn(async move {
