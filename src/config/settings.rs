@@ -13,7 +13,9 @@ use serde::Deserialize;
 
 use super::model::Algorithm;
 
+mod input;
 mod ops;
+pub use input::InputSettings;
 pub use ops::{MetricsSettings, ReloadSettings, TlsSettings};
 
 /// All settings.
@@ -25,6 +27,7 @@ pub struct Settings {
     pub rules: RulesSettings,
     pub limiter: LimiterSettings,
     pub limits: LimitsSettings,
+    pub input: InputSettings,
     pub memory: MemorySettings,
     pub redis: RedisSettings,
     pub response: ResponseSettings,
@@ -273,6 +276,7 @@ impl Settings {
                 "metrics.near_limit_ratio must be in (0, 1], got {ratio}"
             )));
         }
+        self.input.check().map_err(config::ConfigError::Message)?;
         let tls = &self.tls;
         if tls.cert_file.is_some() != tls.key_file.is_some()
             || (tls.client_ca_file.is_some() && tls.cert_file.is_none())
@@ -371,6 +375,38 @@ mod tests {
         assert_eq!(s.redis.on_error, OnError::Local);
         assert_eq!(s.redis.url, "redis://cli:2");
         assert_eq!(s.limits.default_algorithm, Algorithm::TokenBucket);
+    }
+
+    #[test]
+    fn input_bounds_read_from_env_and_zero_is_an_error() {
+        let s = Settings::load(
+            None,
+            env(&[
+                ("SLUICE_INPUT__MAX_DESCRIPTORS", "3"),
+                ("SLUICE_INPUT__MAX_CONCURRENT_STREAMS", "7"),
+            ]),
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(s.input.max_descriptors, 3);
+        assert_eq!(s.input.max_concurrent_streams, 7);
+        assert_eq!(s.input.max_entries, InputSettings::default().max_entries);
+        for key in [
+            "MAX_DESCRIPTORS",
+            "MAX_ENTRIES",
+            "MAX_DOMAIN_BYTES",
+            "MAX_KEY_BYTES",
+            "MAX_VALUE_BYTES",
+            "MAX_REQUEST_BYTES",
+            "MAX_CONCURRENT_STREAMS",
+        ] {
+            let zero = env(&[(&format!("SLUICE_INPUT__{key}"), "0")]);
+            let err = Settings::load(None, zero, &Overrides::default()).unwrap_err();
+            let name = format!("input.{} must be at least 1", key.to_lowercase());
+            assert!(err.to_string().contains(&name), "{err}");
+        }
+        let negative = env(&[("SLUICE_INPUT__MAX_ENTRIES", "-1")]);
+        assert!(Settings::load(None, negative, &Overrides::default()).is_err());
     }
 
     #[test]
