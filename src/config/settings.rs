@@ -161,8 +161,8 @@ pub enum OnError {
     Local,
 }
 
-/// `[redis]`: the Redis backend (see docs/redis.md).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+/// `[redis]`: the Redis backend (see docs/redis.md). Its `Debug` hides the URL's password.
+#[derive(Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct RedisSettings {
     /// `redis://`, `rediss://`, `redis+sentinel://.../master`, `redis+cluster://...`.
@@ -195,6 +195,33 @@ impl Default for RedisSettings {
             deny_cache_size: 100_000,
         }
     }
+}
+
+impl std::fmt::Debug for RedisSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSettings")
+            .field("url", &redacted_url(&self.url))
+            .field("prefix", &self.prefix)
+            .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .field("timeout_ms", &self.timeout_ms)
+            .field("on_error", &self.on_error)
+            .field("breaker_failures", &self.breaker_failures)
+            .field("breaker_cooldown_ms", &self.breaker_cooldown_ms)
+            .field("deny_cache_size", &self.deny_cache_size)
+            .finish()
+    }
+}
+
+/// `url` with the password of its `user:password@` part (everything up to the last `@`)
+/// replaced, for logs and debug output.
+pub fn redacted_url(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let Some((userinfo, hosts)) = rest.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    let user = userinfo.split_once(':').map_or("", |(user, _)| user);
+    let sep = if scheme.is_empty() { "" } else { "://" };
+    format!("{scheme}{sep}{user}:<redacted>@{hosts}")
 }
 
 /// `[response]`: optional parts of the answer.
@@ -407,6 +434,29 @@ mod tests {
         }
         let negative = env(&[("SLUICE_INPUT__MAX_ENTRIES", "-1")]);
         assert!(Settings::load(None, negative, &Overrides::default()).is_err());
+    }
+
+    #[test]
+    fn debug_output_hides_the_redis_password() {
+        let mut s = Settings::default();
+        for (url, shown) in [
+            ("redis://:s3cret@h:1/0", "redis://:<redacted>@h:1/0"),
+            ("rediss://u:s3cret@h:1", "rediss://u:<redacted>@h:1"),
+            (
+                "redis+sentinel://u:s3c@r/et@a:1,b:2/m",
+                "redis+sentinel://u:<redacted>@a:1,b:2/m",
+            ),
+            (
+                "redis+cluster://s3cret@a:1",
+                "redis+cluster://:<redacted>@a:1",
+            ),
+            ("redis://h:1", "redis://h:1"),
+        ] {
+            s.redis.url = url.to_owned();
+            let debug = format!("{s:?} {:#?}", s.redis);
+            assert!(!debug.contains("s3c"), "{debug}");
+            assert!(debug.contains(shown), "{debug}");
+        }
     }
 
     #[test]
