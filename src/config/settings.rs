@@ -15,8 +15,11 @@ use super::model::Algorithm;
 
 mod input;
 mod ops;
+mod redis;
 pub use input::InputSettings;
 pub use ops::{MetricsSettings, ReloadSettings, TlsSettings};
+use redis::check_userinfo;
+pub use redis::{OnError, RedisSettings, redacted_url};
 
 /// All settings.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -146,84 +149,6 @@ impl Default for MemorySettings {
     }
 }
 
-/// What the Redis backend answers when Redis fails (or its circuit breaker is open).
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum OnError {
-    /// gRPC `UNAVAILABLE`, so that Envoy's `failure_mode_deny` decides.
-    #[default]
-    Error,
-    /// Admit every limit.
-    Allow,
-    /// Deny every limit.
-    Deny,
-    /// Decide with an in-process limiter until Redis is back.
-    Local,
-}
-
-/// `[redis]`: the Redis backend (see docs/redis.md). Its `Debug` hides the URL's password.
-#[derive(Clone, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct RedisSettings {
-    /// `redis://`, `rediss://`, `redis+sentinel://.../master`, `redis+cluster://...`.
-    pub url: String,
-    /// Put in front of every state key; must not contain `{`.
-    pub prefix: String,
-    /// Time to establish a connection.
-    pub connect_timeout_ms: u64,
-    /// Time one request may wait for Redis, connecting included.
-    pub timeout_ms: u64,
-    pub on_error: OnError,
-    /// Consecutive failures that open the circuit breaker (0 = never).
-    pub breaker_failures: u32,
-    /// How long an open breaker answers from `on_error` before probing Redis again.
-    pub breaker_cooldown_ms: u64,
-    /// Denied keys answered locally until their retry time (0 = no deny cache).
-    pub deny_cache_size: usize,
-}
-
-impl Default for RedisSettings {
-    fn default() -> Self {
-        RedisSettings {
-            url: "redis://127.0.0.1:6379".to_owned(),
-            prefix: "sluice:".to_owned(),
-            connect_timeout_ms: 500,
-            timeout_ms: 100,
-            on_error: OnError::Error,
-            breaker_failures: 3,
-            breaker_cooldown_ms: 500,
-            deny_cache_size: 100_000,
-        }
-    }
-}
-
-impl std::fmt::Debug for RedisSettings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisSettings")
-            .field("url", &redacted_url(&self.url))
-            .field("prefix", &self.prefix)
-            .field("connect_timeout_ms", &self.connect_timeout_ms)
-            .field("timeout_ms", &self.timeout_ms)
-            .field("on_error", &self.on_error)
-            .field("breaker_failures", &self.breaker_failures)
-            .field("breaker_cooldown_ms", &self.breaker_cooldown_ms)
-            .field("deny_cache_size", &self.deny_cache_size)
-            .finish()
-    }
-}
-
-/// `url` with the password of its `user:password@` part (everything up to the last `@`)
-/// replaced, for logs and debug output.
-pub fn redacted_url(url: &str) -> String {
-    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
-    let Some((userinfo, hosts)) = rest.rsplit_once('@') else {
-        return url.to_owned();
-    };
-    let user = userinfo.split_once(':').map_or("", |(user, _)| user);
-    let sep = if scheme.is_empty() { "" } else { "://" };
-    format!("{scheme}{sep}{user}:<redacted>@{hosts}")
-}
-
 /// `[response]`: optional parts of the answer.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -304,6 +229,9 @@ impl Settings {
             )));
         }
         self.input.check().map_err(config::ConfigError::Message)?;
+        if self.limiter.backend == Backend::Redis {
+            check_userinfo(&self.redis.url).map_err(config::ConfigError::Message)?;
+        }
         let tls = &self.tls;
         if tls.cert_file.is_some() != tls.key_file.is_some()
             || (tls.client_ca_file.is_some() && tls.cert_file.is_none())
@@ -456,6 +384,37 @@ mod tests {
             let debug = format!("{s:?} {:#?}", s.redis);
             assert!(!debug.contains("s3c"), "{debug}");
             assert!(debug.contains(shown), "{debug}");
+        }
+    }
+
+    #[test]
+    fn a_slash_in_a_sentinel_password_is_refused_without_showing_it() {
+        for url in [
+            "redis+sentinel://:top/secret@a:1/m",
+            "rediss+cluster://u:top/secret@a:1,b:2",
+        ] {
+            let env = env(&[
+                ("SLUICE_LIMITER__BACKEND", "redis"),
+                ("SLUICE_REDIS__URL", url),
+            ]);
+            let err = Settings::load(None, env, &Overrides::default()).unwrap_err();
+            let err = err.to_string();
+            assert!(err.contains("must not contain '/'"), "{err}");
+            assert!(!err.contains("top"), "{err}");
+        }
+        for url in [
+            "redis+sentinel://:secret@a:1,b:2/m",
+            "redis+cluster://a:1",
+            "redis://:top%2Fsecret@a:1",
+        ] {
+            let env = env(&[
+                ("SLUICE_LIMITER__BACKEND", "redis"),
+                ("SLUICE_REDIS__URL", url),
+            ]);
+            assert!(
+                Settings::load(None, env, &Overrides::default()).is_ok(),
+                "{url}"
+            );
         }
     }
 
