@@ -8,7 +8,7 @@
 //! | `GET /healthcheck` | the same as `/readyz` (envoyproxy/ratelimit's name for it) |
 //! | `GET /metrics` | every metric, OpenMetrics text format |
 //! | `GET /rlconfig` | the active rules, one line per limit, with their version and load time |
-//! | `POST /json` | a proto3-JSON `RateLimitRequest` in, the JSON `RateLimitResponse` out: 200 OK, 429 over the limit; 400 bad JSON or invalid request; 503 backend unavailable |
+//! | `POST /json` | a proto3-JSON `RateLimitRequest` in, the JSON `RateLimitResponse` out: 200 OK, 429 over the limit; 400 bad JSON or invalid request; 413 body over `input.max_request_bytes`; 503 backend unavailable |
 //!
 //! The server keeps answering while the service drains (so that probes see `/readyz` fail)
 //! and stops once the gRPC server has.
@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -58,6 +58,7 @@ const INDEX: &str = "\
 
 /// The routes.
 pub fn router(admin: Admin) -> Router {
+    let max_body = admin.engine.input_limits().max_request_bytes;
     Router::new()
         .route("/", get(|| async { INDEX }))
         .route("/healthz", get(|| async { "OK\n" }))
@@ -65,7 +66,7 @@ pub fn router(admin: Admin) -> Router {
         .route("/healthcheck", get(readyz))
         .route("/metrics", get(metrics))
         .route("/rlconfig", get(rlconfig))
-        .route("/json", post(json))
+        .route("/json", post(json).layer(DefaultBodyLimit::max(max_body)))
         .with_state(admin)
 }
 

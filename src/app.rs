@@ -98,6 +98,8 @@ struct OpsSettings {
     drain_delay: Duration,
     watch: bool,
     debounce: Duration,
+    /// HTTP/2 streams allowed at once on one gRPC connection.
+    max_concurrent_streams: u32,
 }
 
 impl App {
@@ -155,6 +157,7 @@ impl App {
                 drain_delay: Duration::from_secs(settings.server.drain_delay_secs),
                 watch: settings.reload.watch,
                 debounce: Duration::from_millis(settings.reload.debounce_ms),
+                max_concurrent_streams: settings.input.max_concurrent_streams,
             },
             tls: None,
         }
@@ -214,5 +217,6 @@ fn options_of(settings: &Settings) -> Options {
             retry_after: r.retry_after,
         }),
         echo_metadata: r.dynamic_metadata,
+        input: settings.input,
     }
 }

@@ -25,9 +25,11 @@ impl RateLimiter {
         RateLimiter { engine }
     }
 
-    /// The tonic service, ready to add to a server.
+    /// The tonic service, ready to add to a server. A request whose encoded size is over
+    /// `input.max_request_bytes` is refused by tonic before it is read (`OUT_OF_RANGE`).
     pub fn into_service(self) -> RateLimitServiceServer<RateLimiter> {
-        RateLimitServiceServer::new(self)
+        let max = self.engine.input_limits().max_request_bytes;
+        RateLimitServiceServer::new(self).max_decoding_message_size(max)
     }
 }
 

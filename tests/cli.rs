@@ -231,3 +231,66 @@ fn bad_tls_files_exit_64_before_binding() {
     assert!(stderr.contains("/nonexistent/"), "{stderr}");
     assert!(std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
 }
+
+#[test]
+fn input_bounds_of_zero_exit_64() {
+    let out = run(sluice()
+        .arg("serve")
+        .env("SLUICE_INPUT__MAX_DESCRIPTORS", "0"));
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("input.max_descriptors must be at least 1"),
+        "{stderr}"
+    );
+}
+
+/// The Redis password is in the URL; it must reach no log line nor any answer, at debug
+/// level, while Redis is unreachable (startup, readiness probes, failed requests, shutdown).
+#[tokio::test]
+async fn the_redis_password_is_never_logged() {
+    let secret = "s3cret-Pa55word";
+    let port = free_port();
+    let admin = free_port();
+    let child = sluice()
+        .args(["serve", "--backend", "redis"])
+        .args([
+            "--redis-url",
+            &format!("redis://:{secret}@127.0.0.1:{}", free_port()),
+        ])
+        .args(["--grpc-listen", &format!("127.0.0.1:{port}")])
+        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+        .env("SLUICE_LOG__LEVEL", "debug")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut served = Served(child);
+    let mut c = connect_within(&format!("http://127.0.0.1:{port}"), Duration::from_secs(20)).await;
+    let err = c
+        .should_rate_limit(req("demo", vec![desc(&[("path", "/login")])]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+    assert!(!err.message().contains(secret), "{}", err.message());
+    let ready = common::http::get(format!("127.0.0.1:{admin}").parse().unwrap(), "/readyz").await;
+    assert_eq!(ready.status, 503);
+    assert!(!ready.body.contains(secret), "{}", ready.body);
+    // Past a readiness probe or two.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let pid = served.0.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut served.0.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(
+        stderr.contains("redis backend failed"),
+        "the failure was not logged:\n{stderr}"
+    );
+    assert!(!stderr.contains(secret), "{stderr}");
+}

@@ -1,9 +1,11 @@
 //! Garbage in never panics: every hostile request gets statuses or INVALID_ARGUMENT, and the
-//! server keeps answering afterwards.
+//! server keeps answering afterwards, with the default `[input]` bounds and with bounds
+//! raised far above them (tests/input_limits.rs proves each bound).
 
 mod common;
 
 use common::*;
+use sluice::config::settings::{InputSettings, Settings};
 use tonic::Code as GrpcCode;
 
 const RULES: &str = "domain: test\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n  - key: w\n    value: \"a*b*c\"\n    rate_limit: {unit: minute, requests_per_unit: 1}\n";
@@ -13,9 +15,64 @@ async fn assert_still_serving(c: &mut Client) {
     assert_eq!(overall(&r), Code::Ok);
 }
 
+/// Bounds on input far above the defaults: what a request may hold is then limited only by
+/// the operator's choice, and the server must still cope.
+fn unbounded() -> Settings {
+    Settings {
+        input: InputSettings {
+            max_descriptors: 100_000,
+            max_entries: 100_000,
+            max_domain_bytes: 1 << 20,
+            max_key_bytes: 1 << 20,
+            max_value_bytes: 4 << 20,
+            max_request_bytes: 8 << 20,
+            ..InputSettings::default()
+        },
+        ..Settings::default()
+    }
+}
+
+#[tokio::test]
+async fn thousands_of_entries_are_refused_by_default() {
+    let server = TestServer::start(RULES).await;
+    let mut c = client(&server).await;
+    let entries: Vec<(String, String)> = (0..5_000)
+        .map(|i| (format!("k{i}"), format!("v{i}")))
+        .collect();
+    let refs: Vec<(&str, &str)> = entries
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let err = c
+        .should_rate_limit(req("test", vec![desc(&refs)]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), GrpcCode::InvalidArgument);
+    let many: Vec<_> = (0..2_000).map(|i| desc(&[("k", &i.to_string())])).collect();
+    let err = c.should_rate_limit(req("test", many)).await.unwrap_err();
+    assert_eq!(err.code(), GrpcCode::InvalidArgument);
+    let huge = "x".repeat(64 << 10);
+    let err = c
+        .should_rate_limit(req("test", vec![desc(&[("k", &huge)])]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), GrpcCode::InvalidArgument);
+    let huge = "x".repeat(1 << 20);
+    let err = c
+        .should_rate_limit(req("test", vec![desc(&[("k", &huge)])]))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.code(),
+        GrpcCode::OutOfRange,
+        "over input.max_request_bytes"
+    );
+    assert_still_serving(&mut c).await;
+}
+
 #[tokio::test]
 async fn thousands_of_entries_get_a_status() {
-    let server = TestServer::start(RULES).await;
+    let server = TestServer::start_with(unbounded(), RULES).await;
     let mut c = client(&server).await;
     let entries: Vec<(String, String)> = (0..5_000)
         .map(|i| (format!("k{i}"), format!("v{i}")))
@@ -52,7 +109,7 @@ async fn empty_keys_are_invalid_argument() {
 
 #[tokio::test]
 async fn huge_values_and_wildcard_work_get_statuses() {
-    let server = TestServer::start(RULES).await;
+    let server = TestServer::start_with(unbounded(), RULES).await;
     let mut c = client(&server).await;
     let huge = "x".repeat(1 << 20);
     let r = call(&mut c, req("test", vec![desc(&[("k", &huge)])])).await;

@@ -13,8 +13,13 @@ use serde::Deserialize;
 
 use super::model::Algorithm;
 
+mod input;
 mod ops;
+mod redis;
+pub use input::InputSettings;
 pub use ops::{MetricsSettings, ReloadSettings, TlsSettings};
+use redis::check_userinfo;
+pub use redis::{OnError, RedisSettings, redacted_url};
 
 /// All settings.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -25,6 +30,7 @@ pub struct Settings {
     pub rules: RulesSettings,
     pub limiter: LimiterSettings,
     pub limits: LimitsSettings,
+    pub input: InputSettings,
     pub memory: MemorySettings,
     pub redis: RedisSettings,
     pub response: ResponseSettings,
@@ -143,57 +149,6 @@ impl Default for MemorySettings {
     }
 }
 
-/// What the Redis backend answers when Redis fails (or its circuit breaker is open).
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum OnError {
-    /// gRPC `UNAVAILABLE`, so that Envoy's `failure_mode_deny` decides.
-    #[default]
-    Error,
-    /// Admit every limit.
-    Allow,
-    /// Deny every limit.
-    Deny,
-    /// Decide with an in-process limiter until Redis is back.
-    Local,
-}
-
-/// `[redis]`: the Redis backend (see docs/redis.md).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct RedisSettings {
-    /// `redis://`, `rediss://`, `redis+sentinel://.../master`, `redis+cluster://...`.
-    pub url: String,
-    /// Put in front of every state key; must not contain `{`.
-    pub prefix: String,
-    /// Time to establish a connection.
-    pub connect_timeout_ms: u64,
-    /// Time one request may wait for Redis, connecting included.
-    pub timeout_ms: u64,
-    pub on_error: OnError,
-    /// Consecutive failures that open the circuit breaker (0 = never).
-    pub breaker_failures: u32,
-    /// How long an open breaker answers from `on_error` before probing Redis again.
-    pub breaker_cooldown_ms: u64,
-    /// Denied keys answered locally until their retry time (0 = no deny cache).
-    pub deny_cache_size: usize,
-}
-
-impl Default for RedisSettings {
-    fn default() -> Self {
-        RedisSettings {
-            url: "redis://127.0.0.1:6379".to_owned(),
-            prefix: "sluice:".to_owned(),
-            connect_timeout_ms: 500,
-            timeout_ms: 100,
-            on_error: OnError::Error,
-            breaker_failures: 3,
-            breaker_cooldown_ms: 500,
-            deny_cache_size: 100_000,
-        }
-    }
-}
-
 /// `[response]`: optional parts of the answer.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -272,6 +227,10 @@ impl Settings {
             return Err(config::ConfigError::Message(format!(
                 "metrics.near_limit_ratio must be in (0, 1], got {ratio}"
             )));
+        }
+        self.input.check().map_err(config::ConfigError::Message)?;
+        if self.limiter.backend == Backend::Redis {
+            check_userinfo(&self.redis.url).map_err(config::ConfigError::Message)?;
         }
         let tls = &self.tls;
         if tls.cert_file.is_some() != tls.key_file.is_some()
@@ -371,6 +330,92 @@ mod tests {
         assert_eq!(s.redis.on_error, OnError::Local);
         assert_eq!(s.redis.url, "redis://cli:2");
         assert_eq!(s.limits.default_algorithm, Algorithm::TokenBucket);
+    }
+
+    #[test]
+    fn input_bounds_read_from_env_and_zero_is_an_error() {
+        let s = Settings::load(
+            None,
+            env(&[
+                ("SLUICE_INPUT__MAX_DESCRIPTORS", "3"),
+                ("SLUICE_INPUT__MAX_CONCURRENT_STREAMS", "7"),
+            ]),
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(s.input.max_descriptors, 3);
+        assert_eq!(s.input.max_concurrent_streams, 7);
+        assert_eq!(s.input.max_entries, InputSettings::default().max_entries);
+        for key in [
+            "MAX_DESCRIPTORS",
+            "MAX_ENTRIES",
+            "MAX_DOMAIN_BYTES",
+            "MAX_KEY_BYTES",
+            "MAX_VALUE_BYTES",
+            "MAX_REQUEST_BYTES",
+            "MAX_CONCURRENT_STREAMS",
+        ] {
+            let zero = env(&[(&format!("SLUICE_INPUT__{key}"), "0")]);
+            let err = Settings::load(None, zero, &Overrides::default()).unwrap_err();
+            let name = format!("input.{} must be at least 1", key.to_lowercase());
+            assert!(err.to_string().contains(&name), "{err}");
+        }
+        let negative = env(&[("SLUICE_INPUT__MAX_ENTRIES", "-1")]);
+        assert!(Settings::load(None, negative, &Overrides::default()).is_err());
+    }
+
+    #[test]
+    fn debug_output_hides_the_redis_password() {
+        let mut s = Settings::default();
+        for (url, shown) in [
+            ("redis://:s3cret@h:1/0", "redis://:<redacted>@h:1/0"),
+            ("rediss://u:s3cret@h:1", "rediss://u:<redacted>@h:1"),
+            (
+                "redis+sentinel://u:s3c@r/et@a:1,b:2/m",
+                "redis+sentinel://u:<redacted>@a:1,b:2/m",
+            ),
+            (
+                "redis+cluster://s3cret@a:1",
+                "redis+cluster://:<redacted>@a:1",
+            ),
+            ("redis://h:1", "redis://h:1"),
+        ] {
+            s.redis.url = url.to_owned();
+            let debug = format!("{s:?} {:#?}", s.redis);
+            assert!(!debug.contains("s3c"), "{debug}");
+            assert!(debug.contains(shown), "{debug}");
+        }
+    }
+
+    #[test]
+    fn a_slash_in_a_sentinel_password_is_refused_without_showing_it() {
+        for url in [
+            "redis+sentinel://:top/secret@a:1/m",
+            "rediss+cluster://u:top/secret@a:1,b:2",
+        ] {
+            let env = env(&[
+                ("SLUICE_LIMITER__BACKEND", "redis"),
+                ("SLUICE_REDIS__URL", url),
+            ]);
+            let err = Settings::load(None, env, &Overrides::default()).unwrap_err();
+            let err = err.to_string();
+            assert!(err.contains("must not contain '/'"), "{err}");
+            assert!(!err.contains("top"), "{err}");
+        }
+        for url in [
+            "redis+sentinel://:secret@a:1,b:2/m",
+            "redis+cluster://a:1",
+            "redis://:top%2Fsecret@a:1",
+        ] {
+            let env = env(&[
+                ("SLUICE_LIMITER__BACKEND", "redis"),
+                ("SLUICE_REDIS__URL", url),
+            ]);
+            assert!(
+                Settings::load(None, env, &Overrides::default()).is_ok(),
+                "{url}"
+            );
+        }
     }
 
     #[test]

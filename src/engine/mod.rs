@@ -16,6 +16,7 @@ use arc_swap::ArcSwap;
 use tracing::Instrument as _;
 
 use crate::config::model::Unit;
+use crate::config::settings::InputSettings;
 use crate::limiter::{BatchOutcome, Limiter, LimiterError};
 use crate::rules::{Entry, RuleSet};
 
@@ -80,6 +81,8 @@ pub struct Options {
     pub headers: Option<HeaderNames>,
     /// Echo the request in `dynamic_metadata`.
     pub echo_metadata: bool,
+    /// Bounds on the shape of a request; beyond them it is `InvalidArgument`.
+    pub input: InputSettings,
 }
 
 /// Decides requests against the current rules with one limiter.
@@ -105,6 +108,11 @@ impl Engine {
     pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Self {
         self.observer = observer;
         self
+    }
+
+    /// The bounds on requests this engine enforces.
+    pub fn input_limits(&self) -> &InputSettings {
+        &self.options.input
     }
 
     /// The name of the limiter backend.
@@ -141,7 +149,7 @@ impl Engine {
     }
 
     async fn decide(&self, request: &Request) -> Result<Response, EngineError> {
-        validate(request)?;
+        validate(request, &self.options.input)?;
         let rules = self.rules.load_full();
         let domain = rules.domain(&request.domain);
         let planned = plan::plan_request(domain, request, rules.default_algorithm());
@@ -175,24 +183,65 @@ impl Engine {
     }
 }
 
-/// Rejects what no answer can be given for.
-fn validate(request: &Request) -> Result<(), EngineError> {
+/// Rejects what no answer can be given for, and what is beyond the input bounds (before
+/// anything is matched, keyed or logged per value).
+fn validate(request: &Request, bounds: &InputSettings) -> Result<(), EngineError> {
     if request.domain.is_empty() {
-        return Err(EngineError::InvalidArgument(
-            "rate limit domain must not be empty".to_owned(),
-        ));
+        return Err(invalid("rate limit domain must not be empty".to_owned()));
     }
-    if request.descriptors.is_empty() {
-        return Err(EngineError::InvalidArgument(
+    let domain = request.domain.len();
+    within(domain, bounds.max_domain_bytes, "max_domain_bytes", || {
+        format!("domain: {domain} bytes")
+    })?;
+    let count = request.descriptors.len();
+    if count == 0 {
+        return Err(invalid(
             "rate limit descriptor list must not be empty".to_owned(),
         ));
     }
+    within(count, bounds.max_descriptors, "max_descriptors", || {
+        format!("{count} descriptors")
+    })?;
     for (i, d) in request.descriptors.iter().enumerate() {
-        if let Some(j) = d.entries.iter().position(|e| e.key.is_empty()) {
-            return Err(EngineError::InvalidArgument(format!(
-                "descriptors[{i}].entries[{j}].key must not be empty"
-            )));
+        let n = d.entries.len();
+        within(n, bounds.max_entries, "max_entries", || {
+            format!("descriptors[{i}]: {n} entries")
+        })?;
+        for (j, e) in d.entries.iter().enumerate() {
+            if e.key.is_empty() {
+                return Err(invalid(format!(
+                    "descriptors[{i}].entries[{j}].key must not be empty"
+                )));
+            }
+            let (k, v) = (e.key.len(), e.value.len());
+            within(k, bounds.max_key_bytes, "max_key_bytes", || {
+                format!("descriptors[{i}].entries[{j}].key: {k} bytes")
+            })?;
+            within(v, bounds.max_value_bytes, "max_value_bytes", || {
+                format!("descriptors[{i}].entries[{j}].value: {v} bytes")
+            })?;
         }
     }
     Ok(())
+}
+
+fn invalid(message: String) -> EngineError {
+    EngineError::InvalidArgument(message)
+}
+
+/// `value` must not exceed the bound `input.<setting>` = `max`; the error says what is over
+/// (`what`), by how much, and which setting bounds it.
+fn within(
+    value: usize,
+    max: usize,
+    setting: &str,
+    what: impl FnOnce() -> String,
+) -> Result<(), EngineError> {
+    if value <= max {
+        return Ok(());
+    }
+    Err(invalid(format!(
+        "{}, more than input.{setting} = {max}",
+        what()
+    )))
 }

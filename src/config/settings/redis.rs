@@ -1,0 +1,109 @@
+//! `[redis]`: where the Redis backend is and how it behaves when Redis fails. The URL may
+//! hold a password: `Debug` and the errors here never show it.
+
+use serde::Deserialize;
+
+/// What the Redis backend answers when Redis fails (or its circuit breaker is open).
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum OnError {
+    /// gRPC `UNAVAILABLE`, so that Envoy's `failure_mode_deny` decides.
+    #[default]
+    Error,
+    /// Admit every limit.
+    Allow,
+    /// Deny every limit.
+    Deny,
+    /// Decide with an in-process limiter until Redis is back.
+    Local,
+}
+
+/// `[redis]`: the Redis backend (see docs/redis.md). Its `Debug` hides the URL's password.
+#[derive(Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedisSettings {
+    /// `redis://`, `rediss://`, `redis+sentinel://.../master`, `redis+cluster://...`.
+    pub url: String,
+    /// Put in front of every state key; must not contain `{`.
+    pub prefix: String,
+    /// Time to establish a connection.
+    pub connect_timeout_ms: u64,
+    /// Time one request may wait for Redis, connecting included.
+    pub timeout_ms: u64,
+    pub on_error: OnError,
+    /// Consecutive failures that open the circuit breaker (0 = never).
+    pub breaker_failures: u32,
+    /// How long an open breaker answers from `on_error` before probing Redis again.
+    pub breaker_cooldown_ms: u64,
+    /// Denied keys answered locally until their retry time (0 = no deny cache).
+    pub deny_cache_size: usize,
+}
+
+impl Default for RedisSettings {
+    fn default() -> Self {
+        RedisSettings {
+            url: "redis://127.0.0.1:6379".to_owned(),
+            prefix: "sluice:".to_owned(),
+            connect_timeout_ms: 500,
+            timeout_ms: 100,
+            on_error: OnError::Error,
+            breaker_failures: 3,
+            breaker_cooldown_ms: 500,
+            deny_cache_size: 100_000,
+        }
+    }
+}
+
+impl std::fmt::Debug for RedisSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSettings")
+            .field("url", &redacted_url(&self.url))
+            .field("prefix", &self.prefix)
+            .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .field("timeout_ms", &self.timeout_ms)
+            .field("on_error", &self.on_error)
+            .field("breaker_failures", &self.breaker_failures)
+            .field("breaker_cooldown_ms", &self.breaker_cooldown_ms)
+            .field("deny_cache_size", &self.deny_cache_size)
+            .finish()
+    }
+}
+
+/// `url` with the password of its `user:password@` part (everything up to the last `@`)
+/// replaced, for logs and debug output.
+pub fn redacted_url(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let Some((userinfo, hosts)) = rest.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    let user = userinfo.split_once(':').map_or("", |(user, _)| user);
+    let sep = if scheme.is_empty() { "" } else { "://" };
+    format!("{scheme}{sep}{user}:<redacted>@{hosts}")
+}
+
+/// Sentinel and Cluster URLs are split by hand at the first `/` after the hosts, so a
+/// password holding a `/` would be cut there and shown in the parse error; refuse it without
+/// quoting the URL.
+pub(super) fn check_userinfo(url: &str) -> Result<(), String> {
+    let hand_split = [
+        "redis+sentinel://",
+        "rediss+sentinel://",
+        "redis+cluster://",
+        "rediss+cluster://",
+    ];
+    let Some(rest) = hand_split
+        .iter()
+        .find_map(|scheme| url.strip_prefix(scheme))
+    else {
+        return Ok(());
+    };
+    let authority = rest.split_once('/').map_or(rest, |(a, _)| a);
+    if rest.contains('@') && !authority.contains('@') {
+        return Err(
+            "redis.url: in a Sentinel or Cluster URL the user:password part must not \
+                    contain '/' (the URL is not shown: it holds the password)"
+                .to_owned(),
+        );
+    }
+    Ok(())
+}
