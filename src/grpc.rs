@@ -1,10 +1,14 @@
 //! The gRPC face: `ShouldRateLimit` converts protobuf to domain types, asks the engine, and
 //! converts back. [`status_of`] is the one place where errors become gRPC statuses.
 
+use std::convert::Infallible;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use prost_types::value::Kind;
 use serde_json::Value;
+use tonic::codegen::{BoxFuture, Service, http};
+use tonic::server::NamedService;
 use tonic::{Request, Response, Status};
 
 use crate::config::model::Unit;
@@ -26,10 +30,77 @@ impl RateLimiter {
     }
 
     /// The tonic service, ready to add to a server. A request whose encoded size is over
-    /// `input.max_request_bytes` is refused by tonic before it is read (`OUT_OF_RANGE`).
-    pub fn into_service(self) -> RateLimitServiceServer<RateLimiter> {
+    /// `input.max_request_bytes` is refused before it is read, with `RESOURCE_EXHAUSTED`.
+    pub fn into_service(self) -> RlsService {
         let max = self.engine.input_limits().max_request_bytes;
-        RateLimitServiceServer::new(self).max_decoding_message_size(max)
+        RlsService {
+            inner: RateLimitServiceServer::new(self).max_decoding_message_size(max),
+            max_request_bytes: max,
+        }
+    }
+}
+
+/// The RLS service as served. tonic refuses a message over its decoding limit with
+/// `OUT_OF_RANGE`; sluice answers every input bound with `INVALID_ARGUMENT` or, for the size of
+/// a request, `RESOURCE_EXHAUSTED` naming the setting, so this wrapper rewrites that one answer.
+/// `ShouldRateLimit` itself never answers `OUT_OF_RANGE`, so nothing else is rewritten.
+#[derive(Clone)]
+pub struct RlsService {
+    inner: RateLimitServiceServer<RateLimiter>,
+    max_request_bytes: usize,
+}
+
+impl NamedService for RlsService {
+    const NAME: &'static str = <RateLimitServiceServer<RateLimiter> as NamedService>::NAME;
+}
+
+impl<B> Service<http::Request<B>> for RlsService
+where
+    RateLimitServiceServer<RateLimiter>: Service<
+            http::Request<B>,
+            Response = http::Response<tonic::body::Body>,
+            Error = Infallible,
+            Future = BoxFuture<http::Response<tonic::body::Body>, Infallible>,
+        >,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let answer = self.inner.call(request);
+        let max = self.max_request_bytes;
+        Box::pin(async move {
+            let mut response = answer.await?;
+            too_large_is_resource_exhausted(response.headers_mut(), max);
+            Ok(response)
+        })
+    }
+}
+
+/// A trailers-only answer of `OUT_OF_RANGE` (tonic's decoding limit) becomes
+/// `RESOURCE_EXHAUSTED`, its message prefixed with the setting that was exceeded.
+fn too_large_is_resource_exhausted(headers: &mut http::HeaderMap, max: usize) {
+    let out_of_range = (tonic::Code::OutOfRange as i32).to_string();
+    if headers.get("grpc-status").map(|v| v.as_bytes()) != Some(out_of_range.as_bytes()) {
+        return;
+    }
+    let exhausted = (tonic::Code::ResourceExhausted as i32).to_string();
+    if let Ok(v) = http::HeaderValue::from_str(&exhausted) {
+        headers.insert("grpc-status", v);
+    }
+    // The message is percent-encoded on the wire; the prefix needs no encoding.
+    let tonic_says = headers
+        .get("grpc-message")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let message = format!("request over input.max_request_bytes = {max}: {tonic_says}");
+    if let Ok(v) = http::HeaderValue::from_str(&message) {
+        headers.insert("grpc-message", v);
     }
 }
 

@@ -64,7 +64,7 @@ async fn thousands_of_entries_are_refused_by_default() {
         .unwrap_err();
     assert_eq!(
         err.code(),
-        GrpcCode::OutOfRange,
+        GrpcCode::ResourceExhausted,
         "over input.max_request_bytes"
     );
     assert_still_serving(&mut c).await;

@@ -170,7 +170,7 @@ async fn request_size_at_the_default_bound() {
     assert_eq!(r.statuses.len(), 64);
     let over = request_of_size(64, max + 1);
     let err = c.should_rate_limit(over).await.unwrap_err();
-    assert_eq!(err.code(), GrpcCode::OutOfRange, "{}", err.message());
+    assert_eq!(err.code(), GrpcCode::ResourceExhausted, "{}", err.message());
     assert!(
         err.message().contains(&format!("{}", max + 1)),
         "{}",
@@ -194,8 +194,13 @@ async fn request_size_when_configured() {
         .should_rate_limit(request_of_size(1, 1001))
         .await
         .unwrap_err();
-    assert_eq!(err.code(), GrpcCode::OutOfRange, "{}", err.message());
+    assert_eq!(err.code(), GrpcCode::ResourceExhausted, "{}", err.message());
     assert!(err.message().contains("1001"), "{}", err.message());
+    assert!(
+        err.message().contains("input.max_request_bytes = 1000"),
+        "{}",
+        err.message()
+    );
 
     // `/json` takes the same bound on its body: 413 above it.
     let body = format!(
