@@ -214,6 +214,42 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_flood_of_denied_keys_stays_within_capacity() {
+        let cache = DenyCache::new(1_000);
+        let learn = |range: std::ops::Range<usize>, reset: u64| {
+            for n in range {
+                let batch = Batch {
+                    hits: vec![hit(&format!("flood-{n}"), 1)],
+                };
+                let out = BatchOutcome {
+                    hits: vec![denied(reset)],
+                    admitted: false,
+                };
+                cache.learn(&batch, &out, Instant::now());
+                assert!(cache.len() <= 1_000);
+            }
+        };
+        learn(0..10_000, 1_000_000_000);
+        assert_eq!(
+            cache.len(),
+            1_000,
+            "the first denials are kept, later ones refused"
+        );
+        let cached = |n: usize| {
+            let batch = Batch {
+                hits: vec![hit(&format!("flood-{n}"), 1)],
+            };
+            cache.answer(&batch).is_some()
+        };
+        assert!(cached(0) && !cached(9_999));
+        // Once they expire, new denials take their place.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        learn(10_000..20_000, 1_000_000_000);
+        assert_eq!(cache.len(), 1_000);
+        assert!(!cached(0) && cached(10_000));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn bounded_and_skips_charge_always() {
         let cache = DenyCache::new(1);
         let mut always = hit("x", 1);
