@@ -175,7 +175,11 @@ async fn a_flood_of_request_values_keeps_the_label_sets_capped() {
         .lines()
         .filter(|l| l.starts_with("sluice_rule_hits_total{"))
         .collect();
-    assert_eq!(series.len(), 101, "100 label sets and __other__: {series:?}");
+    assert_eq!(
+        series.len(),
+        101,
+        "100 label sets and __other__: {series:?}"
+    );
     assert_eq!(rule(&text, "hits", "__other__"), 1_900.0);
     let total: f64 = series
         .iter()
