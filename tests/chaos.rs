@@ -286,6 +286,16 @@ fn start_bench(url: &str, secs: u64) -> std::process::Child {
         .expect("start sluice bench")
 }
 
+/// Waits for `sluice bench` to finish; its JSON result.
+fn bench_result(mut bench: Served) -> serde_json::Value {
+    let mut out = String::new();
+    let stdout = bench.0.stdout.take().expect("bench's stdout");
+    std::io::Read::read_to_string(&mut { stdout }, &mut out).expect("read bench's output");
+    let status = bench.0.wait().expect("sluice bench ran");
+    assert!(status.success(), "sluice bench failed: {out}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
+}
+
 /// Client counts per kind: (ok, over limit, errors).
 fn tally(answers: &[Answer]) -> HashMap<&'static str, [u64; 3]> {
     let mut counts: HashMap<&'static str, [u64; 3]> = HashMap::new();
@@ -325,7 +335,7 @@ async fn chaos_under_load_keeps_answers_right_and_memory_bounded() {
     // Load, and its steady state before any chaos.
     let answers: Answers = Arc::default();
     let stop = CancellationToken::new();
-    let bench = start_bench(&sluice.url(), 30);
+    let bench = Served(start_bench(&sluice.url(), 30));
     let mut load = start_load(&sluice.url(), 3, &answers, &stop);
     tokio::time::sleep(Duration::from_secs(3)).await;
     let rss_start = proc_stats::rss(pid);
@@ -348,9 +358,7 @@ async fn chaos_under_load_keeps_answers_right_and_memory_bounded() {
     while let Some(done) = load.join_next().await {
         churned += done.expect("a load task");
     }
-    let bench = bench.wait_with_output().expect("sluice bench ran");
-    assert!(bench.status.success(), "sluice bench failed");
-    let bench: serde_json::Value = serde_json::from_slice(&bench.stdout).expect("bench JSON");
+    let bench = tokio::task::block_in_place(|| bench_result(bench));
 
     // Alive, ready again, and back to Redis.
     assert!(sluice.exited().is_none(), "sluice exited");
