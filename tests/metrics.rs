@@ -153,3 +153,37 @@ async fn every_metric_is_in_the_readme() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_flood_of_request_values_keeps_the_label_sets_capped() {
+    let mut settings = Settings::default();
+    settings.metrics.max_value_label_sets = 100;
+    let server = TestServer::start_with(settings, RULES).await;
+    let mut c = client(&server).await;
+    for n in 0..1_000 {
+        hit(&mut c, "user", &format!("u{n}")).await;
+        // A limit sent by the client is labelled with the request's values too.
+        let mut d = desc(&[("client", &format!("c{n}"))]);
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: 10,
+            unit: Unit::Second as i32,
+        });
+        call(&mut c, req("test", vec![d])).await;
+    }
+    let text = metrics(&server).await;
+    let series: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("sluice_rule_hits_total{"))
+        .collect();
+    assert_eq!(
+        series.len(),
+        101,
+        "100 label sets and __other__: {series:?}"
+    );
+    assert_eq!(rule(&text, "hits", "__other__"), 1_900.0);
+    let total: f64 = series
+        .iter()
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(total, 2_000.0);
+}

@@ -59,6 +59,16 @@ impl SluiceProcess {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// The process id (for signals and `/proc`).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the process has exited (and how), without waiting.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().expect("the sluice process's status")
+    }
+
     /// The admin HTTP address.
     pub fn admin(&self) -> std::net::SocketAddr {
         std::net::SocketAddr::from(([127, 0, 0, 1], self.admin_port))

@@ -14,7 +14,9 @@
 //! replica is seen here only after the cached retry time.
 //!
 //! Bounded: at most `capacity` entries; a full cache first drops expired entries, then refuses
-//! new ones (the oldest denials expire first anyway).
+//! new ones (the oldest denials expire first anyway). It looks for expired entries only once
+//! the earliest retry time it holds has passed, so a full cache of long denials (a zero quota
+//! per client, say) refuses a flood of new ones in constant time, not with a scan each.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -45,7 +47,40 @@ struct Denial {
 #[derive(Debug)]
 pub struct DenyCache {
     capacity: usize,
-    map: Mutex<HashMap<Id, Denial, ahash::RandomState>>,
+    held: Mutex<Held>,
+}
+
+/// The denials, and a time no later than the earliest of their retry times.
+#[derive(Debug, Default)]
+struct Held {
+    map: HashMap<Id, Denial, ahash::RandomState>,
+    earliest: Option<Instant>,
+}
+
+impl Held {
+    /// Drops the expired entries, if any can have expired; returns how many went.
+    fn purge(&mut self, now: Instant) -> usize {
+        if self.earliest.is_some_and(|t| t > now) {
+            return 0;
+        }
+        let before = self.map.len();
+        let mut earliest: Option<Instant> = None;
+        self.map.retain(|_, d| {
+            let keep = d.until > now;
+            if keep {
+                earliest = Some(earliest.map_or(d.until, |e| e.min(d.until)));
+            }
+            keep
+        });
+        self.earliest = earliest;
+        before - self.map.len()
+    }
+
+    fn insert(&mut self, id: Id, denial: Denial) {
+        let until = denial.until;
+        self.earliest = Some(self.earliest.map_or(until, |e| e.min(until)));
+        self.map.insert(id, denial);
+    }
 }
 
 fn id(hit: &Hit) -> Id {
@@ -67,7 +102,7 @@ impl DenyCache {
     pub fn new(capacity: usize) -> DenyCache {
         DenyCache {
             capacity,
-            map: Mutex::new(HashMap::default()),
+            held: Mutex::new(Held::default()),
         }
     }
 
@@ -77,12 +112,12 @@ impl DenyCache {
             return None;
         }
         let now = Instant::now();
-        let map = self.map.lock();
+        let held = self.held.lock();
         let hits = batch
             .hits
             .iter()
             .map(|hit| {
-                let d = map.get(&id(hit)).filter(|_| cacheable(hit))?;
+                let d = held.map.get(&id(hit)).filter(|_| cacheable(hit))?;
                 (d.until > now && hit.cost == d.cost).then(|| HitOutcome {
                     admitted: false,
                     remaining: 0,
@@ -104,35 +139,30 @@ impl DenyCache {
             .iter()
             .zip(&outcome.hits)
             .filter(|(hit, o)| !o.admitted && cacheable(hit));
-        let mut map = None;
+        let mut held = None;
         for (hit, o) in denied {
-            let map = map.get_or_insert_with(|| self.map.lock());
+            let held = held.get_or_insert_with(|| self.held.lock());
             let denial = Denial {
                 until: sent + Duration::from_nanos(o.reset_nanos),
                 cost: hit.cost,
             };
-            if map.len() >= self.capacity {
-                let now = Instant::now();
-                map.retain(|_, d| d.until > now);
+            if held.map.len() >= self.capacity {
+                held.purge(Instant::now());
             }
-            if map.len() < self.capacity {
-                map.insert(id(hit), denial);
+            if held.map.len() < self.capacity {
+                held.insert(id(hit), denial);
             }
         }
     }
 
     /// Drops expired entries; returns how many went.
     pub fn sweep(&self) -> usize {
-        let now = Instant::now();
-        let mut map = self.map.lock();
-        let before = map.len();
-        map.retain(|_, d| d.until > now);
-        before - map.len()
+        self.held.lock().purge(Instant::now())
     }
 
     /// Entries held (expired ones included until they are dropped).
     pub fn len(&self) -> usize {
-        self.map.lock().len()
+        self.held.lock().map.len()
     }
 }
 
@@ -211,6 +241,47 @@ mod tests {
         );
         tokio::time::advance(Duration::from_millis(1)).await;
         assert!(cache.answer(&batch).is_none(), "expired");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flood_of_denied_keys_stays_within_capacity() {
+        let cache = DenyCache::new(1_000);
+        let learn = |range: std::ops::Range<usize>, reset: u64| {
+            for n in range {
+                let batch = Batch {
+                    hits: vec![hit(&format!("flood-{n}"), 1)],
+                };
+                let out = BatchOutcome {
+                    hits: vec![denied(reset)],
+                    admitted: false,
+                };
+                cache.learn(&batch, &out, Instant::now());
+                assert!(cache.len() <= 1_000);
+            }
+        };
+        learn(0..10_000, 1_000_000_000);
+        assert_eq!(
+            cache.len(),
+            1_000,
+            "the first denials are kept, later ones refused"
+        );
+        let earliest = cache.held.lock().earliest;
+        assert!(
+            earliest.is_some_and(|t| t > Instant::now()),
+            "no scan until then"
+        );
+        let cached = |n: usize| {
+            let batch = Batch {
+                hits: vec![hit(&format!("flood-{n}"), 1)],
+            };
+            cache.answer(&batch).is_some()
+        };
+        assert!(cached(0) && !cached(9_999));
+        // Once they expire, new denials take their place.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        learn(10_000..20_000, 1_000_000_000);
+        assert_eq!(cache.len(), 1_000);
+        assert!(!cached(0) && cached(10_000));
     }
 
     #[tokio::test(start_paused = true)]
