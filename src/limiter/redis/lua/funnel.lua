@@ -2,10 +2,8 @@
 -- Built only when a request uses it (see MAKERS in the prelude).
 
 MAKERS.f = function()
-  local FUNNEL = {}
-
   -- Funnel::new
-  function FUNNEL.params(quota, period, burst, borrow)
+  local function params(quota, period, burst, borrow)
     if period < 1 then period = 1 end
     local interval = 0
     if quota > 0 then
@@ -16,7 +14,7 @@ MAKERS.f = function()
              borrow = borrow }
   end
 
-  function FUNNEL.load(key)
+  local function load(key)
     return clamp(redis.call("GET", key) or "0")
   end
 
@@ -25,37 +23,35 @@ MAKERS.f = function()
     return sat_add(math.max(tat, now), sat_mul(cost, f.interval))
   end
 
-  local function funnel_probe(f, cost)
-    if f.borrow then return math.min(cost, 1) end
-    return cost
-  end
-
-  function FUNNEL.admits(f, tat, now, cost)
+  local function admits(f, tat, now, cost)
     if f.interval == 0 then return cost == 0 end
-    return sat_sub(funnel_consume(f, tat, now, funnel_probe(f, cost)), now) <= f.tolerance
+    local probe = cost
+    if f.borrow then probe = math.min(cost, 1) end
+    return sat_sub(funnel_consume(f, tat, now, probe), now) <= f.tolerance
   end
 
-  FUNNEL.take = funnel_consume
+  local take = funnel_consume
 
-  function FUNNEL.give(f, tat, now, cost)
+  local function give(f, tat, now, cost)
     if f.interval == 0 then return tat end
     local back = sat_sub(tat, sat_mul(cost, f.interval))
     if back <= now then return 0 end
     return back
   end
 
-  function FUNNEL.remaining(f, tat, now)
+  local function remaining(f, tat, now)
     if f.interval == 0 then return 0 end
     return div_floor(sat_sub(f.tolerance, sat_sub(tat, now)), f.interval)
   end
 
-  function FUNNEL.reset(f, tat, now)
+  local function reset(f, tat, now)
     return sat_sub(tat, now)
   end
 
-  function FUNNEL.until_admitted(f, tat, now, cost)
+  local function until_admitted(f, tat, now, cost)
     if f.interval == 0 then return f.period end
-    local probe = funnel_probe(f, cost)
+    local probe = cost
+    if f.borrow then probe = math.min(cost, 1) end
     local wait
     if sat_mul(probe, f.interval) > f.tolerance then
       wait = math.max(sat_sub(tat, now), f.period)
@@ -65,14 +61,18 @@ MAKERS.f = function()
     return math.max(wait, 1)
   end
 
-  function FUNNEL.fresh_at(f, tat, now)
+  local function fresh_at(f, tat, now)
     if tat > now then return tat end
     return nil
   end
 
-  function FUNNEL.save(key, f, tat, now, fresh_at)
+  local function save(key, f, tat, now, fresh_at)
     store(key, fmt(tat), now, fresh_at)
   end
 
-  return FUNNEL
+  return {
+    params = params, load = load, admits = admits, take = take, give = give,
+    remaining = remaining, reset = reset, until_admitted = until_admitted, fresh_at = fresh_at,
+    save = save,
+  }
 end
