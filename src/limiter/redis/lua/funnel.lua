@@ -18,16 +18,21 @@ MAKERS.f = function()
     return clamp(redis.call("GET", key) or "0")
   end
 
+  -- The hot path: sat_add(max(tat, now), sat_mul(cost, interval)) without the calls (a product
+  -- above MAX, exact or not, makes the sum above MAX too).
   local function funnel_consume(f, tat, now, cost)
     if f.interval == 0 or cost == 0 then return tat end
-    return sat_add(math.max(tat, now), sat_mul(cost, f.interval))
+    if tat < now then tat = now end
+    local sum = tat + cost * f.interval
+    if sum > MAX then return MAX end
+    return sum
   end
 
   local function admits(f, tat, now, cost)
     if f.interval == 0 then return cost == 0 end
     local probe = cost
     if f.borrow then probe = math.min(cost, 1) end
-    return sat_sub(funnel_consume(f, tat, now, probe), now) <= f.tolerance
+    return funnel_consume(f, tat, now, probe) - now <= f.tolerance
   end
 
   local take = funnel_consume
@@ -41,11 +46,15 @@ MAKERS.f = function()
 
   local function remaining(f, tat, now)
     if f.interval == 0 then return 0 end
-    return div_floor(sat_sub(f.tolerance, sat_sub(tat, now)), f.interval)
+    local ahead = tat - now
+    if ahead <= 0 then return div_floor(f.tolerance, f.interval) end
+    if ahead >= f.tolerance then return 0 end
+    return div_floor(f.tolerance - ahead, f.interval)
   end
 
   local function reset(f, tat, now)
-    return sat_sub(tat, now)
+    if tat > now then return tat - now end
+    return 0
   end
 
   local function until_admitted(f, tat, now, cost)
