@@ -1,8 +1,8 @@
 -- fixed_window: mirrors src/limiter/fixed_window.rs. State: "start:count" (the count of the
 -- epoch-aligned window starting at start); absent = nothing counted.
--- Built only when a request uses it (see MAKERS in the prelude).
+-- Made only when a request uses it (see MAKERS in the prelude).
 
-MAKERS.w = function()
+MAKERS.w = USED.w and function()
   local WINDOW_EMPTY = { start = 0, count = 0 }
 
   local function params(quota, period)

@@ -1,7 +1,7 @@
 -- funnel: mirrors src/limiter/funnel.rs. State: the tat, one decimal integer ("0" = fresh).
--- Built only when a request uses it (see MAKERS in the prelude).
+-- Made only when a request uses it (see MAKERS in the prelude).
 
-MAKERS.f = function()
+MAKERS.f = USED.f and function()
   -- Funnel::new
   local function params(quota, period, burst, borrow)
     if period < 1 then period = 1 end

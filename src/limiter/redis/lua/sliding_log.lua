@@ -10,9 +10,9 @@
 -- `cut_part` units from the newest remaining one (refunds; `cut_units` in all); then `added`,
 -- entries appended after them, oldest first. A view is never modified: operations return a
 -- new one. `save` applies the final view to the sorted set.
--- Built only when a request uses it (see MAKERS in the prelude).
+-- Made only when a request uses it (see MAKERS in the prelude).
 
-MAKERS.l = function()
+MAKERS.l = USED.l and function()
   local MAX_ENTRIES = 10000
 
   local function params(quota, period)

@@ -1,8 +1,8 @@
 -- token_bucket: mirrors src/limiter/token_bucket.rs. State: "used:anchor" (tokens missing from
 -- a full bucket, as of the refill step at anchor); absent = full.
--- Built only when a request uses it (see MAKERS in the prelude).
+-- Made only when a request uses it (see MAKERS in the prelude).
 
-MAKERS.b = function()
+MAKERS.b = USED.b and function()
   local BUCKET_FULL = { used = 0, anchor = 0 }
 
   local function params(quota, period, burst, borrow)
