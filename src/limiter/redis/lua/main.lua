@@ -34,7 +34,10 @@ for l = 1, nlimits do
   }
 end
 
--- Parse the hits. Role codes in capitals ask for a refund.
+-- Parse the hits. Role codes in capitals ask for a refund. A hit is a positional table (its
+-- array part costs half what named fields do, per hit and call), indexed by these:
+local SLOT, ALGO, PARAMS, ALWAYS, COST = 1, 2, 3, 4, 5
+local REFUND, GROUP, ROLE, OK, WAIT = 6, 7, 8, 9, 10
 local hits = {}
 local base = 4 + 5 * nlimits
 local count = tonumber(ARGV[base]) or 0
@@ -46,36 +49,20 @@ for h = 1, count do
   if limit == nil or KEYS[slot] == nil or (code ~= "e" and code ~= "s" and code ~= "q") then
     return redis.error_reply("sluice: malformed hit " .. h)
   end
-  hits[h] = {
-    slot = slot,
-    A = limit.A,
-    p = limit.p,
-    always = limit.always,
-    cost = clamp(ARGV[at + 2]),
-    refund = refund,
-    group = ARGV[at + 3],
-    role = code,
-    ok = true,      -- admitted by its own limit (set by the evaluation)
-    wait = 0,       -- when denied: until it would be admitted
-    changed = false, -- on a key's first hit: a cost was applied to the key
-  }
+  -- OK: admitted by its own limit, WAIT: when denied, until it would be (both set below).
+  hits[h] = { slot, limit.A, limit.p, limit.always, clamp(ARGV[at + 2]), refund, ARGV[at + 3],
+              code, true, 0 }
 end
 
 -- The original states, each read by the algorithm of the first hit on its key.
 local first, states = {}, {}
 for h = 1, count do
   local hit = hits[h]
-  local s = hit.slot
+  local s = hit[SLOT]
   if first[s] == nil then
     first[s] = hit
-    states[s] = hit.A.load(KEYS[s], hit.p, now)
+    states[s] = hit[ALGO].load(KEYS[s], hit[PARAMS], now)
   end
-end
-
--- A hit's cost taken (or given back), as a new state; states are never modified in place.
-local function apply(hit, state)
-  if hit.refund then return hit.A.give(hit.p, state, now, hit.cost) end
-  return hit.A.take(hit.p, state, now, hit.cost)
 end
 
 -- Evaluate in order; a hit sees the tentative effect of earlier hits on its key. A tentative
@@ -85,26 +72,31 @@ local uses_left, overlay = nil, nil
 if #KEYS < count then
   uses_left, overlay = {}, {}
   for h = 1, count do
-    local s = hits[h].slot
+    local s = hits[h][SLOT]
     uses_left[s] = (uses_left[s] or 0) + 1
   end
 end
 local all_ok = true
 for h = 1, count do
   local hit = hits[h]
-  local s = hit.slot
+  local s = hit[SLOT]
   local state = states[s]
   if overlay ~= nil and overlay[s] ~= nil then state = overlay[s] end
-  local ok = hit.refund or hit.A.admits(hit.p, state, now, hit.cost)
+  local ok = hit[REFUND] or hit[ALGO].admits(hit[PARAMS], state, now, hit[COST])
   if not ok then
-    hit.ok = false
-    hit.wait = hit.A.until_admitted(hit.p, state, now, hit.cost)
+    hit[OK] = false
+    hit[WAIT] = hit[ALGO].until_admitted(hit[PARAMS], state, now, hit[COST])
     all_ok = false
   end
   if uses_left ~= nil then
     local later = uses_left[s] - 1
     uses_left[s] = later
-    if later > 0 and (ok or hit.always) then overlay[s] = apply(hit, state) end
+    if later > 0 and (ok or hit[ALWAYS]) then
+      -- The hit's cost taken (or given back), as a new state: states are never modified in
+      -- place (the commit below starts again from the originals).
+      local apply = hit[REFUND] and hit[ALGO].give or hit[ALGO].take
+      overlay[s] = apply(hit[PARAMS], state, now, hit[COST])
+    end
   end
 end
 
@@ -114,12 +106,12 @@ if not all_ok then
   group_ok = {}
   local roles = {}
   for h = 1, count do
-    local g = hits[h].group
+    local g = hits[h][GROUP]
     if group_ok[g] == nil then
       group_ok[g] = true
-      roles[g] = hits[h].role
+      roles[g] = hits[h][ROLE]
     end
-    group_ok[g] = group_ok[g] and hits[h].ok
+    group_ok[g] = group_ok[g] and hits[h][OK]
   end
   local quota_seen, quota_ok, enforced_denied = false, false, false
   for g, ok in pairs(group_ok) do
@@ -136,12 +128,15 @@ end
 
 -- Commit from the original states, in order (in place: the originals are not read again);
 -- remember which keys a cost was applied to.
+local changed = {}
 for h = 1, count do
   local hit = hits[h]
-  local go = all_ok or (group_ok[hit.group] and (request_ok or independent))
-  if (go or hit.always) and hit.cost > 0 then
-    states[hit.slot] = apply(hit, states[hit.slot])
-    first[hit.slot].changed = true
+  local go = all_ok or (group_ok[hit[GROUP]] and (request_ok or independent))
+  if (go or hit[ALWAYS]) and hit[COST] > 0 then
+    local s = hit[SLOT]
+    local apply = hit[REFUND] and hit[ALGO].give or hit[ALGO].take
+    states[s] = apply(hit[PARAMS], states[s], now, hit[COST])
+    changed[s] = true
   end
 end
 
@@ -150,15 +145,15 @@ local reply = { request_ok and 1 or 0 }
 local n = 1
 for h = 1, count do
   local hit = hits[h]
-  if hit.ok then
-    local fin = states[hit.slot]
+  if hit[OK] then
+    local fin = states[hit[SLOT]]
     reply[n + 1] = 1
-    reply[n + 2] = hit.A.remaining(hit.p, fin, now)
-    reply[n + 3] = hit.A.reset(hit.p, fin, now)
+    reply[n + 2] = hit[ALGO].remaining(hit[PARAMS], fin, now)
+    reply[n + 3] = hit[ALGO].reset(hit[PARAMS], fin, now)
   else
     reply[n + 1] = 0
     reply[n + 2] = 0
-    reply[n + 3] = hit.wait
+    reply[n + 3] = hit[WAIT]
   end
   n = n + 3
 end
@@ -166,10 +161,10 @@ end
 -- Write: keys no cost touched are left alone; the others are stored until they are fresh
 -- (judged by the limit of their first hit), or deleted when they already are.
 for s, hit in pairs(first) do
-  if hit.changed then
-    local fresh_at = hit.A.fresh_at(hit.p, states[s], now)
+  if changed[s] then
+    local fresh_at = hit[ALGO].fresh_at(hit[PARAMS], states[s], now)
     if fresh_at then
-      hit.A.save(KEYS[s], hit.p, states[s], now, fresh_at)
+      hit[ALGO].save(KEYS[s], hit[PARAMS], states[s], now, fresh_at)
     else
       redis.call("DEL", KEYS[s])
     end
