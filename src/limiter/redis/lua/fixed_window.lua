@@ -2,7 +2,7 @@
 -- epoch-aligned window starting at start); absent = nothing counted.
 -- Made only when a request uses it (see MAKERS in the prelude).
 
-MAKERS.w = USED.w and function()
+MAKERS.w = MAKERS.w and function()
   local WINDOW_EMPTY = { start = 0, count = 0 }
 
   local function params(quota, period)

@@ -1,7 +1,7 @@
 -- funnel: mirrors src/limiter/funnel.rs. State: the tat, one decimal integer ("0" = fresh).
 -- Made only when a request uses it (see MAKERS in the prelude).
 
-MAKERS.f = USED.f and function()
+MAKERS.f = MAKERS.f and function()
   -- Funnel::new
   local function params(quota, period, burst, borrow)
     if period < 1 then period = 1 end

@@ -19,7 +19,7 @@ for l = 1, nlimits do
   local code = ARGV[at]
   local algo = made[code]
   if algo == nil then
-    if MAKERS[code] == nil then
+    if type(MAKERS[code]) ~= "function" then
       return redis.error_reply("sluice: unknown algorithm code " .. tostring(code))
     end
     algo = MAKERS[code]()
@@ -36,8 +36,8 @@ end
 
 -- Parse the hits. Role codes in capitals ask for a refund. A hit is a positional table (its
 -- array part costs half what named fields do, per hit and call), indexed by these:
-local SLOT, ALGO, PARAMS, ALWAYS, COST = 1, 2, 3, 4, 5
-local REFUND, GROUP, ROLE, OK, WAIT = 6, 7, 8, 9, 10
+local SLOT, ALGO, PARAMS, ALWAYS, COST, REFUND = 1, 2, 3, 4, 5, 6
+local GROUP, ROLE, OK, WAIT, STATE, CHANGED = 7, 8, 9, 10, 11, 12
 local hits = {}
 local base = 4 + 5 * nlimits
 local count = tonumber(ARGV[base]) or 0
@@ -49,19 +49,22 @@ for h = 1, count do
   if limit == nil or KEYS[slot] == nil or (code ~= "e" and code ~= "s" and code ~= "q") then
     return redis.error_reply("sluice: malformed hit " .. h)
   end
-  -- OK: admitted by its own limit, WAIT: when denied, until it would be (both set below).
+  -- Set below: OK, admitted by its own limit; WAIT, when denied, until it would be; on the first
+  -- hit on a key, its STATE (the original, then the committed one) and whether a cost CHANGED
+  -- it.
   hits[h] = { slot, limit.A, limit.p, limit.always, clamp(ARGV[at + 2]), refund, ARGV[at + 3],
-              code, true, 0 }
+              code, true, 0, false, false }
 end
 
--- The original states, each read by the algorithm of the first hit on its key.
-local first, states = {}, {}
+-- The original states, each read by the algorithm of the first hit on its key, and kept in
+-- that hit.
+local first = {}
 for h = 1, count do
   local hit = hits[h]
   local s = hit[SLOT]
   if first[s] == nil then
     first[s] = hit
-    states[s] = hit[ALGO].load(KEYS[s], hit[PARAMS], now)
+    hit[STATE] = hit[ALGO].load(KEYS[s], hit[PARAMS], now)
   end
 end
 
@@ -80,7 +83,7 @@ local all_ok = true
 for h = 1, count do
   local hit = hits[h]
   local s = hit[SLOT]
-  local state = states[s]
+  local state = first[s][STATE]
   if overlay ~= nil and overlay[s] ~= nil then state = overlay[s] end
   local ok = hit[REFUND] or hit[ALGO].admits(hit[PARAMS], state, now, hit[COST])
   if not ok then
@@ -128,15 +131,14 @@ end
 
 -- Commit from the original states, in order (in place: the originals are not read again);
 -- remember which keys a cost was applied to.
-local changed = {}
 for h = 1, count do
   local hit = hits[h]
   local go = all_ok or (group_ok[hit[GROUP]] and (request_ok or independent))
   if (go or hit[ALWAYS]) and hit[COST] > 0 then
-    local s = hit[SLOT]
+    local key = first[hit[SLOT]]
     local apply = hit[REFUND] and hit[ALGO].give or hit[ALGO].take
-    states[s] = apply(hit[PARAMS], states[s], now, hit[COST])
-    changed[s] = true
+    key[STATE] = apply(hit[PARAMS], key[STATE], now, hit[COST])
+    key[CHANGED] = true
   end
 end
 
@@ -146,7 +148,7 @@ local n = 1
 for h = 1, count do
   local hit = hits[h]
   if hit[OK] then
-    local fin = states[hit[SLOT]]
+    local fin = first[hit[SLOT]][STATE]
     reply[n + 1] = 1
     reply[n + 2] = hit[ALGO].remaining(hit[PARAMS], fin, now)
     reply[n + 3] = hit[ALGO].reset(hit[PARAMS], fin, now)
@@ -161,10 +163,10 @@ end
 -- Write: keys no cost touched are left alone; the others are stored until they are fresh
 -- (judged by the limit of their first hit), or deleted when they already are.
 for s, hit in pairs(first) do
-  if changed[s] then
-    local fresh_at = hit[ALGO].fresh_at(hit[PARAMS], states[s], now)
+  if hit[CHANGED] then
+    local fresh_at = hit[ALGO].fresh_at(hit[PARAMS], hit[STATE], now)
     if fresh_at then
-      hit[ALGO].save(KEYS[s], hit[PARAMS], states[s], now, fresh_at)
+      hit[ALGO].save(KEYS[s], hit[PARAMS], hit[STATE], now, fresh_at)
     else
       redis.call("DEL", KEYS[s])
     end

@@ -12,7 +12,7 @@
 -- new one. `save` applies the final view to the sorted set.
 -- Made only when a request uses it (see MAKERS in the prelude).
 
-MAKERS.l = USED.l and function()
+MAKERS.l = MAKERS.l and function()
   local MAX_ENTRIES = 10000
 
   local function params(quota, period)

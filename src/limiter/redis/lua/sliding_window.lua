@@ -2,7 +2,7 @@
 -- counts of the epoch-aligned window starting at start and of the one before); absent = none.
 -- Made only when a request uses it (see MAKERS in the prelude).
 
-MAKERS.s = USED.s and function()
+MAKERS.s = MAKERS.s and function()
   -- floor(x * y / z) and the remainder, exactly, for 0 <= x <= z <= 2^52 and 0 <= y <= MAX
   -- (the Rust side multiplies in 128 bits): long multiplication over the bits of y, keeping the
   -- running remainder below z, so that no intermediate value reaches 2^53.

@@ -2,7 +2,7 @@
 -- a full bucket, as of the refill step at anchor); absent = full.
 -- Made only when a request uses it (see MAKERS in the prelude).
 
-MAKERS.b = USED.b and function()
+MAKERS.b = MAKERS.b and function()
   local BUCKET_FULL = { used = 0, anchor = 0 }
 
   local function params(quota, period, burst, borrow)
