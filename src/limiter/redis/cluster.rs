@@ -22,7 +22,7 @@ use redis::RedisError;
 use redis::cluster_routing::Slot;
 
 use super::RedisLimiter;
-use super::script::{self, Mode};
+use super::script::{self, Mode, Unit};
 use crate::config::model::Charge;
 use crate::limiter::{Batch, BatchOutcome, Hit, HitOutcome, plan};
 
@@ -33,15 +33,21 @@ const UNKNOWN: HitOutcome = HitOutcome {
     reset_nanos: 0,
 };
 
-/// Decides `batch` (periods in microseconds) on a Cluster; resets in microseconds.
+/// Decides `batch` on a Cluster.
 pub(super) async fn check(
     limiter: &RedisLimiter,
     batch: &Batch,
 ) -> Result<BatchOutcome, RedisError> {
     let groups = by_slot(limiter.prefix(), &batch.hits);
     if groups.len() <= 1 {
-        let call = script::encode(&batch.hits, limiter.prefix(), Mode::Request, None);
-        return limiter.call(&call, batch.hits.len()).await;
+        let call = script::encode(
+            &batch.hits,
+            limiter.prefix(),
+            Mode::Request,
+            Unit::Nanos,
+            None,
+        );
+        return limiter.call(&call).await;
     }
     let calls = groups.iter().map(|indices| {
         let hits: Vec<Hit> = indices
@@ -49,8 +55,14 @@ pub(super) async fn check(
             .filter_map(|&i| batch.hits.get(i).cloned())
             .collect();
         async move {
-            let call = script::encode(&hits, limiter.prefix(), Mode::Independent, None);
-            limiter.call(&call, hits.len()).await
+            let call = script::encode(
+                &hits,
+                limiter.prefix(),
+                Mode::Independent,
+                Unit::Nanos,
+                None,
+            );
+            limiter.call(&call).await
         }
     });
     let results = join_all(calls).await;
@@ -148,8 +160,14 @@ async fn give_back(
             })
             .collect();
         async move {
-            let call = script::encode(&hits, limiter.prefix(), Mode::Independent, None);
-            limiter.call(&call, hits.len()).await
+            let call = script::encode(
+                &hits,
+                limiter.prefix(),
+                Mode::Independent,
+                Unit::Nanos,
+                None,
+            );
+            limiter.call(&call).await
         }
     });
     for (indices, result) in todo.iter().zip(join_all(calls).await) {

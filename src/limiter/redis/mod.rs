@@ -41,7 +41,7 @@ use crate::config::settings::{OnError, RedisSettings};
 use breaker::Breaker;
 use connection::{Conn, Connector, Timeouts};
 use deny_cache::DenyCache;
-use script::{Call, Micros, Mode};
+use script::{Call, Mode, Unit};
 
 /// Limiter state in Redis, shared by every replica.
 pub struct RedisLimiter {
@@ -114,10 +114,14 @@ impl RedisLimiter {
         batch: &Batch,
         now_micros: Option<u64>,
     ) -> Result<BatchOutcome, LimiterError> {
-        let call = script::encode(&batch.hits, &self.prefix, Mode::Request, now_micros);
-        self.call(&call, batch.hits.len())
-            .await
-            .map_err(limiter_error)
+        let call = script::encode(
+            &batch.hits,
+            &self.prefix,
+            Mode::Request,
+            Unit::Micros,
+            now_micros,
+        );
+        self.call(&call).await.map_err(limiter_error)
     }
 
     /// Running totals since start: requests answered from the deny cache, requests answered
@@ -216,18 +220,17 @@ impl RedisLimiter {
 
     /// The decision from Redis, times in nanoseconds.
     async fn remote(&self, batch: &Batch) -> Result<BatchOutcome, LimiterError> {
-        let micros = Micros::batch(batch);
         let outcome = if self.connector.is_cluster() {
-            cluster::check(self, &micros).await
+            cluster::check(self, batch).await
         } else {
-            let call = script::encode(&micros.hits, &self.prefix, Mode::Request, None);
-            self.call(&call, micros.hits.len()).await
+            let call = script::encode(&batch.hits, &self.prefix, Mode::Request, Unit::Nanos, None);
+            self.call(&call).await
         };
-        outcome.map(Micros::outcome).map_err(limiter_error)
+        outcome.map_err(limiter_error)
     }
 
     /// One script call on the current connection.
-    async fn call(&self, call: &Call, hits: usize) -> Result<BatchOutcome, RedisError> {
+    async fn call(&self, call: &Call) -> Result<BatchOutcome, RedisError> {
         let reply = match self.connector.get().await {
             Ok(Conn::Single(mut c)) => script::invoke(&mut c, call).await,
             Ok(Conn::Sentinel(mut c)) => script::invoke(&mut c, call).await,
@@ -235,7 +238,7 @@ impl RedisLimiter {
             Err(e) => Err(e),
         };
         let reply = reply.inspect_err(|e| self.connector.failed(e))?;
-        script::decode(reply, hits)
+        script::decode(reply, call)
     }
 
     async fn fallback(

@@ -1,17 +1,16 @@
 -- fixed_window: mirrors src/limiter/fixed_window.rs. State: "start:count" (the count of the
 -- epoch-aligned window starting at start); absent = nothing counted.
--- Built only when a request uses it (see MAKERS in the prelude).
+-- Made only when a request uses it (see MAKERS in the prelude).
 
-MAKERS.w = function()
-  local WINDOW = {}
+MAKERS.w = MAKERS.w and function()
   local WINDOW_EMPTY = { start = 0, count = 0 }
 
-  function WINDOW.params(quota, period)
+  local function params(quota, period)
     if period < 1 then period = 1 end
     return { quota = quota, period = period }
   end
 
-  function WINDOW.load(key)
+  local function load(key)
     local n = load_numbers(key, 2)
     if n == nil then return WINDOW_EMPTY end
     return { start = n[1], count = n[2] }
@@ -26,46 +25,50 @@ MAKERS.w = function()
     return 0
   end
 
-  function WINDOW.admits(w, s, now, cost)
+  local function admits(w, s, now, cost)
     if w.quota == 0 then return cost == 0 end
     return sat_add(window_count(w, s, now), cost) <= w.quota
   end
 
-  function WINDOW.take(w, s, now, cost)
+  local function take(w, s, now, cost)
     if w.quota == 0 or cost == 0 then return s end
     return { start = window_start(w, now), count = sat_add(window_count(w, s, now), cost) }
   end
 
-  function WINDOW.give(w, s, now, cost)
+  local function give(w, s, now, cost)
     if w.quota == 0 or cost == 0 then return s end
     local count = sat_sub(window_count(w, s, now), cost)
     if count == 0 then return WINDOW_EMPTY end
     return { start = window_start(w, now), count = count }
   end
 
-  function WINDOW.remaining(w, s, now)
+  local function remaining(w, s, now)
     return sat_sub(w.quota, window_count(w, s, now))
   end
 
   -- To the end of the window holding now: the reset reported, as envoyproxy/ratelimit does.
-  function WINDOW.reset(w, s, now)
+  local function reset(w, s, now)
     return math.max(sat_sub(sat_add(window_start(w, now), w.period), now), 1)
   end
 
-  function WINDOW.until_admitted(w, s, now, cost)
+  local function until_admitted(w, s, now, cost)
     if w.quota == 0 or cost > w.quota then return w.period end
-    if WINDOW.admits(w, s, now, cost) then return 1 end
-    return WINDOW.reset(w, s, now)
+    if admits(w, s, now, cost) then return 1 end
+    return reset(w, s, now)
   end
 
-  function WINDOW.fresh_at(w, s, now)
+  local function fresh_at(w, s, now)
     if window_count(w, s, now) == 0 then return nil end
-    return sat_add(now, WINDOW.reset(w, s, now))
+    return sat_add(now, reset(w, s, now))
   end
 
-  function WINDOW.save(key, w, s, now, fresh_at)
+  local function save(key, w, s, now, fresh_at)
     store(key, fmt(s.start) .. ":" .. fmt(s.count), now, fresh_at)
   end
 
-  return WINDOW
+  return {
+    params = params, load = load, admits = admits, take = take, give = give,
+    remaining = remaining, reset = reset, until_admitted = until_admitted, fresh_at = fresh_at,
+    save = save,
+  }
 end

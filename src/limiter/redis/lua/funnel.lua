@@ -1,11 +1,9 @@
 -- funnel: mirrors src/limiter/funnel.rs. State: the tat, one decimal integer ("0" = fresh).
--- Built only when a request uses it (see MAKERS in the prelude).
+-- Made only when a request uses it (see MAKERS in the prelude).
 
-MAKERS.f = function()
-  local FUNNEL = {}
-
+MAKERS.f = MAKERS.f and function()
   -- Funnel::new
-  function FUNNEL.params(quota, period, burst, borrow)
+  local function params(quota, period, burst, borrow)
     if period < 1 then period = 1 end
     local interval = 0
     if quota > 0 then
@@ -16,46 +14,53 @@ MAKERS.f = function()
              borrow = borrow }
   end
 
-  function FUNNEL.load(key)
+  local function load(key)
     return clamp(redis.call("GET", key) or "0")
   end
 
+  -- The hot path: sat_add(max(tat, now), sat_mul(cost, interval)) without the calls (a product
+  -- above MAX, exact or not, makes the sum above MAX too).
   local function funnel_consume(f, tat, now, cost)
     if f.interval == 0 or cost == 0 then return tat end
-    return sat_add(math.max(tat, now), sat_mul(cost, f.interval))
+    if tat < now then tat = now end
+    local sum = tat + cost * f.interval
+    if sum > MAX then return MAX end
+    return sum
   end
 
-  local function funnel_probe(f, cost)
-    if f.borrow then return math.min(cost, 1) end
-    return cost
-  end
-
-  function FUNNEL.admits(f, tat, now, cost)
+  local function admits(f, tat, now, cost)
     if f.interval == 0 then return cost == 0 end
-    return sat_sub(funnel_consume(f, tat, now, funnel_probe(f, cost)), now) <= f.tolerance
+    local probe = cost
+    if f.borrow then probe = math.min(cost, 1) end
+    return funnel_consume(f, tat, now, probe) - now <= f.tolerance
   end
 
-  FUNNEL.take = funnel_consume
+  local take = funnel_consume
 
-  function FUNNEL.give(f, tat, now, cost)
+  local function give(f, tat, now, cost)
     if f.interval == 0 then return tat end
     local back = sat_sub(tat, sat_mul(cost, f.interval))
     if back <= now then return 0 end
     return back
   end
 
-  function FUNNEL.remaining(f, tat, now)
+  local function remaining(f, tat, now)
     if f.interval == 0 then return 0 end
-    return div_floor(sat_sub(f.tolerance, sat_sub(tat, now)), f.interval)
+    local ahead = tat - now
+    if ahead <= 0 then return div_floor(f.tolerance, f.interval) end
+    if ahead >= f.tolerance then return 0 end
+    return div_floor(f.tolerance - ahead, f.interval)
   end
 
-  function FUNNEL.reset(f, tat, now)
-    return sat_sub(tat, now)
+  local function reset(f, tat, now)
+    if tat > now then return tat - now end
+    return 0
   end
 
-  function FUNNEL.until_admitted(f, tat, now, cost)
+  local function until_admitted(f, tat, now, cost)
     if f.interval == 0 then return f.period end
-    local probe = funnel_probe(f, cost)
+    local probe = cost
+    if f.borrow then probe = math.min(cost, 1) end
     local wait
     if sat_mul(probe, f.interval) > f.tolerance then
       wait = math.max(sat_sub(tat, now), f.period)
@@ -65,14 +70,18 @@ MAKERS.f = function()
     return math.max(wait, 1)
   end
 
-  function FUNNEL.fresh_at(f, tat, now)
+  local function fresh_at(f, tat, now)
     if tat > now then return tat end
     return nil
   end
 
-  function FUNNEL.save(key, f, tat, now, fresh_at)
+  local function save(key, f, tat, now, fresh_at)
     store(key, fmt(tat), now, fresh_at)
   end
 
-  return FUNNEL
+  return {
+    params = params, load = load, admits = admits, take = take, give = give,
+    remaining = remaining, reset = reset, until_admitted = until_admitted, fresh_at = fresh_at,
+    save = save,
+  }
 end

@@ -1,18 +1,5 @@
 -- main: one request, mirroring src/limiter/memory/decide.rs and src/limiter/plan.rs.
 
--- The algorithms this request uses, built on first use.
-local ALGOS = {}
-local function algorithm(code)
-  local made = ALGOS[code]
-  if made == nil then
-    local make = MAKERS[code]
-    if make == nil then return nil end
-    made = make()
-    ALGOS[code] = made
-  end
-  return made
-end
-
 -- The clock.
 local now
 if ARGV[1] ~= "" then
@@ -23,109 +10,163 @@ else
 end
 local independent = ARGV[2] == "independent"
 
--- Parse the hits.
-local hits = {}
-local count = tonumber(ARGV[3]) or 0
-for h = 0, count - 1 do
-  local at = 4 + 11 * h
-  local algo = algorithm(ARGV[at + 1])
+-- Parse the limits, each once: its algorithm, its parameters, whether it charges always.
+-- An algorithm's functions are made on its first use in the request.
+local limits, made = {}, {}
+local nlimits = tonumber(ARGV[3]) or 0
+for l = 1, nlimits do
+  local at = 5 * l - 1
+  local code = ARGV[at]
+  local algo = made[code]
   if algo == nil then
-    return redis.error_reply("sluice: unknown algorithm code " .. tostring(ARGV[at + 1]))
+    if type(MAKERS[code]) ~= "function" then
+      return redis.error_reply("sluice: unknown algorithm code " .. tostring(code))
+    end
+    algo = MAKERS[code]()
+    made[code] = algo
   end
-  hits[h + 1] = {
-    slot = tonumber(ARGV[at]),
+  local flags = tonumber(ARGV[at + 4]) or 0
+  limits[l] = {
     A = algo,
-    p = algo.params(clamp(ARGV[at + 2]), clamp(ARGV[at + 3]), clamp(ARGV[at + 4]),
-                    ARGV[at + 5] == "1"),
-    always = ARGV[at + 6] == "1",
-    cost = clamp(ARGV[at + 7]),
-    refund = ARGV[at + 8] == "1",
-    group = ARGV[at + 9],
-    role = ARGV[at + 10],
+    p = algo.params(clamp(ARGV[at + 1]), clamp(ARGV[at + 2]), clamp(ARGV[at + 3]),
+                    flags % 2 == 1),
+    always = flags >= 2,
   }
 end
 
--- The original states, each read by the algorithm of the first hit on its key.
-local first, originals = {}, {}
-for _, hit in ipairs(hits) do
-  if first[hit.slot] == nil then
-    first[hit.slot] = hit
-    originals[hit.slot] = hit.A.load(KEYS[hit.slot], hit.p, now)
+-- Parse the hits. Role codes in capitals ask for a refund. A hit is a positional table (its
+-- array part costs half what named fields do, per hit and call), indexed by these:
+local SLOT, ALGO, PARAMS, ALWAYS, COST, REFUND = 1, 2, 3, 4, 5, 6
+local GROUP, ROLE, OK, WAIT, STATE, CHANGED = 7, 8, 9, 10, 11, 12
+local hits = {}
+local base = 4 + 5 * nlimits
+local count = tonumber(ARGV[base]) or 0
+for h = 1, count do
+  local at = base + 5 * h - 4
+  local slot, limit, code = tonumber(ARGV[at]), limits[tonumber(ARGV[at + 1])], ARGV[at + 4]
+  local refund = code == "E" or code == "S" or code == "Q"
+  if refund then code = code == "E" and "e" or (code == "S" and "s" or "q") end
+  if limit == nil or KEYS[slot] == nil or (code ~= "e" and code ~= "s" and code ~= "q") then
+    return redis.error_reply("sluice: malformed hit " .. h)
+  end
+  -- Set below: OK, admitted by its own limit; WAIT, when denied, until it would be; on the first
+  -- hit on a key, its STATE (the original, then the committed one) and whether a cost CHANGED
+  -- it.
+  hits[h] = { slot, limit.A, limit.p, limit.always, clamp(ARGV[at + 2]), refund, ARGV[at + 3],
+              code, true, 0, false, false }
+end
+
+-- The original states, each read by the algorithm of the first hit on its key, and kept in
+-- that hit.
+local first = {}
+for h = 1, count do
+  local hit = hits[h]
+  local s = hit[SLOT]
+  if first[s] == nil then
+    first[s] = hit
+    hit[STATE] = hit[ALGO].load(KEYS[s], hit[PARAMS], now)
   end
 end
 
--- A hit's cost taken (or given back), as a new state; states are never modified in place.
-local function apply(hit, state)
-  if hit.refund then return hit.A.give(hit.p, state, now, hit.cost) end
-  return hit.A.take(hit.p, state, now, hit.cost)
-end
-
--- Evaluate in order; a hit sees the tentative effect of earlier hits on its key.
-local overlay = {}
-for s, state in pairs(originals) do overlay[s] = state end
-local admitted, waits = {}, {}
-for i, hit in ipairs(hits) do
-  local state = overlay[hit.slot]
-  local ok = hit.refund or hit.A.admits(hit.p, state, now, hit.cost)
-  if not ok then waits[i] = hit.A.until_admitted(hit.p, state, now, hit.cost) end
-  if ok or hit.always then overlay[hit.slot] = apply(hit, state) end
-  admitted[i] = ok
-end
-
--- Plan: per descriptor group, then the request.
-local groups = {}
-for i, hit in ipairs(hits) do
-  local g = groups[hit.group]
-  if g == nil then
-    g = { role = hit.role, ok = true }
-    groups[hit.group] = g
-  end
-  g.ok = g.ok and admitted[i]
-end
-local quota_seen, quota_ok, enforced_denied = false, false, false
-for _, g in pairs(groups) do
-  if g.role == "e" then
-    enforced_denied = enforced_denied or not g.ok
-  elseif g.role == "q" then
-    quota_seen = true
-    quota_ok = quota_ok or g.ok
+-- Evaluate in order; a hit sees the tentative effect of earlier hits on its key. A tentative
+-- state is only made for a key that a later hit reads (`uses_left`, only counted when some
+-- key has several hits: every key has one at least). A denied hit's wait is its report.
+local uses_left, overlay = nil, nil
+if #KEYS < count then
+  uses_left, overlay = {}, {}
+  for h = 1, count do
+    local s = hits[h][SLOT]
+    uses_left[s] = (uses_left[s] or 0) + 1
   end
 end
-local request_ok = not enforced_denied and (not quota_seen or quota_ok)
+local all_ok = true
+for h = 1, count do
+  local hit = hits[h]
+  local s = hit[SLOT]
+  local state = first[s][STATE]
+  if overlay ~= nil and overlay[s] ~= nil then state = overlay[s] end
+  local ok = hit[REFUND] or hit[ALGO].admits(hit[PARAMS], state, now, hit[COST])
+  if not ok then
+    hit[OK] = false
+    hit[WAIT] = hit[ALGO].until_admitted(hit[PARAMS], state, now, hit[COST])
+    all_ok = false
+  end
+  if uses_left ~= nil then
+    local later = uses_left[s] - 1
+    uses_left[s] = later
+    if later > 0 and (ok or hit[ALWAYS]) then
+      -- The hit's cost taken (or given back), as a new state: states are never modified in
+      -- place (the commit below starts again from the originals).
+      local apply = hit[REFUND] and hit[ALGO].give or hit[ALGO].take
+      overlay[s] = apply(hit[PARAMS], state, now, hit[COST])
+    end
+  end
+end
 
--- Commit from the original states, in order; remember which keys a cost was applied to.
-local finals, changed = {}, {}
-for s, state in pairs(originals) do finals[s] = state end
-for _, hit in ipairs(hits) do
-  local go = groups[hit.group].ok and (request_ok or independent)
-  if (hit.always or go) and hit.cost > 0 then
-    finals[hit.slot] = apply(hit, finals[hit.slot])
-    changed[hit.slot] = true
+-- Plan: per descriptor group, then the request (when every hit admits, so does everything).
+local request_ok, group_ok = true, nil
+if not all_ok then
+  group_ok = {}
+  local roles = {}
+  for h = 1, count do
+    local g = hits[h][GROUP]
+    if group_ok[g] == nil then
+      group_ok[g] = true
+      roles[g] = hits[h][ROLE]
+    end
+    group_ok[g] = group_ok[g] and hits[h][OK]
+  end
+  local quota_seen, quota_ok, enforced_denied = false, false, false
+  for g, ok in pairs(group_ok) do
+    local role = roles[g]
+    if role == "e" then
+      enforced_denied = enforced_denied or not ok
+    elseif role == "q" then
+      quota_seen = true
+      quota_ok = quota_ok or ok
+    end
+  end
+  request_ok = not enforced_denied and (not quota_seen or quota_ok)
+end
+
+-- Commit from the original states, in order (in place: the originals are not read again);
+-- remember which keys a cost was applied to.
+for h = 1, count do
+  local hit = hits[h]
+  local go = all_ok or (group_ok[hit[GROUP]] and (request_ok or independent))
+  if (go or hit[ALWAYS]) and hit[COST] > 0 then
+    local key = first[hit[SLOT]]
+    local apply = hit[REFUND] and hit[ALGO].give or hit[ALGO].take
+    key[STATE] = apply(hit[PARAMS], key[STATE], now, hit[COST])
+    key[CHANGED] = true
   end
 end
 
 -- Report (before writing: a state may still read its stored key).
 local reply = { request_ok and 1 or 0 }
-for i, hit in ipairs(hits) do
-  if admitted[i] then
-    local fin = finals[hit.slot]
-    reply[#reply + 1] = 1
-    reply[#reply + 1] = hit.A.remaining(hit.p, fin, now)
-    reply[#reply + 1] = hit.A.reset(hit.p, fin, now)
+local n = 1
+for h = 1, count do
+  local hit = hits[h]
+  if hit[OK] then
+    local fin = first[hit[SLOT]][STATE]
+    reply[n + 1] = 1
+    reply[n + 2] = hit[ALGO].remaining(hit[PARAMS], fin, now)
+    reply[n + 3] = hit[ALGO].reset(hit[PARAMS], fin, now)
   else
-    reply[#reply + 1] = 0
-    reply[#reply + 1] = 0
-    reply[#reply + 1] = waits[i]
+    reply[n + 1] = 0
+    reply[n + 2] = 0
+    reply[n + 3] = hit[WAIT]
   end
+  n = n + 3
 end
 
 -- Write: keys no cost touched are left alone; the others are stored until they are fresh
 -- (judged by the limit of their first hit), or deleted when they already are.
 for s, hit in pairs(first) do
-  if changed[s] then
-    local fresh_at = hit.A.fresh_at(hit.p, finals[s], now)
+  if hit[CHANGED] then
+    local fresh_at = hit[ALGO].fresh_at(hit[PARAMS], hit[STATE], now)
     if fresh_at then
-      hit.A.save(KEYS[s], hit.p, finals[s], now, fresh_at)
+      hit[ALGO].save(KEYS[s], hit[PARAMS], hit[STATE], now, fresh_at)
     else
       redis.call("DEL", KEYS[s])
     end

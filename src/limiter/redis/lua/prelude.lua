@@ -23,19 +23,23 @@
 --              (each descriptor group consumes when all of its hits admit, whatever the
 --              others do; used for one slot group of a Redis Cluster request, the caller then
 --              plans the whole request and refunds what must not have been consumed).
--- ARGV[3]      H, the number of hits; then 11 fields per hit h = 0..H-1, at 4 + 11*h:
---   +0 slot    index into KEYS (1-based) of the hit's state key
---   +1 algo    "f" funnel, "b" token bucket, "w" fixed window, "s" sliding window,
+-- ARGV[3]      L, the number of distinct limits; then 5 fields per limit l = 1..L, at
+--              4 + 5*(l-1), sent once however many hits share the limit:
+--   +0 algo    "f" funnel, "b" token bucket, "w" fixed window, "s" sliding window,
 --              "l" sliding log
---   +2 quota   Q, requests per period (0 = zero quota)
---   +3 period  P in microseconds (>= 1 after clamping)
---   +4 burst   B
---   +5 borrow  "1" or "0"
---   +6 always  "1" when the limit has charge: always, else "0"
---   +7 cost    the cost (0 = check only)
---   +8 refund  "1" to give the cost back (is_negative_hits), else "0"
---   +9 group   the descriptor the hit belongs to (any string; equal for one descriptor)
---   +10 role   "e" enforced, "s" shadow, "q" quota mode
+--   +1 quota   Q, requests per period (0 = zero quota)
+--   +2 period  P in microseconds (>= 1 after clamping)
+--   +3 burst   B
+--   +4 flags   the sum of 1 (borrow) and 2 (charge: always): "0" to "3"
+-- ARGV[4+5L]   H, the number of hits; then 5 fields per hit h = 1..H, at 5 + 5L + 5*(h-1):
+--   +0 slot    index into KEYS (1-based) of the hit's state key
+--   +1 limit   index (1-based) of the hit's limit above
+--   +2 cost    the cost (0 = check only)
+--   +3 group   the descriptor the hit belongs to (any string; equal for one descriptor)
+--   +4 role    "e" enforced, "s" shadow, "q" quota mode; in capitals ("E", "S", "Q") to give
+--              the cost back (is_negative_hits) instead of taking it
+--
+-- Every number is a decimal integer; each is parsed once, before any key is read.
 --
 -- Reply: { request_admitted, then per hit: admitted, remaining, reset_micros }, all integers
 -- (admitted flags are 1 or 0). reset_micros: for an admitted hit, until the full quota is
@@ -50,8 +54,17 @@ local MAX = 9007199254740991
 
 -- Per algorithm code, a function building that algorithm's table of functions. The script
 -- runs whole on every call, so an algorithm's functions are only made for the requests that
--- use it (making every closure every time costs more than the decision itself).
+-- use it (making every closure every time costs more than the decision itself), and so is
+-- its maker: MAKERS starts as `true` for each algorithm code of the request's limits (field +0
+-- of each limit, see ARGV[3] above), and each algorithm file assigns
+-- `MAKERS.<code> = MAKERS.<code> and function() ... end`, which makes no closure for an
+-- algorithm that no limit of the request uses. Each maker returns its table from one
+-- constructor, sized once (a table grown key by key is rehashed at every power of two).
+-- Every closure, table and string a call makes is garbage for Redis's Lua collector
+-- afterwards: allocation is most of what a call costs (a small table about 2,000
+-- instructions, a closure 650), so the script makes few.
 local MAKERS = {}
+for l = 1, tonumber(ARGV[3]) or 0 do MAKERS[ARGV[5 * l - 1]] = true end
 
 local function sat_add(a, b)
   local s = a + b
@@ -85,26 +98,6 @@ local function div_ceil(a, b)
   return q
 end
 
--- floor(x * y / z) and the remainder, exactly, for 0 <= x <= z <= 2^52 and 0 <= y <= MAX
--- (the Rust side multiplies in 128 bits): long multiplication over the bits of y, keeping the
--- running remainder below z, so that no intermediate value reaches 2^53.
-local function mul_div(x, y, z)
-  local q, r, bit = 0, 0, 1
-  while bit * 2 <= y do bit = bit * 2 end
-  while bit >= 1 do
-    q = q * 2
-    r = r * 2
-    if r >= z then r = r - z; q = q + 1 end
-    if y >= bit then
-      y = y - bit
-      r = r + x
-      if r >= z then r = r - z; q = q + 1 end
-    end
-    bit = bit / 2
-  end
-  return q, r
-end
-
 local function clamp(text)
   local n = tonumber(text) or 0
   if n > MAX then return MAX end
@@ -112,9 +105,10 @@ local function clamp(text)
   return math.floor(n)
 end
 
--- An integer as decimal text (tostring would write large numbers in exponent form).
+-- An integer as decimal text, formatted as an integer (every number here is integral and below
+-- 2^53; tostring would write large ones in exponent form, "%.0f" goes through float printing).
 local function fmt(n)
-  return string.format("%.0f", n)
+  return string.format("%d", n)
 end
 
 -- Stores a state's text with a TTL until `fresh_at`, rounded up to the millisecond.
@@ -124,12 +118,17 @@ local function store(key, text, now, fresh_at)
   redis.call("SET", key, text, "PX", fmt(ttl_ms))
 end
 
--- The numbers of a state stored as "n1:n2:...", or nil when the key is absent or malformed.
+-- The numbers of a state stored as "n1:n2" (count 2) or "n1:n2:n3" (count 3), or nil when the
+-- key is absent or malformed.
 local function load_numbers(key, count)
   local text = redis.call("GET", key)
   if not text then return nil end
-  local out = {}
-  for part in string.gmatch(text, "[^:]+") do out[#out + 1] = clamp(part) end
-  if #out ~= count then return nil end
-  return out
+  if count == 2 then
+    local a, b = string.match(text, "^([^:]+):([^:]+)$")
+    if a == nil then return nil end
+    return { clamp(a), clamp(b) }
+  end
+  local a, b, c = string.match(text, "^([^:]+):([^:]+):([^:]+)$")
+  if a == nil then return nil end
+  return { clamp(a), clamp(b), clamp(c) }
 end

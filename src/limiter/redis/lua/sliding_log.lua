@@ -10,13 +10,12 @@
 -- `cut_part` units from the newest remaining one (refunds; `cut_units` in all); then `added`,
 -- entries appended after them, oldest first. A view is never modified: operations return a
 -- new one. `save` applies the final view to the sorted set.
--- Built only when a request uses it (see MAKERS in the prelude).
+-- Made only when a request uses it (see MAKERS in the prelude).
 
-MAKERS.l = function()
-  local LOG = {}
+MAKERS.l = MAKERS.l and function()
   local MAX_ENTRIES = 10000
 
-  function LOG.params(quota, period)
+  local function params(quota, period)
     if period < 1 then period = 1 end
     local cap = math.max(math.min(quota, MAX_ENTRIES), 1)
     return { quota = quota, period = period, max_entries = cap }
@@ -31,7 +30,7 @@ MAKERS.l = function()
     return fmt(t) .. ":" .. fmt(c)
   end
 
-  function LOG.load(key, l, now)
+  local function load(key, l, now)
     local view = { key = key, n = 0, stored_sum = 0, cut_n = 0, cut_part = 0, cut_units = 0,
                    added = {}, added_sum = 0 }
     local score = redis.call("ZSCORE", key, "sum")
@@ -91,12 +90,12 @@ MAKERS.l = function()
     return t, c - v.cut_part, false
   end
 
-  function LOG.admits(l, v, now, cost)
+  local function admits(l, v, now, cost)
     if l.quota == 0 then return cost == 0 end
     return sat_add(logged(v), cost) <= l.quota
   end
 
-  function LOG.take(l, v, now, cost)
+  local function take(l, v, now, cost)
     if l.quota == 0 or cost == 0 then return v end
     v = copy(v)
     local bt, bc, in_added = back(v)
@@ -119,7 +118,7 @@ MAKERS.l = function()
     return v
   end
 
-  function LOG.give(l, v, now, cost)
+  local function give(l, v, now, cost)
     if l.quota == 0 or cost == 0 then return v end
     v = copy(v)
     local left = cost
@@ -149,20 +148,20 @@ MAKERS.l = function()
     return v
   end
 
-  function LOG.remaining(l, v, now)
+  local function remaining(l, v, now)
     if l.quota == 0 then return 0 end
     return sat_sub(l.quota, logged(v))
   end
 
-  function LOG.reset(l, v, now)
+  local function reset(l, v, now)
     local t = back(v)
     if t == nil then return 0 end
     return sat_sub(sat_add(t, l.period), now)
   end
 
-  function LOG.until_admitted(l, v, now, cost)
+  local function until_admitted(l, v, now, cost)
     if l.quota == 0 or cost > l.quota then
-      return math.max(LOG.reset(l, v, now), l.period)
+      return math.max(reset(l, v, now), l.period)
     end
     local need = sat_sub(sat_add(logged(v), cost), l.quota)
     if need == 0 then return 1 end
@@ -189,13 +188,13 @@ MAKERS.l = function()
     return l.period
   end
 
-  function LOG.fresh_at(l, v, now)
-    local wait = LOG.reset(l, v, now)
+  local function fresh_at(l, v, now)
+    local wait = reset(l, v, now)
     if wait > 0 then return sat_add(now, wait) end
     return nil
   end
 
-  function LOG.save(key, l, v, now, fresh_at)
+  local function save(key, l, v, now, fresh_at)
     if v.cut_n > 0 then redis.call("ZREMRANGEBYRANK", key, -v.cut_n, -1) end
     if v.cut_part > 0 then
       local top = redis.call("ZREVRANGEBYSCORE", key, "+inf", "0", "LIMIT", 0, 1)
@@ -214,5 +213,9 @@ MAKERS.l = function()
     redis.call("PEXPIRE", key, fmt(ttl_ms))
   end
 
-  return LOG
+  return {
+    params = params, load = load, admits = admits, take = take, give = give,
+    remaining = remaining, reset = reset, until_admitted = until_admitted, fresh_at = fresh_at,
+    save = save,
+  }
 end

@@ -1,17 +1,36 @@
 -- sliding_window: mirrors src/limiter/sliding_window.rs. State: "start:current:previous" (the
 -- counts of the epoch-aligned window starting at start and of the one before); absent = none.
--- Built only when a request uses it (see MAKERS in the prelude).
+-- Made only when a request uses it (see MAKERS in the prelude).
 
-MAKERS.s = function()
-  local SLIDING = {}
+MAKERS.s = MAKERS.s and function()
+  -- floor(x * y / z) and the remainder, exactly, for 0 <= x <= z <= 2^52 and 0 <= y <= MAX
+  -- (the Rust side multiplies in 128 bits): long multiplication over the bits of y, keeping the
+  -- running remainder below z, so that no intermediate value reaches 2^53.
+  local function mul_div(x, y, z)
+    local q, r, bit = 0, 0, 1
+    while bit * 2 <= y do bit = bit * 2 end
+    while bit >= 1 do
+      q = q * 2
+      r = r * 2
+      if r >= z then r = r - z; q = q + 1 end
+      if y >= bit then
+        y = y - bit
+        r = r + x
+        if r >= z then r = r - z; q = q + 1 end
+      end
+      bit = bit / 2
+    end
+    return q, r
+  end
+
   local EMPTY = { start = 0, current = 0, previous = 0 }
 
-  function SLIDING.params(quota, period)
+  local function params(quota, period)
     if period < 1 then period = 1 end
     return { quota = quota, period = period }
   end
 
-  function SLIDING.load(key)
+  local function load(key)
     local n = load_numbers(key, 3)
     if n == nil then return EMPTY end
     return { start = n[1], current = n[2], previous = n[3] }
@@ -33,18 +52,18 @@ MAKERS.s = function()
     return sat_add(c.current, weighted)
   end
 
-  function SLIDING.admits(w, c, now, cost)
+  local function admits(w, c, now, cost)
     if w.quota == 0 then return cost == 0 end
     return sat_add(estimate(w, c, now), cost) <= w.quota
   end
 
-  function SLIDING.take(w, c, now, cost)
+  local function take(w, c, now, cost)
     if w.quota == 0 or cost == 0 then return c end
     c = rolled(w, c, now)
     return { start = c.start, current = sat_add(c.current, cost), previous = c.previous }
   end
 
-  function SLIDING.give(w, c, now, cost)
+  local function give(w, c, now, cost)
     if w.quota == 0 or cost == 0 then return c end
     c = rolled(w, c, now)
     local from_current = math.min(cost, c.current)
@@ -54,7 +73,7 @@ MAKERS.s = function()
     return { start = c.start, current = current, previous = previous }
   end
 
-  function SLIDING.remaining(w, c, now)
+  local function remaining(w, c, now)
     if w.quota == 0 then return 0 end
     return sat_sub(w.quota, estimate(w, c, now))
   end
@@ -63,7 +82,7 @@ MAKERS.s = function()
     return w.period - div_floor(w.period - 1, math.max(count, 1))
   end
 
-  function SLIDING.reset(w, c, now)
+  local function reset(w, c, now)
     c = rolled(w, c, now)
     local at
     if c.current > 0 then
@@ -84,9 +103,9 @@ MAKERS.s = function()
     return w.period - (q - 1)
   end
 
-  function SLIDING.until_admitted(w, c, now, cost)
+  local function until_admitted(w, c, now, cost)
     if w.quota == 0 or cost > w.quota then
-      return math.max(SLIDING.reset(w, c, now), w.period)
+      return math.max(reset(w, c, now), w.period)
     end
     c = rolled(w, c, now)
     local room = w.quota - cost
@@ -101,15 +120,19 @@ MAKERS.s = function()
     return math.max(sat_sub(at, now), 1)
   end
 
-  function SLIDING.fresh_at(w, c, now)
-    local wait = SLIDING.reset(w, c, now)
+  local function fresh_at(w, c, now)
+    local wait = reset(w, c, now)
     if wait > 0 then return sat_add(now, wait) end
     return nil
   end
 
-  function SLIDING.save(key, w, c, now, fresh_at)
+  local function save(key, w, c, now, fresh_at)
     store(key, fmt(c.start) .. ":" .. fmt(c.current) .. ":" .. fmt(c.previous), now, fresh_at)
   end
 
-  return SLIDING
+  return {
+    params = params, load = load, admits = admits, take = take, give = give,
+    remaining = remaining, reset = reset, until_admitted = until_admitted, fresh_at = fresh_at,
+    save = save,
+  }
 end

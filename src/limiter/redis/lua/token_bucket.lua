@@ -1,17 +1,16 @@
 -- token_bucket: mirrors src/limiter/token_bucket.rs. State: "used:anchor" (tokens missing from
 -- a full bucket, as of the refill step at anchor); absent = full.
--- Built only when a request uses it (see MAKERS in the prelude).
+-- Made only when a request uses it (see MAKERS in the prelude).
 
-MAKERS.b = function()
-  local BUCKET = {}
+MAKERS.b = MAKERS.b and function()
   local BUCKET_FULL = { used = 0, anchor = 0 }
 
-  function BUCKET.params(quota, period, burst, borrow)
+  local function params(quota, period, burst, borrow)
     if period < 1 then period = 1 end
     return { quota = quota, period = period, burst = burst, borrow = borrow }
   end
 
-  function BUCKET.load(key)
+  local function load(key)
     local n = load_numbers(key, 2)
     if n == nil then return BUCKET_FULL end
     return { used = n[1], anchor = n[2] }
@@ -31,12 +30,12 @@ MAKERS.b = function()
     return cost
   end
 
-  function BUCKET.admits(b, s, now, cost)
+  local function admits(b, s, now, cost)
     if b.quota == 0 then return cost == 0 end
     return sat_add(bucket_refilled(b, s, now).used, bucket_probe(b, cost)) <= b.burst
   end
 
-  function BUCKET.take(b, s, now, cost)
+  local function take(b, s, now, cost)
     if b.quota == 0 or cost == 0 then return s end
     local at = bucket_refilled(b, s, now)
     local anchor = at.anchor
@@ -44,7 +43,7 @@ MAKERS.b = function()
     return { used = sat_add(at.used, cost), anchor = anchor }
   end
 
-  function BUCKET.give(b, s, now, cost)
+  local function give(b, s, now, cost)
     if b.quota == 0 or cost == 0 then return s end
     local at = bucket_refilled(b, s, now)
     local used = sat_sub(at.used, cost)
@@ -52,7 +51,7 @@ MAKERS.b = function()
     return { used = used, anchor = at.anchor }
   end
 
-  function BUCKET.remaining(b, s, now)
+  local function remaining(b, s, now)
     if b.quota == 0 then return 0 end
     return sat_sub(b.burst, bucket_refilled(b, s, now).used)
   end
@@ -62,18 +61,18 @@ MAKERS.b = function()
     return sat_sub(sat_add(at.anchor, sat_mul(steps, b.period)), now)
   end
 
-  function BUCKET.reset(b, s, now)
+  local function reset(b, s, now)
     local at = bucket_refilled(b, s, now)
     if b.quota == 0 or at.used == 0 then return 0 end
     return bucket_refill_time(b, at, at.used, now)
   end
 
-  function BUCKET.until_admitted(b, s, now, cost)
+  local function until_admitted(b, s, now, cost)
     if b.quota == 0 then return b.period end
     local probe = bucket_probe(b, cost)
     local wait
     if probe > b.burst then
-      wait = math.max(BUCKET.reset(b, s, now), b.period)
+      wait = math.max(reset(b, s, now), b.period)
     else
       local at = bucket_refilled(b, s, now)
       local excess = sat_sub(sat_add(at.used, probe), b.burst)
@@ -86,15 +85,19 @@ MAKERS.b = function()
     return math.max(wait, 1)
   end
 
-  function BUCKET.fresh_at(b, s, now)
-    local wait = BUCKET.reset(b, s, now)
+  local function fresh_at(b, s, now)
+    local wait = reset(b, s, now)
     if wait > 0 then return sat_add(now, wait) end
     return nil
   end
 
-  function BUCKET.save(key, b, s, now, fresh_at)
+  local function save(key, b, s, now, fresh_at)
     store(key, fmt(s.used) .. ":" .. fmt(s.anchor), now, fresh_at)
   end
 
-  return BUCKET
+  return {
+    params = params, load = load, admits = admits, take = take, give = give,
+    remaining = remaining, reset = reset, until_admitted = until_admitted, fresh_at = fresh_at,
+    save = save,
+  }
 end
