@@ -29,6 +29,10 @@ const INVALID: &[(&str, &[&str])] = &[
     ("burst_zero.yaml", &[
         "burst_zero.yaml:8: descriptors[0].rate_limit.burst: must be at least 1",
     ]),
+    ("capacity_too_long.yaml", &[
+        "capacity_too_long.yaml:10: descriptors[0].rate_limit.burst: a burst of 6 at 1 per period takes 600 years to drain (burst x period / requests_per_unit must be at most 100 years)",
+        "capacity_too_long.yaml:22: descriptors[2].rate_limit.burst: a burst of 3 at 1 per period takes 150 years to drain (burst x period / requests_per_unit must be at most 100 years)",
+    ]),
     ("charge_unknown.yaml", &[
         "charge_unknown.yaml:8: descriptors[0].rate_limit.charge: unknown charge 'denied' (expected admitted or always)",
     ]),

@@ -229,6 +229,12 @@ fn limited(
     if !fits {
         return None;
     }
+    if algorithm.has_capacity() {
+        let drains = (unit?, multiplier?, burst?.unwrap_or(requests));
+        if !capacity_fits(fields, at, drains, requests, ctx) {
+            return None;
+        }
+    }
     Some(LimitRule {
         name,
         unit: unit?,
@@ -273,6 +279,35 @@ fn multiplier(fields: &Fields<'_>, unit: Option<Unit>, ctx: &mut Ctx<'_>) -> Opt
         return None;
     }
     Some(n)
+}
+
+/// For a funnel or a token bucket, the time a full burst takes to drain (or refill):
+/// `burst x period / requests_per_unit`, at most 100 years like a period. Beyond it the state's
+/// nanosecond times would pass the end of u64 time, where they can no longer limit.
+fn capacity_fits(
+    fields: &Fields<'_>,
+    at: usize,
+    (unit, multiplier, burst): (Unit, NonZeroU32, u32),
+    requests: u32,
+    ctx: &mut Ctx<'_>,
+) -> bool {
+    if requests == 0 {
+        return true;
+    }
+    let secs = u128::from(period_secs(unit, multiplier)) * u128::from(burst) / u128::from(requests);
+    if secs <= u128::from(MAX_PERIOD_SECS) {
+        return true;
+    }
+    let years = secs / u128::from(Unit::Year.seconds());
+    let message = format!(
+        "a burst of {burst} at {requests} per period takes {years} years to drain \
+         (burst x period / requests_per_unit must be at most 100 years)"
+    );
+    match fields.get("burst") {
+        Some(f) => ctx.error(f.line, &f.path, message),
+        None => ctx.error(at, &fields.path, message),
+    }
+    false
 }
 
 /// `burst`: at least 1 when given; `Some(None)` when absent (defaults to the quota).

@@ -95,6 +95,10 @@
 //!   least 1`.
 //! - **Period over 100 years** (`period_too_long.yaml`), unit x multiplier longer than 100
 //!   years of 365 days: `unit_multiplier: a period of N x unit is longer than 100 years`.
+//! - **Capacity over 100 years** (`capacity_too_long.yaml`), a funnel or token bucket whose full
+//!   burst drains in more than 100 years (`burst x period / requests_per_unit`), past which
+//!   its nanosecond times would overflow: `burst: a burst of B at Q per period takes N years to
+//!   drain (...)`.
 //! - **`burst: 0`** (`burst_zero.yaml`): `burst: must be at least 1`. Without `burst`, the
 //!   burst is `requests_per_unit`.
 //! - **Unknown algorithm** (`algorithm_unknown.yaml`): `algorithm: unknown algorithm 'x'
