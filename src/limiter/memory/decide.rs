@@ -1,44 +1,51 @@
 //! One batch decided against a snapshot of its keys' states, as a pure function: evaluate every
 //! hit (seeing earlier hits of the batch on the same key), plan (all or nothing), commit from the
-//! original states, report. The caller takes the states out of the map and writes the result
-//! back. Tentative states are only copied for a key that a later hit of the batch reads, so a
-//! large state (a sliding log) is not copied on the common path.
+//! original states, report. The caller reads the states from the map and writes the result
+//! back in place. Tentative states are only copied for a key that a later hit of the batch
+//! reads, so a large state (a sliding log) is not copied on the common path. Batches of up to
+//! [`INLINE`] hits decide without allocating scratch space.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use ahash::RandomState;
+use smallvec::SmallVec;
 
 use crate::config::model::Charge;
 use crate::limiter::algorithm::{Algo, State};
 use crate::limiter::{BatchOutcome, Hit, HitOutcome, plan};
 
+/// Batches of up to this many hits keep their scratch space on the stack.
+pub(super) const INLINE: usize = 16;
+
+/// Per-batch scratch space: one element per hit or per key slot.
+pub(super) type Scratch<T> = SmallVec<[T; INLINE]>;
+
 /// Above this many hits, distinct keys are found with a hash map instead of a linear scan.
-const LINEAR_SCAN_MAX: usize = 16;
+const LINEAR_SCAN_MAX: usize = INLINE;
 
 /// The distinct keys of a batch, in order of first appearance.
 pub(super) struct Slots<'a> {
-    /// One per distinct key.
-    pub(super) keys: Vec<&'a Arc<[u8]>>,
-    /// Per hit: the index of its key in `keys`.
-    pub(super) of_hit: Vec<usize>,
+    /// One per distinct key: the first hit on it.
+    pub(super) first: Scratch<&'a Hit>,
+    /// Per hit: the index of its key in `first`.
+    pub(super) of_hit: Scratch<usize>,
 }
 
 impl<'a> Slots<'a> {
     pub(super) fn new(hits: &'a [Hit]) -> Slots<'a> {
         let mut slots = Slots {
-            keys: Vec::with_capacity(hits.len()),
-            of_hit: Vec::with_capacity(hits.len()),
+            first: Scratch::new(),
+            of_hit: Scratch::with_capacity(hits.len()),
         };
         if hits.len() <= LINEAR_SCAN_MAX {
             for hit in hits {
-                let found = slots.keys.iter().position(|k| **k == hit.key);
+                let found = slots.first.iter().position(|h| h.key == hit.key);
                 slots.push(hit, found);
             }
         } else {
             let mut seen = HashMap::with_capacity_and_hasher(hits.len(), RandomState::new());
             for hit in hits {
-                let next = slots.keys.len();
+                let next = slots.first.len();
                 let slot = *seen.entry(&*hit.key).or_insert(next);
                 slots.push(hit, (slot != next).then_some(slot));
             }
@@ -48,8 +55,8 @@ impl<'a> Slots<'a> {
 
     fn push(&mut self, hit: &'a Hit, found: Option<usize>) {
         let slot = found.unwrap_or_else(|| {
-            self.keys.push(&hit.key);
-            self.keys.len() - 1
+            self.first.push(hit);
+            self.first.len() - 1
         });
         self.of_hit.push(slot);
     }
@@ -69,14 +76,14 @@ pub(super) enum Write {
 /// The result of a batch: the outcome to return and one write per key slot.
 pub(super) struct Decided {
     pub(super) outcome: BatchOutcome,
-    pub(super) writes: Vec<Write>,
+    pub(super) writes: Scratch<Write>,
 }
 
 /// Decides a batch: `of_hit[i]` is the slot of `hits[i]`, `states[s]` the state of slot `s`.
 /// On return, `states` holds the committed states (those a [`Write::Keep`] leaves untouched).
 pub(super) fn decide(hits: &[Hit], of_hit: &[usize], states: &mut [State], now: u64) -> Decided {
     let mut reports = evaluate(hits, of_hit, states, now);
-    let admitted: Vec<bool> = reports.iter().map(Option::is_none).collect();
+    let admitted: Scratch<bool> = reports.iter().map(Option::is_none).collect();
     let plan = plan::plan(hits, &admitted);
     let changed = commit(hits, of_hit, states, &plan.consume, now);
     for ((hit, &slot), report) in hits.iter().zip(of_hit).zip(&mut reports) {
@@ -84,9 +91,11 @@ pub(super) fn decide(hits: &[Hit], of_hit: &[usize], states: &mut [State], now: 
             *report = Some(admitted_report(hit, states.get(slot), now));
         }
     }
+    let mut outcomes = Vec::with_capacity(hits.len());
+    outcomes.extend(reports.into_iter().flatten());
     Decided {
         outcome: BatchOutcome {
-            hits: reports.into_iter().flatten().collect(),
+            hits: outcomes,
             admitted: plan.admitted,
         },
         writes: writes(hits, of_hit, states, &changed, now),
@@ -105,17 +114,22 @@ fn apply(hit: &Hit, algo: &Algo, state: &mut State, now: u64) {
 /// Evaluates hits in order; a hit sees the tentative effect of the earlier hits on its key
 /// (those admitted, and those charged always). Returns the report of each denied hit (from
 /// the state it was evaluated against) and `None` for each admitted one.
-fn evaluate(hits: &[Hit], of_hit: &[usize], states: &[State], now: u64) -> Vec<Option<HitOutcome>> {
-    let mut uses_left = vec![0usize; states.len()];
+fn evaluate(
+    hits: &[Hit],
+    of_hit: &[usize],
+    states: &[State],
+    now: u64,
+) -> Scratch<Option<HitOutcome>> {
+    let mut uses_left: Scratch<usize> = smallvec::smallvec![0; states.len()];
     for &slot in of_hit {
         if let Some(n) = uses_left.get_mut(slot) {
             *n += 1;
         }
     }
     // A slot's tentative state, materialised only when a later hit will read it.
-    let mut overlay: Vec<Option<State>> = vec![None; states.len()];
+    let mut overlay: Scratch<Option<State>> = smallvec::smallvec![None; states.len()];
     let fresh = State::Fresh;
-    let mut reports = Vec::with_capacity(hits.len());
+    let mut reports = Scratch::with_capacity(hits.len());
     for (hit, &slot) in hits.iter().zip(of_hit) {
         let algo = Algo::of(&hit.limit);
         let later = uses_left.get_mut(slot).map_or(0, |n| {
@@ -151,8 +165,8 @@ fn commit(
     states: &mut [State],
     consume: &[bool],
     now: u64,
-) -> Vec<bool> {
-    let mut changed = vec![false; states.len()];
+) -> Scratch<bool> {
+    let mut changed: Scratch<bool> = smallvec::smallvec![false; states.len()];
     for ((hit, &slot), _) in hits.iter().zip(of_hit).zip(consume).filter(|(_, c)| **c) {
         if let (Some(state), Some(flag)) = (states.get_mut(slot), changed.get_mut(slot))
             && hit.cost > 0
@@ -183,8 +197,8 @@ fn writes(
     states: &[State],
     changed: &[bool],
     now: u64,
-) -> Vec<Write> {
-    let mut first_hit: Vec<Option<&Hit>> = vec![None; states.len()];
+) -> Scratch<Write> {
+    let mut first_hit: Scratch<Option<&Hit>> = smallvec::smallvec![None; states.len()];
     for (hit, &slot) in hits.iter().zip(of_hit) {
         if let Some(first @ None) = first_hit.get_mut(slot) {
             *first = Some(hit);
@@ -236,9 +250,9 @@ mod tests {
         for n in [3, 40] {
             let hits: Vec<Hit> = (0..n).map(|i| hit(["a", "b", "a"][i % 3], i, 1)).collect();
             let slots = Slots::new(&hits);
-            assert_eq!(slots.keys.len(), 2);
+            assert_eq!(slots.first.len(), 2);
             let want: Vec<usize> = (0..n).map(|i| [0, 1, 0][i % 3]).collect();
-            assert_eq!(slots.of_hit, want);
+            assert_eq!(slots.of_hit.as_slice(), want);
         }
     }
 
@@ -255,7 +269,7 @@ mod tests {
                 .collect::<Vec<_>>(),
             [true, false]
         );
-        assert_eq!(d.writes, [Write::Keep]);
+        assert_eq!(d.writes.as_slice(), [Write::Keep]);
     }
 
     #[test]
@@ -265,7 +279,7 @@ mod tests {
         let d = decide(&hits, &[0, 0], &mut states, SEC);
         assert!(d.outcome.admitted);
         assert!(d.outcome.hits.iter().all(|h| h.remaining == 1));
-        assert_eq!(d.writes, [Write::Store(SEC + 3 * SEC / 4)]);
+        assert_eq!(d.writes.as_slice(), [Write::Store(SEC + 3 * SEC / 4)]);
         assert_eq!(states, [State::Funnel(SEC + 3 * SEC / 4)]);
     }
 
@@ -274,7 +288,7 @@ mod tests {
         let mut back = hit("a", 0, 9);
         back.refund = true;
         let d = decide(&[back], &[0], &mut [State::Funnel(SEC + 1)], SEC);
-        assert_eq!(d.writes, [Write::Remove]);
+        assert_eq!(d.writes.as_slice(), [Write::Remove]);
         assert_eq!(d.outcome.hits[0].remaining, 4);
     }
 }
