@@ -54,7 +54,7 @@ use super::{Batch, BatchOutcome, BoxFuture, Clock, Hit, Limiter, LimiterError, M
 use decide::{Scratch, Slots, Write};
 use keys::Span;
 use shards::{Locked, Shards};
-use store::{Found, Kind};
+use store::{Found, Kind, Store};
 
 /// Limiter state in this process's memory.
 ///
@@ -213,41 +213,26 @@ fn write_back(
     writes: &[Write],
     now: u64,
 ) {
-    let mut moved: Scratch<(usize, Span, u64, State)> = Scratch::new();
-    let mut new: Scratch<(usize, u64, State)> = Scratch::new();
+    let mut moves: Scratch<(usize, Span, u64, State)> = Scratch::new();
+    let mut inserts: Scratch<(usize, u64, State)> = Scratch::new();
     for (slot, ((place, state), &write)) in places.iter().zip(states).zip(writes).enumerate() {
-        let Some(store) = locked.store(place.shard) else {
-            continue;
-        };
-        match (place.found, write) {
-            (Some(found), Write::Keep) => {
-                // Puts back what was read (a log was moved out), unchanged.
-                let _ = store.put(found, place.fresh_at, state);
-            }
-            (Some(found), Write::Store(at)) => {
-                if let Err(state) = store.put(found, at, state)
-                    && let Some(key) = store.remove(found)
-                {
-                    moved.push((slot, key, at, state));
-                }
-            }
-            (Some(found), Write::Remove) => {
-                if let Some(key) = store.remove(found) {
-                    store.free(key);
-                }
-            }
-            (None, Write::Store(at)) => new.push((slot, at, state)),
-            (None, Write::Keep | Write::Remove) => {}
+        match locked
+            .store(place.shard)
+            .and_then(|s| place.write(s, state, write))
+        {
+            Some(Later::Move(key, at, state)) => moves.push((slot, key, at, state)),
+            Some(Later::Insert(at, state)) => inserts.push((slot, at, state)),
+            None => {}
         }
     }
-    for (slot, key, at, state) in moved {
+    for (slot, key, at, state) in moves {
         if let Some(place) = places.get(slot)
             && let Some(store) = locked.store(place.shard)
         {
             store.move_in(key, place.hash, at, state);
         }
     }
-    for (slot, at, state) in new {
+    for (slot, at, state) in inserts {
         if let (Some(place), Some(hit)) = (places.get(slot), first.get(slot))
             && let Some(store) = locked.store(place.shard)
         {
@@ -255,6 +240,40 @@ fn write_back(
         }
     }
     locked.tidy();
+}
+
+/// A write that waits until every held key is written in place.
+enum Later {
+    /// A held key whose state is now of another kind, out of its table: to store in its new
+    /// one (its bytes stay where they are).
+    Move(Span, u64, State),
+    /// A key not held, to store with this state.
+    Insert(u64, State),
+}
+
+impl Place {
+    /// Writes a key's state back in place, or says what is left to do.
+    fn write(&self, store: &mut Store, state: State, write: Write) -> Option<Later> {
+        match (self.found, write) {
+            (Some(found), Write::Keep) => {
+                // Puts back what was read (a log was moved out), unchanged.
+                let _ = store.put(found, self.fresh_at, state);
+                None
+            }
+            (Some(found), Write::Store(at)) => {
+                let state = store.put(found, at, state).err()?;
+                let key = store.remove(found)?;
+                Some(Later::Move(key, at, state))
+            }
+            (Some(found), Write::Remove) => {
+                let key = store.remove(found)?;
+                store.free(key);
+                None
+            }
+            (None, Write::Store(at)) => Some(Later::Insert(at, state)),
+            (None, Write::Keep | Write::Remove) => None,
+        }
+    }
 }
 
 impl<C: Clock> Limiter for MemoryLimiter<C> {
@@ -273,5 +292,50 @@ impl<C: Clock> std::fmt::Debug for MemoryLimiter<C> {
         f.debug_struct("MemoryLimiter")
             .field("shards", &self.shards)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::FutureExt;
+
+    use super::*;
+    use crate::config::model::{Algorithm, Charge};
+    use crate::limiter::{LimitParams, ManualClock, Role};
+
+    const SEC: u64 = 1_000_000_000;
+
+    fn batch(key: &str, algorithm: Algorithm) -> Batch {
+        let limit = LimitParams {
+            algorithm,
+            quota: 10,
+            period_nanos: 60 * SEC,
+            burst: 10,
+            charge: Charge::Admitted,
+            borrow: false,
+        };
+        let hit = Hit {
+            key: key.as_bytes().into(),
+            limit,
+            cost: 1,
+            refund: false,
+            group: 0,
+            role: Role::Enforced,
+        };
+        Batch { hits: vec![hit] }
+    }
+
+    #[test]
+    fn a_key_used_by_another_algorithm_stays_one_entry_and_takes_its_new_state() {
+        let limiter = MemoryLimiter::with_clock(100, ManualClock::at(SEC));
+        let check = |b: &Batch| limiter.check(b).now_or_never().and_then(Result::ok);
+        for algorithm in Algorithm::ALL.into_iter().chain([Algorithm::Funnel]) {
+            let outcome = check(&batch("k", algorithm)).map(|o| o.hits[0].remaining);
+            // Another algorithm's state counts as fresh: a full quota less this cost.
+            assert_eq!(outcome, Some(9), "{}", algorithm.as_str());
+            assert_eq!(limiter.len(), 1);
+        }
+        let held = limiter.snapshot();
+        assert!(matches!(held.as_slice(), [(k, State::Funnel(_))] if k == b"k"));
     }
 }
