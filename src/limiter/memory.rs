@@ -54,6 +54,7 @@ use super::{Batch, BatchOutcome, BoxFuture, Clock, Hit, Limiter, LimiterError, M
 use decide::{Scratch, Slots, Write};
 use keys::Span;
 use shards::{Locked, Shards};
+use smallvec::SmallVec;
 use store::{Found, Kind, Store};
 
 /// Limiter state in this process's memory.
@@ -136,29 +137,26 @@ impl<C: Clock> MemoryLimiter<C> {
 
     /// Decides a batch: lock its shards, read its states, decide, write back in place.
     fn decide(&self, batch: &Batch) -> BatchOutcome {
+        // Scratch space is filled in place: moving a `SmallVec` copies its inline buffer.
         let slots = Slots::new(&batch.hits);
-        let mut places: Scratch<Place> = slots
-            .first
-            .iter()
-            .map(|hit| Place::new(&self.shards, hit))
-            .collect();
+        let mut places: Scratch<Place> = Scratch::new();
+        places.extend(slots.first.iter().map(|hit| Place::new(&self.shards, hit)));
         let mut locked = self.shards.lock(places.iter().map(|p| p.shard));
         let now = self.clock.now_nanos();
-        let mut states: Scratch<State> = places
-            .iter_mut()
-            .zip(&slots.first)
-            .map(|(place, hit)| place.read(&mut locked, &hit.key))
-            .collect();
-        let decided = decide::decide(&batch.hits, &slots.of_hit, &mut states, now);
+        let mut states: Scratch<State> = Scratch::new();
+        let read = places.iter_mut().zip(&slots.first);
+        states.extend(read.map(|(place, hit)| place.read(&mut locked, &hit.key)));
+        let mut writes = Scratch::new();
+        let outcome = decide::decide(&batch.hits, &slots.of_hit, &mut states, now, &mut writes);
         write_back(
             &mut locked,
             &places,
             &slots.first,
-            states,
-            &decided.writes,
+            &mut states,
+            &writes,
             now,
         );
-        decided.outcome
+        outcome
     }
 }
 
@@ -209,13 +207,15 @@ fn write_back(
     locked: &mut Locked<'_>,
     places: &[Place],
     first: &[&Hit],
-    states: Scratch<State>,
+    states: &mut [State],
     writes: &[Write],
     now: u64,
 ) {
-    let mut moves: Scratch<(usize, Span, u64, State)> = Scratch::new();
-    let mut inserts: Scratch<(usize, u64, State)> = Scratch::new();
+    // Moves never happen with keys naming their algorithm: an empty `Vec` costs nothing.
+    let mut moves: Vec<(usize, Span, u64, State)> = Vec::new();
+    let mut inserts: SmallVec<[(usize, u64, State); 4]> = SmallVec::new();
     for (slot, ((place, state), &write)) in places.iter().zip(states).zip(writes).enumerate() {
+        let state = std::mem::take(state);
         match locked
             .store(place.shard)
             .and_then(|s| place.write(s, state, write))

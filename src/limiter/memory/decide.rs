@@ -20,8 +20,11 @@ pub(super) const INLINE: usize = 16;
 /// Per-batch scratch space: one element per hit or per key slot.
 pub(super) type Scratch<T> = SmallVec<[T; INLINE]>;
 
+/// Tentative states of the keys a batch hits more than once (rare, so kept short inline).
+type Overlay = SmallVec<[Option<State>; 4]>;
+
 /// Above this many hits, distinct keys are found with a hash map instead of a linear scan.
-const LINEAR_SCAN_MAX: usize = INLINE;
+const LINEAR_SCAN_MAX: usize = 16;
 
 /// The distinct keys of a batch, in order of first appearance.
 pub(super) struct Slots<'a> {
@@ -32,6 +35,7 @@ pub(super) struct Slots<'a> {
 }
 
 impl<'a> Slots<'a> {
+    #[inline]
     pub(super) fn new(hits: &'a [Hit]) -> Slots<'a> {
         let mut slots = Slots {
             first: Scratch::new(),
@@ -73,32 +77,36 @@ pub(super) enum Write {
     Store(u64),
 }
 
-/// The result of a batch: the outcome to return and one write per key slot.
-pub(super) struct Decided {
-    pub(super) outcome: BatchOutcome,
-    pub(super) writes: Scratch<Write>,
-}
-
 /// Decides a batch: `of_hit[i]` is the slot of `hits[i]`, `states[s]` the state of slot `s`.
-/// On return, `states` holds the committed states (those a [`Write::Keep`] leaves untouched).
-pub(super) fn decide(hits: &[Hit], of_hit: &[usize], states: &mut [State], now: u64) -> Decided {
-    let mut reports = evaluate(hits, of_hit, states, now);
-    let admitted: Scratch<bool> = reports.iter().map(Option::is_none).collect();
+/// On return, `states` holds the committed states (those a [`Write::Keep`] leaves untouched)
+/// and `writes` one write per slot. (Scratch space is filled in place, never returned: moving a
+/// `SmallVec` copies its whole inline buffer.)
+pub(super) fn decide(
+    hits: &[Hit],
+    of_hit: &[usize],
+    states: &mut [State],
+    now: u64,
+    writes: &mut Scratch<Write>,
+) -> BatchOutcome {
+    let mut reports = Scratch::new();
+    evaluate(hits, of_hit, states, now, &mut reports);
+    let mut admitted: Scratch<bool> = Scratch::new();
+    admitted.extend(reports.iter().map(Option::is_none));
     let plan = plan::plan(hits, &admitted);
-    let changed = commit(hits, of_hit, states, &plan.consume, now);
+    let mut changed: Scratch<bool> = Scratch::new();
+    changed.resize(states.len(), false);
+    commit(hits, of_hit, states, &plan.consume, now, &mut changed);
     for ((hit, &slot), report) in hits.iter().zip(of_hit).zip(&mut reports) {
         if report.is_none() {
             *report = Some(admitted_report(hit, states.get(slot), now));
         }
     }
     let mut outcomes = Vec::with_capacity(hits.len());
-    outcomes.extend(reports.into_iter().flatten());
-    Decided {
-        outcome: BatchOutcome {
-            hits: outcomes,
-            admitted: plan.admitted,
-        },
-        writes: writes(hits, of_hit, states, &changed, now),
+    outcomes.extend(reports.iter().flatten());
+    plan_writes(hits, of_hit, states, &changed, now, writes);
+    BatchOutcome {
+        hits: outcomes,
+        admitted: plan.admitted,
     }
 }
 
@@ -112,24 +120,31 @@ fn apply(hit: &Hit, algo: &Algo, state: &mut State, now: u64) {
 }
 
 /// Evaluates hits in order; a hit sees the tentative effect of the earlier hits on its key
-/// (those admitted, and those charged always). Returns the report of each denied hit (from
-/// the state it was evaluated against) and `None` for each admitted one.
+/// (those admitted, and those charged always). Pushes to `reports` the report of each denied
+/// hit (from the state it was evaluated against) and `None` for each admitted one.
+#[inline]
 fn evaluate(
     hits: &[Hit],
     of_hit: &[usize],
     states: &[State],
     now: u64,
-) -> Scratch<Option<HitOutcome>> {
-    let mut uses_left: Scratch<usize> = smallvec::smallvec![0; states.len()];
-    for &slot in of_hit {
+    reports: &mut Scratch<Option<HitOutcome>>,
+) {
+    // Only a batch with several hits on one key needs to count uses and keep tentative
+    // states; others leave both empty (read as "no later use", "no tentative state").
+    let repeats = of_hit.len() > states.len();
+    let slots = if repeats { states.len() } else { 0 };
+    let mut uses_left: Scratch<usize> = Scratch::new();
+    uses_left.resize(slots, 0);
+    for &slot in of_hit.iter().filter(|_| repeats) {
         if let Some(n) = uses_left.get_mut(slot) {
             *n += 1;
         }
     }
     // A slot's tentative state, materialised only when a later hit will read it.
-    let mut overlay: Scratch<Option<State>> = smallvec::smallvec![None; states.len()];
+    let mut overlay = Overlay::new();
+    overlay.resize(slots, None);
     let fresh = State::Fresh;
-    let mut reports = Scratch::with_capacity(hits.len());
     for (hit, &slot) in hits.iter().zip(of_hit) {
         let algo = Algo::of(&hit.limit);
         let later = uses_left.get_mut(slot).map_or(0, |n| {
@@ -154,19 +169,18 @@ fn evaluate(
             }
         }
     }
-    reports
 }
 
-/// Applies the planned hits to the original states, in batch order; returns which slots a
-/// cost (not a check-only 0) was applied to.
+/// Applies the planned hits to the original states, in batch order; marks in `changed` the
+/// slots a cost (not a check-only 0) was applied to.
 fn commit(
     hits: &[Hit],
     of_hit: &[usize],
     states: &mut [State],
     consume: &[bool],
     now: u64,
-) -> Scratch<bool> {
-    let mut changed: Scratch<bool> = smallvec::smallvec![false; states.len()];
+    changed: &mut [bool],
+) {
     for ((hit, &slot), _) in hits.iter().zip(of_hit).zip(consume).filter(|(_, c)| **c) {
         if let (Some(state), Some(flag)) = (states.get_mut(slot), changed.get_mut(slot))
             && hit.cost > 0
@@ -175,7 +189,6 @@ fn commit(
             *flag = true;
         }
     }
-    changed
 }
 
 /// An admitted hit's outcome, from its key's committed state.
@@ -191,32 +204,35 @@ fn admitted_report(hit: &Hit, state: Option<&State>, now: u64) -> HitOutcome {
 
 /// One write per slot: keep what no cost touched; store the rest until it is fresh (by the
 /// limit of the slot's first hit), or remove it when it already is.
-fn writes(
+fn plan_writes(
     hits: &[Hit],
     of_hit: &[usize],
     states: &[State],
     changed: &[bool],
     now: u64,
-) -> Scratch<Write> {
-    let mut first_hit: Scratch<Option<&Hit>> = smallvec::smallvec![None; states.len()];
+    writes: &mut Scratch<Write>,
+) {
+    let mut first_hit: Scratch<Option<&Hit>> = Scratch::new();
+    first_hit.resize(states.len(), None);
     for (hit, &slot) in hits.iter().zip(of_hit) {
         if let Some(first @ None) = first_hit.get_mut(slot) {
             *first = Some(hit);
         }
     }
-    states
-        .iter()
-        .zip(changed)
-        .zip(first_hit)
-        .map(|((state, &changed), hit)| match hit {
-            _ if !changed => Write::Keep,
-            Some(hit) => match Algo::of(&hit.limit).fresh_at(state, now) {
-                Some(at) => Write::Store(at),
+    let each =
+        states
+            .iter()
+            .zip(changed)
+            .zip(first_hit)
+            .map(|((state, &changed), hit)| match hit {
+                _ if !changed => Write::Keep,
+                Some(hit) => match Algo::of(&hit.limit).fresh_at(state, now) {
+                    Some(at) => Write::Store(at),
+                    None => Write::Remove,
+                },
                 None => Write::Remove,
-            },
-            None => Write::Remove,
-        })
-        .collect()
+            });
+    writes.extend(each);
 }
 
 #[cfg(test)]
@@ -226,6 +242,17 @@ mod tests {
     use crate::limiter::{LimitParams, Role};
 
     const SEC: u64 = 1_000_000_000;
+
+    struct Decided {
+        outcome: BatchOutcome,
+        writes: Scratch<Write>,
+    }
+
+    fn decide_all(hits: &[Hit], of_hit: &[usize], states: &mut [State], now: u64) -> Decided {
+        let mut writes = Scratch::new();
+        let outcome = decide(hits, of_hit, states, now, &mut writes);
+        Decided { outcome, writes }
+    }
 
     fn hit(key: &str, group: usize, cost: u64) -> Hit {
         Hit {
@@ -259,7 +286,7 @@ mod tests {
     #[test]
     fn a_later_hit_sees_an_earlier_one_on_the_same_key() {
         let hits = [hit("a", 0, 3), hit("a", 1, 2)];
-        let d = decide(&hits, &[0, 0], &mut [State::Fresh], SEC);
+        let d = decide_all(&hits, &[0, 0], &mut [State::Fresh], SEC);
         assert!(!d.outcome.admitted);
         assert_eq!(
             d.outcome
@@ -276,7 +303,7 @@ mod tests {
     fn admitted_hits_report_the_final_state_of_their_key() {
         let hits = [hit("a", 0, 1), hit("a", 1, 2)];
         let mut states = [State::Fresh];
-        let d = decide(&hits, &[0, 0], &mut states, SEC);
+        let d = decide_all(&hits, &[0, 0], &mut states, SEC);
         assert!(d.outcome.admitted);
         assert!(d.outcome.hits.iter().all(|h| h.remaining == 1));
         assert_eq!(d.writes.as_slice(), [Write::Store(SEC + 3 * SEC / 4)]);
@@ -287,7 +314,7 @@ mod tests {
     fn a_refund_to_empty_removes_the_key() {
         let mut back = hit("a", 0, 9);
         back.refund = true;
-        let d = decide(&[back], &[0], &mut [State::Funnel(SEC + 1)], SEC);
+        let d = decide_all(&[back], &[0], &mut [State::Funnel(SEC + 1)], SEC);
         assert_eq!(d.writes.as_slice(), [Write::Remove]);
         assert_eq!(d.outcome.hits[0].remaining, 4);
     }

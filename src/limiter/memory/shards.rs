@@ -49,15 +49,20 @@ impl Shards {
     }
 
     /// Locks the given shards (any order, repeats allowed) in ascending order, each once.
+    #[inline]
     pub(super) fn lock(&self, indices: impl Iterator<Item = usize>) -> Locked<'_> {
-        let mut order: SmallVec<[usize; INLINE_SHARDS]> = indices.collect();
+        let mut order: SmallVec<[usize; INLINE_SHARDS]> = SmallVec::new();
+        order.extend(indices);
         order.sort_unstable();
         order.dedup();
+        let mut locked = Locked {
+            guards: SmallVec::new(),
+        };
         let guards = order
-            .into_iter()
-            .filter_map(|i| self.shards.get(i).map(|s| (i, s.lock())))
-            .collect();
-        Locked { guards }
+            .iter()
+            .filter_map(|&i| self.shards.get(i).map(|s| (i, s.lock())));
+        locked.guards.extend(guards);
+        locked
     }
 
     /// The number of keys held (shard by shard, so only a snapshot under concurrent use).
