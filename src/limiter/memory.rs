@@ -8,10 +8,21 @@
 //! key fresh removes it, and check-only hits (cost 0), zero-quota limits and denied requests
 //! never create an entry. docs/algorithms.md gives the bytes held per key for each algorithm.
 //!
+//! # Layout
+//!
+//! Each shard keeps its keys' bytes end to end in one buffer (`keys.rs`) and one hash table
+//! per kind of state (`store.rs`), whose entries name their key by its place in that buffer:
+//! a funnel's entry is 16 bytes (the key's place and the `tat`, which is also when it becomes
+//! fresh); the other kinds store when they become fresh beside their state, and a sliding log
+//! stays boxed. Keys are compared byte for byte: two keys never share a state. A key is hashed
+//! once per batch, the hash choosing both its shard and its slot in the shard's table; the
+//! batch reads each state in place, decides on copies, and writes the result back to the same
+//! slot. Only a key that becomes fresh is removed, and only a new key is inserted.
+//!
 //! # Concurrency
 //!
 //! Keys are spread over a fixed number of shards (a power of two, at most 64), each a
-//! `parking_lot::Mutex` around a `HashMap`. A batch locks every shard it touches, each once and in
+//! `parking_lot::Mutex` around its store. A batch locks every shard it touches, each once and in
 //! ascending shard order (so two batches never deadlock), reads the clock once while holding them,
 //! decides, writes back and unlocks. [`Limiter::check`] does all of this synchronously and returns
 //! a ready future: no lock is ever held across an `.await`, and there is no global lock.
@@ -28,17 +39,23 @@
 //!    more than the limit would have; size `max_keys` so that this is rare, and watch `len`.
 //!
 //! Fresh entries that nothing touches again stay until [`MemoryLimiter::sweep`] (called
-//! periodically by the app) or an eviction removes them.
+//! periodically by the app) or an eviction removes them. The bytes of removed keys are
+//! reclaimed once they outweigh the held keys' in their shard (the buffer is rewritten, so each
+//! removed byte costs one copy on average). A shard holds at most 4 GiB of key bytes; a new
+//! key that does not fit is not stored, as if evicted at once.
 
 mod decide;
+mod keys;
 mod shards;
-
-use std::sync::Arc;
+mod store;
 
 use super::algorithm::State;
-use super::{Batch, BatchOutcome, BoxFuture, Clock, Limiter, LimiterError, MonotonicClock};
-use decide::{Slots, Write};
-use shards::{Locked, Shards, Stored};
+use super::{Batch, BatchOutcome, BoxFuture, Clock, Hit, Limiter, LimiterError, MonotonicClock};
+use decide::{Scratch, Slots, Write};
+use keys::Span;
+use shards::{Locked, Shards};
+use smallvec::SmallVec;
+use store::{Found, Kind, Store};
 
 /// Limiter state in this process's memory.
 ///
@@ -118,67 +135,143 @@ impl<C: Clock> MemoryLimiter<C> {
         self.shards.sweep(&self.clock)
     }
 
-    /// Decides a batch: lock its shards, take its states out, decide, put them back.
+    /// Decides a batch: lock its shards, read its states, decide, write back in place.
     fn decide(&self, batch: &Batch) -> BatchOutcome {
+        // Scratch space is filled in place: moving a `SmallVec` copies its inline buffer.
         let slots = Slots::new(&batch.hits);
-        let shard_of: Vec<usize> = slots.keys.iter().map(|k| self.shards.index(k)).collect();
-        let mut locked = self.shards.lock(&shard_of);
+        let mut places: Scratch<Place> = Scratch::new();
+        places.extend(slots.first.iter().map(|hit| Place::new(&self.shards, hit)));
+        let mut locked = self.shards.lock(places.iter().map(|p| p.shard));
         let now = self.clock.now_nanos();
-        let taken: Vec<Option<Stored>> = slots
-            .keys
-            .iter()
-            .zip(&shard_of)
-            .map(|(key, &shard)| locked.take(shard, key))
-            .collect();
-        let kept_until: Vec<Option<u64>> = taken
-            .iter()
-            .map(|t| t.as_ref().map(|s| s.fresh_at))
-            .collect();
-        let mut states: Vec<State> = taken
-            .into_iter()
-            .map(|t| t.map_or(State::Fresh, |s| s.state))
-            .collect();
-        let decided = decide::decide(&batch.hits, &slots.of_hit, &mut states, now);
-        let places: Vec<(&Arc<[u8]>, usize)> = slots.keys.iter().copied().zip(shard_of).collect();
-        put_back(
+        let mut states: Scratch<State> = Scratch::new();
+        let read = places.iter_mut().zip(&slots.first);
+        states.extend(read.map(|(place, hit)| place.read(&mut locked, &hit.key)));
+        let mut writes = Scratch::new();
+        let outcome = decide::decide(&batch.hits, &slots.of_hit, &mut states, now, &mut writes);
+        write_back(
             &mut locked,
             &places,
-            states,
-            &decided.writes,
-            &kept_until,
+            &slots.first,
+            &mut states,
+            &writes,
             now,
         );
-        decided.outcome
+        outcome
     }
 }
 
-/// Puts a batch's states back at their `places` (key, shard) as `writes` say; `held` is when
-/// each taken state was to become fresh (`None`: the key was not held). Keys that were held go
-/// back first, so that only new keys can cause an eviction.
-fn put_back(
-    locked: &mut Locked<'_>,
-    places: &[(&Arc<[u8]>, usize)],
-    states: Vec<State>,
-    writes: &[Write],
-    held: &[Option<u64>],
-    now: u64,
-) {
-    let mut puts: Vec<(usize, Stored, bool)> = Vec::with_capacity(states.len());
-    for (slot, (state, write)) in states.into_iter().zip(writes).enumerate() {
-        let held = held.get(slot).copied().flatten();
-        let fresh_at = match *write {
-            Write::Keep => held,
-            Write::Store(at) => Some(at),
-            Write::Remove => None,
-        };
-        if let Some(fresh_at) = fresh_at {
-            puts.push((slot, Stored { fresh_at, state }, held.is_some()));
+/// One distinct key of a batch: its hash and shard, and once read, where it was held.
+struct Place {
+    hash: u64,
+    shard: usize,
+    /// The table of the algorithm of the key's first hit, looked in first.
+    kind: Kind,
+    found: Option<Found>,
+    /// When the state read becomes fresh.
+    fresh_at: u64,
+}
+
+impl Place {
+    fn new(shards: &Shards, hit: &Hit) -> Place {
+        let (hash, shard) = shards.place(&hit.key);
+        Place {
+            hash,
+            shard,
+            kind: Kind::of(hit.limit.algorithm),
+            found: None,
+            fresh_at: 0,
         }
     }
-    puts.sort_by_key(|p| !p.2);
-    for (slot, stored, _) in puts {
-        if let Some(&(key, shard)) = places.get(slot) {
-            locked.store(shard, key, stored, now);
+
+    /// The key's state (fresh when not held), remembering where it was found.
+    fn read(&mut self, locked: &mut Locked<'_>, key: &[u8]) -> State {
+        let Some(store) = locked.store(self.shard) else {
+            return State::Fresh;
+        };
+        self.found = store.find(self.hash, key, self.kind);
+        match self.found.and_then(|found| store.take(found)) {
+            Some((fresh_at, state)) => {
+                self.fresh_at = fresh_at;
+                state
+            }
+            None => State::Fresh,
+        }
+    }
+}
+
+/// Writes a batch's states back as `writes` say. Held keys are written in place first (a
+/// table does not move its entries until one is inserted), then held keys whose state changed
+/// kind are moved to their new table, and only then are new keys inserted: only new keys can
+/// cause an eviction.
+fn write_back(
+    locked: &mut Locked<'_>,
+    places: &[Place],
+    first: &[&Hit],
+    states: &mut [State],
+    writes: &[Write],
+    now: u64,
+) {
+    // Moves never happen with keys naming their algorithm: an empty `Vec` costs nothing.
+    let mut moves: Vec<(usize, Span, u64, State)> = Vec::new();
+    let mut inserts: SmallVec<[(usize, u64, State); 4]> = SmallVec::new();
+    for (slot, ((place, state), &write)) in places.iter().zip(states).zip(writes).enumerate() {
+        let state = std::mem::take(state);
+        match locked
+            .store(place.shard)
+            .and_then(|s| place.write(s, state, write))
+        {
+            Some(Later::Move(key, at, state)) => moves.push((slot, key, at, state)),
+            Some(Later::Insert(at, state)) => inserts.push((slot, at, state)),
+            None => {}
+        }
+    }
+    for (slot, key, at, state) in moves {
+        if let Some(place) = places.get(slot)
+            && let Some(store) = locked.store(place.shard)
+        {
+            store.move_in(key, place.hash, at, state);
+        }
+    }
+    for (slot, at, state) in inserts {
+        if let (Some(place), Some(hit)) = (places.get(slot), first.get(slot))
+            && let Some(store) = locked.store(place.shard)
+        {
+            store.insert(place.hash, &hit.key, at, state, now);
+        }
+    }
+    locked.tidy();
+}
+
+/// A write that waits until every held key is written in place.
+enum Later {
+    /// A held key whose state is now of another kind, out of its table: to store in its new
+    /// one (its bytes stay where they are).
+    Move(Span, u64, State),
+    /// A key not held, to store with this state.
+    Insert(u64, State),
+}
+
+impl Place {
+    /// Writes a key's state back in place, or says what is left to do.
+    fn write(&self, store: &mut Store, state: State, write: Write) -> Option<Later> {
+        match (self.found, write) {
+            (Some(found), Write::Keep) => {
+                // Puts back what was read (a log was moved out), unchanged.
+                let _ = store.put(found, self.fresh_at, state);
+                None
+            }
+            (Some(found), Write::Store(at)) => {
+                let state = store.put(found, at, state).err()?;
+                let key = store.remove(found)?;
+                Some(Later::Move(key, at, state))
+            }
+            (Some(found), Write::Remove) => {
+                let key = store.remove(found)?;
+                store.free(key);
+                None
+            }
+            (None, Write::Store(at)) => Some(Later::Insert(at, state)),
+            (None, Write::Keep | Write::Remove) => None,
         }
     }
 }
@@ -199,5 +292,50 @@ impl<C: Clock> std::fmt::Debug for MemoryLimiter<C> {
         f.debug_struct("MemoryLimiter")
             .field("shards", &self.shards)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::FutureExt;
+
+    use super::*;
+    use crate::config::model::{Algorithm, Charge};
+    use crate::limiter::{LimitParams, ManualClock, Role};
+
+    const SEC: u64 = 1_000_000_000;
+
+    fn batch(key: &str, algorithm: Algorithm) -> Batch {
+        let limit = LimitParams {
+            algorithm,
+            quota: 10,
+            period_nanos: 60 * SEC,
+            burst: 10,
+            charge: Charge::Admitted,
+            borrow: false,
+        };
+        let hit = Hit {
+            key: key.as_bytes().into(),
+            limit,
+            cost: 1,
+            refund: false,
+            group: 0,
+            role: Role::Enforced,
+        };
+        Batch { hits: vec![hit] }
+    }
+
+    #[test]
+    fn a_key_used_by_another_algorithm_stays_one_entry_and_takes_its_new_state() {
+        let limiter = MemoryLimiter::with_clock(100, ManualClock::at(SEC));
+        let check = |b: &Batch| limiter.check(b).now_or_never().and_then(Result::ok);
+        for algorithm in Algorithm::ALL.into_iter().chain([Algorithm::Funnel]) {
+            let outcome = check(&batch("k", algorithm)).map(|o| o.hits[0].remaining);
+            // Another algorithm's state counts as fresh: a full quota less this cost.
+            assert_eq!(outcome, Some(9), "{}", algorithm.as_str());
+            assert_eq!(limiter.len(), 1);
+        }
+        let held = limiter.snapshot();
+        assert!(matches!(held.as_slice(), [(k, State::Funnel(_))] if k == b"k"));
     }
 }

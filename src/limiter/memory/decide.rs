@@ -1,44 +1,55 @@
 //! One batch decided against a snapshot of its keys' states, as a pure function: evaluate every
 //! hit (seeing earlier hits of the batch on the same key), plan (all or nothing), commit from the
-//! original states, report. The caller takes the states out of the map and writes the result
-//! back. Tentative states are only copied for a key that a later hit of the batch reads, so a
-//! large state (a sliding log) is not copied on the common path.
+//! original states, report. The caller reads the states from the map and writes the result
+//! back in place. Tentative states are only copied for a key that a later hit of the batch
+//! reads, so a large state (a sliding log) is not copied on the common path. Batches of up to
+//! [`INLINE`] hits decide without allocating scratch space.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use ahash::RandomState;
+use smallvec::SmallVec;
 
 use crate::config::model::Charge;
 use crate::limiter::algorithm::{Algo, State};
 use crate::limiter::{BatchOutcome, Hit, HitOutcome, plan};
+
+/// Batches of up to this many hits keep their scratch space on the stack.
+pub(super) const INLINE: usize = 16;
+
+/// Per-batch scratch space: one element per hit or per key slot.
+pub(super) type Scratch<T> = SmallVec<[T; INLINE]>;
+
+/// Tentative states of the keys a batch hits more than once (rare, so kept short inline).
+type Overlay = SmallVec<[Option<State>; 4]>;
 
 /// Above this many hits, distinct keys are found with a hash map instead of a linear scan.
 const LINEAR_SCAN_MAX: usize = 16;
 
 /// The distinct keys of a batch, in order of first appearance.
 pub(super) struct Slots<'a> {
-    /// One per distinct key.
-    pub(super) keys: Vec<&'a Arc<[u8]>>,
-    /// Per hit: the index of its key in `keys`.
-    pub(super) of_hit: Vec<usize>,
+    /// One per distinct key: the first hit on it.
+    pub(super) first: Scratch<&'a Hit>,
+    /// Per hit: the index of its key in `first`.
+    pub(super) of_hit: Scratch<usize>,
 }
 
 impl<'a> Slots<'a> {
+    #[inline]
     pub(super) fn new(hits: &'a [Hit]) -> Slots<'a> {
         let mut slots = Slots {
-            keys: Vec::with_capacity(hits.len()),
-            of_hit: Vec::with_capacity(hits.len()),
+            first: Scratch::new(),
+            of_hit: Scratch::with_capacity(hits.len()),
         };
         if hits.len() <= LINEAR_SCAN_MAX {
             for hit in hits {
-                let found = slots.keys.iter().position(|k| **k == hit.key);
+                let found = slots.first.iter().position(|h| h.key == hit.key);
                 slots.push(hit, found);
             }
         } else {
             let mut seen = HashMap::with_capacity_and_hasher(hits.len(), RandomState::new());
             for hit in hits {
-                let next = slots.keys.len();
+                let next = slots.first.len();
                 let slot = *seen.entry(&*hit.key).or_insert(next);
                 slots.push(hit, (slot != next).then_some(slot));
             }
@@ -48,8 +59,8 @@ impl<'a> Slots<'a> {
 
     fn push(&mut self, hit: &'a Hit, found: Option<usize>) {
         let slot = found.unwrap_or_else(|| {
-            self.keys.push(&hit.key);
-            self.keys.len() - 1
+            self.first.push(hit);
+            self.first.len() - 1
         });
         self.of_hit.push(slot);
     }
@@ -66,30 +77,36 @@ pub(super) enum Write {
     Store(u64),
 }
 
-/// The result of a batch: the outcome to return and one write per key slot.
-pub(super) struct Decided {
-    pub(super) outcome: BatchOutcome,
-    pub(super) writes: Vec<Write>,
-}
-
 /// Decides a batch: `of_hit[i]` is the slot of `hits[i]`, `states[s]` the state of slot `s`.
-/// On return, `states` holds the committed states (those a [`Write::Keep`] leaves untouched).
-pub(super) fn decide(hits: &[Hit], of_hit: &[usize], states: &mut [State], now: u64) -> Decided {
-    let mut reports = evaluate(hits, of_hit, states, now);
-    let admitted: Vec<bool> = reports.iter().map(Option::is_none).collect();
+/// On return, `states` holds the committed states (those a [`Write::Keep`] leaves untouched)
+/// and `writes` one write per slot. (Scratch space is filled in place, never returned: moving a
+/// `SmallVec` copies its whole inline buffer.)
+pub(super) fn decide(
+    hits: &[Hit],
+    of_hit: &[usize],
+    states: &mut [State],
+    now: u64,
+    writes: &mut Scratch<Write>,
+) -> BatchOutcome {
+    let mut reports = Scratch::new();
+    evaluate(hits, of_hit, states, now, &mut reports);
+    let mut admitted: Scratch<bool> = Scratch::new();
+    admitted.extend(reports.iter().map(Option::is_none));
     let plan = plan::plan(hits, &admitted);
-    let changed = commit(hits, of_hit, states, &plan.consume, now);
+    let mut changed: Scratch<bool> = Scratch::new();
+    changed.resize(states.len(), false);
+    commit(hits, of_hit, states, &plan.consume, now, &mut changed);
     for ((hit, &slot), report) in hits.iter().zip(of_hit).zip(&mut reports) {
         if report.is_none() {
             *report = Some(admitted_report(hit, states.get(slot), now));
         }
     }
-    Decided {
-        outcome: BatchOutcome {
-            hits: reports.into_iter().flatten().collect(),
-            admitted: plan.admitted,
-        },
-        writes: writes(hits, of_hit, states, &changed, now),
+    let mut outcomes = Vec::with_capacity(hits.len());
+    outcomes.extend(reports.iter().flatten());
+    plan_writes(hits, of_hit, states, &changed, now, writes);
+    BatchOutcome {
+        hits: outcomes,
+        admitted: plan.admitted,
     }
 }
 
@@ -103,19 +120,31 @@ fn apply(hit: &Hit, algo: &Algo, state: &mut State, now: u64) {
 }
 
 /// Evaluates hits in order; a hit sees the tentative effect of the earlier hits on its key
-/// (those admitted, and those charged always). Returns the report of each denied hit (from
-/// the state it was evaluated against) and `None` for each admitted one.
-fn evaluate(hits: &[Hit], of_hit: &[usize], states: &[State], now: u64) -> Vec<Option<HitOutcome>> {
-    let mut uses_left = vec![0usize; states.len()];
-    for &slot in of_hit {
+/// (those admitted, and those charged always). Pushes to `reports` the report of each denied
+/// hit (from the state it was evaluated against) and `None` for each admitted one.
+#[inline]
+fn evaluate(
+    hits: &[Hit],
+    of_hit: &[usize],
+    states: &[State],
+    now: u64,
+    reports: &mut Scratch<Option<HitOutcome>>,
+) {
+    // Only a batch with several hits on one key needs to count uses and keep tentative
+    // states; others leave both empty (read as "no later use", "no tentative state").
+    let repeats = of_hit.len() > states.len();
+    let slots = if repeats { states.len() } else { 0 };
+    let mut uses_left: Scratch<usize> = Scratch::new();
+    uses_left.resize(slots, 0);
+    for &slot in of_hit.iter().filter(|_| repeats) {
         if let Some(n) = uses_left.get_mut(slot) {
             *n += 1;
         }
     }
     // A slot's tentative state, materialised only when a later hit will read it.
-    let mut overlay: Vec<Option<State>> = vec![None; states.len()];
+    let mut overlay = Overlay::new();
+    overlay.resize(slots, None);
     let fresh = State::Fresh;
-    let mut reports = Vec::with_capacity(hits.len());
     for (hit, &slot) in hits.iter().zip(of_hit) {
         let algo = Algo::of(&hit.limit);
         let later = uses_left.get_mut(slot).map_or(0, |n| {
@@ -140,19 +169,18 @@ fn evaluate(hits: &[Hit], of_hit: &[usize], states: &[State], now: u64) -> Vec<O
             }
         }
     }
-    reports
 }
 
-/// Applies the planned hits to the original states, in batch order; returns which slots a
-/// cost (not a check-only 0) was applied to.
+/// Applies the planned hits to the original states, in batch order; marks in `changed` the
+/// slots a cost (not a check-only 0) was applied to.
 fn commit(
     hits: &[Hit],
     of_hit: &[usize],
     states: &mut [State],
     consume: &[bool],
     now: u64,
-) -> Vec<bool> {
-    let mut changed = vec![false; states.len()];
+    changed: &mut [bool],
+) {
     for ((hit, &slot), _) in hits.iter().zip(of_hit).zip(consume).filter(|(_, c)| **c) {
         if let (Some(state), Some(flag)) = (states.get_mut(slot), changed.get_mut(slot))
             && hit.cost > 0
@@ -161,7 +189,6 @@ fn commit(
             *flag = true;
         }
     }
-    changed
 }
 
 /// An admitted hit's outcome, from its key's committed state.
@@ -177,32 +204,35 @@ fn admitted_report(hit: &Hit, state: Option<&State>, now: u64) -> HitOutcome {
 
 /// One write per slot: keep what no cost touched; store the rest until it is fresh (by the
 /// limit of the slot's first hit), or remove it when it already is.
-fn writes(
+fn plan_writes(
     hits: &[Hit],
     of_hit: &[usize],
     states: &[State],
     changed: &[bool],
     now: u64,
-) -> Vec<Write> {
-    let mut first_hit: Vec<Option<&Hit>> = vec![None; states.len()];
+    writes: &mut Scratch<Write>,
+) {
+    let mut first_hit: Scratch<Option<&Hit>> = Scratch::new();
+    first_hit.resize(states.len(), None);
     for (hit, &slot) in hits.iter().zip(of_hit) {
         if let Some(first @ None) = first_hit.get_mut(slot) {
             *first = Some(hit);
         }
     }
-    states
-        .iter()
-        .zip(changed)
-        .zip(first_hit)
-        .map(|((state, &changed), hit)| match hit {
-            _ if !changed => Write::Keep,
-            Some(hit) => match Algo::of(&hit.limit).fresh_at(state, now) {
-                Some(at) => Write::Store(at),
+    let each =
+        states
+            .iter()
+            .zip(changed)
+            .zip(first_hit)
+            .map(|((state, &changed), hit)| match hit {
+                _ if !changed => Write::Keep,
+                Some(hit) => match Algo::of(&hit.limit).fresh_at(state, now) {
+                    Some(at) => Write::Store(at),
+                    None => Write::Remove,
+                },
                 None => Write::Remove,
-            },
-            None => Write::Remove,
-        })
-        .collect()
+            });
+    writes.extend(each);
 }
 
 #[cfg(test)]
@@ -212,6 +242,17 @@ mod tests {
     use crate::limiter::{LimitParams, Role};
 
     const SEC: u64 = 1_000_000_000;
+
+    struct Decided {
+        outcome: BatchOutcome,
+        writes: Scratch<Write>,
+    }
+
+    fn decide_all(hits: &[Hit], of_hit: &[usize], states: &mut [State], now: u64) -> Decided {
+        let mut writes = Scratch::new();
+        let outcome = decide(hits, of_hit, states, now, &mut writes);
+        Decided { outcome, writes }
+    }
 
     fn hit(key: &str, group: usize, cost: u64) -> Hit {
         Hit {
@@ -236,16 +277,16 @@ mod tests {
         for n in [3, 40] {
             let hits: Vec<Hit> = (0..n).map(|i| hit(["a", "b", "a"][i % 3], i, 1)).collect();
             let slots = Slots::new(&hits);
-            assert_eq!(slots.keys.len(), 2);
+            assert_eq!(slots.first.len(), 2);
             let want: Vec<usize> = (0..n).map(|i| [0, 1, 0][i % 3]).collect();
-            assert_eq!(slots.of_hit, want);
+            assert_eq!(slots.of_hit.as_slice(), want);
         }
     }
 
     #[test]
     fn a_later_hit_sees_an_earlier_one_on_the_same_key() {
         let hits = [hit("a", 0, 3), hit("a", 1, 2)];
-        let d = decide(&hits, &[0, 0], &mut [State::Fresh], SEC);
+        let d = decide_all(&hits, &[0, 0], &mut [State::Fresh], SEC);
         assert!(!d.outcome.admitted);
         assert_eq!(
             d.outcome
@@ -255,17 +296,17 @@ mod tests {
                 .collect::<Vec<_>>(),
             [true, false]
         );
-        assert_eq!(d.writes, [Write::Keep]);
+        assert_eq!(d.writes.as_slice(), [Write::Keep]);
     }
 
     #[test]
     fn admitted_hits_report_the_final_state_of_their_key() {
         let hits = [hit("a", 0, 1), hit("a", 1, 2)];
         let mut states = [State::Fresh];
-        let d = decide(&hits, &[0, 0], &mut states, SEC);
+        let d = decide_all(&hits, &[0, 0], &mut states, SEC);
         assert!(d.outcome.admitted);
         assert!(d.outcome.hits.iter().all(|h| h.remaining == 1));
-        assert_eq!(d.writes, [Write::Store(SEC + 3 * SEC / 4)]);
+        assert_eq!(d.writes.as_slice(), [Write::Store(SEC + 3 * SEC / 4)]);
         assert_eq!(states, [State::Funnel(SEC + 3 * SEC / 4)]);
     }
 
@@ -273,8 +314,8 @@ mod tests {
     fn a_refund_to_empty_removes_the_key() {
         let mut back = hit("a", 0, 9);
         back.refund = true;
-        let d = decide(&[back], &[0], &mut [State::Funnel(SEC + 1)], SEC);
-        assert_eq!(d.writes, [Write::Remove]);
+        let d = decide_all(&[back], &[0], &mut [State::Funnel(SEC + 1)], SEC);
+        assert_eq!(d.writes.as_slice(), [Write::Remove]);
         assert_eq!(d.outcome.hits[0].remaining, 4);
     }
 }
