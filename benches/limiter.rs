@@ -1,5 +1,5 @@
-//! The funnel decision, every algorithm's decision, and the memory backend: one thread, and
-//! both cores on one hot key and on 1,000,000 keys.
+//! The funnel decision, every algorithm's decision, and the memory backend: one thread, new
+//! keys into a full limiter, and both cores on one hot key and on 1,000,000 keys.
 
 mod common;
 
@@ -134,6 +134,34 @@ fn memory_single_thread(c: &mut Criterion) {
     g.finish();
 }
 
+/// A flood of new keys into a full limiter (`max_keys` = 1,000,000, every key held and not
+/// fresh): each check stores a key never seen, so every shard is full and must evict.
+fn memory_full(c: &mut Criterion) {
+    let mut g = c.benchmark_group("memory_full");
+    // 10 per hour: a key stays held (not fresh) for six minutes after its hit.
+    let held = |n| {
+        let mut b = batch(n);
+        for hit in &mut b.hits {
+            hit.limit.quota = 10;
+            hit.limit.burst = 10;
+        }
+        b
+    };
+    let full = MemoryLimiter::new(MANY_KEYS as usize);
+    for n in 0..MANY_KEYS {
+        check(&full, &held(n));
+    }
+    let mut next = MANY_KEYS;
+    g.bench_function("new_key", |b| {
+        b.iter(|| {
+            next += 1;
+            check(&full, &held(next))
+        })
+    });
+    assert!(full.len() <= MANY_KEYS as usize);
+    g.finish();
+}
+
 /// Both cores: two threads each run `iters / 2` checks; the time per check of the pair.
 fn two_threads(limiter: &MemoryLimiter, work: &[Vec<Batch>; 2], iters: u64) -> Duration {
     let start = Instant::now();
@@ -173,6 +201,6 @@ fn memory_two_threads(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = common::criterion();
-    targets = funnel, algorithms, memory_single_thread, memory_two_threads
+    targets = funnel, algorithms, memory_single_thread, memory_full, memory_two_threads
 }
 criterion_main!(benches);

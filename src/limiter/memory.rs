@@ -34,9 +34,13 @@
 //! shards, down to one). When a new key must be stored in a full shard:
 //!
 //! 1. every fresh entry of that shard is dropped (this loses nothing);
-//! 2. if the shard is still full, the entry that becomes fresh soonest is evicted: the one
-//!    closest to fresh, so the least information is lost. Its key starts over as fresh, which can admit
-//!    more than the limit would have; size `max_keys` so that this is rare, and watch `len`.
+//! 2. if fewer than 1/32 of the shard's capacity (at least 1) are then free, the entries that
+//!    become fresh soonest are evicted until that many are free: the ones closest to fresh, so
+//!    the least information is lost. An evicted key starts over as fresh, which can admit more
+//!    than the limit would have; size `max_keys` so that this is rare, and watch `len`.
+//!
+//! Both steps scan the shard, so evicting a slice at once makes a flood of new keys into a full
+//! shard pay one scan per 1/32 of its capacity in new keys rather than one per key.
 //!
 //! Fresh entries that nothing touches again stay until [`MemoryLimiter::sweep`] (called
 //! periodically by the app) or an eviction removes them. The bytes of removed keys are

@@ -17,6 +17,12 @@ use crate::limiter::sliding_log::Log;
 use crate::limiter::sliding_window::Counters;
 use crate::limiter::token_bucket::Bucket;
 
+/// How many entries a full store evicts at once when none is fresh: 1/32 of its capacity
+/// (at least 1), the ones closest to fresh.
+pub(super) fn eviction_slice(capacity: usize) -> usize {
+    (capacity / 32).max(1)
+}
+
 /// Dead key bytes below this are never worth rewriting the arena for.
 const COMPACT_AT_LEAST: usize = 4096;
 
@@ -209,8 +215,8 @@ trait AnyTable {
     fn insert(&mut self, at: Place<'_>, fresh_at: u64, state: State) -> Result<(), State>;
     /// Removes the entries fresh at `now`, freeing their keys; returns how many.
     fn drop_fresh(&mut self, now: u64, keys: &mut Arena) -> usize;
-    /// The entry that becomes fresh soonest: when, and its index.
-    fn closest_to_fresh(&self) -> Option<(u64, usize)>;
+    /// Every entry's time of becoming fresh, with its index.
+    fn each_fresh_at(&self, f: &mut dyn FnMut(u64, usize));
     fn each_key(&mut self, f: &mut dyn FnMut(&mut Span));
     #[cfg(any(test, feature = "test-util"))]
     fn each(&self, f: &mut dyn FnMut(Span, State));
@@ -271,11 +277,12 @@ impl<V: Value> AnyTable for Table<V> {
         before - self.map.len()
     }
 
-    fn closest_to_fresh(&self) -> Option<(u64, usize)> {
-        self.map
-            .iter_buckets()
-            .filter_map(|i| self.map.get_bucket(i).map(|e| (e.value.fresh_at(), i)))
-            .min_by_key(|&(at, _)| at)
+    fn each_fresh_at(&self, f: &mut dyn FnMut(u64, usize)) {
+        for i in self.map.iter_buckets() {
+            if let Some(e) = self.map.get_bucket(i) {
+                f(e.value.fresh_at(), i);
+            }
+        }
     }
 
     fn each_key(&mut self, f: &mut dyn FnMut(&mut Span)) {
@@ -439,25 +446,35 @@ impl Store {
         }
     }
 
-    /// In a full store, drops every fresh entry, then the entries closest to fresh until
-    /// there is room for one more.
+    /// In a full store, drops every fresh entry, then evicts the entries closest to fresh
+    /// until [`eviction_slice`] entries are free (none when the fresh ones were enough). Each
+    /// step scans the whole store, so a flood of new keys into a full store pays for one scan
+    /// per slice of new keys, not one per key.
     fn make_room(&mut self, now: u64) {
         if self.len() < self.capacity {
             return;
         }
         self.drop_fresh(now);
-        while self.len() >= self.capacity {
-            let closest = Kind::ALL
-                .into_iter()
-                .filter_map(|kind| {
-                    let (at, index) = self.tables.get(kind).closest_to_fresh()?;
-                    Some((at, Found { kind, index }))
-                })
-                .min_by_key(|&(at, _)| at);
-            let Some(key) = closest.and_then(|(_, found)| self.remove(found)) else {
-                break;
-            };
-            self.keys.free(key);
+        let keep = self.capacity.saturating_sub(eviction_slice(self.capacity));
+        let evict = self.len().saturating_sub(keep);
+        if evict == 0 {
+            return;
+        }
+        let mut all: Vec<(u64, Found)> = Vec::with_capacity(self.len());
+        for kind in Kind::ALL {
+            self.tables
+                .get(kind)
+                .each_fresh_at(&mut |at, index| all.push((at, Found { kind, index })));
+        }
+        if evict < all.len() {
+            all.select_nth_unstable_by_key(evict - 1, |&(at, _)| at);
+            all.truncate(evict);
+        }
+        // Removing an entry leaves every other entry at its index.
+        for (_, found) in all {
+            if let Some(key) = self.remove(found) {
+                self.keys.free(key);
+            }
         }
     }
 
