@@ -116,7 +116,7 @@ impl SlidingLog {
             .entries()
             .take_while(|&(t, _)| self.expired(t, now))
             .map(|(_, c)| c)
-            .sum();
+            .fold(0, u64::saturating_add);
         log.sum.saturating_sub(expired)
     }
 

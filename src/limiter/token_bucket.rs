@@ -181,7 +181,7 @@ impl TokenBucket {
             self.until_full(bucket, now).max(self.period)
         } else {
             let at = self.refilled(bucket, now);
-            let excess = at.used.saturating_add(probe).saturating_sub(self.burst);
+            let excess = at.used.saturating_sub(self.burst - probe);
             if excess == 0 {
                 0
             } else {

@@ -135,16 +135,31 @@ pub fn parse<'t>(ctx: &mut Ctx<'t>) -> Vec<MarkedYaml<'t>> {
 /// under a mapping key may share its column) or compact indicators on one line, and flow
 /// collections are capped by the parser itself; so bounding both keeps the real depth low.
 fn too_deep(text: &str) -> Option<usize> {
-    text.split(['\n', '\r', '\0'])
+    let mut offset = 0;
+    for piece in text.split(['\n', '\r', '\0']) {
+        let indent = piece.len() - piece.trim_start_matches(' ').len();
+        let content = piece.trim();
+        if !content.is_empty()
+            && !content.starts_with('#')
+            && (indent > MAX_INDENT || indicators(piece) > MAX_INDICATORS)
+        {
+            return Some(line_at(text, offset));
+        }
+        offset += piece.len() + 1;
+    }
+    None
+}
+
+/// The 1-based line of a byte offset, counting line breaks as YAML does: `\n`, `\r\n`, or a
+/// lone `\r` (a NUL, which the check above also splits at, is no line break).
+fn line_at(text: &str, offset: usize) -> usize {
+    let bytes = text.as_bytes();
+    let breaks = bytes[..offset]
+        .iter()
         .enumerate()
-        .find(|(_, line)| {
-            let indent = line.len() - line.trim_start_matches(' ').len();
-            let content = line.trim();
-            !content.is_empty()
-                && !content.starts_with('#')
-                && (indent > MAX_INDENT || indicators(line) > MAX_INDICATORS)
-        })
-        .map(|(i, _)| i + 1)
+        .filter(|&(i, &b)| b == b'\n' || (b == b'\r' && bytes.get(i + 1) != Some(&b'\n')))
+        .count();
+    1 + breaks
 }
 
 /// Counts `-`, `?` and `:` followed by a blank or the end of the line.
