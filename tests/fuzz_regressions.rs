@@ -56,16 +56,33 @@ fn a_sliding_log_sums_huge_expired_costs_without_overflow() {
     assert!(l.admits(&log, 2 * SEC, 10));
 }
 
-/// `algorithms` target, NOT FIXED (reported; the funnel's arithmetic needs more than a
-/// saturating fix): when `tat` would pass the end of u64 time it saturates, and the funnel
-/// then admits any cost. Valid rules reach it today: with 1 per 100 years and a burst of 6,
-/// the capacity `B x P/Q` (600 years) exceeds u64 nanoseconds (584 years).
+/// `algorithms` target: when `tat` would pass the end of u64 time it saturated, and the
+/// funnel then admitted any cost; rules reached it when the capacity `B x P/Q` passed 584
+/// years (1 per 100 years with a burst of 6, 1 per year with a burst of 600). The rules now
+/// refuse a funnel or token bucket whose full burst drains in over 100 years.
 #[test]
-#[ignore = "known finding: the funnel admits without bound once its capacity passes u64 time"]
-fn a_funnel_whose_capacity_passes_u64_time_still_limits() {
+fn a_capacity_past_100_years_is_refused() {
+    for (unit, multiplier, burst) in [("year", 100, 6), ("year", 1, 600), ("day", 36_501, 1)] {
+        let text = format!(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: {unit}\n      \
+             unit_multiplier: {multiplier}\n      requests_per_unit: 1\n      burst: {burst}\n"
+        );
+        let errors = errors_of(&text);
+        assert!(
+            errors.to_string().contains("years to drain")
+                || errors.to_string().contains("longer than 100 years"),
+            "{errors}"
+        );
+    }
+}
+
+/// The largest capacity the rules allow (100 years), in the year 2262: the funnel admits
+/// exactly its burst.
+#[test]
+fn a_funnel_at_the_largest_capacity_still_limits() {
     let period = 100 * 365 * 86_400 * SEC;
-    let f = Funnel::new(1, period, 6, false);
-    let now = 1_700_000_000 * SEC;
+    let f = Funnel::new(6, period, 6, false);
+    let now = u64::MAX / 2;
     let mut tat = FRESH;
     let mut admitted = 0;
     for _ in 0..20 {
