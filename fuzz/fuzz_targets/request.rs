@@ -17,6 +17,7 @@ use futures_util::FutureExt;
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 use sluice::config::rules;
+use sluice::config::settings::InputSettings;
 use sluice::engine::{Engine, EngineError, HeaderNames, Options};
 use sluice::grpc;
 use sluice::limiter::{ManualClock, MemoryLimiter};
@@ -100,6 +101,19 @@ fuzz_target!(|data: &[u8]| {
             retry_after: flags & 4 != 0,
         }),
         echo_metadata: flags & 8 != 0,
+        // Bit 4: tight input bounds, which most requests cross somewhere.
+        input: if flags & 16 != 0 {
+            InputSettings {
+                max_descriptors: 4,
+                max_entries: 3,
+                max_domain_bytes: 8,
+                max_key_bytes: 8,
+                max_value_bytes: 16,
+                ..InputSettings::default()
+            }
+        } else {
+            InputSettings::default()
+        },
     };
     let engine = Engine::new(RULESET.clone(), limiter.clone(), options);
     while let Some((step, len, tail)) = frame_header(rest) {
