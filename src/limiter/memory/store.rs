@@ -395,23 +395,29 @@ impl Store {
     /// Stores a key removed from another table with its new state (never evicts: the key was
     /// counted already).
     pub(super) fn move_in(&mut self, key: Span, hash: u64, fresh_at: u64, state: State) {
-        if let Some(kind) = Kind::of_state(&state) {
-            let place = Place {
-                key,
-                hash,
-                keys: &self.keys,
-                hasher: &self.hasher,
-            };
-            if self
-                .tables
-                .get_mut(kind)
-                .insert(place, fresh_at, state)
-                .is_ok()
-            {
-                return;
-            }
+        match Kind::of_state(&state) {
+            Some(kind) => self.place(kind, key, hash, fresh_at, state),
+            None => self.keys.free(key),
         }
-        self.keys.free(key);
+    }
+
+    /// Puts a key already in the arena into the table of `kind`; frees its bytes if the
+    /// table refuses the state.
+    fn place(&mut self, kind: Kind, key: Span, hash: u64, fresh_at: u64, state: State) {
+        let place = Place {
+            key,
+            hash,
+            keys: &self.keys,
+            hasher: &self.hasher,
+        };
+        if self
+            .tables
+            .get_mut(kind)
+            .insert(place, fresh_at, state)
+            .is_err()
+        {
+            self.keys.free(key);
+        }
     }
 
     /// Stores a key not held (of `hash`) with its non-fresh state, making room first in a full
@@ -429,20 +435,8 @@ impl Store {
                 self.keys.push(key)
             }
         };
-        let Some(key) = span else { return };
-        let place = Place {
-            key,
-            hash,
-            keys: &self.keys,
-            hasher: &self.hasher,
-        };
-        if self
-            .tables
-            .get_mut(kind)
-            .insert(place, fresh_at, state)
-            .is_err()
-        {
-            self.keys.free(key);
+        if let Some(key) = span {
+            self.place(kind, key, hash, fresh_at, state);
         }
     }
 

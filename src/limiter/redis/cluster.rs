@@ -33,6 +33,18 @@ const UNKNOWN: HitOutcome = HitOutcome {
     reset_nanos: 0,
 };
 
+/// One slot's hits as their own script call, each hit decided on its own.
+async fn independent(limiter: &RedisLimiter, hits: Vec<Hit>) -> Result<BatchOutcome, RedisError> {
+    let call = script::encode(
+        &hits,
+        limiter.prefix(),
+        Mode::Independent,
+        Unit::Nanos,
+        None,
+    );
+    limiter.call(&call).await
+}
+
 /// Decides `batch` on a Cluster.
 pub(super) async fn check(
     limiter: &RedisLimiter,
@@ -54,16 +66,7 @@ pub(super) async fn check(
             .iter()
             .filter_map(|&i| batch.hits.get(i).cloned())
             .collect();
-        async move {
-            let call = script::encode(
-                &hits,
-                limiter.prefix(),
-                Mode::Independent,
-                Unit::Nanos,
-                None,
-            );
-            limiter.call(&call).await
-        }
+        independent(limiter, hits)
     });
     let results = join_all(calls).await;
     let mut outcome = BatchOutcome {
@@ -159,16 +162,7 @@ async fn give_back(
                 ..h.clone()
             })
             .collect();
-        async move {
-            let call = script::encode(
-                &hits,
-                limiter.prefix(),
-                Mode::Independent,
-                Unit::Nanos,
-                None,
-            );
-            limiter.call(&call).await
-        }
+        independent(limiter, hits)
     });
     for (indices, result) in todo.iter().zip(join_all(calls).await) {
         let mut part = result?;
