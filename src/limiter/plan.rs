@@ -6,7 +6,7 @@
 //! descriptors consume; nothing else does, except hits whose limit has `charge: always`, which
 //! always consume. Every backend follows this one function (the Lua script mirrors it).
 
-use std::collections::HashMap;
+use smallvec::SmallVec;
 
 use super::{Hit, Role};
 use crate::config::model::Charge;
@@ -26,7 +26,7 @@ pub fn plan(hits: &[Hit], admitted: &[bool]) -> Plan {
     let mut quota_seen = false;
     let mut quota_admitted = false;
     let mut enforced_denied = false;
-    for &(role, ok) in groups.values() {
+    for &(_, role, ok) in &groups {
         match role {
             Role::Enforced => enforced_denied |= !ok,
             Role::Quota => {
@@ -40,7 +40,7 @@ pub fn plan(hits: &[Hit], admitted: &[bool]) -> Plan {
     let consume = hits
         .iter()
         .map(|h| {
-            let group_ok = groups.get(&h.group).is_some_and(|g| g.1);
+            let group_ok = find(&groups, h.group).is_some_and(|g| g.2);
             h.limit.charge == Charge::Always || (request_ok && group_ok)
         })
         .collect();
@@ -50,14 +50,25 @@ pub fn plan(hits: &[Hit], admitted: &[bool]) -> Plan {
     }
 }
 
-/// Per descriptor index: its role and whether all its hits were admitted.
-fn group_verdicts(hits: &[Hit], admitted: &[bool]) -> HashMap<usize, (Role, bool)> {
-    let mut groups: HashMap<usize, (Role, bool)> = HashMap::with_capacity(hits.len());
-    for (hit, ok) in hits.iter().zip(admitted) {
-        let g = groups.entry(hit.group).or_insert((hit.role, true));
-        g.1 &= *ok;
+/// Per descriptor index (`group`): its role and whether all its hits were admitted.
+type Groups = SmallVec<[(usize, Role, bool); 16]>;
+
+/// The verdict of each group, in order of first appearance. A request has few descriptors and
+/// the engine emits a descriptor's hits together, so a search from the newest group finds a
+/// hit's group at once; any order of groups is still right.
+fn group_verdicts(hits: &[Hit], admitted: &[bool]) -> Groups {
+    let mut groups = Groups::new();
+    for (hit, &ok) in hits.iter().zip(admitted) {
+        match groups.iter_mut().rev().find(|g| g.0 == hit.group) {
+            Some(g) => g.2 &= ok,
+            None => groups.push((hit.group, hit.role, ok)),
+        }
     }
     groups
+}
+
+fn find(groups: &Groups, group: usize) -> Option<&(usize, Role, bool)> {
+    groups.iter().rev().find(|g| g.0 == group)
 }
 
 #[cfg(test)]
@@ -120,6 +131,22 @@ mod tests {
         let none = plan(&hits, &[false, false]);
         assert!(!none.admitted);
         assert_eq!(none.consume, vec![false, false]);
+    }
+
+    #[test]
+    fn interleaved_groups_are_still_each_one_verdict() {
+        let hits = [
+            hit(0, Role::Enforced, Charge::Admitted),
+            hit(1, Role::Enforced, Charge::Admitted),
+            hit(0, Role::Enforced, Charge::Admitted),
+            hit(1, Role::Shadow, Charge::Admitted),
+        ];
+        let p = plan(&hits, &[true, true, false, true]);
+        assert!(!p.admitted, "group 0 is denied by its second hit");
+        assert_eq!(p.consume, vec![false; 4]);
+        let p = plan(&hits, &[true, true, true, true]);
+        assert!(p.admitted);
+        assert_eq!(p.consume, vec![true; 4]);
     }
 
     #[test]
