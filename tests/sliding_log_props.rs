@@ -10,7 +10,7 @@ use proptest::collection::vec;
 use proptest::prelude::*;
 use sluice::config::model::{Algorithm, Charge};
 use sluice::limiter::sliding_log::{Log, MAX_QUOTA, SlidingLog};
-use sluice::limiter::{HitOutcome, LimitParams, ManualClock, MemoryLimiter, Role};
+use sluice::limiter::{HitOutcome, LimitParams};
 
 fn sliding_log(quota: u32, period: u64, charge: Charge) -> LimitParams {
     params(Algorithm::SlidingLog, quota, period, quota, false, charge)
@@ -133,18 +133,10 @@ proptest! {
     ) {
         let charge = if always { Charge::Always } else { Charge::Admitted };
         let limit = sliding_log(quota, period, charge);
-        let clock = ManualClock::at(start);
-        let limiter = MemoryLimiter::with_clock(16, clock.clone());
         let mut log = Log::default();
-        let mut now = start;
-        for (&(permille, cost), &refund) in steps.iter().zip(&refunds) {
-            now += step(period, permille);
-            clock.set(now);
-            let want = model(&limit, &mut log, now, cost, refund);
-            let got = check(&limiter, vec![hit("k", limit, cost, refund, 0, Role::Enforced)]);
-            prop_assert_eq!(got.admitted, want.admitted);
-            prop_assert_eq!(got.hits, vec![want]);
-            prop_assert!(limiter.len() <= 1);
-        }
+        let hits = steps.iter().zip(&refunds).map(|(&(permille, cost), &refund)| (step(period, permille), cost, refund));
+        assert_memory_agrees(limit, start, hits, |now, cost, refund| {
+            model(&limit, &mut log, now, cost, refund)
+        })?;
     }
 }

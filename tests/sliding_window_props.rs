@@ -11,7 +11,7 @@ use props::*;
 use proptest::prelude::*;
 use sluice::config::model::{Algorithm, Charge};
 use sluice::limiter::sliding_window::{Counters, EMPTY, SlidingWindow};
-use sluice::limiter::{HitOutcome, LimitParams, ManualClock, MemoryLimiter, Role};
+use sluice::limiter::{HitOutcome, LimitParams};
 
 fn sliding(quota: u32, period: u64, charge: Charge) -> LimitParams {
     params(
@@ -137,19 +137,12 @@ proptest! {
     ) {
         let charge = if always { Charge::Always } else { Charge::Admitted };
         let limit = sliding(quota, period, charge);
-        let clock = ManualClock::at(start);
-        let limiter = MemoryLimiter::with_clock(16, clock.clone());
         let mut state = EMPTY;
-        let mut now = start;
-        for (&(permille, cost), &refund) in steps.iter().zip(&refunds) {
-            now += step(period, permille);
-            clock.set(now);
+        let hits = steps.iter().zip(&refunds).map(|(&(permille, cost), &refund)| (step(period, permille), cost, refund));
+        assert_memory_agrees(limit, start, hits, |now, cost, refund| {
             let (want, next) = model(&limit, state, now, cost, refund);
-            let got = check(&limiter, vec![hit("k", limit, cost, refund, 0, Role::Enforced)]);
-            prop_assert_eq!(got.admitted, want.admitted);
-            prop_assert_eq!(got.hits, vec![want]);
-            prop_assert!(limiter.len() <= 1);
             state = next;
-        }
+            want
+        })?;
     }
 }

@@ -8,7 +8,7 @@ use props::*;
 use proptest::prelude::*;
 use sluice::config::model::{Algorithm, Charge};
 use sluice::limiter::token_bucket::{Bucket, FULL, TokenBucket};
-use sluice::limiter::{HitOutcome, LimitParams, ManualClock, MemoryLimiter, Role};
+use sluice::limiter::{HitOutcome, LimitParams};
 
 fn bucket(quota: u32, period: u64, burst: u32, borrow: bool, charge: Charge) -> LimitParams {
     params(Algorithm::TokenBucket, quota, period, burst, borrow, charge)
@@ -120,19 +120,12 @@ proptest! {
     ) {
         let charge = if always { Charge::Always } else { Charge::Admitted };
         let limit = bucket(quota, period, burst, borrow, charge);
-        let clock = ManualClock::at(start);
-        let limiter = MemoryLimiter::with_clock(16, clock.clone());
         let mut state = FULL;
-        let mut now = start;
-        for (&(permille, cost), &refund) in steps.iter().zip(&refunds) {
-            now += step(period, permille);
-            clock.set(now);
+        let hits = steps.iter().zip(&refunds).map(|(&(permille, cost), &refund)| (step(period, permille), cost, refund));
+        assert_memory_agrees(limit, start, hits, |now, cost, refund| {
             let (want, next) = model(&limit, state, now, cost, refund);
-            let got = check(&limiter, vec![hit("k", limit, cost, refund, 0, Role::Enforced)]);
-            prop_assert_eq!(got.admitted, want.admitted);
-            prop_assert_eq!(got.hits, vec![want]);
-            prop_assert!(limiter.len() <= 1);
             state = next;
-        }
+            want
+        })?;
     }
 }

@@ -9,7 +9,7 @@ use proptest::collection::vec;
 use proptest::prelude::*;
 use sluice::config::model::{Algorithm, Charge};
 use sluice::limiter::{
-    Batch, BatchOutcome, Hit, LimitParams, Limiter, ManualClock, MemoryLimiter, Role,
+    Batch, BatchOutcome, Hit, HitOutcome, LimitParams, Limiter, ManualClock, MemoryLimiter, Role,
 };
 
 pub const MS: u64 = 1_000_000;
@@ -64,6 +64,34 @@ pub fn steps(max_len: usize, max_cost: u64) -> impl Strategy<Value = Vec<(u64, u
         (prop_oneof![Just(0u64), 0u64..3000], 0..=max_cost),
         1..=max_len,
     )
+}
+
+/// Single hits on one key of a memory backend, each `(delta, cost, refund)` `delta`
+/// nanoseconds after the last, from `start`: the backend answers exactly what `model` (the pure
+/// algorithm, keeping its own state) answers for `(now, cost, refund)`, and holds at most
+/// that one key.
+pub fn assert_memory_agrees(
+    limit: LimitParams,
+    start: u64,
+    hits: impl IntoIterator<Item = (u64, u64, bool)>,
+    mut model: impl FnMut(u64, u64, bool) -> HitOutcome,
+) -> Result<(), TestCaseError> {
+    let clock = ManualClock::at(start);
+    let limiter = MemoryLimiter::with_clock(16, clock.clone());
+    let mut now = start;
+    for (delta, cost, refund) in hits {
+        now += delta;
+        clock.set(now);
+        let want = model(now, cost, refund);
+        let got = check(
+            &limiter,
+            vec![hit("k", limit, cost, refund, 0, Role::Enforced)],
+        );
+        prop_assert_eq!(got.admitted, want.admitted);
+        prop_assert_eq!(got.hits, vec![want]);
+        prop_assert!(limiter.len() <= 1);
+    }
+    Ok(())
 }
 
 /// `permille` thousandths of `unit` nanoseconds.
