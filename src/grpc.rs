@@ -82,17 +82,22 @@ where
     }
 }
 
+/// `OUT_OF_RANGE` and `RESOURCE_EXHAUSTED` as the `grpc-status` header writes them (the
+/// numbers of the gRPC status codes).
+const OUT_OF_RANGE: &str = "11";
+const RESOURCE_EXHAUSTED: &str = "8";
+
 /// A trailers-only answer of `OUT_OF_RANGE` (tonic's decoding limit) becomes
 /// `RESOURCE_EXHAUSTED`, its message prefixed with the setting that was exceeded.
 fn too_large_is_resource_exhausted(headers: &mut http::HeaderMap, max: usize) {
-    let out_of_range = (tonic::Code::OutOfRange as i32).to_string();
-    if headers.get("grpc-status").map(|v| v.as_bytes()) != Some(out_of_range.as_bytes()) {
+    // Every answer passes here: the common case is one comparison, no allocation.
+    if headers.get("grpc-status").map(|v| v.as_bytes()) != Some(OUT_OF_RANGE.as_bytes()) {
         return;
     }
-    let exhausted = (tonic::Code::ResourceExhausted as i32).to_string();
-    if let Ok(v) = http::HeaderValue::from_str(&exhausted) {
-        headers.insert("grpc-status", v);
-    }
+    headers.insert(
+        "grpc-status",
+        http::HeaderValue::from_static(RESOURCE_EXHAUSTED),
+    );
     // The message is percent-encoded on the wire; the prefix needs no encoding.
     let tonic_says = headers
         .get("grpc-message")
@@ -269,4 +274,36 @@ fn value_of(v: Value) -> prost_types::Value {
         Value::Object(m) => Kind::StructValue(struct_of(m)),
     };
     prost_types::Value { kind: Some(kind) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_status_numbers_are_tonics() {
+        assert_eq!(OUT_OF_RANGE, (tonic::Code::OutOfRange as i32).to_string());
+        assert_eq!(
+            RESOURCE_EXHAUSTED,
+            (tonic::Code::ResourceExhausted as i32).to_string()
+        );
+    }
+
+    #[test]
+    fn only_out_of_range_is_rewritten() {
+        let mut ok = http::HeaderMap::new();
+        ok.insert("grpc-status", http::HeaderValue::from_static("0"));
+        too_large_is_resource_exhausted(&mut ok, 10);
+        assert_eq!(ok.get("grpc-status").map(|v| v.as_bytes()), Some(&b"0"[..]));
+        assert!(ok.get("grpc-message").is_none());
+        let mut big = http::HeaderMap::new();
+        big.insert("grpc-status", http::HeaderValue::from_static("11"));
+        too_large_is_resource_exhausted(&mut big, 10);
+        assert_eq!(
+            big.get("grpc-status").map(|v| v.as_bytes()),
+            Some(&b"8"[..])
+        );
+        let message = big.get("grpc-message").and_then(|v| v.to_str().ok());
+        assert_eq!(message, Some("request over input.max_request_bytes = 10: "));
+    }
 }
