@@ -4,6 +4,7 @@
 //! Every metric is listed, with its labels, in README.md ("Metrics"). The per-rule counters
 //! and how their label sets are bounded are in [`rules`].
 
+mod latency;
 pub mod rules;
 
 use std::sync::Arc;
@@ -13,20 +14,15 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::engine::{DescriptorReport, Observer, RequestResult};
 use crate::reload::{ConfigStatus, Reloaded};
+use latency::Latency;
 use rules::RuleCounters;
 
 /// The content type of [`Metrics::encode`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-
-/// Latency buckets of `sluice_request_duration_seconds`, 100 µs to 1 s.
-const LATENCY_BUCKETS: [f64; 13] = [
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-];
 
 /// What the metrics are configured with.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -45,6 +41,9 @@ impl Default for MetricsOptions {
         }
     }
 }
+
+/// The `result` label of `sluice_requests_total`; every one exists from the start.
+const RESULTS: [&str; 4] = ["ok", "over_limit", "invalid", "unavailable"];
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
@@ -82,7 +81,9 @@ pub struct Metrics {
     registry: Registry,
     rules: RuleCounters,
     requests: Family<ResultLabels, Counter>,
-    latency: Histogram,
+    /// The counters of `requests`, one per result, in the order of [`RESULTS`].
+    by_result: [Counter; RESULTS.len()],
+    latency: Latency,
     backend_errors: Family<BackendErrorLabels, Counter>,
     memory_keys: Gauge,
     backend_events: Family<BackendEventLabels, Counter>,
@@ -98,7 +99,8 @@ impl Metrics {
         let m = Metrics {
             rules,
             requests: Family::default(),
-            latency: Histogram::new(LATENCY_BUCKETS),
+            by_result: Default::default(),
+            latency: Latency::default(),
             backend_errors: Family::default(),
             memory_keys: Gauge::default(),
             backend_events: Family::default(),
@@ -147,15 +149,18 @@ impl Metrics {
             "When the active rules were loaded (Unix time)",
             m.config_loaded.clone(),
         );
-        for result in ["ok", "over_limit", "invalid", "unavailable"] {
-            m.requests.get_or_create(&ResultLabels { result }).inc_by(0);
-        }
+        let by_result =
+            RESULTS.map(|result| m.requests.get_or_create(&ResultLabels { result }).clone());
         for outcome in ["success", "unchanged", "failure"] {
             m.reloads
                 .get_or_create(&OutcomeLabels { outcome })
                 .inc_by(0);
         }
-        Arc::new(Metrics { registry, ..m })
+        Arc::new(Metrics {
+            registry,
+            by_result,
+            ..m
+        })
     }
 
     /// Counts a reload.
@@ -203,11 +208,15 @@ impl Observer for Metrics {
     }
 
     fn request(&self, result: RequestResult<'_>, elapsed: Duration) {
-        let labels = ResultLabels {
-            result: result.as_str(),
+        let index = match result {
+            RequestResult::Ok => 0,
+            RequestResult::OverLimit => 1,
+            RequestResult::Invalid => 2,
+            RequestResult::Unavailable(_) => 3,
         };
-        self.requests.get_or_create(&labels).inc();
-        self.latency.observe(elapsed.as_secs_f64());
+        debug_assert_eq!(RESULTS[index], result.as_str());
+        self.by_result[index].inc();
+        self.latency.observe(elapsed);
         if let RequestResult::Unavailable(e) = result {
             let kind = if e.transient {
                 "transient"

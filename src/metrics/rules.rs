@@ -22,7 +22,8 @@
 //! process's life; past the cap, new ones count under `rule="__other__"` of their domain.
 //! Domains are always configured ones.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -32,7 +33,7 @@ use prometheus_client::registry::Registry;
 use super::MetricsOptions;
 use crate::config::model::ValueMatch;
 use crate::engine::DescriptorReport;
-use crate::rules::Rule;
+use crate::rules::{Match, Rule};
 
 /// The `rule` label of label sets past the cap.
 pub const OTHER: &str = "__other__";
@@ -43,69 +44,120 @@ pub(super) struct RuleLabels {
     rule: String,
 }
 
+/// The five per-rule counters, in the order of [`RuleCounters::families`].
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Hits = 0,
+    Within = 1,
+    Near = 2,
+    Over = 3,
+    Shadow = 4,
+}
+
+const FAMILIES: [(&str, &str); 5] = [
+    (
+        "rule_hits",
+        "Cost of every request descriptor a rule limited",
+    ),
+    ("rule_within_limit", "Cost admitted by the rule"),
+    (
+        "rule_near_limit",
+        "Cost admitted above the near-limit ratio",
+    ),
+    ("rule_over_limit", "Cost the rule denied"),
+    (
+        "rule_shadow_mode",
+        "Cost denied but let through by shadow mode",
+    ),
+];
+
+/// Tells one [`RuleCounters`] from another, so that a rule set observed by two of them (tests
+/// build several apps) never counts into the other's cache.
+static NEXT_OWNER: AtomicU64 = AtomicU64::new(1);
+
 pub(super) struct RuleCounters {
-    hits: Family<RuleLabels, Counter>,
-    within: Family<RuleLabels, Counter>,
-    near: Family<RuleLabels, Counter>,
-    over: Family<RuleLabels, Counter>,
-    shadow: Family<RuleLabels, Counter>,
+    families: [Family<RuleLabels, Counter>; 5],
+    owner: u64,
     near_ratio: f64,
     max_value_sets: usize,
     value_sets: AtomicUsize,
 }
 
+/// The counters of a rule whose labels hold no request value, kept in the rule's slot: the
+/// labels are built and looked up once per compiled rule, not per request.
+struct Cached {
+    owner: u64,
+    labels: RuleLabels,
+    counters: [OnceLock<Counter>; 5],
+}
+
 impl RuleCounters {
     pub(super) fn new(options: MetricsOptions, registry: &mut Registry) -> RuleCounters {
         let c = RuleCounters {
-            hits: Family::default(),
-            within: Family::default(),
-            near: Family::default(),
-            over: Family::default(),
-            shadow: Family::default(),
+            families: Default::default(),
+            owner: NEXT_OWNER.fetch_add(1, Ordering::Relaxed),
             near_ratio: options.near_limit_ratio,
             max_value_sets: options.max_value_label_sets,
             value_sets: AtomicUsize::new(0),
         };
-        let families = [
-            (
-                "rule_hits",
-                "Cost of every request descriptor a rule limited",
-                &c.hits,
-            ),
-            ("rule_within_limit", "Cost admitted by the rule", &c.within),
-            (
-                "rule_near_limit",
-                "Cost admitted above the near-limit ratio",
-                &c.near,
-            ),
-            ("rule_over_limit", "Cost the rule denied", &c.over),
-            (
-                "rule_shadow_mode",
-                "Cost denied but let through by shadow mode",
-                &c.shadow,
-            ),
-        ];
-        for (name, help, family) in families {
+        for ((name, help), family) in FAMILIES.into_iter().zip(&c.families) {
             registry.register(name, help, family.clone());
         }
         c
     }
 
     pub(super) fn record(&self, r: &DescriptorReport<'_>) {
+        if let Some(cached) = r.matched.and_then(|m| self.cached(r.domain, m)) {
+            let counter = |kind: Kind| {
+                cached.counters[kind as usize]
+                    .get_or_init(|| self.family(kind).get_or_create(&cached.labels).clone())
+            };
+            return self.tally(r, |kind, n| {
+                counter(kind).inc_by(n);
+            });
+        }
         let labels = self.labels(r);
+        self.tally(r, |kind, n| {
+            self.family(kind).get_or_create(&labels).inc_by(n);
+        });
+    }
+
+    fn family(&self, kind: Kind) -> &Family<RuleLabels, Counter> {
+        &self.families[kind as usize]
+    }
+
+    /// The counters cached for the matched rule, unless its labels hold request values.
+    fn cached<'m>(&self, domain: &str, m: &Match<'m>) -> Option<&'m Cached> {
+        let cached = m.rule().slot.get_or_init(|| {
+            let (rule, from_values) = rule_label(m, &[]);
+            (!from_values).then(|| Cached {
+                owner: self.owner,
+                labels: RuleLabels {
+                    domain: domain.to_owned(),
+                    rule,
+                },
+                counters: Default::default(),
+            })
+        })?;
+        cached.as_ref().filter(|c| c.owner == self.owner)
+    }
+
+    /// Adds what a report counts: its cost to hits, then to within or over (and shadow), and
+    /// the part of it past the near-limit ratio to near.
+    fn tally(&self, r: &DescriptorReport<'_>, mut add: impl FnMut(Kind, u64)) {
         let cost = r.cost;
-        self.hits.get_or_create(&labels).inc_by(cost);
+        add(Kind::Hits, cost);
         if r.over {
-            self.over.get_or_create(&labels).inc_by(cost);
+            add(Kind::Over, cost);
             if r.shadow {
-                self.shadow.get_or_create(&labels).inc_by(cost);
+                add(Kind::Shadow, cost);
             }
             return;
         }
-        self.within.get_or_create(&labels).inc_by(cost);
+        add(Kind::Within, cost);
         let near = if r.refund { 0 } else { self.near_part(r) };
         if near > 0 {
-            self.near.get_or_create(&labels).inc_by(near);
+            add(Kind::Near, near);
         }
     }
 
@@ -123,12 +175,15 @@ impl RuleCounters {
     }
 
     fn labels(&self, r: &DescriptorReport<'_>) -> RuleLabels {
-        let (rule, from_values) = rule_label(r);
+        let (rule, from_values) = match r.matched {
+            Some(m) => rule_label(m, r.entries),
+            None => (value_segments(r.entries), true),
+        };
         let mut labels = RuleLabels {
             domain: r.domain.to_owned(),
             rule,
         };
-        if from_values && self.hits.get(&labels).is_none() {
+        if from_values && self.family(Kind::Hits).get(&labels).is_none() {
             let taken = self.value_sets.fetch_add(1, Ordering::Relaxed);
             if taken >= self.max_value_sets {
                 self.value_sets.fetch_sub(1, Ordering::Relaxed);
@@ -139,21 +194,25 @@ impl RuleCounters {
     }
 }
 
-/// The `rule` label of a report, and whether it holds request values.
-fn rule_label(r: &DescriptorReport<'_>) -> (String, bool) {
-    let Some(m) = r.matched else {
-        let segments = r.entries.iter().map(|e| format!("{}_{}", e.key, e.value));
-        return (segments.collect::<Vec<_>>().join("."), true);
-    };
+/// The `rule` label of a client's limit override: the request's `key_value` segments.
+fn value_segments(entries: &[crate::rules::Entry]) -> String {
+    let segments = entries.iter().map(|e| format!("{}_{}", e.key, e.value));
+    segments.collect::<Vec<_>>().join(".")
+}
+
+/// The `rule` label of a match, and whether it holds request values (taken from `entries`,
+/// one per level; with no entries, only whether it would).
+fn rule_label(m: &Match<'_>, entries: &[crate::rules::Entry]) -> (String, bool) {
     let detailed = m.rule().detailed_metric;
     let mut from_values = false;
     let mut segments = Vec::with_capacity(m.path().len());
-    for (rule, entry) in m.path().iter().zip(r.entries) {
+    for (level, rule) in m.path().iter().enumerate() {
         if rule.share_threshold || !(detailed || rule.value_to_metric) {
             segments.push(segment(rule));
         } else {
             from_values = true;
-            segments.push(format!("{}_{}", rule.key, entry.value));
+            let value = entries.get(level).map_or("", |e| e.value.as_str());
+            segments.push(format!("{}_{}", rule.key, value));
         }
     }
     (segments.join("."), from_values)
@@ -164,5 +223,94 @@ pub fn segment(rule: &Rule) -> String {
     match &rule.value {
         ValueMatch::Any => rule.key.clone(),
         ValueMatch::Exact(v) | ValueMatch::Wildcard(v) => format!("{}_{v}", rule.key),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::sync::Arc;
+
+    use arc_swap::ArcSwap;
+    use futures_util::FutureExt as _;
+
+    use crate::config::rules::from_sources;
+    use crate::engine::{Descriptor, Engine, Options, Request};
+    use crate::limiter::MemoryLimiter;
+    use crate::metrics::{Metrics, MetricsOptions};
+    use crate::rules::{Entry, RuleSet};
+
+    fn rule_set(rules: &str) -> RuleSet {
+        let model = from_sources(&[(PathBuf::from("r.yaml"), rules.to_owned())])
+            .unwrap_or_else(|e| panic!("{e}"));
+        RuleSet::compile(model)
+    }
+
+    fn ask(engine: &Engine, key: &str, value: &str) {
+        let request = Request {
+            domain: "d".to_owned(),
+            descriptors: vec![Descriptor {
+                entries: vec![Entry::new(key, value)],
+                ..Default::default()
+            }],
+            hits_addend: 0,
+        };
+        let answer = engine.should_rate_limit(&request).now_or_never();
+        assert!(matches!(answer, Some(Ok(_))), "{answer:?}");
+    }
+
+    fn hits(metrics: &Metrics, rule: &str) -> Option<String> {
+        let text = metrics.encode().expect("encodes");
+        let prefix = format!("sluice_rule_hits_total{{domain=\"d\",rule=\"{rule}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix).map(str::to_owned))
+    }
+
+    const RULES: &str = "
+domain: d
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 100}
+  - key: route
+    detailed_metric: true
+    rate_limit: {unit: hour, requests_per_unit: 100}
+";
+
+    #[test]
+    fn cached_counters_belong_to_their_metrics_and_rule_set() {
+        let rules = Arc::new(ArcSwap::from_pointee(rule_set(RULES)));
+        let engine = |m: &Arc<Metrics>| {
+            Engine::new(
+                rules.clone(),
+                Arc::new(MemoryLimiter::new(1000)),
+                Options::default(),
+            )
+            .with_observer(m.clone())
+        };
+        let (a, b) = (
+            Metrics::new(MetricsOptions::default()),
+            Metrics::new(MetricsOptions::default()),
+        );
+        let (on_a, on_b) = (engine(&a), engine(&b));
+        for _ in 0..3 {
+            ask(&on_a, "user", "alice");
+        }
+        ask(&on_b, "user", "bob");
+        // The rule's slot holds a's counters; b, observing the same rules, counts its own.
+        assert_eq!(hits(&a, "user").as_deref(), Some("3"));
+        assert_eq!(hits(&b, "user").as_deref(), Some("1"));
+        // A rule labelled with request values is never cached.
+        ask(&on_a, "route", "/x");
+        ask(&on_a, "route", "/y");
+        assert_eq!(hits(&a, "route_/x").as_deref(), Some("1"));
+        assert_eq!(hits(&a, "route_/y").as_deref(), Some("1"));
+        // A reload compiles new rules with empty slots: a rule renamed by it gets its new
+        // label at once, and the old label keeps what it counted.
+        rules.store(Arc::new(rule_set(
+            &RULES.replace("key: user", "key: member"),
+        )));
+        ask(&on_a, "member", "alice");
+        assert_eq!(hits(&a, "member").as_deref(), Some("1"));
+        assert_eq!(hits(&a, "user").as_deref(), Some("3"));
     }
 }

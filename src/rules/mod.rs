@@ -15,8 +15,9 @@ mod wildcard;
 #[cfg(test)]
 mod tests;
 
+use std::any::Any;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use ahash::RandomState;
 
@@ -174,14 +175,14 @@ impl Domain {
     /// assert!(api.find(&[]).is_none());
     /// ```
     pub fn find(&self, entries: &[Entry]) -> Option<Match<'_>> {
-        let mut level = &self.root;
-        let mut path = Vec::with_capacity(entries.len());
-        for entry in entries {
-            let rule = level.find(&entry.key, &entry.value)?;
+        let (first, rest) = entries.split_first()?;
+        let mut rule = self.root.find(&first.key, &first.value)?;
+        let mut path = MatchPath::new(rule);
+        for entry in rest {
+            rule = rule.children.find(&entry.key, &entry.value)?;
             path.push(rule);
-            level = &rule.children;
         }
-        Match::new(path)
+        Some(Match { path, last: rule })
     }
 }
 
@@ -198,6 +199,9 @@ pub struct Rule {
     pub share_threshold: bool,
     pub metadata: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
     pub location: Location,
+    /// What an observer derives from this rule once, kept for the life of the compiled rule
+    /// set (the metrics keep the rule's counters here: see [`RuleSlot`]).
+    pub slot: RuleSlot,
     children: Level,
 }
 
@@ -214,6 +218,7 @@ impl Rule {
             share_threshold: rule.share_threshold,
             metadata: rule.metadata.map(Arc::new),
             location: rule.location,
+            slot: RuleSlot::default(),
             children: Level::compile(rule.children),
         }
     }
@@ -237,17 +242,53 @@ impl Rule {
 /// A match is never empty: it only exists for a walk of at least one entry.
 #[derive(Debug, Clone)]
 pub struct Match<'a> {
-    path: Vec<&'a Rule>,
+    path: MatchPath<'a>,
     last: &'a Rule,
 }
 
-impl<'a> Match<'a> {
-    /// `None` for an empty path.
-    fn new(path: Vec<&'a Rule>) -> Option<Match<'a>> {
-        let last = *path.last()?;
-        Some(Match { path, last })
+/// The rules of a walk: inline up to [`MatchPath::INLINE`] levels, on the heap beyond
+/// (deeper trees are rare), so that matching allocates nothing.
+#[derive(Debug, Clone)]
+struct MatchPath<'a> {
+    inline: [&'a Rule; MatchPath::INLINE],
+    len: usize,
+    /// The whole path once it is longer than `inline`.
+    heap: Vec<&'a Rule>,
+}
+
+impl<'a> MatchPath<'a> {
+    const INLINE: usize = 4;
+
+    fn new(first: &'a Rule) -> MatchPath<'a> {
+        MatchPath {
+            inline: [first; MatchPath::INLINE],
+            len: 1,
+            heap: Vec::new(),
+        }
     }
 
+    fn push(&mut self, rule: &'a Rule) {
+        if self.len < MatchPath::INLINE {
+            self.inline[self.len] = rule;
+        } else {
+            if self.heap.is_empty() {
+                self.heap.extend_from_slice(&self.inline);
+            }
+            self.heap.push(rule);
+        }
+        self.len += 1;
+    }
+
+    fn as_slice(&self) -> &[&'a Rule] {
+        if self.len <= MatchPath::INLINE {
+            &self.inline[..self.len]
+        } else {
+            &self.heap
+        }
+    }
+}
+
+impl<'a> Match<'a> {
     /// The rule that applies (the one at the last level).
     pub fn rule(&self) -> &'a Rule {
         self.last
@@ -255,6 +296,32 @@ impl<'a> Match<'a> {
 
     /// The rule matched at each level, one per request entry.
     pub fn path(&self) -> &[&'a Rule] {
-        &self.path
+        self.path.as_slice()
+    }
+}
+
+/// A value derived from one compiled rule by whoever observes requests, built on first use and
+/// kept until the rule set is replaced (a reload compiles new rules with empty slots, so
+/// nothing derived from old rules outlives them). One observer type per process uses it.
+#[derive(Default)]
+pub struct RuleSlot(OnceLock<Arc<dyn Any + Send + Sync>>);
+
+impl RuleSlot {
+    /// The value kept here, built by `make` the first time; `None` when the slot holds a
+    /// value of another type.
+    pub fn get_or_init<T: Any + Send + Sync>(&self, make: impl FnOnce() -> T) -> Option<&T> {
+        self.0
+            .get_or_init(|| Arc::new(make()) as Arc<dyn Any + Send + Sync>)
+            .downcast_ref()
+    }
+}
+
+impl std::fmt::Debug for RuleSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "RuleSlot(set)"
+        } else {
+            "RuleSlot(empty)"
+        })
     }
 }
