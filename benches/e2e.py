@@ -14,7 +14,8 @@ target alike. Prints each run, then the medians and the ratios to the reference.
 Options: --binary PATH (default target/release/sluice or $CARGO_TARGET_DIR/release/sluice),
 --other NAME=PATH (an extra sluice binary served with the memory backend, e.g. a build
 before a change), --scenario one|ten|all|flood, --json FILE (every run, for the record),
---rate R (open loop at R requests/s: latency from each request's due time).
+--rate R (open loop at R requests/s: latency from each request's due time),
+--server-threads N (worker threads of every server under test, the no-op's included).
 """
 
 import argparse
@@ -85,14 +86,19 @@ def cpu_secs(pids):
     return total / os.sysconf("SC_CLK_TCK")
 
 
+SERVER_THREADS = 0
+
+
 def serve(procs, binary, rules, backend="memory", redis_url=None, env=None):
     port, admin = free_port(), free_port()
     args = [binary, "serve", "--rules", rules, "--grpc-listen", f"127.0.0.1:{port}",
             "--admin-listen", f"127.0.0.1:{admin}", "--backend", backend]
     if redis_url:
         args += ["--redis-url", redis_url]
+    # Only when set: a build from before the setting existed refuses it.
+    threads = {"SLUICE_SERVER__WORKER_THREADS": str(SERVER_THREADS)} if SERVER_THREADS else {}
     child = procs.start(args, port, f"sluice ({backend})",
-                        {"SLUICE_LOG__LEVEL": "warn", **(env or {})})
+                        {"SLUICE_LOG__LEVEL": "warn", **threads, **(env or {})})
     return f"http://127.0.0.1:{port}", admin, child
 
 
@@ -247,12 +253,18 @@ def main():
     p.add_argument("--scenario", default="all", choices=["one", "ten", "all", "flood"])
     p.add_argument("--json")
     p.add_argument("--rate", type=float, help="open loop at this rate instead of closed loop")
+    p.add_argument("--server-threads", type=int, default=0,
+                   help="worker threads of every server under test, the no-op's included "
+                        "(server.worker_threads; 0: one per CPU)")
     args = p.parse_args()
     binary = os.path.abspath(args.binary)
     rules = os.path.join(tempfile.mkdtemp(), "bench.yaml")
     with open(rules, "w") as f:
         f.write(RULES)
-    print(f"machine: {os.cpu_count()} CPUs, load average before {load()}")
+    global SERVER_THREADS
+    SERVER_THREADS = args.server_threads
+    print(f"machine: {os.cpu_count()} CPUs, load average before {load()}, "
+          f"server worker threads: {args.server_threads or 'one per CPU'}")
     if args.scenario == "flood":
         flood(args, binary, rules)
         print(f"load average after {load()}")
@@ -261,8 +273,10 @@ def main():
     record = []
     try:
         noop_port = free_port()
-        noop = procs.start([binary, "bench", "--noop-server", f"127.0.0.1:{noop_port}"],
-                           noop_port, "no-op server")
+        noop_args = [binary, "bench", "--noop-server", f"127.0.0.1:{noop_port}"]
+        if args.server_threads:
+            noop_args += ["--threads", str(args.server_threads)]
+        noop = procs.start(noop_args, noop_port, "no-op server")
         targets = {"noop": (f"http://127.0.0.1:{noop_port}", None, [noop.pid])}
         url, admin, child = serve(procs, binary, rules)
         targets["memory"] = (url, admin, [child.pid])

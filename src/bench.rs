@@ -103,7 +103,8 @@ pub struct BenchArgs {
     /// A request not answered within this time counts as an error.
     #[arg(long, value_parser = parse_duration, default_value = "5s", value_name = "TIME")]
     pub timeout: Duration,
-    /// Threads of the load generator's runtime [default: the number of CPUs].
+    /// Threads of the load generator's runtime, or of the no-op server's with
+    /// `--noop-server` [default: the number of CPUs].
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
     /// Print the result as JSON.
@@ -119,6 +120,13 @@ const DEFAULT_DURATION: Duration = Duration::from_secs(10);
 
 /// Runs `sluice bench`: the no-op server, or a load and its report on stdout.
 pub fn main(args: BenchArgs) -> anyhow::Result<()> {
+    if let Some(addr) = args.noop_server {
+        // Served on sluice's own runtime; `--threads` sets its workers as
+        // `server.worker_threads` sets sluice's.
+        let runtime =
+            crate::runtime::build(args.threads.unwrap_or(0)).context("cannot start the runtime")?;
+        return runtime.block_on(noop(addr, args.duration));
+    }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if let Some(threads) = args.threads {
         builder.worker_threads(threads.max(1));
@@ -127,9 +135,6 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot start the runtime")?;
-    if let Some(addr) = args.noop_server {
-        return runtime.block_on(noop(addr, args.duration));
-    }
     let plan = plan_of(&args)?;
     let summary = runtime.block_on(run_load(plan))?;
     if args.json {

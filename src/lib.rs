@@ -37,6 +37,7 @@ pub mod metrics;
 pub mod proto;
 pub mod reload;
 pub mod rules;
+pub mod runtime;
 pub mod signal;
 pub mod telemetry;
 #[cfg(any(test, feature = "test-util"))]

@@ -133,7 +133,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         }
     };
     // The runtime first: an OTLP exporter lives in it.
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match sluice::runtime::build(settings.server.worker_threads) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("sluice: cannot start the runtime: {e}");

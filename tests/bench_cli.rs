@@ -26,9 +26,15 @@ fn sluice() -> Command {
 
 /// Starts `sluice <args>` and waits until `port` accepts connections.
 fn start(args: &[&str], port: u16) -> Served {
+    start_with(args, port, &[])
+}
+
+/// [`start`] with `SLUICE_*` settings in the environment.
+fn start_with(args: &[&str], port: u16, env: &[(&str, &str)]) -> Served {
     let child = sluice()
         .args(args)
         .env("SLUICE_LOG__LEVEL", "warn")
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .spawn()
         .expect("start the sluice binary");
@@ -52,6 +58,10 @@ fn noop_server() -> (Served, String) {
 }
 
 fn sluice_server(rules: &Path) -> (Served, String) {
+    sluice_server_with(rules, &[])
+}
+
+fn sluice_server_with(rules: &Path, env: &[(&str, &str)]) -> (Served, String) {
     let (port, admin) = (free_port(), free_port());
     let grpc = format!("127.0.0.1:{port}");
     let admin = format!("127.0.0.1:{admin}");
@@ -65,7 +75,7 @@ fn sluice_server(rules: &Path) -> (Served, String) {
         "--admin-listen",
         &admin,
     ];
-    (start(&args, port), format!("http://{grpc}"))
+    (start_with(&args, port, env), format!("http://{grpc}"))
 }
 
 /// Runs `sluice bench --json` with `args`; its parsed result.
@@ -228,4 +238,41 @@ fn bad_options_fail_with_a_message() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// The threads of a process named `sluice-worker` (the serving runtime's workers).
+fn workers(served: &Served) -> usize {
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", served.0.id())).expect("/proc");
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.trim() == "sluice-worker")
+        .count()
+}
+
+#[test]
+fn worker_threads_are_set_for_sluice_and_the_noop_server_alike() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(&rules, RULES).expect("write rules");
+    let (sluice, url) = sluice_server_with(&rules, &[("SLUICE_SERVER__WORKER_THREADS", "3")]);
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let args = [
+        "bench",
+        "--noop-server",
+        &addr,
+        "--threads",
+        "1",
+        "--duration",
+        "60s",
+    ];
+    let noop = start(&args, port);
+    assert_eq!(workers(&sluice), 3);
+    assert_eq!(workers(&noop), 1);
+    // Both still serve.
+    for target in [url, format!("http://{addr}")] {
+        let v = bench(&target, &["--domain", "bench", "--descriptor", "user=x"]);
+        assert_sane(&v);
+        assert_eq!(count(&v, "ok"), count(&v, "requests"), "{v}");
+    }
 }

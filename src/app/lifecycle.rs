@@ -93,10 +93,7 @@ pub(super) async fn run(
     let (reflection_v1, reflection_v1alpha) = reflection()?;
     let tls = matches!(incoming, Incoming::Tls(_));
     tracing::info!(?addr, tls, backend = engine.backend_name(), "serving gRPC");
-    // Beyond the streams allowed, an HTTP/2 client queues its requests (or opens another
-    // connection); a stream opened anyway is refused by the server (REFUSED_STREAM).
-    let router = tonic::transport::Server::builder()
-        .max_concurrent_streams(max_streams)
+    let router = crate::runtime::grpc_server(max_streams)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

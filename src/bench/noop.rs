@@ -46,7 +46,7 @@ pub async fn serve_noop(
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    tonic::transport::Server::builder()
+    crate::runtime::grpc_server(1024)
         .add_service(RateLimitServiceServer::new(Noop))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await

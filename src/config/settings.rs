@@ -52,6 +52,8 @@ pub struct ServerSettings {
     /// After SIGTERM/SIGINT, how long to keep serving with readiness failed before the gRPC
     /// server stops accepting (time for load balancers to notice).
     pub drain_delay_secs: u64,
+    /// Worker threads of the runtime; 0: one per CPU the process may use.
+    pub worker_threads: usize,
 }
 
 impl Default for ServerSettings {
@@ -61,6 +63,7 @@ impl Default for ServerSettings {
             shutdown_grace_secs: 10,
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             drain_delay_secs: 0,
+            worker_threads: 0,
         }
     }
 }
