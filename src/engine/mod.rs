@@ -77,6 +77,8 @@ pub struct HeaderNames {
 pub struct Options {
     /// Global shadow mode: an OVER_LIMIT overall answer becomes OK (statuses keep their code).
     pub shadow_mode: bool,
+    /// Global quota mode: every descriptor with limits (not in shadow mode) is a quota-mode one.
+    pub quota_mode: bool,
     /// Add rate-limit headers to `response_headers_to_add`.
     pub headers: Option<HeaderNames>,
     /// Echo the request in `dynamic_metadata`.
@@ -152,7 +154,11 @@ impl Engine {
         validate(request, &self.options.input)?;
         let rules = self.rules.load_full();
         let domain = rules.domain(&request.domain);
-        let planned = plan::plan_request(domain, request, rules.default_algorithm());
+        let modes = plan::Modes {
+            override_algorithm: rules.default_algorithm(),
+            quota_mode: self.options.quota_mode,
+        };
+        let planned = plan::plan_request(domain, request, modes);
         let outcome = if planned.batch.hits.is_empty() {
             BatchOutcome {
                 hits: Vec::new(),
