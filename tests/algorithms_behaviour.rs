@@ -165,6 +165,13 @@ descriptors:
 /// not at the start of any.
 const MEMORY_NOW: u64 = 1_000_000 * SECOND + SECOND / 2;
 
+/// Sets the memory backend's clock to [`MEMORY_NOW`] (Redis reads its own).
+fn at_memory_now(b: &backends::Backend) {
+    if let Some(clock) = b.memory_clock() {
+        clock.set(MEMORY_NOW);
+    }
+}
+
 /// Calls `r` and returns its first status's reset, checking that it is `expected(now)` for the
 /// backend's time in seconds at the call (read before and after it, as a second may pass).
 async fn reset_at_call(
@@ -189,9 +196,7 @@ scenario!(
     week_month_and_year_windows_are_7_30_and_365_days_from_the_epoch,
     rules = WINDOWS,
     |c, b| {
-        if let Some(clock) = b.memory_clock() {
-            clock.set(MEMORY_NOW);
-        }
+        at_memory_now(&b);
         // envoyproxy/ratelimit's reset: unit - now % unit, windows counted from the epoch
         // (weeks start on a Thursday, months and years are 30 and 365 days).
         for (key, unit) in [
@@ -218,9 +223,7 @@ scenario!(
     fixed_window_denials_that_never_fit_wait_for_the_window_end,
     rules = WINDOWS,
     |c, b| {
-        if let Some(clock) = b.memory_clock() {
-            clock.set(MEMORY_NOW);
-        }
+        at_memory_now(&b);
         let to_minute_end = |now: u64| 60 - now % 60;
         // A zero quota (envoyproxy/ratelimit's way to block), twice (the second from the Redis
         // backend's deny cache), and a cost above the quota: the reset is the window's end.
