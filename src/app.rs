@@ -210,6 +210,7 @@ fn options_of(settings: &Settings) -> Options {
     let r = &settings.response;
     Options {
         shadow_mode: settings.rules.shadow_mode,
+        quota_mode: settings.limits.quota_mode,
         headers: r.headers.then(|| HeaderNames {
             limit: r.limit_header.clone(),
             remaining: r.remaining_header.clone(),

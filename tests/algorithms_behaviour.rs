@@ -144,3 +144,94 @@ scenario!(sliding_log_admits_at_most_the_quota_in_any_hour, |c| {
     assert_eq!(overall(&call(&mut c, cost(1)).await), Code::Ok);
     assert_eq!(overall(&call(&mut c, cost(1)).await), Code::OverLimit);
 });
+
+/// Fixed windows of the long units, and fixed windows whose denials never fit.
+const WINDOWS: &str = r#"
+domain: test
+descriptors:
+  - key: week
+    rate_limit: {unit: week, requests_per_unit: 2, algorithm: fixed_window}
+  - key: month
+    rate_limit: {unit: month, requests_per_unit: 2, algorithm: fixed_window}
+  - key: year
+    rate_limit: {unit: year, requests_per_unit: 2, algorithm: fixed_window}
+  - key: blocked
+    rate_limit: {unit: minute, requests_per_unit: 0, algorithm: fixed_window}
+  - key: minute
+    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: fixed_window}
+"#;
+
+/// 1970-01-12 13:46:40 UTC on the memory backend's clock: a time inside every long window,
+/// not at the start of any.
+const MEMORY_NOW: u64 = 1_000_000 * SECOND + SECOND / 2;
+
+/// Sets the memory backend's clock to [`MEMORY_NOW`] (Redis reads its own).
+fn at_memory_now(b: &backends::Backend) {
+    if let Some(clock) = b.memory_clock() {
+        clock.set(MEMORY_NOW);
+    }
+}
+
+/// Calls `r` and returns its first status's reset, checking that it is `expected(now)` for the
+/// backend's time in seconds at the call (read before and after it, as a second may pass).
+async fn reset_at_call(
+    c: &mut Client,
+    b: &backends::Backend,
+    r: RateLimitRequest,
+    expected: impl Fn(u64) -> u64,
+) -> RateLimitResponse {
+    let before = expected(b.now_secs());
+    let answer = call(c, r).await;
+    let after = expected(b.now_secs());
+    let reset = reset_secs(&answer.statuses[0]).expect("a reset");
+    let reset = u64::try_from(reset).expect("a positive reset");
+    assert!(
+        reset == before || reset == after,
+        "reset {reset}, expected {before} or {after}"
+    );
+    answer
+}
+
+scenario!(
+    week_month_and_year_windows_are_7_30_and_365_days_from_the_epoch,
+    rules = WINDOWS,
+    |c, b| {
+        at_memory_now(&b);
+        // envoyproxy/ratelimit's reset: unit - now % unit, windows counted from the epoch
+        // (weeks start on a Thursday, months and years are 30 and 365 days).
+        for (key, unit) in [
+            ("week", 604_800),
+            ("month", 2_592_000),
+            ("year", 31_536_000),
+        ] {
+            let r = reset_at_call(&mut c, &b, req("test", vec![desc(&[(key, "x")])]), |now| {
+                unit - now % unit
+            })
+            .await;
+            assert_eq!(overall(&r), Code::Ok, "{key}");
+            assert_eq!(r.statuses[0].limit_remaining, 1, "{key}");
+        }
+        if b.memory_clock().is_some() {
+            // At 1,000,000 s: 604,800 - 395,200, as envoyproxy/ratelimit computes it.
+            let r = hit(&mut c, "week", "x").await;
+            assert_eq!(reset_secs(&r.statuses[0]), Some(209_600));
+        }
+    }
+);
+
+scenario!(
+    fixed_window_denials_that_never_fit_wait_for_the_window_end,
+    rules = WINDOWS,
+    |c, b| {
+        at_memory_now(&b);
+        let to_minute_end = |now: u64| 60 - now % 60;
+        // A zero quota (envoyproxy/ratelimit's way to block), twice (the second from the Redis
+        // backend's deny cache), and a cost above the quota: the reset is the window's end.
+        for (key, cost) in [("blocked", 1), ("blocked", 1), ("minute", 3)] {
+            let r = req("test", vec![with_hits(desc(&[(key, "x")]), cost)]);
+            let r = reset_at_call(&mut c, &b, r, to_minute_end).await;
+            assert_eq!(overall(&r), Code::OverLimit, "{key}");
+            assert_eq!(r.statuses[0].limit_remaining, 0, "{key}");
+        }
+    }
+);

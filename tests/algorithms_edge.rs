@@ -1,6 +1,6 @@
 //! Every algorithm at a window's edge, through gRPC on loopback (memory backend, manual
 //! clock): the worked example of docs/algorithms.md. And a client's limit override taking
-//! `limits.default_algorithm`.
+//! `limits.default_algorithm`, capped as the rules are under `sliding_log`.
 
 mod common;
 
@@ -66,21 +66,32 @@ async fn the_worked_example_of_the_docs() {
     assert_eq!(around_the_edge("sliding_log").await, [4, 0, 0, 4]);
 }
 
-#[tokio::test]
-async fn a_limit_override_takes_the_default_algorithm() {
+/// A server of a domain `edge` without limits, whose default algorithm is `algorithm`.
+async fn serve_defaulting_to(algorithm: Algorithm) -> TestServer {
     let options = LoadOptions {
-        default_algorithm: Algorithm::FixedWindow,
+        default_algorithm: algorithm,
     };
     let text = "domain: edge\ndescriptors:\n  - key: k\n".to_owned();
     let model = from_sources_with(&[(PathBuf::from("t.yaml"), text)], options)
         .unwrap_or_else(|e| panic!("{e}"));
-    let server = TestServer::start_model(Settings::default(), model).await;
-    let mut c = client(&server).await;
+    TestServer::start_model(Settings::default(), model).await
+}
+
+/// A descriptor `k=x` with a client's override of `requests_per_unit` per `unit`.
+fn overridden(requests_per_unit: u32, unit: i32) -> RateLimitDescriptor {
     let mut d = desc(&[("k", "x")]);
     d.limit = Some(RateLimitOverride {
-        requests_per_unit: 2,
-        unit: 2, // MINUTE
+        requests_per_unit,
+        unit,
     });
+    d
+}
+
+#[tokio::test]
+async fn a_limit_override_takes_the_default_algorithm() {
+    let server = serve_defaulting_to(Algorithm::FixedWindow).await;
+    let mut c = client(&server).await;
+    let d = overridden(2, 2); // MINUTE
     server.clock.set(EDGE - SECOND);
     for _ in 0..2 {
         assert_eq!(
@@ -98,4 +109,36 @@ async fn a_limit_override_takes_the_default_algorithm() {
         Code::Ok,
         "a fixed window starts again at the minute"
     );
+}
+
+#[tokio::test]
+async fn a_sliding_log_override_above_the_cap_is_invalid() {
+    let server = serve_defaulting_to(Algorithm::SlidingLog).await;
+    let mut c = client(&server).await;
+    let hour = 3; // HOUR
+    let err = c
+        .should_rate_limit(req(
+            "edge",
+            vec![desc(&[("k", "y")]), overridden(10_001, hour)],
+        ))
+        .await
+        .expect_err("over the cap");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert_eq!(
+        err.message(),
+        "descriptors[1].limit.requests_per_unit: sliding_log keeps one entry per admitted \
+         request: an override must be at most 10000 with it, got 10001 \
+         (limits.default_algorithm is sliding_log)"
+    );
+    let r = call(&mut c, req("edge", vec![overridden(10_000, hour)])).await;
+    assert_eq!(overall(&r), Code::Ok);
+    assert_eq!(r.statuses[0].limit_remaining, 9_999);
+    // An unknown domain ignores overrides, so it does not check them either.
+    let r = call(&mut c, req("other", vec![overridden(50_000, hour)])).await;
+    assert_eq!(r.statuses[0].current_limit, None);
+    // Other algorithms take any quota.
+    let server = serve_defaulting_to(Algorithm::SlidingWindow).await;
+    let mut c = client(&server).await;
+    let r = call(&mut c, req("edge", vec![overridden(50_000, hour)])).await;
+    assert_eq!(r.statuses[0].limit_remaining, 49_999);
 }

@@ -2,6 +2,8 @@
 //! exit 64 on bad rules or settings before any port is bound, exit 0 on SIGTERM.
 
 mod common;
+#[path = "support/invalid_rules.rs"]
+mod invalid_rules;
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -9,6 +11,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use common::*;
+use invalid_rules::INVALID_DIR;
 
 fn sluice() -> Command {
     sluice_command(env!("CARGO_BIN_EXE_sluice"))
@@ -75,40 +78,33 @@ fn check_resolves_limits_with_the_default_algorithm_of_the_environment() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown algorithm 'gcra'"));
 }
 
+/// `sluice check` on the invalid fixtures prints exactly the errors tests/rules_validation.rs
+/// expects of each file, in file order, then their count, and exits 1.
 #[test]
 fn check_reports_every_error_with_file_and_line() {
-    let dir = fixtures("invalid");
-    let out = run(sluice().args(["check", "--rules", &dir]));
+    let out = run(sluice().args(["check", "--rules", INVALID_DIR]));
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let mut files = 0;
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        let shown = format!("{}:", path.display());
-        let line = stderr
-            .lines()
-            .find(|l| l.starts_with(&shown))
-            .unwrap_or_else(|| panic!("no error for {shown} in:\n{stderr}"));
-        let number: String = line[shown.len()..]
-            .chars()
-            .take_while(char::is_ascii_digit)
-            .collect();
-        assert!(
-            number.parse::<usize>().unwrap() > 0,
-            "no line number in {line}"
-        );
-        files += 1;
-    }
-    assert!(
-        files >= 15,
-        "expected one fixture per validation rule, found {files}"
-    );
-    let total = stderr.lines().last().unwrap();
-    assert!(total.ends_with("error(s)"), "{total}");
+    let prefix = format!("{INVALID_DIR}/");
+    let printed: Vec<String> = stderr.lines().map(|l| l.replace(&prefix, "")).collect();
+    let mut expected: Vec<String> = invalid_rules::every_line().map(str::to_owned).collect();
+    expected.push(format!("{} error(s)", expected.len()));
+    assert_eq!(printed, expected);
 }
 
+/// Serves the embedded rules, then stops on SIGTERM, and again on SIGINT: both drain and exit 0.
 #[tokio::test]
-async fn serve_with_embedded_rules_then_stop_on_sigterm() {
+async fn serve_with_embedded_rules_then_stop_on_sigterm_or_sigint() {
+    for (signal, logged) in [
+        ("-TERM", "SIGTERM received, shutting down"),
+        ("-INT", "SIGINT received, shutting down"),
+    ] {
+        serve_then_stop_with(signal, logged).await;
+    }
+}
+
+/// Serves, uses the demo's login limit, sends `signal`, and expects exit 0 with `logged`.
+async fn serve_then_stop_with(signal: &str, logged: &str) {
     let port = free_port();
     let child = sluice()
         .args(["serve", "--grpc-listen", &format!("127.0.0.1:{port}")])
@@ -133,7 +129,7 @@ async fn serve_with_embedded_rules_then_stop_on_sigterm() {
     let pid = served.0.id().to_string();
     assert!(
         Command::new("kill")
-            .args(["-TERM", &pid])
+            .args([signal, &pid])
             .status()
             .unwrap()
             .success()
@@ -145,11 +141,14 @@ async fn serve_with_embedded_rules_then_stop_on_sigterm() {
         }
         assert!(
             start.elapsed() < Duration::from_secs(10),
-            "no exit after SIGTERM"
+            "no exit after kill {signal}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    assert_eq!(status.code(), Some(0));
+    assert_eq!(status.code(), Some(0), "exit after kill {signal}");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut served.0.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(stderr.contains(logged), "kill {signal}:\n{stderr}");
 }
 
 #[test]

@@ -54,7 +54,7 @@ proptest! {
         }
     }
 
-    /// A denied request changes no state.
+    /// A denied request changes no state (but that of its `charge: always` limits).
     #[test]
     fn a_denied_request_changes_nothing(
         limits in proptest::collection::vec(key_limit(Algorithm::FixedWindow), 4),

@@ -3,10 +3,42 @@
 
 mod common;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use common::*;
+use serde_json::json;
+use sluice::config::settings::Settings;
+use sluice::limiter::{Batch, BatchOutcome, BoxFuture, Limiter, LimiterError, MemoryLimiter};
 use tonic::Code as GrpcCode;
 
 const RULES: &str = include_str!("fixtures/semantics.yaml");
+
+/// Rules for the edge cases of metadata merging, `replaces` and wildcard precedence.
+const EDGES: &str = r#"
+domain: test
+descriptors:
+  - key: meta_a
+    metadata: {tier: gold, nested: {a: 1}}
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: meta_b
+    metadata: {tier: silver, nested: {a: 9, b: 2}, extra: true}
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: g2
+    rate_limit: {unit: minute, requests_per_unit: 1, name: g2}
+  - key: u
+    rate_limit: {unlimited: true, replaces: [{name: g2}]}
+  - key: a
+    rate_limit: {unit: minute, requests_per_unit: 1, name: a, replaces: [{name: b}]}
+  - key: b
+    rate_limit: {unit: minute, requests_per_unit: 1, name: b, replaces: [{name: a}]}
+  - key: route
+    value: /reports/*
+    rate_limit: {unit: minute, requests_per_unit: 1, name: wildcard}
+  - key: route
+    value: /reports/x
+    rate_limit: {unit: minute, requests_per_unit: 2, name: exact}
+"#;
 
 async fn setup() -> (TestServer, Client) {
     let server = TestServer::start(RULES).await;
@@ -509,9 +541,10 @@ async fn borrow_admits_while_not_in_debt() {
 async fn rule_metadata_reaches_dynamic_metadata() {
     let (_s, mut c) = setup().await;
     let r = hit(&mut c, "meta", "m").await;
-    let md = r.dynamic_metadata.expect("dynamic metadata");
-    let text = format!("{md:?}");
-    assert!(text.contains("gold") && text.contains("nested"), "{text}");
+    assert_eq!(
+        metadata_json(&r),
+        Some(json!({"metadata": {"tier": "gold", "nested": {"a": 1.0}}}))
+    );
     let over = hit(&mut c, "meta", "m").await;
     assert_eq!(overall(&over), Code::OverLimit);
     assert!(
@@ -567,4 +600,212 @@ async fn request_echo_and_rate_limit_headers_when_enabled() {
             ("Retry-After", "60")
         ])
     );
+}
+
+#[tokio::test]
+async fn metadata_of_several_descriptors_merges_first_value_wins() {
+    let server = TestServer::start(EDGES).await;
+    let mut c = client(&server).await;
+    let both = || {
+        req(
+            "test",
+            vec![desc(&[("meta_a", "m")]), desc(&[("meta_b", "m")])],
+        )
+    };
+    let r = call(&mut c, both()).await;
+    assert_eq!(
+        metadata_json(&r),
+        Some(json!({"metadata": {
+            "tier": "gold",
+            "nested": {"a": 1.0, "b": 2.0},
+            "extra": true,
+        }}))
+    );
+    // meta_a is over now: only meta_b's map is returned.
+    let r = call(&mut c, both()).await;
+    assert_eq!(code(&r.statuses[0]), Code::OverLimit);
+    assert_eq!(
+        metadata_json(&r),
+        Some(json!({"metadata": {
+            "tier": "silver",
+            "nested": {"a": 9.0, "b": 2.0},
+            "extra": true,
+        }}))
+    );
+}
+
+#[tokio::test]
+async fn charge_always_is_charged_when_another_descriptor_denies() {
+    let (_s, mut c) = setup().await;
+    let both = || {
+        req(
+            "test",
+            vec![
+                with_hits(desc(&[("tokens", "t")]), 30),
+                desc(&[("one_per_minute", "y")]),
+            ],
+        )
+    };
+    let r = call(&mut c, both()).await;
+    assert_eq!(overall(&r), Code::Ok);
+    assert_eq!(r.statuses[0].limit_remaining, 70);
+    let r = call(&mut c, both()).await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    assert_eq!(code(&r.statuses[0]), Code::Ok);
+    assert_eq!(code(&r.statuses[1]), Code::OverLimit);
+    assert_eq!(
+        r.statuses[0].limit_remaining, 40,
+        "charged although the request was denied"
+    );
+    let check = req("test", vec![with_hits(desc(&[("tokens", "t")]), 0)]);
+    let r = call(&mut c, check).await;
+    assert_eq!(r.statuses[0].limit_remaining, 40);
+}
+
+#[tokio::test]
+async fn an_unlimited_rule_that_replaces_drops_the_named_limit() {
+    let server = TestServer::start(EDGES).await;
+    let mut c = client(&server).await;
+    let both = || req("test", vec![desc(&[("u", "x")]), desc(&[("g2", "x")])]);
+    for _ in 0..2 {
+        let r = call(&mut c, both()).await;
+        assert_eq!(overall(&r), Code::Ok);
+        assert_eq!(r.statuses[0].limit_remaining, u32::MAX);
+        assert_eq!(r.statuses[0].current_limit, None);
+        assert_eq!(r.statuses[1].current_limit, None, "g2 is replaced");
+        assert_eq!(r.statuses[1].limit_remaining, 0);
+    }
+    // Without the replacing descriptor, g2 applies, and it consumed nothing meanwhile.
+    let r = hit(&mut c, "g2", "x").await;
+    assert_eq!(overall(&r), Code::Ok);
+    assert_eq!(limit_of(&r.statuses[0]).map(|l| l.2).as_deref(), Some("g2"));
+    assert_eq!(overall(&hit(&mut c, "g2", "x").await), Code::OverLimit);
+}
+
+#[tokio::test]
+async fn limits_replacing_each_other_are_both_dropped() {
+    let server = TestServer::start(EDGES).await;
+    let mut c = client(&server).await;
+    let both = || req("test", vec![desc(&[("a", "x")]), desc(&[("b", "x")])]);
+    for _ in 0..2 {
+        let r = call(&mut c, both()).await;
+        assert_eq!(overall(&r), Code::Ok);
+        assert_eq!(r.statuses[0].current_limit, None);
+        assert_eq!(r.statuses[1].current_limit, None);
+    }
+    // Alone, each applies (nothing replaces it), and neither consumed anything before.
+    for key in ["a", "b"] {
+        let r = hit(&mut c, key, "x").await;
+        assert_eq!(overall(&r), Code::Ok, "{key}");
+        assert_eq!(limit_of(&r.statuses[0]).map(|l| l.2).as_deref(), Some(key));
+        assert_eq!(overall(&hit(&mut c, key, "x").await), Code::OverLimit);
+    }
+}
+
+#[tokio::test]
+async fn an_exact_value_beats_an_earlier_declared_wildcard() {
+    let server = TestServer::start(EDGES).await;
+    let mut c = client(&server).await;
+    let name = |r: &RateLimitResponse| limit_of(&r.statuses[0]).map(|l| l.2);
+    let r = hit(&mut c, "route", "/reports/x").await;
+    assert_eq!(name(&r).as_deref(), Some("exact"));
+    let r = hit(&mut c, "route", "/reports/y").await;
+    assert_eq!(name(&r).as_deref(), Some("wildcard"));
+}
+
+/// A memory limiter that counts the calls it gets.
+struct Counting {
+    inner: MemoryLimiter,
+    calls: AtomicUsize,
+}
+
+impl Limiter for Counting {
+    fn check<'a>(&'a self, batch: &'a Batch) -> BoxFuture<'a, Result<BatchOutcome, LimiterError>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.check(batch)
+    }
+
+    fn name(&self) -> &'static str {
+        "counting"
+    }
+}
+
+#[tokio::test]
+async fn unlimited_and_unmatched_descriptors_make_no_limiter_call() {
+    let limiter = Arc::new(Counting {
+        inner: MemoryLimiter::new(100),
+        calls: AtomicUsize::new(0),
+    });
+    let server = TestServer::start_over(Settings::default(), RULES, limiter.clone()).await;
+    let mut c = client(&server).await;
+    let free = req(
+        "test",
+        vec![
+            desc(&[("path", "/healthz")]),
+            desc(&[("nothing", "here")]),
+            desc(&[("passthrough", "p")]),
+        ],
+    );
+    for _ in 0..3 {
+        let r = call(&mut c, free.clone()).await;
+        assert_eq!(r.statuses[0].limit_remaining, u32::MAX);
+    }
+    assert_eq!(limiter.calls.load(Ordering::SeqCst), 0);
+    // One call per request once a limit applies, however many descriptors it has.
+    let mut limited = free.clone();
+    limited.descriptors.push(desc(&[("one_per_minute", "c")]));
+    limited.descriptors.push(desc(&[("two_per_second", "c")]));
+    call(&mut c, limited).await;
+    assert_eq!(limiter.calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn global_quota_mode_makes_every_descriptor_a_quota_one() {
+    let mut settings = Settings::default();
+    settings.limits.quota_mode = true;
+    let server = TestServer::start_with(settings, RULES).await;
+    let mut c = client(&server).await;
+    assert_eq!(overall(&hit(&mut c, "one_per_minute", "q").await), Code::Ok);
+    // Alone, the one quota descriptor that is over denies the request.
+    let r = hit(&mut c, "one_per_minute", "q").await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    // With another one that is not over, the request passes, and that one consumes.
+    let r = call(
+        &mut c,
+        req(
+            "test",
+            vec![
+                desc(&[("one_per_minute", "q")]),
+                desc(&[("two_per_second", "q")]),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(overall(&r), Code::Ok);
+    assert_eq!(code(&r.statuses[0]), Code::OverLimit);
+    assert_eq!(code(&r.statuses[1]), Code::Ok);
+    assert_eq!(r.statuses[1].limit_remaining, 1);
+    // A client's override is a quota descriptor too.
+    let mut overridden = desc(&[("anything", "o")]);
+    overridden.limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: 1, // SECOND
+    });
+    let both = || {
+        req(
+            "test",
+            vec![desc(&[("one_per_minute", "q")]), overridden.clone()],
+        )
+    };
+    assert_eq!(overall(&call(&mut c, both()).await), Code::Ok);
+    let r = call(&mut c, both()).await;
+    assert_eq!(code(&r.statuses[1]), Code::OverLimit);
+    assert_eq!(
+        overall(&r),
+        Code::OverLimit,
+        "every quota descriptor is over"
+    );
+    // Shadow mode still wins: a shadow rule never denies.
+    hit(&mut c, "shadow", "q").await;
+    assert_eq!(overall(&hit(&mut c, "shadow", "q").await), Code::Ok);
 }

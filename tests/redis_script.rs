@@ -1,5 +1,6 @@
 //! The Lua script against a real `redis-server`: the differential test (the same random
-//! batches through the memory backend and through the script give identical outcomes), TTLs
+//! batches through the memory backend and through the script give identical outcomes, with
+//! steps of every size, and with batches at one instant or under a millisecond apart), TTLs
 //! and deletion of fresh states, and reloading after `SCRIPT FLUSH`.
 
 #[path = "support/redis.rs"]
@@ -47,7 +48,7 @@ fn random_hit(rng: &mut Rng, seed: u64) -> Hit {
         algorithm: Algorithm::Funnel,
         quota: rng.pick(&[0, 1, 2, 3, 5, 7]),
         period_nanos: rng.pick(&[
-            1_000,
+            SHORT_PERIOD,
             SECOND_MICROS,
             3 * SECOND_MICROS + 1,
             7 * SECOND_MICROS,
@@ -108,15 +109,76 @@ fn random_step(rng: &mut Rng) -> u64 {
 /// time between measuring it and the script running.
 const MARGIN_MICROS: u64 = 20_000;
 
+/// The shortest period of the random limits: a few steps of [`MARGIN_MICROS`], so that a state
+/// is often still in its period at the next batch.
+const SHORT_PERIOD: u64 = 50_000;
+
+/// How fake time moves in a differential run.
+#[derive(Clone, Copy)]
+struct Timing {
+    /// The first instant of each sequence.
+    start: fn(&mut Rng) -> u64,
+    /// The time before each batch.
+    step: fn(&mut Rng) -> u64,
+    /// Each step also adds the real time elapsed and [`MARGIN_MICROS`].
+    follows_real_time: bool,
+}
+
+/// Steps of every size, following real time.
+const FOLLOWING_REAL_TIME: Timing = Timing {
+    start: start_within_a_second,
+    step: random_step,
+    follows_real_time: true,
+};
+
+fn start_within_a_second(rng: &mut Rng) -> u64 {
+    1_700_000_000 * SECOND_MICROS + rng.below(SECOND_MICROS)
+}
+
+/// Batches at one instant or under a millisecond apart, without following real time. Only for
+/// limits of [`LONG_PERIODS`]: starting 10 to 40 s into a minute, and at least 10 minutes into
+/// an hour and a day, no state of a sequence (which lasts well under a second) becomes fresh
+/// for seconds, so Redis expiring keys on its own clock cannot change an answer.
+const SAME_INSTANT: Timing = Timing {
+    start: start_inside_long_windows,
+    step: sub_millisecond_step,
+    follows_real_time: false,
+};
+
+/// Periods of the limits in runs of [`SAME_INSTANT`].
+const LONG_PERIODS: [u64; 3] = [
+    60 * SECOND_MICROS,
+    3_600 * SECOND_MICROS,
+    86_400 * SECOND_MICROS,
+];
+
+fn start_inside_long_windows(rng: &mut Rng) -> u64 {
+    // 2023-11-15 00:00 UTC, a whole day since the epoch.
+    const MIDNIGHT: u64 = 1_700_006_400 * SECOND_MICROS;
+    MIDNIGHT + 610 * SECOND_MICROS + rng.below(30 * SECOND_MICROS)
+}
+
+fn sub_millisecond_step(rng: &mut Rng) -> u64 {
+    rng.pick(&[0, 0, 0, 1, 7, 250, 999])
+}
+
 /// Runs `seeds` random sequences of 50 batches through the memory backend and the script and
 /// requires identical outcomes; returns how many batches were compared.
 async fn compare(seeds: std::ops::RangeInclusive<u64>, batch: fn(&mut Rng, u64) -> Batch) -> usize {
+    compare_timed(seeds, batch, FOLLOWING_REAL_TIME).await
+}
+
+async fn compare_timed(
+    seeds: std::ops::RangeInclusive<u64>,
+    batch: fn(&mut Rng, u64) -> Batch,
+    timing: Timing,
+) -> usize {
     let redis = RedisServer::start();
     let script = RedisLimiter::new(&redis.settings(), 1).expect("valid settings");
     let mut compared = 0;
     for seed in seeds {
         let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        let mut fake = 1_700_000_000 * SECOND_MICROS + rng.below(SECOND_MICROS);
+        let mut fake = (timing.start)(&mut rng);
         let clock = ManualClock::at(fake);
         let memory = MemoryLimiter::with_clock(10_000, clock.clone());
         let mut last = Instant::now();
@@ -124,7 +186,10 @@ async fn compare(seeds: std::ops::RangeInclusive<u64>, batch: fn(&mut Rng, u64) 
             let now = Instant::now();
             let real = u64::try_from((now - last).as_micros()).unwrap_or(u64::MAX);
             last = now;
-            fake += random_step(&mut rng) + real + MARGIN_MICROS;
+            fake += (timing.step)(&mut rng);
+            if timing.follows_real_time {
+                fake += real + MARGIN_MICROS;
+            }
             clock.set(fake);
             let batch = batch(&mut rng, seed);
             let expected = memory.check(&batch).await.expect("memory never fails");
@@ -146,17 +211,24 @@ async fn lua_and_memory_give_identical_outcomes_on_random_sequences() {
     assert_eq!(compare(1..=60, random_batch).await, 3_000);
 }
 
+/// Periods of the limits in runs of [`FOLLOWING_REAL_TIME`].
+const PERIODS: [u64; 4] = [
+    SHORT_PERIOD,
+    SECOND_MICROS,
+    3 * SECOND_MICROS,
+    60 * SECOND_MICROS,
+];
+
 /// A hit of `algorithm` on one of three keys of a seed; each key has its own quota and
-/// period, as real state keys (which name the algorithm and the period) have; burst, borrow,
-/// charge, cost, refund and role vary per hit.
-fn algorithm_hit(rng: &mut Rng, seed: u64, algorithm: Algorithm) -> Hit {
+/// period (one of `periods`), as real state keys (which name the algorithm and the period)
+/// have; burst, borrow, charge, cost, refund and role vary per hit.
+fn algorithm_hit(rng: &mut Rng, seed: u64, algorithm: Algorithm, periods: &[u64]) -> Hit {
     let name = rng.below(3);
     let mut keyed = Rng((seed << 8 | name << 4 | algorithm as u64).wrapping_mul(0x2545_F491));
     let mut hit = random_hit(rng, seed);
     hit.limit.algorithm = algorithm;
     hit.limit.quota = keyed.pick(&[0, 1, 2, 3, 5, 7]);
-    hit.limit.period_nanos =
-        keyed.pick(&[1_000, SECOND_MICROS, 3 * SECOND_MICROS, 60 * SECOND_MICROS]);
+    hit.limit.period_nanos = keyed.pick(periods);
     hit.limit.borrow &= algorithm.has_capacity();
     hit.key = format!("{{diff|seed={seed}}}:{}:{name}", algorithm.as_str())
         .into_bytes()
@@ -164,13 +236,13 @@ fn algorithm_hit(rng: &mut Rng, seed: u64, algorithm: Algorithm) -> Hit {
     hit
 }
 
-fn batch_of(rng: &mut Rng, seed: u64, algorithms: &[Algorithm]) -> Batch {
+fn batch_of(rng: &mut Rng, seed: u64, algorithms: &[Algorithm], periods: &[u64]) -> Batch {
     let n = 1 + rng.below(5);
     Batch {
         hits: (0..n)
             .map(|_| {
                 let algorithm = rng.pick(algorithms);
-                algorithm_hit(rng, seed, algorithm)
+                algorithm_hit(rng, seed, algorithm, periods)
             })
             .collect(),
     }
@@ -184,28 +256,40 @@ fn seeds() -> u64 {
         .unwrap_or(30)
 }
 
-/// One test per algorithm, and one mixing them all in each batch.
+/// One test per algorithm, and one mixing them all in each batch, for a timing and the
+/// periods it allows.
 macro_rules! differential {
-    ($($name:ident: $algorithms:expr;)*) => {$(
+    ($timing:expr, $periods:expr; $($name:ident: $algorithms:expr;)*) => {$(
         #[tokio::test]
         async fn $name() {
             fn batch(rng: &mut Rng, seed: u64) -> Batch {
-                batch_of(rng, seed, &$algorithms)
+                batch_of(rng, seed, &$algorithms, &$periods)
             }
             let seeds = seeds();
-            let compared = compare(1..=seeds, batch).await;
+            let compared = compare_timed(1..=seeds, batch, $timing).await;
             assert_eq!(u64::try_from(compared).ok(), Some(seeds * 50));
         }
     )*};
 }
 
 differential! {
+    FOLLOWING_REAL_TIME, PERIODS;
     differential_funnel: [Algorithm::Funnel];
     differential_token_bucket: [Algorithm::TokenBucket];
     differential_fixed_window: [Algorithm::FixedWindow];
     differential_sliding_window: [Algorithm::SlidingWindow];
     differential_sliding_log: [Algorithm::SlidingLog];
     differential_every_algorithm_in_one_batch: Algorithm::ALL;
+}
+
+differential! {
+    SAME_INSTANT, LONG_PERIODS;
+    same_instant_funnel: [Algorithm::Funnel];
+    same_instant_token_bucket: [Algorithm::TokenBucket];
+    same_instant_fixed_window: [Algorithm::FixedWindow];
+    same_instant_sliding_window: [Algorithm::SlidingWindow];
+    same_instant_sliding_log: [Algorithm::SlidingLog];
+    same_instant_every_algorithm_in_one_batch: Algorithm::ALL;
 }
 
 fn limit(quota: u32, period_secs: u64) -> LimitParams {

@@ -37,7 +37,7 @@ proptest! {
         assert_interval_bound(&events, |len| q * u128::from(len / period + 1))?;
     }
 
-    /// A denied request changes no state.
+    /// A denied request changes no state (but that of its `charge: always` limits).
     #[test]
     fn a_denied_request_changes_nothing(
         limits in vec(key_limit(Algorithm::SlidingLog), 4),

@@ -94,6 +94,7 @@ fuzz_target!(|data: &[u8]| {
     let limiter = Arc::new(MemoryLimiter::with_clock(max_keys, clock.clone()));
     let options = Options {
         shadow_mode: flags & 1 != 0,
+        quota_mode: false,
         headers: (flags & 2 != 0).then(|| HeaderNames {
             limit: "x-ratelimit-limit".into(),
             remaining: "x-ratelimit-remaining".into(),

@@ -131,6 +131,10 @@ pub struct LimiterSettings {
 pub struct LimitsSettings {
     /// The algorithm of a limit without `algorithm` (see docs/algorithms.md).
     pub default_algorithm: Algorithm,
+    /// Global quota mode, as envoyproxy/ratelimit's `QUOTA_MODE`: every descriptor with limits
+    /// (a rule's that is not in shadow mode, or a client's override) is a quota-mode one, so a
+    /// request is denied only when all of them are over the limit.
+    pub quota_mode: bool,
 }
 
 /// `[memory]`: the in-process backend.
@@ -314,6 +318,7 @@ mod tests {
             ("SLUICE_REDIS__ON_ERROR", "local"),
             ("SLUICE_REDIS__URL", "redis://env:1"),
             ("SLUICE_LIMITS__DEFAULT_ALGORITHM", "token_bucket"),
+            ("SLUICE_LIMITS__QUOTA_MODE", "true"),
             ("OTHER", "ignored"),
         ]);
         let cli = Overrides {
@@ -333,6 +338,7 @@ mod tests {
         assert_eq!(s.redis.on_error, OnError::Local);
         assert_eq!(s.redis.url, "redis://cli:2");
         assert_eq!(s.limits.default_algorithm, Algorithm::TokenBucket);
+        assert!(s.limits.quota_mode);
     }
 
     #[test]

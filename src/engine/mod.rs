@@ -15,7 +15,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use tracing::Instrument as _;
 
-use crate::config::model::Unit;
+use crate::config::model::{Algorithm, SLIDING_LOG_MAX_QUOTA, Unit};
 use crate::config::settings::InputSettings;
 use crate::limiter::{BatchOutcome, Limiter, LimiterError};
 use crate::rules::{Entry, RuleSet};
@@ -77,6 +77,8 @@ pub struct HeaderNames {
 pub struct Options {
     /// Global shadow mode: an OVER_LIMIT overall answer becomes OK (statuses keep their code).
     pub shadow_mode: bool,
+    /// Global quota mode: every descriptor with limits (not in shadow mode) is a quota-mode one.
+    pub quota_mode: bool,
     /// Add rate-limit headers to `response_headers_to_add`.
     pub headers: Option<HeaderNames>,
     /// Echo the request in `dynamic_metadata`.
@@ -152,7 +154,14 @@ impl Engine {
         validate(request, &self.options.input)?;
         let rules = self.rules.load_full();
         let domain = rules.domain(&request.domain);
-        let planned = plan::plan_request(domain, request, rules.default_algorithm());
+        if domain.is_some() {
+            check_overrides(request, rules.default_algorithm())?;
+        }
+        let modes = plan::Modes {
+            override_algorithm: rules.default_algorithm(),
+            quota_mode: self.options.quota_mode,
+        };
+        let planned = plan::plan_request(domain, request, modes);
         let outcome = if planned.batch.hits.is_empty() {
             BatchOutcome {
                 hits: Vec::new(),
@@ -220,6 +229,28 @@ fn validate(request: &Request, bounds: &InputSettings) -> Result<(), EngineError
             within(v, bounds.max_value_bytes, "max_value_bytes", || {
                 format!("descriptors[{i}].entries[{j}].value: {v} bytes")
             })?;
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a client's limit override that the rules would refuse: under a `sliding_log`
+/// default, one above its quota cap. (Overrides are used only when the domain exists.)
+fn check_overrides(request: &Request, algorithm: Algorithm) -> Result<(), EngineError> {
+    if algorithm != Algorithm::SlidingLog {
+        return Ok(());
+    }
+    for (i, d) in request.descriptors.iter().enumerate() {
+        if let Some(limit) = d.limit
+            && limit.requests_per_unit > SLIDING_LOG_MAX_QUOTA
+            && !d.entries.is_empty()
+        {
+            return Err(invalid(format!(
+                "descriptors[{i}].limit.requests_per_unit: sliding_log keeps one entry per \
+                 admitted request: an override must be at most {SLIDING_LOG_MAX_QUOTA} with it, \
+                 got {} (limits.default_algorithm is sliding_log)",
+                limit.requests_per_unit
+            )));
         }
     }
     Ok(())

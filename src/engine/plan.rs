@@ -47,16 +47,25 @@ enum Candidate<'r> {
     Override(LimitRule),
 }
 
-/// Plans a request; a client's limit override gets `override_algorithm`.
+/// What planning takes from the rules and the settings, besides the request.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Modes {
+    /// The algorithm of a client's limit override (`limits.default_algorithm`).
+    pub override_algorithm: Algorithm,
+    /// Global quota mode (`limits.quota_mode`).
+    pub quota_mode: bool,
+}
+
+/// Plans a request.
 pub(super) fn plan_request<'r>(
     domain: Option<&'r Domain>,
     request: &Request,
-    override_algorithm: Algorithm,
+    modes: Modes,
 ) -> Planned<'r> {
     let candidates: Vec<Candidate<'r>> = request
         .descriptors
         .iter()
-        .map(|d| candidate(domain, d, override_algorithm))
+        .map(|d| candidate(domain, d, modes.override_algorithm))
         .collect();
     let replaced = replaced_names(&candidates);
     let mut batch = Batch::default();
@@ -70,6 +79,7 @@ pub(super) fn plan_request<'r>(
                 descriptor: d,
                 cost: cost(request, d),
                 group,
+                quota_mode: modes.quota_mode,
             };
             descriptor_plan(c, &replaced, &ctx, &mut batch)
         })
@@ -148,6 +158,7 @@ struct HitContext<'a> {
     descriptor: &'a Descriptor,
     cost: u64,
     group: usize,
+    quota_mode: bool,
 }
 
 fn descriptor_plan<'r>(
@@ -165,12 +176,14 @@ fn descriptor_plan<'r>(
         },
         Candidate::Override(rule) => {
             let part = key::descriptor_part(ctx.domain, &ctx.descriptor.entries, None);
-            let limits = push_hits(vec![Cow::Owned(rule)], &part, Role::Enforced, ctx, batch);
+            let role = if ctx.quota_mode {
+                Role::Quota
+            } else {
+                Role::Enforced
+            };
+            let limits = push_hits(vec![Cow::Owned(rule)], &part, role, ctx, batch);
             DescriptorPlan {
-                applies: Applies::Limits {
-                    limits,
-                    role: Role::Enforced,
-                },
+                applies: Applies::Limits { limits, role },
                 metadata: None,
                 matched: None,
                 cost: ctx.cost,
@@ -193,7 +206,7 @@ fn descriptor_plan<'r>(
                     } else {
                         let part =
                             key::descriptor_part(ctx.domain, &ctx.descriptor.entries, Some(&m));
-                        let role = role_of(rule);
+                        let role = role_of(rule, ctx.quota_mode);
                         Applies::Limits {
                             limits: push_hits(kept, &part, role, ctx, batch),
                             role,
@@ -211,10 +224,11 @@ fn descriptor_plan<'r>(
     }
 }
 
-fn role_of(rule: &Rule) -> Role {
+/// A rule's role: shadow mode wins over quota mode (the rule's or the global one).
+fn role_of(rule: &Rule, quota_mode: bool) -> Role {
     if rule.shadow_mode {
         Role::Shadow
-    } else if rule.quota_mode {
+    } else if rule.quota_mode || quota_mode {
         Role::Quota
     } else {
         Role::Enforced

@@ -5,7 +5,8 @@
 //! and 365 days since the epoch, as in envoyproxy/ratelimit). Each window counts the cost it
 //! admitted and admits a cost `c` while `count + c <= Q`; the count starts again at 0 when the
 //! next window begins. Remaining is `Q - count`; the reset reported is the time to the end of
-//! the window, always, as envoyproxy/ratelimit reports it. One difference: a denied cost is not
+//! the window, always (also for a zero quota and for a cost above the quota, which the next
+//! window denies again), as envoyproxy/ratelimit reports it. One difference: a denied cost is not
 //! counted (unless `charge: always`), so a client that keeps knocking is not kept out longer.
 //!
 //! State is `(start, count)`: the window the count belongs to. A count of another window, or
@@ -148,10 +149,11 @@ impl FixedWindow {
     }
 
     /// Nanoseconds until `cost` would be admitted: the next window. A cost above the quota
-    /// (which never fits) and a zero quota get one period.
+    /// (which never fits) and a zero quota get the time to the window's end too, as
+    /// envoyproxy/ratelimit reports for every denial (its `requests_per_unit: 0` blocks).
     pub fn until_admitted(&self, window: Window, now: u64, cost: u64) -> u64 {
         if self.is_zero() || cost > self.quota {
-            return self.period;
+            return self.until_window_end(now);
         }
         if self.admits(window, now, cost) {
             return 1;
@@ -201,9 +203,34 @@ mod tests {
         assert!(!zero.admits(EMPTY, 5, 1));
         assert!(zero.admits(EMPTY, 5, 0));
         assert_eq!(zero.consume(EMPTY, 5, 3), EMPTY);
-        assert_eq!(zero.until_admitted(EMPTY, 5, 1), MIN);
+        assert_eq!(zero.until_admitted(EMPTY, 5, 1), MIN - 5);
         let w = FixedWindow::new(2, MIN);
-        assert_eq!(w.until_admitted(EMPTY, 5, 3), MIN);
+        assert_eq!(w.until_admitted(EMPTY, 5, 3), MIN - 5);
+        // Still denied at the window's end: the retry time is a lower bound, as for others.
+        assert!(!w.admits(EMPTY, MIN, 3));
+        assert_eq!(w.until_admitted(EMPTY, MIN, 3), MIN);
+    }
+
+    #[test]
+    fn week_month_and_year_windows_are_blocks_since_the_epoch() {
+        use crate::config::model::Unit;
+        let (week, month, year) = (604_800, 2_592_000, 31_536_000);
+        assert_eq!(Unit::Week.seconds(), week);
+        assert_eq!(Unit::Month.seconds(), month);
+        assert_eq!(Unit::Year.seconds(), year);
+        // 1970-01-08 00:00 UTC, a Thursday like the epoch, starts the second week.
+        let w = FixedWindow::new(1, week * SEC);
+        assert_eq!(w.window_start((week + 3_600) * SEC), week * SEC);
+        // envoyproxy/ratelimit's reset at t = 1_000_000 s: unit - t % unit.
+        let t = 1_000_000;
+        for unit in [week, month, year] {
+            let w = FixedWindow::new(1, unit * SEC);
+            assert_eq!(
+                w.until_window_end(t * SEC),
+                (unit - t % unit) * SEC,
+                "{unit}"
+            );
+        }
     }
 
     #[test]

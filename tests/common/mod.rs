@@ -100,6 +100,29 @@ pub fn reset_secs(s: &DescriptorStatus) -> Option<i64> {
     s.duration_until_reset.as_ref().map(|d| d.seconds)
 }
 
+/// A response's `dynamic_metadata` as JSON (protobuf numbers are doubles: `1` reads `1.0`).
+pub fn metadata_json(r: &RateLimitResponse) -> Option<serde_json::Value> {
+    r.dynamic_metadata.as_ref().map(struct_json)
+}
+
+fn struct_json(s: &envoy_types::pb::google::protobuf::Struct) -> serde_json::Value {
+    let fields = s.fields.iter().map(|(k, v)| (k.clone(), value_json(v)));
+    serde_json::Value::Object(fields.collect())
+}
+
+fn value_json(v: &envoy_types::pb::google::protobuf::Value) -> serde_json::Value {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    use serde_json::Value as J;
+    match &v.kind {
+        None | Some(Kind::NullValue(_)) => J::Null,
+        Some(Kind::NumberValue(n)) => serde_json::Number::from_f64(*n).map_or(J::Null, J::Number),
+        Some(Kind::StringValue(s)) => J::String(s.clone()),
+        Some(Kind::BoolValue(b)) => J::Bool(*b),
+        Some(Kind::StructValue(s)) => struct_json(s),
+        Some(Kind::ListValue(l)) => J::Array(l.values.iter().map(value_json).collect()),
+    }
+}
+
 /// The `sluice` binary at `path`, with no `SLUICE_*` or `RUST_LOG` from the test's environment.
 pub fn sluice_command(path: &str) -> Command {
     let mut cmd = Command::new(path);

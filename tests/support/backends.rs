@@ -1,7 +1,8 @@
 //! The two backends of the behaviour suites, and `scenario!`, which runs one test body on each:
 //! `scenario!(name, |c| { ... })` makes a module `name` with a `memory` and a `redis` test,
 //! each with a fresh client `c` of a server over that backend (Redis: a real `redis-server` on
-//! a loopback port). Both serve the rules of tests/fixtures/semantics.yaml.
+//! a loopback port). Both serve the rules of tests/fixtures/semantics.yaml, or other rules with
+//! `scenario!(name, rules = TEXT, |c, b| { ... })`.
 
 #![allow(dead_code)]
 
@@ -10,8 +11,8 @@ use std::sync::Arc;
 use crate::common::{Client, TestServer, client};
 use crate::redis_support::RedisServer;
 use sluice::config::settings::Settings;
-use sluice::limiter::RedisLimiter;
 use sluice::limiter::clock::Clock;
+use sluice::limiter::{ManualClock, RedisLimiter};
 
 pub const RULES: &str = include_str!("../fixtures/semantics.yaml");
 
@@ -34,10 +35,19 @@ impl Backend {
             self._server.clock.now_nanos() / 1_000_000_000
         }
     }
+
+    /// The memory backend's manual clock; `None` over Redis, which reads its own.
+    pub fn memory_clock(&self) -> Option<&ManualClock> {
+        self._redis.is_none().then_some(&self._server.clock)
+    }
 }
 
 pub async fn memory() -> (Backend, Client) {
-    let server = TestServer::start(RULES).await;
+    memory_serving(RULES).await
+}
+
+pub async fn memory_serving(rules: &str) -> (Backend, Client) {
+    let server = TestServer::start(rules).await;
     let c = client(&server).await;
     (
         Backend {
@@ -49,9 +59,13 @@ pub async fn memory() -> (Backend, Client) {
 }
 
 pub async fn redis() -> (Backend, Client) {
+    redis_serving(RULES).await
+}
+
+pub async fn redis_serving(rules: &str) -> (Backend, Client) {
     let redis = RedisServer::start();
     let limiter = RedisLimiter::new(&redis.settings(), 1_000).expect("valid redis settings");
-    let server = TestServer::start_over(Settings::default(), RULES, Arc::new(limiter)).await;
+    let server = TestServer::start_over(Settings::default(), rules, Arc::new(limiter)).await;
     let c = client(&server).await;
     (
         Backend {
@@ -63,41 +77,31 @@ pub async fn redis() -> (Backend, Client) {
 }
 
 /// `scenario!(name, |c| { ... })`: the body runs once per backend with a fresh client `c`;
-/// `scenario!(name, |c, b| { ... })` also names the [`Backend`] `b`.
+/// `scenario!(name, |c, b| { ... })` also names the [`Backend`] `b`, and
+/// `scenario!(name, rules = TEXT, |c, b| { ... })` serves the rules `TEXT`.
 #[macro_export]
 macro_rules! scenario {
-    ($name:ident, |$c:ident, $b:ident| $body:block) => {
+    ($name:ident, rules = $rules:expr, |$c:ident, $b:ident| $body:block) => {
         mod $name {
             use super::*;
 
             #[tokio::test]
             async fn memory() {
-                let ($b, mut $c) = $crate::backends::memory().await;
+                let ($b, mut $c) = $crate::backends::memory_serving($rules).await;
                 $body
             }
 
             #[tokio::test]
             async fn redis() {
-                let ($b, mut $c) = $crate::backends::redis().await;
+                let ($b, mut $c) = $crate::backends::redis_serving($rules).await;
                 $body
             }
         }
     };
+    ($name:ident, |$c:ident, $b:ident| $body:block) => {
+        $crate::scenario!($name, rules = $crate::backends::RULES, |$c, $b| $body);
+    };
     ($name:ident, |$c:ident| $body:block) => {
-        mod $name {
-            use super::*;
-
-            #[tokio::test]
-            async fn memory() {
-                let (_b, mut $c) = $crate::backends::memory().await;
-                $body
-            }
-
-            #[tokio::test]
-            async fn redis() {
-                let (_b, mut $c) = $crate::backends::redis().await;
-                $body
-            }
-        }
+        $crate::scenario!($name, rules = $crate::backends::RULES, |$c, _b| $body);
     };
 }

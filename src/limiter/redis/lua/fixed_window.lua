@@ -52,7 +52,7 @@ MAKERS.w = MAKERS.w and function()
   end
 
   local function until_admitted(w, s, now, cost)
-    if w.quota == 0 or cost > w.quota then return w.period end
+    if w.quota == 0 or cost > w.quota then return reset(w, s, now) end
     if admits(w, s, now, cost) then return 1 end
     return reset(w, s, now)
   end
