@@ -52,10 +52,12 @@
 //! - **Unknown key** (`unknown_key.yaml`): `unknown key 'x'`, at the mapping holding it. Keys
 //!   are checked per context: `unit` is unknown on a descriptor, `key` inside a limit, and so
 //!   on. (`duplicate key 'x'` is reported for two keys equal only as text, e.g. `1` and `"1"`
-//!   in `metadata`.)
+//!   in `metadata`: `metadata_duplicate_key.yaml`.)
 //! - **Wrong type** (`wrong_type.yaml`): `expected a mapping|a sequence|a string|true or
 //!   false|plain YAML data|a plain key, got ...`, where `...` is e.g. `a sequence`,
-//!   `a string ('maybe')`, `an integer (5)`, `null` or `a node tagged !foo`.
+//!   `a string ('maybe')`, `an integer (5)`, `null` or `a node tagged !foo`. Also a document
+//!   that is not a mapping (`document_not_mapping.yaml`) and a mapping key that is not a
+//!   plain scalar (`key_not_plain.yaml`).
 //! - **Bad integer** (`integer_invalid.yaml`): `must not be negative, got -5`,
 //!   `must be at most 4294967295, got N`, `expected an integer, got a number (1.5)`.
 //! - **Domain missing or empty** (`domain_missing.yaml`): `missing domain` (on the document),
@@ -125,9 +127,9 @@
 //!   descriptors[0].rate_limits[0]: the two limits would share one state`.
 //! - **`metadata` not a mapping** (`metadata_not_mapping.yaml`): `metadata: expected a
 //!   mapping, got ...`.
-//! - **Files** (tested with temporary files): a missing or unreadable path gives
-//!   `file:0: <operating system message>`; a file that is not UTF-8 gives
-//!   `not valid UTF-8 (rules files must be UTF-8)` at the line of the first bad byte.
+//! - **Files**: a missing or unreadable path gives `file:0: <operating system message>`
+//!   (tested with temporary files); a file that is not UTF-8 gives `not valid UTF-8 (rules
+//!   files must be UTF-8)` at the line of the first bad byte (`not_utf8.yaml`).
 //!
 //! # Files
 //!
