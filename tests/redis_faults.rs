@@ -291,26 +291,7 @@ async fn the_binary_serves_with_redis_down_and_decides_once_it_is_up() {
     let ready = common::http::get(sluice.admin(), "/readyz").await;
     assert_eq!(ready.status, 503, "{}", ready.body);
     assert!(ready.body.contains("redis"), "{}", ready.body);
-    let health = HealthClient::new(
-        tonic::transport::Channel::from_shared(sluice.url())
-            .expect("a URL")
-            .connect()
-            .await
-            .expect("connect"),
-    );
-    let status = |h: &HealthClient<tonic::transport::Channel>| {
-        let mut h = h.clone();
-        async move {
-            h.check(HealthCheckRequest {
-                service: String::new(),
-            })
-            .await
-            .expect("a health answer")
-            .into_inner()
-            .status
-        }
-    };
-    wait_for(|| async { status(&health).await == ServingStatus::NotServing as i32 }).await;
+    wait_for(|| async { health(&sluice).await == ServingStatus::NotServing }).await;
 
     let _redis = RedisServer::start_on(port);
     let up = Instant::now();
@@ -322,7 +303,73 @@ async fn the_binary_serves_with_redis_down_and_decides_once_it_is_up() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     wait_for(|| async { common::http::get(sluice.admin(), "/readyz").await.status == 200 }).await;
-    wait_for(|| async { status(&health).await == ServingStatus::Serving as i32 }).await;
+    wait_for(|| async { health(&sluice).await == ServingStatus::Serving }).await;
+}
+
+/// What gRPC health says about the whole service.
+async fn health(sluice: &sluice_process::SluiceProcess) -> ServingStatus {
+    let channel = tonic::transport::Channel::from_shared(sluice.url())
+        .expect("a URL")
+        .connect()
+        .await
+        .expect("connect");
+    let status = HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("a health answer")
+        .into_inner()
+        .status;
+    ServingStatus::try_from(status).expect("a known status")
+}
+
+/// With `on_error` = `allow`, `deny` or `local` sluice answers while Redis is down, so it
+/// stays ready; with `error` it is not ready (Kubernetes then routes to other replicas).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_ignores_redis_down_unless_on_error_is_error() {
+    let rules = tempfile::NamedTempFile::new().expect("a rules file");
+    std::fs::write(rules.path(), RULES).expect("write rules");
+    let url = format!("redis://127.0.0.1:{}", free_port());
+    let cases = [
+        ("error", Err(tonic::Code::Unavailable), 503),
+        ("allow", Ok(Code::Ok), 200),
+        ("deny", Ok(Code::OverLimit), 200),
+        ("local", Ok(Code::Ok), 200),
+    ];
+    let processes: Vec<_> = cases
+        .iter()
+        .map(|(on_error, _, _)| {
+            let env = [("SLUICE_REDIS__ON_ERROR", *on_error)];
+            sluice_process::SluiceProcess::start(
+                env!("CARGO_BIN_EXE_sluice"),
+                rules.path(),
+                &url,
+                &env,
+            )
+        })
+        .collect();
+    // Long enough for the PING probe (at start, then every second) to have failed.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    for ((on_error, answer, ready), sluice) in cases.iter().zip(&processes) {
+        let mut c = RateLimitServiceClient::connect(sluice.url())
+            .await
+            .expect("connect");
+        let got = c
+            .should_rate_limit(req("f", vec![desc(&[("k", "v")])]))
+            .await
+            .map(|r| overall(r.get_ref()))
+            .map_err(|s| s.code());
+        assert_eq!(&got, answer, "{on_error}");
+        let readyz = common::http::get(sluice.admin(), "/readyz").await;
+        assert_eq!(readyz.status, *ready, "{on_error}: {}", readyz.body);
+        let serving = if *ready == 200 {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        assert_eq!(health(sluice).await, serving, "{on_error}");
+    }
 }
 
 /// Waits up to 3 s for `ready` (the probe runs every second).
