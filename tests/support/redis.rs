@@ -146,6 +146,26 @@ impl RedisServer {
         }
     }
 
+    /// Stops the server (SIGSTOP) without closing anything: it accepts connections and
+    /// commands and answers none of them, as a hung Redis does, until [`Self::resume`].
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a paused server run again (SIGCONT); it then runs what it was sent meanwhile.
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, name: &str) {
+        let child = self.child.as_ref().expect("a running redis-server");
+        let status = Command::new("kill")
+            .args([name, &child.id().to_string()])
+            .status()
+            .expect("run kill (procps)");
+        assert!(status.success(), "kill {name} redis-server");
+    }
+
     /// Starts it again on the same port.
     pub fn restart(&mut self) {
         self.kill();
