@@ -17,7 +17,7 @@ use anyhow::Context as _;
 use arc_swap::ArcSwap;
 use tokio::sync::mpsc;
 
-use crate::config::settings::{Backend, Settings};
+use crate::config::settings::{Backend, OnError, Settings};
 use crate::engine::{Engine, HeaderNames, Options};
 use crate::health::BackendProbe;
 use crate::limiter::{Limiter, MemoryLimiter, RedisLimiter};
@@ -116,8 +116,9 @@ impl App {
                     let redis = RedisLimiter::new(&settings.redis, settings.memory.max_keys)
                         .context("invalid [redis] settings")?;
                     let redis = Arc::new(redis);
-                    let probe: Arc<dyn BackendProbe> = redis.clone();
-                    (redis.clone(), redis, Some(probe))
+                    let probe = readiness_follows_redis(settings.redis.on_error)
+                        .then(|| redis.clone() as Arc<dyn BackendProbe>);
+                    (redis.clone(), redis, probe)
                 }
             };
         let every = Duration::from_secs(settings.memory.sweep_interval_secs.max(1));
@@ -204,6 +205,14 @@ impl App {
     ) -> anyhow::Result<()> {
         lifecycle::run(self, listeners.into(), shutdown).await
     }
+}
+
+/// Whether readiness waits for Redis. Only with `on_error = "error"`: the other settings
+/// answer while Redis is down (`allow`, `deny`, or the local limiter), so a replica that
+/// cannot reach Redis still serves, and taking every replica out of the Service at once would
+/// hand the decision to the client's failure mode instead.
+fn readiness_follows_redis(on_error: OnError) -> bool {
+    on_error == OnError::Error
 }
 
 fn options_of(settings: &Settings) -> Options {

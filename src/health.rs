@@ -5,7 +5,8 @@
 //! answers at all is alive.
 //!
 //! The backend's part is a seam: a backend that can be unreachable (Redis) gives the app a
-//! [`BackendProbe`]; without one (the memory backend) the backend is always ready.
+//! [`BackendProbe`]; without one the backend is always ready. That is the memory backend, and
+//! Redis with an `on_error` other than `error`, which still answers while Redis is down.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

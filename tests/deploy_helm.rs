@@ -428,7 +428,7 @@ fn existing_config_map_and_secret_are_used_as_given() {
 
 #[test]
 fn values_that_would_break_a_release_are_refused() {
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 7] = [
         (
             &["--set", "backend=redis"],
             "needs redis.url or redis.existingSecret",
@@ -452,6 +452,21 @@ fn values_that_would_break_a_release_are_refused() {
         (
             &["--set-string", "rules.files.rules\\.yaml=domain: x"],
             "that name is rules.content's",
+        ),
+        (
+            &["--set", "terminationGracePeriodSeconds=3"],
+            "terminationGracePeriodSeconds (3) must be longer than shutdown.drainDelaySecs + shutdown.graceSecs (15)",
+        ),
+        (
+            &[
+                "--set",
+                "terminationGracePeriodSeconds=25",
+                "--set",
+                "shutdown.drainDelaySecs=5",
+                "--set",
+                "shutdown.graceSecs=20",
+            ],
+            "terminationGracePeriodSeconds (25) must be longer",
         ),
     ];
     for (args, message) in cases {

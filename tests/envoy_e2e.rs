@@ -41,6 +41,16 @@ impl Proxy {
     /// `deploy/envoy/<file>` with loopback addresses.
     async fn start(file: &str, upstream: u16, sluice: u16, failure_mode_deny: bool) -> Proxy {
         let template = std::fs::read_to_string(deploy_file(file)).expect("an Envoy config");
+        Self::start_config(template, upstream, sluice, failure_mode_deny).await
+    }
+
+    /// `config` with loopback addresses.
+    async fn start_config(
+        template: String,
+        upstream: u16,
+        sluice: u16,
+        failure_mode_deny: bool,
+    ) -> Proxy {
         let (port, admin) = (free_port(), free_port());
         let swaps = [
             (
@@ -202,6 +212,27 @@ async fn wait_for_tokens(sluice: &Sluice, tokens: u64) {
             "sluice counted {counted:?} tokens, not {tokens}"
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// deploy/examples/daily-quota.yaml behind the shipped Envoy, its domain set to "quota" (its
+/// `x-api-key` action gives the example's descriptor): the limit header shows the one limit
+/// the descriptor reports, the per-second one, as the example's comment says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_reports_the_binding_limit_of_the_daily_quota_example() {
+    let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples/daily-quota.yaml");
+    let upstream = Upstream::start().await;
+    let sluice = Sluice::start(&rules, &[]).await;
+    let shipped = std::fs::read_to_string(deploy_file("envoy.yaml")).expect("an Envoy config");
+    let config = envoy::replace_once(&shipped, "domain: edge", "domain: quota");
+    let proxy = Proxy::start_config(config, upstream.port, sluice.grpc_port, true).await;
+    for (key, limit) in [
+        ("k-1", r#"10, 10;w=1;name="per_second""#),
+        ("partner-7f3a", r#"100, 100;w=1;name="partner_per_second""#),
+    ] {
+        let answer = proxy.get("/orders", &[("x-api-key", key)]).await;
+        assert_eq!(answer.status, 200, "{answer:?}");
+        assert_eq!(header(&answer, "x-ratelimit-limit"), limit);
     }
 }
 

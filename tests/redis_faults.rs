@@ -1,7 +1,9 @@
 //! Redis failures under load: a real `redis-server` is killed while clients keep calling, then
-//! restarted on the same port. With `on_error = "error"` every answer is `UNAVAILABLE` within
-//! the time-out; with `"local"` answers keep coming; after the restart decisions come from
-//! Redis again within 2 s, without restarting sluice. Also: sluice starts with Redis down.
+//! restarted on the same port, or paused (SIGSTOP: it hangs) and resumed. With
+//! `on_error = "error"` every answer is `UNAVAILABLE` within the time-out; with `"local"`
+//! answers keep coming, decided by the local limiter; after the restart decisions come from
+//! Redis again within 2 s, without restarting sluice. Also: sluice starts with Redis down, and
+//! readiness follows Redis only with `on_error = "error"`.
 
 mod common;
 #[path = "support/redis.rs"]
@@ -27,6 +29,8 @@ domain: f
 descriptors:
   - key: k
     rate_limit: {unit: second, requests_per_unit: 1000000}
+  - key: small
+    rate_limit: {unit: minute, requests_per_unit: 5}
 ";
 
 const TIMEOUT: Duration = Duration::from_millis(100);
@@ -61,9 +65,10 @@ fn settings(url: String, on_error: OnError) -> RedisSettings {
     }
 }
 
-async fn serve(settings: RedisSettings) -> TestServer {
-    let limiter = RedisLimiter::new(&settings, 10_000).expect("valid redis settings");
-    TestServer::start_over(Settings::default(), RULES, Arc::new(limiter)).await
+async fn serve(settings: RedisSettings) -> (TestServer, Arc<RedisLimiter>) {
+    let limiter = Arc::new(RedisLimiter::new(&settings, 10_000).expect("valid redis settings"));
+    let server = TestServer::start_over(Settings::default(), RULES, limiter.clone()).await;
+    (server, limiter)
 }
 
 /// Clients calling in a loop until stopped; every answer is recorded.
@@ -71,10 +76,16 @@ struct Load {
     events: Arc<Mutex<Vec<Event>>>,
     stop: CancellationToken,
     tasks: tokio::task::JoinSet<()>,
+    _turn: tokio::sync::MutexGuard<'static, ()>,
 }
+
+/// One load at a time: tests run in parallel, and loads sharing two cores would time each
+/// other's answers.
+static LOAD_TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 impl Load {
     async fn start(server: &TestServer) -> Load {
+        let turn = LOAD_TURN.lock().await;
         let events = Arc::new(Mutex::new(Vec::new()));
         let stop = CancellationToken::new();
         let mut tasks = tokio::task::JoinSet::new();
@@ -107,6 +118,7 @@ impl Load {
             events,
             stop,
             tasks,
+            _turn: turn,
         }
     }
 
@@ -124,40 +136,69 @@ fn between(events: &[Event], from: Instant, to: Instant) -> Vec<&Event> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_error_error_answers_unavailable_within_the_timeout_then_recovers() {
-    let mut redis = RedisServer::start();
-    let server = serve(settings(redis.url(), OnError::Error)).await;
-    let load = Load::start(&server).await;
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let killing = Instant::now();
-    redis.kill();
-    let killed = Instant::now();
-    tokio::time::sleep(Duration::from_millis(1_000)).await;
-    redis.restart();
-    let restarted = Instant::now();
-    tokio::time::sleep(Duration::from_millis(2_500)).await;
-    let events = load.finish().await;
+/// When Redis went away and came back, under load.
+struct Outage {
+    /// Just before Redis went away.
+    going: Instant,
+    /// Redis is away from here...
+    down: Instant,
+    /// ...at least until here (just before it was started or resumed)...
+    coming: Instant,
+    /// ...and back from here.
+    up: Instant,
+}
 
+/// Runs the clients against `server` for 400 ms, then `stop`s Redis for 1 s, `start`s it
+/// again and keeps going for 2.5 s; returns every answer and when Redis was away.
+async fn under_load(
+    server: &TestServer,
+    redis: &mut RedisServer,
+    stop: fn(&mut RedisServer),
+    start: fn(&mut RedisServer),
+) -> (Vec<Event>, Outage) {
+    let load = Load::start(server).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let going = Instant::now();
+    stop(redis);
+    let down = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let coming = Instant::now();
+    start(redis);
+    let up = Instant::now();
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let outage = Outage {
+        going,
+        down,
+        coming,
+        up,
+    };
+    (load.finish().await, outage)
+}
+
+/// With `on_error = "error"`: OK before the outage, only UNAVAILABLE during it, no answer
+/// slower than the time-out (plus slack), OK again within 2 s of Redis coming back, and OK
+/// from then on. Returns the slowest answer.
+fn assert_unavailable_then_back(events: &[Event], outage: &Outage, what: &str) -> Duration {
     let before = between(
-        &events,
-        killing - Duration::from_millis(300),
-        killing - TIMEOUT,
+        events,
+        outage.going - Duration::from_millis(300),
+        outage.going - TIMEOUT,
     );
     assert!(!before.is_empty());
     for e in &before {
         assert_eq!(e.answer, Answer::Ok, "{e:?}");
     }
-    let down = between(&events, killed, restarted);
+    // A request sent less than a time-out before Redis is back may be answered by Redis.
+    let down = between(events, outage.down, outage.coming - TIMEOUT);
     assert!(down.len() > 20, "load kept calling: {}", down.len());
     for e in &down {
         assert_eq!(e.answer, Answer::Unavailable, "{e:?}");
     }
     let slowest = events.iter().map(|e| e.took).max().unwrap_or_default();
     assert!(slowest <= TIMEOUT + SLACK, "an answer took {slowest:?}");
-    let back = first_ok_after(&events, restarted);
+    let back = first_ok_after(events, outage.up);
     eprintln!(
-        "on_error=error: {} answers, slowest {slowest:?}, Redis again after {back:?}",
+        "on_error=error, {what}: {} answers, slowest {slowest:?}, Redis again after {back:?}",
         events.len()
     );
     assert!(
@@ -165,14 +206,54 @@ async fn on_error_error_answers_unavailable_within_the_timeout_then_recovers() {
         "decisions from Redis again after {back:?}"
     );
     let settled = between(
-        &events,
-        restarted + back + Duration::from_millis(100),
+        events,
+        outage.up + back + Duration::from_millis(100),
         Instant::now(),
     );
+    let failed = settled.iter().find(|e| e.answer != Answer::Ok);
+    assert!(failed.is_none(), "stays healthy: {failed:?}");
+    slowest
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_error_error_answers_unavailable_within_the_timeout_then_recovers() {
+    let mut redis = RedisServer::start();
+    let (server, _) = serve(settings(redis.url(), OnError::Error)).await;
+    let (events, outage) =
+        under_load(&server, &mut redis, RedisServer::kill, RedisServer::restart).await;
+    assert_unavailable_then_back(&events, &outage, "killed");
+}
+
+/// A paused Redis (SIGSTOP) accepts commands and answers none: every call waits for the
+/// time-out, not for a refused connection. The breaker opens after a few, so most answers
+/// come at once; after SIGCONT, Redis decides again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_error_error_answers_within_the_timeout_when_redis_hangs() {
+    let mut redis = RedisServer::start();
+    let (server, limiter) = serve(settings(redis.url(), OnError::Error)).await;
+    let (events, outage) = under_load(&server, &mut redis, |r| r.pause(), |r| r.resume()).await;
+    for e in &events {
+        assert!(
+            matches!(e.answer, Answer::Ok | Answer::Unavailable),
+            "{e:?}"
+        );
+    }
+    let slowest = assert_unavailable_then_back(&events, &outage, "paused");
+    assert!(slowest >= TIMEOUT, "the time-out was hit: {slowest:?}");
+    let down = between(&events, outage.down, outage.coming - TIMEOUT);
+    let waited = down.iter().filter(|e| e.took >= TIMEOUT / 2).count();
+    eprintln!("paused: {waited} of {} answers waited", down.len());
     assert!(
-        settled.iter().all(|e| e.answer == Answer::Ok),
-        "stays healthy"
+        waited * 4 < down.len(),
+        "the breaker answers most at once: {waited} of {} waited",
+        down.len()
     );
+    let breaker_open = limiter
+        .events()
+        .into_iter()
+        .find(|(name, _)| *name == "breaker_open")
+        .map(|(_, n)| n);
+    assert!(breaker_open > Some(0), "breaker opened: {breaker_open:?}");
 }
 
 fn first_ok_after(events: &[Event], t: Instant) -> Duration {
@@ -187,12 +268,21 @@ fn first_ok_after(events: &[Event], t: Instant) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_error_local_keeps_answering_and_returns_to_redis() {
     let mut redis = RedisServer::start();
-    let server = serve(settings(redis.url(), OnError::Local)).await;
+    let (server, _) = serve(settings(redis.url(), OnError::Local)).await;
     let load = Load::start(&server).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
     redis.kill();
     let killed = Instant::now();
-    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    // The local limiter really limits (`allow` would admit all 7).
+    let mut c = client(&server).await;
+    let mut codes = Vec::new();
+    for _ in 0..7 {
+        let r = call(&mut c, req("f", vec![desc(&[("small", "x")])])).await;
+        codes.push(overall(&r));
+    }
+    assert_eq!(codes[..5], [Code::Ok; 5], "{codes:?}");
+    assert_eq!(codes[5..], [Code::OverLimit; 2], "{codes:?}");
+    tokio::time::sleep(Duration::from_millis(1_000).saturating_sub(killed.elapsed())).await;
     redis.restart();
     let restarted = Instant::now();
     let mut back = None;
@@ -226,7 +316,7 @@ async fn on_error_local_keeps_answering_and_returns_to_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sluice_starts_with_redis_down_and_uses_it_once_it_is_up() {
     let port = free_port();
-    let server = serve(settings(
+    let (server, _) = serve(settings(
         format!("redis://127.0.0.1:{port}"),
         OnError::Error,
     ))
@@ -262,7 +352,7 @@ async fn sluice_starts_with_redis_down_and_uses_it_once_it_is_up() {
 async fn on_error_allow_and_deny_answer_when_redis_is_down() {
     let url = format!("redis://127.0.0.1:{}", free_port());
     for (on_error, expected) in [(OnError::Allow, Code::Ok), (OnError::Deny, Code::OverLimit)] {
-        let server = serve(settings(url.clone(), on_error)).await;
+        let (server, _) = serve(settings(url.clone(), on_error)).await;
         let mut c = client(&server).await;
         for _ in 0..5 {
             let started = Instant::now();
@@ -291,26 +381,7 @@ async fn the_binary_serves_with_redis_down_and_decides_once_it_is_up() {
     let ready = common::http::get(sluice.admin(), "/readyz").await;
     assert_eq!(ready.status, 503, "{}", ready.body);
     assert!(ready.body.contains("redis"), "{}", ready.body);
-    let health = HealthClient::new(
-        tonic::transport::Channel::from_shared(sluice.url())
-            .expect("a URL")
-            .connect()
-            .await
-            .expect("connect"),
-    );
-    let status = |h: &HealthClient<tonic::transport::Channel>| {
-        let mut h = h.clone();
-        async move {
-            h.check(HealthCheckRequest {
-                service: String::new(),
-            })
-            .await
-            .expect("a health answer")
-            .into_inner()
-            .status
-        }
-    };
-    wait_for(|| async { status(&health).await == ServingStatus::NotServing as i32 }).await;
+    wait_for(|| async { health(&sluice).await == ServingStatus::NotServing }).await;
 
     let _redis = RedisServer::start_on(port);
     let up = Instant::now();
@@ -322,7 +393,73 @@ async fn the_binary_serves_with_redis_down_and_decides_once_it_is_up() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     wait_for(|| async { common::http::get(sluice.admin(), "/readyz").await.status == 200 }).await;
-    wait_for(|| async { status(&health).await == ServingStatus::Serving as i32 }).await;
+    wait_for(|| async { health(&sluice).await == ServingStatus::Serving }).await;
+}
+
+/// What gRPC health says about the whole service.
+async fn health(sluice: &sluice_process::SluiceProcess) -> ServingStatus {
+    let channel = tonic::transport::Channel::from_shared(sluice.url())
+        .expect("a URL")
+        .connect()
+        .await
+        .expect("connect");
+    let status = HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("a health answer")
+        .into_inner()
+        .status;
+    ServingStatus::try_from(status).expect("a known status")
+}
+
+/// With `on_error` = `allow`, `deny` or `local` sluice answers while Redis is down, so it
+/// stays ready; with `error` it is not ready (Kubernetes then routes to other replicas).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_ignores_redis_down_unless_on_error_is_error() {
+    let rules = tempfile::NamedTempFile::new().expect("a rules file");
+    std::fs::write(rules.path(), RULES).expect("write rules");
+    let url = format!("redis://127.0.0.1:{}", free_port());
+    let cases = [
+        ("error", Err(tonic::Code::Unavailable), 503),
+        ("allow", Ok(Code::Ok), 200),
+        ("deny", Ok(Code::OverLimit), 200),
+        ("local", Ok(Code::Ok), 200),
+    ];
+    let processes: Vec<_> = cases
+        .iter()
+        .map(|(on_error, _, _)| {
+            let env = [("SLUICE_REDIS__ON_ERROR", *on_error)];
+            sluice_process::SluiceProcess::start(
+                env!("CARGO_BIN_EXE_sluice"),
+                rules.path(),
+                &url,
+                &env,
+            )
+        })
+        .collect();
+    // Long enough for the PING probe (at start, then every second) to have failed.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    for ((on_error, answer, ready), sluice) in cases.iter().zip(&processes) {
+        let mut c = RateLimitServiceClient::connect(sluice.url())
+            .await
+            .expect("connect");
+        let got = c
+            .should_rate_limit(req("f", vec![desc(&[("k", "v")])]))
+            .await
+            .map(|r| overall(r.get_ref()))
+            .map_err(|s| s.code());
+        assert_eq!(&got, answer, "{on_error}");
+        let readyz = common::http::get(sluice.admin(), "/readyz").await;
+        assert_eq!(readyz.status, *ready, "{on_error}: {}", readyz.body);
+        let serving = if *ready == 200 {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        assert_eq!(health(sluice).await, serving, "{on_error}");
+    }
 }
 
 /// Waits up to 3 s for `ready` (the probe runs every second).

@@ -1,5 +1,6 @@
-//! Round trips to Redis, counted by Redis itself (`INFO commandstats`): one script call per
-//! request whatever its number of descriptors, and none for a key in the deny cache.
+//! Round trips to Redis, watched by Redis itself (`MONITOR`): one script call per request
+//! whatever its number of descriptors, no other command from sluice, and none at all for a
+//! key in the deny cache.
 
 mod common;
 #[path = "support/redis.rs"]
@@ -28,21 +29,6 @@ async fn serve(settings: RedisSettings) -> (TestServer, Client) {
     (server, c)
 }
 
-/// Commands that only the script runs (commandstats counts them too).
-const INSIDE_THE_SCRIPT: [&str; 4] = ["time", "get", "set", "del"];
-
-/// Every command a client sent to Redis, except the test's own `INFO` and `CONFIG`.
-fn limiter_calls(redis: &RedisServer) -> Vec<(String, u64)> {
-    let mut calls: Vec<(String, u64)> = redis
-        .command_calls()
-        .into_iter()
-        .filter(|(name, _)| name != "info" && !name.starts_with("config"))
-        .filter(|(name, _)| !INSIDE_THE_SCRIPT.contains(&name.as_str()))
-        .collect();
-    calls.sort();
-    calls
-}
-
 fn descriptors(n: usize, round: usize) -> Vec<RateLimitDescriptor> {
     (0..n)
         .map(|i| desc(&[("wide", &format!("r{round}-d{i}"))]))
@@ -56,15 +42,15 @@ async fn one_script_call_per_request_for_1_and_for_10_descriptors() {
     // Warm up: the first call loads the script (NOSCRIPT, then EVAL).
     call(&mut c, req("rt", descriptors(1, 0))).await;
     for n in [1, 10] {
-        redis.reset_stats();
+        let monitor = redis.monitor();
         for round in 1..=20 {
             let r = call(&mut c, req("rt", descriptors(n, round))).await;
             assert_eq!(overall(&r), Code::Ok);
             assert_eq!(r.statuses.len(), n);
         }
         assert_eq!(
-            limiter_calls(&redis),
-            [("evalsha".to_owned(), 20)],
+            monitor.client_commands(),
+            ["evalsha"; 20],
             "{n} descriptors"
         );
     }
@@ -79,7 +65,7 @@ async fn a_denied_key_is_answered_from_the_deny_cache_without_redis() {
         overall(&hit_rt(&mut c, "one", "hot").await),
         Code::OverLimit
     );
-    redis.reset_stats();
+    let monitor = redis.monitor();
     for _ in 0..50 {
         let r = hit_rt(&mut c, "one", "hot").await;
         assert_eq!(overall(&r), Code::OverLimit);
@@ -91,15 +77,16 @@ async fn a_denied_key_is_answered_from_the_deny_cache_without_redis() {
         );
     }
     assert_eq!(
-        limiter_calls(&redis),
-        [],
+        monitor.client_commands(),
+        Vec::<String>::new(),
         "no Redis call for a cached denial"
     );
     // Another key, or the same key with another descriptor beside it, still goes to Redis.
+    let monitor = redis.monitor();
     assert_eq!(overall(&hit_rt(&mut c, "one", "cold").await), Code::Ok);
     let both = req("rt", vec![desc(&[("one", "hot")]), desc(&[("wide", "x")])]);
     assert_eq!(overall(&call(&mut c, both).await), Code::OverLimit);
-    assert_eq!(limiter_calls(&redis), [("evalsha".to_owned(), 2)]);
+    assert_eq!(monitor.client_commands(), ["evalsha"; 2]);
 }
 
 #[tokio::test]
@@ -111,14 +98,14 @@ async fn without_the_deny_cache_every_denial_is_a_round_trip() {
     };
     let (_server, mut c) = serve(settings).await;
     hit_rt(&mut c, "one", "hot").await;
-    redis.reset_stats();
+    let monitor = redis.monitor();
     for _ in 0..5 {
         assert_eq!(
             overall(&hit_rt(&mut c, "one", "hot").await),
             Code::OverLimit
         );
     }
-    assert_eq!(limiter_calls(&redis), [("evalsha".to_owned(), 5)]);
+    assert_eq!(monitor.client_commands(), ["evalsha"; 5]);
 }
 
 async fn hit_rt(c: &mut Client, key: &str, value: &str) -> RateLimitResponse {

@@ -398,18 +398,42 @@ async fn every_algorithm_keys_its_state_until_it_is_fresh() {
         ..limit(5, 3_600)
     };
     let ttl = ttl_after(&redis, &limiter, window, 1).await;
-    let to_end = 3_600_000 - (unix_millis() % 3_600_000);
+    let to_end = millis_to_the_hour();
     assert!(
         ttl.abs_diff(to_end) < 1_000,
         "fixed window PTTL {ttl}, {to_end} ms to the hour"
     );
+    // A sliding window's count of 4 weighs until the next window is 3/4 through (plus 1 µs):
+    // the end of this hour, then 2,700 s.
+    let sliding = LimitParams {
+        algorithm: Algorithm::SlidingWindow,
+        ..limit(4, 3_600)
+    };
+    let ttl = ttl_after(&redis, &limiter, sliding, 4).await;
+    let to_end = millis_to_the_hour();
+    assert!(
+        ttl.abs_diff(to_end + 2_700_000) < 1_000,
+        "sliding window PTTL {ttl}, {to_end} ms to the hour"
+    );
+    // A log entry counts for one period from now.
+    let log = LimitParams {
+        algorithm: Algorithm::SlidingLog,
+        ..limit(3, 3_600)
+    };
+    let ttl = ttl_after(&redis, &limiter, log, 1).await;
+    assert!(
+        (3_599_000..=3_600_000).contains(&ttl),
+        "sliding log PTTL {ttl}"
+    );
 }
 
-fn unix_millis() -> i64 {
+/// Milliseconds from now (Unix time) to the end of the hour.
+fn millis_to_the_hour() -> i64 {
     let since = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("after 1970");
-    i64::try_from(since.as_millis()).expect("in range")
+    let millis = i64::try_from(since.as_millis()).expect("in range");
+    3_600_000 - millis % 3_600_000
 }
 
 #[tokio::test]

@@ -75,6 +75,37 @@ fn as_levels(entries: &[Entry]) -> Vec<Level> {
         .collect()
 }
 
+fn algorithm() -> impl Strategy<Value = Algorithm> {
+    prop::sample::select(Algorithm::ALL.to_vec())
+}
+
+/// Whole seconds, sub-second and odd nanosecond periods, and any `u64`.
+fn period_nanos() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        (1u64..100_000).prop_map(|s| s * 1_000_000_000),
+        1u64..1_000_000_000,
+        1u64..100_000_000_000,
+        any::<u64>(),
+    ]
+}
+
+/// Decodes `:<algorithm>:<period>` after `part` (seconds, or nanoseconds written `Nns`).
+fn decode_tail(key: &[u8], part: &str) -> (Algorithm, u64) {
+    let key = std::str::from_utf8(key).unwrap();
+    let tail = key.strip_prefix(part).unwrap().strip_prefix(':').unwrap();
+    let (name, period) = tail.split_once(':').unwrap();
+    let algorithm = Algorithm::parse(name).unwrap();
+    let nanos = match period.strip_suffix("ns") {
+        Some(nanos) => nanos.parse().unwrap(),
+        None => period
+            .parse::<u64>()
+            .unwrap()
+            .checked_mul(1_000_000_000)
+            .unwrap(),
+    };
+    (algorithm, nanos)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2000))]
 
@@ -95,19 +126,23 @@ proptest! {
         prop_assert_eq!(a == b, part_a == part_b);
     }
 
+    /// The tail after the descriptor part decodes back to the algorithm and the period, in
+    /// whole seconds or in nanoseconds (`Nns`), so keys differ exactly when those do.
     #[test]
-    fn state_keys_differ_by_period(
+    fn state_keys_differ_by_algorithm_and_period(
         domain in text(),
         entries in entries(),
-        p in 1u64..100_000,
-        q in 1u64..100_000,
+        a in (algorithm(), period_nanos()),
+        b in (algorithm(), period_nanos()),
+        same_period in any::<bool>(),
     ) {
         let part = descriptor_part(&domain, &entries, None);
-        let key_p = state_key(&part, Algorithm::Funnel, p * 1_000_000_000);
-        let key_q = state_key(&part, Algorithm::Funnel, q * 1_000_000_000);
-        prop_assert_eq!(p == q, key_p == key_q);
-        let tail = format!("}}:funnel:{p}");
-        prop_assert!(key_p.ends_with(tail.as_bytes()));
+        let b = (b.0, if same_period { a.1 } else { b.1 });
+        let key_a = state_key(&part, a.0, a.1);
+        let key_b = state_key(&part, b.0, b.1);
+        prop_assert_eq!(decode_tail(&key_a, &part), a);
+        prop_assert_eq!(decode_tail(&key_b, &part), b);
+        prop_assert_eq!(a == b, key_a == key_b);
     }
 
     #[test]

@@ -146,6 +146,26 @@ impl RedisServer {
         }
     }
 
+    /// Stops the server (SIGSTOP) without closing anything: it accepts connections and
+    /// commands and answers none of them, as a hung Redis does, until [`Self::resume`].
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a paused server run again (SIGCONT); it then runs what it was sent meanwhile.
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, name: &str) {
+        let child = self.child.as_ref().expect("a running redis-server");
+        let status = Command::new("kill")
+            .args([name, &child.id().to_string()])
+            .status()
+            .expect("run kill (procps)");
+        assert!(status.success(), "kill {name} redis-server");
+    }
+
     /// Starts it again on the same port.
     pub fn restart(&mut self) {
         self.kill();
@@ -213,6 +233,61 @@ impl RedisServer {
     /// Resets `INFO commandstats`.
     pub fn reset_stats(&self) {
         let _: () = self.cmd(&["CONFIG", "RESETSTAT"]);
+    }
+
+    /// Starts watching every command the server runs (`MONITOR`), from now on.
+    pub fn monitor(&self) -> Monitor {
+        let mut conn = self.conn();
+        conn.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("a read time-out");
+        let _: () = redis::cmd("MONITOR")
+            .query(&mut conn)
+            .expect("MONITOR on the test redis-server");
+        Monitor {
+            conn,
+            server: self.url(),
+        }
+    }
+}
+
+/// A `MONITOR` connection to a test server.
+pub struct Monitor {
+    conn: redis::Connection,
+    server: String,
+}
+
+/// What a test sends to mark the end of what it watches.
+const MONITOR_END: &str = "sluice-test-monitor-end";
+
+impl Monitor {
+    /// The names (lower case) of the commands clients sent since the monitor started, in
+    /// order. Commands a script runs are not client commands: MONITOR marks them `[0 lua]`,
+    /// and they are left out. Ends at a marker sent now, so every command sent before this
+    /// call is in.
+    pub fn client_commands(mut self) -> Vec<String> {
+        let _: String = redis::Client::open(self.server.as_str())
+            .and_then(|c| c.get_connection())
+            .and_then(|mut c| redis::cmd("ECHO").arg(MONITOR_END).query(&mut c))
+            .expect("ECHO the end marker");
+        let mut commands = Vec::new();
+        loop {
+            let line: String = self
+                .conn
+                .recv_response()
+                .and_then(|v| Ok(redis::from_redis_value(v)?))
+                .expect("a MONITOR line within 5 s");
+            // `<time> [<db> <client address, or lua>] "<command>" "<arg>" …`
+            let (source, command) = line
+                .split_once("] ")
+                .unwrap_or_else(|| panic!("a MONITOR line: {line}"));
+            if command.contains(MONITOR_END) {
+                return commands;
+            }
+            if !source.ends_with(" lua") {
+                let name = command.split('"').nth(1).unwrap_or(command);
+                commands.push(name.to_ascii_lowercase());
+            }
+        }
     }
 }
 

@@ -86,6 +86,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- fail "rules.files has a rules.yaml: that name is rules.content's" }}
 {{- end }}
 {{- end }}
+{{- if .Values.terminationGracePeriodSeconds }}
+{{- $drain := add .Values.shutdown.drainDelaySecs .Values.shutdown.graceSecs }}
+{{- if le (int .Values.terminationGracePeriodSeconds) (int $drain) }}
+{{- fail (printf "terminationGracePeriodSeconds (%v) must be longer than shutdown.drainDelaySecs + shutdown.graceSecs (%v), or the kubelet kills sluice before it has drained" .Values.terminationGracePeriodSeconds $drain) }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/* terminationGracePeriodSeconds: longer than the whole drain. */}}
