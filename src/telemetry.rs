@@ -3,8 +3,15 @@
 //! sluice's spans (the per-request `should_rate_limit` span among them) exported over
 //! OTLP/gRPC whatever the log level.
 //!
+//! An invalid filter is an error, not a silent fallback. Text logs carry ANSI colours only
+//! when stderr is a terminal (and `NO_COLOR` is unset), so files and `kubectl logs` stay
+//! plain. The `log` records of dependencies (the file watcher's `notify` among them) reach
+//! the same output.
+//!
 //! With `otel`, [`init`] must run inside a tokio runtime (the exporter's batch task lives
 //! there), and [`Telemetry::shutdown`] flushes what is left before the process exits.
+
+use std::io::IsTerminal as _;
 
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
@@ -23,6 +30,15 @@ pub enum TelemetryError {
     #[cfg(feature = "otel")]
     #[error("OTLP exporter: {0}")]
     Exporter(#[from] opentelemetry_otlp::ExporterBuildError),
+    #[error("{origin}: invalid log filter {filter:?}: {source}")]
+    Filter {
+        /// `log.level` or `RUST_LOG`.
+        origin: &'static str,
+        filter: String,
+        source: tracing_subscriber::filter::ParseError,
+    },
+    #[error("{origin}: the log filter is empty; give one such as `info`")]
+    EmptyFilter { origin: &'static str },
     #[error("a global logger is already set: {0}")]
     Init(#[from] tracing_subscriber::util::TryInitError),
 }
@@ -48,12 +64,18 @@ impl Telemetry {
 
 type Boxed = Box<dyn Layer<Registry> + Send + Sync>;
 
+/// Added to a filter that names no `notify` target: the file watcher's library logs at
+/// info on every ConfigMap update (`unable to remove watch descriptor`), noise for an
+/// operator. Its warnings and errors still show.
+const QUIET_WATCHER: &str = "notify=warn";
+
 /// Installs the global subscriber.
 pub fn init(log: &LogSettings) -> Result<Telemetry, TelemetryError> {
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(&log.level))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let rust_log = std::env::var("RUST_LOG").ok();
+    let filter = filter(rust_log.as_deref(), &log.level)?;
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(colours());
     let fmt: Boxed = match log.format {
         LogFormat::Text => fmt.with_filter(filter).boxed(),
         LogFormat::Json => fmt.json().with_filter(filter).boxed(),
@@ -78,6 +100,78 @@ pub fn init(log: &LogSettings) -> Result<Telemetry, TelemetryError> {
         #[cfg(feature = "otel")]
         provider,
     })
+}
+
+/// The log filter: `rust_log` (the `RUST_LOG` variable) when set and not blank, else
+/// `level` (`log.level`), with [`QUIET_WATCHER`] added unless it names `notify` itself.
+fn filter(rust_log: Option<&str>, level: &str) -> Result<EnvFilter, TelemetryError> {
+    let (origin, text) = match rust_log {
+        Some(v) if !v.trim().is_empty() => ("RUST_LOG", v),
+        _ => ("log.level", level),
+    };
+    if text.trim().is_empty() {
+        return Err(TelemetryError::EmptyFilter { origin });
+    }
+    let names_notify = text
+        .split(',')
+        .any(|directive| directive.trim_start().starts_with("notify"));
+    let full = if names_notify {
+        text.to_owned()
+    } else {
+        format!("{text},{QUIET_WATCHER}")
+    };
+    EnvFilter::try_new(&full).map_err(|source| TelemetryError::Filter {
+        origin,
+        filter: text.to_owned(),
+        source,
+    })
+}
+
+/// ANSI colours only for a person at a terminal: not in files, pipes or `kubectl logs`, and
+/// not when `NO_COLOR` is set (<https://no-color.org>).
+fn colours() -> bool {
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The filter's directives, in no particular order.
+    fn directives(rust_log: Option<&str>, level: &str) -> std::collections::BTreeSet<String> {
+        let filter = filter(rust_log, level).expect("a valid filter").to_string();
+        filter.split(',').map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn the_watcher_is_quiet_unless_the_filter_names_it() {
+        let set = |d: &[&str]| d.iter().map(|s| (*s).to_owned()).collect();
+        assert_eq!(directives(None, "info"), set(&["info", "notify=warn"]));
+        let debug = set(&["debug", "notify=debug"]);
+        assert_eq!(directives(None, "debug,notify=debug"), debug);
+        let rust_log = set(&["sluice=trace", "notify=warn"]);
+        assert_eq!(directives(Some("sluice=trace"), "info"), rust_log);
+        assert_eq!(directives(Some(" "), "warn"), set(&["warn", "notify=warn"]));
+    }
+
+    #[test]
+    fn an_invalid_or_empty_filter_is_an_error_naming_its_origin() {
+        let e = filter(None, "sluice=loud").unwrap_err().to_string();
+        assert!(
+            e.starts_with("log.level: invalid log filter \"sluice=loud\": "),
+            "{e}"
+        );
+        let e = filter(Some("nonsense=["), "info").unwrap_err().to_string();
+        assert!(
+            e.starts_with("RUST_LOG: invalid log filter \"nonsense=[\""),
+            "{e}"
+        );
+        let e = filter(None, "  ").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "log.level: the log filter is empty; give one such as `info`"
+        );
+    }
 }
 
 #[cfg(feature = "otel")]

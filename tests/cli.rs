@@ -293,3 +293,74 @@ async fn the_redis_password_is_never_logged() {
     );
     assert!(!stderr.contains(secret), "{stderr}");
 }
+
+#[test]
+fn an_invalid_log_filter_exits_64_before_binding() {
+    let level = "error parsing level filter: expected one of \"off\", \"error\", \"warn\", \
+                 \"info\", \"debug\", \"trace\", or a number 0-5";
+    let cases = [
+        (
+            "SLUICE_LOG__LEVEL",
+            "sluice=loud",
+            format!("log.level: invalid log filter \"sluice=loud\": {level}"),
+        ),
+        (
+            "RUST_LOG",
+            "nonsense=[",
+            format!("RUST_LOG: invalid log filter \"nonsense=[\": {level}"),
+        ),
+        (
+            "SLUICE_LOG__LEVEL",
+            "",
+            "log.level: the log filter is empty; give one such as `info`".to_owned(),
+        ),
+    ];
+    for (var, value, message) in cases {
+        let port = free_port();
+        let out = exit_within_10s(
+            sluice()
+                .args(["serve", "--grpc-listen", &format!("127.0.0.1:{port}")])
+                .args(["--admin-listen", &format!("127.0.0.1:{}", free_port())])
+                .env(var, value),
+        );
+        assert_eq!(out.status.code(), Some(64), "{var}={value}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(stderr, format!("sluice: {message}\n"));
+        assert!(std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
+    }
+}
+
+#[test]
+fn text_logs_have_no_colour_codes_when_stderr_is_not_a_terminal() {
+    let out = run(sluice()
+        .args(["serve", "--rules", &fixtures("invalid")])
+        .env_remove("NO_COLOR"));
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.lines().count() > 10, "{stderr}");
+    assert!(stderr.lines().all(|l| l.contains(" ERROR ")), "{stderr}");
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "ANSI escapes in a pipe:\n{stderr}"
+    );
+}
+
+/// Runs `cmd` to its end, killing it (and failing) if it has not exited within 10 s: a
+/// `serve` that should refuse to start must not hang the test.
+fn exit_within_10s(cmd: &mut Command) -> Output {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run the sluice binary");
+    let start = Instant::now();
+    while child.try_wait().expect("the child's status").is_none() {
+        if start.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("still running after 10 s: {cmd:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("the child's output")
+}

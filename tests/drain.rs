@@ -1,8 +1,13 @@
 //! The ordered drain: readiness fails first (HTTP and gRPC health), the drain delay keeps
 //! serving, a request in flight completes, then everything stops. In process, and with the
-//! real binary on SIGTERM (and SIGHUP reloading).
+//! real binary on SIGTERM (and SIGHUP reloading), a request held in flight by a stopped
+//! redis-server among them.
 
 mod common;
+#[path = "support/redis.rs"]
+mod redis_support;
+#[path = "support/sluice_process.rs"]
+mod sluice_process;
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -10,9 +15,11 @@ use std::time::Duration;
 
 use common::http::get;
 use common::*;
+use redis_support::RedisServer;
 use sluice::app::{App, Listeners};
 use sluice::config::settings::Settings;
 use sluice::limiter::{Batch, BatchOutcome, BoxFuture, Limiter, LimiterError, MemoryLimiter};
+use sluice_process::SluiceProcess;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -150,13 +157,14 @@ async fn during_the_drain_delay_health_fails_but_requests_are_served() {
         .unwrap();
 }
 
-fn signal(child: &std::process::Child, name: &str) {
+/// Sends signal `name` (`-TERM`, ...) to process `pid`.
+fn signal(pid: u32, name: &str) {
     let ok = Command::new("kill")
-        .args([name, &child.id().to_string()])
+        .args([name, &pid.to_string()])
         .status()
         .unwrap()
         .success();
-    assert!(ok, "kill {name}");
+    assert!(ok, "kill {name} {pid}");
 }
 
 #[tokio::test]
@@ -187,7 +195,7 @@ async fn the_binary_reloads_on_sighup_and_drains_on_sigterm() {
         RULES.replace("requests_per_unit: 5", "requests_per_unit: 9"),
     )
     .unwrap();
-    signal(&served.0, "-HUP");
+    signal(served.0.id(), "-HUP");
     let start = Instant::now();
     while !get(admin_addr, "/rlconfig")
         .await
@@ -206,7 +214,7 @@ async fn the_binary_reloads_on_sighup_and_drains_on_sigterm() {
     let keys = common::http::sample(&metrics, "sluice_memory_keys", &[]);
     assert_eq!(keys, Some(1.0), "{metrics}");
 
-    signal(&served.0, "-TERM");
+    signal(served.0.id(), "-TERM");
     let terminated = Instant::now();
     readyz_until(admin_addr, 503).await;
     let mut fresh = connect_within(&url, Duration::from_secs(1)).await;
@@ -215,16 +223,10 @@ async fn the_binary_reloads_on_sighup_and_drains_on_sigterm() {
         Code::Ok,
         "served while draining"
     );
-    let status = loop {
-        if let Some(status) = served.0.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            terminated.elapsed() < Duration::from_secs(6),
-            "no exit within the grace period"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let status = exit_within(terminated, Duration::from_secs(6), || {
+        served.0.try_wait().unwrap()
+    })
+    .await;
     assert_eq!(status.code(), Some(0));
     assert!(
         terminated.elapsed() >= Duration::from_secs(1),
@@ -232,6 +234,96 @@ async fn the_binary_reloads_on_sighup_and_drains_on_sigterm() {
     );
 }
 
+/// The exit status `exited` reports, polled every 20 ms; fails if there is none `limit`
+/// after `signalled`.
+async fn exit_within(
+    signalled: Instant,
+    limit: Duration,
+    mut exited: impl FnMut() -> Option<std::process::ExitStatus>,
+) -> std::process::ExitStatus {
+    loop {
+        if let Some(status) = exited() {
+            return status;
+        }
+        assert!(
+            signalled.elapsed() < limit,
+            "no exit within {limit:?} of the signal"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn hit_test(c: &mut Client) -> RateLimitResponse {
     call(c, req("test", vec![desc(&[("k", "v")])])).await
+}
+
+/// The real binary on the Redis backend, a real SIGTERM, and a request held in flight by a
+/// stopped redis-server (SIGSTOP): readiness fails at once, the gRPC port closes after the
+/// drain delay, and once Redis resumes the request completes and the process exits 0, within
+/// the drain delay plus the grace period.
+#[tokio::test]
+async fn on_sigterm_the_binary_finishes_the_request_in_flight_and_exits_0() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(&rules, RULES).unwrap();
+    let settings = [
+        ("SLUICE_SERVER__DRAIN_DELAY_SECS", "1"),
+        ("SLUICE_SERVER__SHUTDOWN_GRACE_SECS", "3"),
+        ("SLUICE_REDIS__TIMEOUT_MS", "20000"),
+    ];
+    let binary = env!("CARGO_BIN_EXE_sluice");
+    let mut sluice = SluiceProcess::start(binary, &rules, &redis.url(), &settings);
+    let admin = sluice.admin();
+    readyz_until(admin, 200).await;
+    let mut c = connect_within(&sluice.url(), Duration::from_secs(5)).await;
+    assert_eq!(overall(&hit_test(&mut c).await), Code::Ok, "Redis answers");
+
+    let info: String = redis.cmd(&["INFO", "server"]);
+    let redis_pid = info
+        .lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .and_then(|pid| pid.trim().parse().ok())
+        .expect("redis-server's process id");
+    signal(redis_pid, "-STOP");
+    let in_flight = tokio::spawn(async move {
+        c.should_rate_limit(req("test", vec![desc(&[("k", "v")])]))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!in_flight.is_finished(), "held by the stopped Redis");
+
+    signal(sluice.pid(), "-TERM");
+    let terminated = Instant::now();
+    readyz_until(admin, 503).await;
+    let body = get(admin, "/readyz").await.body;
+    assert_eq!(body, "not ready: draining: shutting down\n");
+    assert!(!in_flight.is_finished(), "readiness fails first");
+    let grpc = sluice.url().replace("http://", "");
+    while tokio::net::TcpStream::connect(&grpc).await.is_ok() {
+        assert!(
+            terminated.elapsed() < Duration::from_secs(3),
+            "the gRPC port still accepts after the drain delay"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        terminated.elapsed() >= Duration::from_secs(1),
+        "the drain delay was kept"
+    );
+    assert!(
+        !in_flight.is_finished() && sluice.exited().is_none(),
+        "waiting for it"
+    );
+
+    signal(redis_pid, "-CONT");
+    let answer = tokio::time::timeout(Duration::from_secs(3), in_flight)
+        .await
+        .expect("the request completes once Redis resumes")
+        .unwrap()
+        .expect("the in-flight request is answered");
+    assert_eq!(overall(answer.get_ref()), Code::Ok);
+    // Bounded by drain delay + grace period.
+    let status = exit_within(terminated, Duration::from_secs(4), || sluice.exited()).await;
+    assert_eq!(status.code(), Some(0));
 }

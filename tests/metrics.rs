@@ -1,11 +1,19 @@
 //! `/metrics` over a real socket after a known sequence of gRPC requests: exact per-rule and
-//! service values, `detailed_metric` labels and their cap.
+//! service values, a configured near-limit ratio, `detailed_metric` labels and their cap;
+//! and every metric family in README.md.
 
 mod common;
+
+use std::time::{Duration, SystemTime};
 
 use common::http::{get, sample};
 use common::*;
 use sluice::config::settings::Settings;
+use sluice::engine::{DescriptorReport, Observer as _, RequestResult};
+use sluice::limiter::LimiterError;
+use sluice::metrics::{BackendReport, Metrics, MetricsOptions};
+use sluice::reload::ConfigStatus;
+use sluice::rules::Entry;
 
 const RULES: &str = "\
 domain: test
@@ -128,23 +136,74 @@ async fn detailed_metric_labels_are_capped() {
 }
 
 #[tokio::test]
-async fn every_metric_is_in_the_readme() {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let server = TestServer::start(RULES).await;
+async fn the_near_limit_ratio_is_configurable() {
+    let mut settings = Settings::default();
+    settings.metrics.near_limit_ratio = 0.5;
+    let server = TestServer::start_with(settings, RULES).await;
     let mut c = client(&server).await;
+    // k: capacity 3, near threshold floor(3 x 0.5) = 1: the second and the third unit are
+    // near (at the default 0.8, only the third); the fourth request is denied.
     for _ in 0..4 {
         hit(&mut c, "k", "a").await;
-        hit(&mut c, "s", "a").await;
     }
     let text = metrics(&server).await;
-    let families: Vec<&str> = text
-        .lines()
+    assert_eq!(rule(&text, "near_limit", "k"), 2.0, "{text}");
+    assert_eq!(rule(&text, "within_limit", "k"), 3.0, "{text}");
+    assert_eq!(rule(&text, "over_limit", "k"), 1.0, "{text}");
+}
+
+/// The name of every registered family. The encoder leaves out a family without any sample,
+/// so each is given one: a descriptor within its limit and near it, one over it in shadow
+/// mode, a request the backend failed, the backend's size and one of its events, and the
+/// rules' version and load time.
+fn every_family() -> Vec<String> {
+    let metrics = Metrics::new(MetricsOptions::default());
+    let entries = [Entry::new("client", "c1")];
+    for over in [false, true] {
+        metrics.descriptor(&DescriptorReport {
+            domain: "test",
+            entries: &entries,
+            matched: None,
+            cost: 1,
+            refund: false,
+            over,
+            shadow: over,
+            capacity: 1,
+            remaining: 0,
+        });
+    }
+    let down = LimiterError {
+        kind: "redis",
+        message: "connection refused".to_owned(),
+        transient: true,
+    };
+    metrics.request(RequestResult::Unavailable(&down), Duration::ZERO);
+    let config = ConfigStatus {
+        version: 1,
+        loaded_at: SystemTime::now(),
+        last_failure: None,
+    };
+    let backend = BackendReport {
+        keys_held: 1,
+        events: vec![("deny_cache_hit", 1)],
+    };
+    metrics.refresh(&config, Some(("redis", &backend)));
+    let text = metrics.encode().expect("the metrics encode");
+    text.lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))
         .filter_map(|l| l.split(' ').next())
-        .collect();
-    // Every family but the backend errors, which need a failing backend (tests/admin.rs).
-    assert_eq!(families.len(), 11, "{text}");
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn every_metric_is_in_the_readme() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let families = every_family();
+    // Five per-rule counters, and eight service metrics: requests, latency, backend errors,
+    // backend events, keys in memory, reloads, config version and load time.
+    assert_eq!(families.len(), 13, "{families:?}");
     for family in families {
         let counter = format!("{family}_total");
         assert!(

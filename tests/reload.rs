@@ -1,16 +1,21 @@
 //! Hot reload over real files: a Kubernetes ConfigMap-style `..data` symlink swap is seen
-//! within 2 s, a broken file keeps the old rules answering and counts a failed reload, and
-//! the reload trigger (SIGHUP in the binary) reloads without a watcher.
+//! within 2 s (and moves the loaded-at time), a broken file keeps the old rules answering
+//! and counts a failed reload, and the reload trigger (SIGHUP in the binary) reloads without
+//! a watcher. With the real binary: a failed reload logs each error with file and line.
 
 mod common;
+#[path = "support/eventually.rs"]
+mod eventually;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::process::Stdio;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use common::http::{get, sample};
 use common::*;
+use eventually::eventually;
 use sluice::app::{App, Listeners};
 use sluice::config::settings::Settings;
 use sluice::limiter::{Limiter, MemoryLimiter};
@@ -114,17 +119,10 @@ impl Running {
     }
 }
 
-/// Polls `check` every 20 ms until it holds; fails after `within`.
-async fn eventually<F, Fut>(within: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !check().await {
-        assert!(start.elapsed() < within, "not within {within:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+/// Now, in Unix seconds (whole, as the gauge).
+fn unix_now() -> f64 {
+    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH);
+    now.expect("a clock after 1970").as_secs() as f64
 }
 
 fn watching(paths: Vec<PathBuf>) -> Settings {
@@ -139,6 +137,13 @@ async fn configmap_swap_then_broken_file(rules_path: impl Fn(&Path) -> PathBuf) 
     let mut map = ConfigMap::new(dir.path(), &rules(1));
     let server = start(watching(vec![rules_path(dir.path())])).await;
     assert_eq!(server.limit().await, 1);
+    let loaded_at = "sluice_config_loaded_timestamp_seconds";
+    let started = server.metric(loaded_at, &[]).await.expect("a load time");
+    assert!((unix_now() - started).abs() <= 5.0, "{started}");
+    // The gauge is in whole seconds: let one pass so that the reload moves it.
+    while unix_now() <= started {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     map.update(&rules(7));
     let swapped = Instant::now();
@@ -153,6 +158,11 @@ async fn configmap_swap_then_broken_file(rules_path: impl Fn(&Path) -> PathBuf) 
         Some(1.0)
     );
     assert_eq!(server.metric("sluice_config_version", &[]).await, Some(2.0));
+    let reloaded = server.metric(loaded_at, &[]).await.expect("a load time");
+    assert!(
+        reloaded > started && reloaded <= unix_now(),
+        "{started} -> {reloaded}"
+    );
 
     map.update("domain: test\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight}\n");
     let failure = [("outcome", "failure")];
@@ -164,6 +174,8 @@ async fn configmap_swap_then_broken_file(rules_path: impl Fn(&Path) -> PathBuf) 
     .await;
     assert_eq!(server.limit().await, 7, "the last good rules still answer");
     assert_eq!(server.metric("sluice_config_version", &[]).await, Some(2.0));
+    let kept = server.metric(loaded_at, &[]).await;
+    assert_eq!(kept, Some(reloaded), "a failed reload keeps the load time");
     let dump = get(server.admin, "/rlconfig").await.body;
     assert!(dump.starts_with("# version 2,"), "{dump}");
     assert!(dump.contains("# last failed reload at "), "{dump}");
@@ -234,4 +246,74 @@ async fn a_reload_keeps_the_default_algorithm() {
         "{dump}"
     );
     server.stop().await;
+}
+
+/// Two errors, on lines 4 and 6.
+const BROKEN: &str = "domain: test\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n  - key: j\n    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: gcra}\n";
+
+#[tokio::test]
+async fn the_binary_logs_every_error_of_a_failed_reload_with_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let mount = dir.path().join("rules");
+    std::fs::create_dir(&mount).unwrap();
+    let mut map = ConfigMap::new(&mount, &rules(1));
+    let log = dir.path().join("stderr.log");
+    let (grpc, admin) = (free_port(), free_port());
+    let admin: SocketAddr = ([127, 0, 0, 1], admin).into();
+    let child = sluice_command(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--rules", mount.to_str().unwrap()])
+        .args(["--grpc-listen", &format!("127.0.0.1:{grpc}")])
+        .args(["--admin-listen", &admin.to_string()])
+        .env("SLUICE_RELOAD__DEBOUNCE_MS", "50")
+        .env_remove("NO_COLOR")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let _served = Served(child);
+    connect_within(&format!("http://127.0.0.1:{grpc}"), Duration::from_secs(20)).await;
+    let metric = |name: &'static str, labels: &'static [(&'static str, &'static str)]| async move {
+        sample(&get(admin, "/metrics").await.body, name, labels)
+    };
+
+    map.update(&rules(7));
+    eventually(Duration::from_secs(2), "the new rules", || async {
+        metric("sluice_config_version", &[]).await == Some(2.0)
+    })
+    .await;
+    map.update(BROKEN);
+    let failure = &[("outcome", "failure")];
+    eventually(Duration::from_secs(2), "the failed reload", || async {
+        metric("sluice_config_reloads_total", failure).await == Some(1.0)
+    })
+    .await;
+
+    let text = std::fs::read_to_string(&log).unwrap();
+    let file = mount.join("rules.yaml");
+    let errors = [
+        format!(
+            "{}:4: descriptors[0].rate_limit.unit: unknown unit 'fortnight'",
+            file.display()
+        ),
+        format!(
+            "{}:6: descriptors[1].rate_limit.algorithm: unknown algorithm 'gcra' (expected \
+             funnel, token_bucket, fixed_window, sliding_window or sliding_log)",
+            file.display()
+        ),
+    ];
+    for error in &errors {
+        let logged = text
+            .lines()
+            .any(|l| l.contains(" ERROR ") && l.ends_with(error.as_str()));
+        assert!(logged, "not logged as an error: {error}\n{text}");
+    }
+    let summary = "rules reload failed; the last good rules stay active errors=2";
+    assert!(text.contains(summary), "{text}");
+    assert!(
+        text.contains("rules reloaded version=2 domains=1"),
+        "{text}"
+    );
+    // Plain text in a file, without the file watcher's info line on each ConfigMap swap.
+    assert!(!text.contains('\u{1b}'), "ANSI escapes in a file:\n{text}");
+    assert!(!text.contains("notify"), "{text}");
 }

@@ -82,7 +82,9 @@ pub enum LogFormat {
 #[serde(default, deny_unknown_fields)]
 pub struct LogSettings {
     pub format: LogFormat,
-    /// A `tracing` filter (`info`, `sluice=debug`, ...); `RUST_LOG` wins when set.
+    /// A `tracing` filter (`info`, `sluice=debug`, ...); `RUST_LOG` wins when set. An
+    /// invalid or empty filter stops the start (exit 64). A filter that names no `notify`
+    /// target gets `notify=warn` (the file watcher's library) added.
     pub level: String,
     /// Export spans over OTLP/gRPC to this collector (`http://host:4317`); needs the `otel`
     /// cargo feature.

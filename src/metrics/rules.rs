@@ -13,14 +13,15 @@
 //! `rule` is the rule's path, one segment per level joined by `.`: `key` for a key-only rule,
 //! `key_value` for a value, `key_pattern` for a wildcard (`user.route_/reports/*`). A rule
 //! with `detailed_metric` uses the request's values at every level (`user_alice.route_/x`),
-//! a level with `value_to_metric` uses the request's value there, and a limit override sent
-//! by the client is labelled with the request's `key_value` segments. `share_threshold`
-//! levels always keep their pattern.
+//! and a level with `value_to_metric` uses the request's value there. `share_threshold`
+//! levels always keep their pattern. A limit override sent by the client matches no rule:
+//! it is always labelled with the request's `key_value` segments (`client_c42`), with no
+//! `detailed_metric` asked for, so its label carries request values.
 //!
 //! Cardinality: labels without request values are bounded by the rules. Label sets built
-//! from request values are capped by `metrics.max_value_label_sets` (default 10000) over the
-//! process's life; past the cap, new ones count under `rule="__other__"` of their domain.
-//! Domains are always configured ones.
+//! from request values (`detailed_metric`, `value_to_metric`, overrides) are capped by
+//! `metrics.max_value_label_sets` (default 10000) over the process's life; past the cap, new
+//! ones count under `rule="__other__"` of their domain. Domains are always configured ones.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
