@@ -5,15 +5,20 @@
 use tonic::transport::Server;
 
 /// The multi-threaded runtime that serves: `worker_threads` workers, or one per CPU the
-/// process may use when 0 (tokio's default, which follows the cgroup CPU quota of a
-/// container). Worker threads are named `sluice-worker` for `top -H` and profilers.
+/// process may use when 0 (`std::thread::available_parallelism`, which follows the affinity
+/// mask and a container's cgroup CPU quota). The count is always given to tokio, so its
+/// `TOKIO_WORKER_THREADS` variable plays no part (tokio panics on a bad value there). Worker
+/// threads are named `sluice-worker` for `top -H` and profilers.
 pub fn build(worker_threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    builder.enable_all().thread_name("sluice-worker");
-    if worker_threads > 0 {
-        builder.worker_threads(worker_threads);
-    }
-    builder.build()
+    let workers = match worker_threads {
+        0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+        n => n,
+    };
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("sluice-worker")
+        .worker_threads(workers)
+        .build()
 }
 
 /// The gRPC server with the HTTP/2 settings of the gRPC port. Beyond `max_concurrent_streams`

@@ -254,7 +254,12 @@ fn worker_threads_are_set_for_sluice_and_the_noop_server_alike() {
     let dir = tempfile::tempdir().expect("tempdir");
     let rules = dir.path().join("rules.yaml");
     std::fs::write(&rules, RULES).expect("write rules");
-    let (sluice, url) = sluice_server_with(&rules, &[("SLUICE_SERVER__WORKER_THREADS", "3")]);
+    // tokio's own variable, which panics tokio on a bad value, plays no part.
+    let env = [
+        ("SLUICE_SERVER__WORKER_THREADS", "3"),
+        ("TOKIO_WORKER_THREADS", "not a number"),
+    ];
+    let (sluice, url) = sluice_server_with(&rules, &env);
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     let args = [
