@@ -254,12 +254,12 @@ fn worker_threads_are_set_for_sluice_and_the_noop_server_alike() {
     let dir = tempfile::tempdir().expect("tempdir");
     let rules = dir.path().join("rules.yaml");
     std::fs::write(&rules, RULES).expect("write rules");
-    // tokio's own variable, which panics tokio on a bad value, plays no part.
-    let env = [
-        ("SLUICE_SERVER__WORKER_THREADS", "3"),
-        ("TOKIO_WORKER_THREADS", "not a number"),
-    ];
-    let (sluice, url) = sluice_server_with(&rules, &env);
+    let (sluice, url) = sluice_server_with(&rules, &[("SLUICE_SERVER__WORKER_THREADS", "3")]);
+    // By default one per CPU; tokio's own variable, which panics tokio on a bad value, plays
+    // no part.
+    let (default, _) = sluice_server_with(&rules, &[("TOKIO_WORKER_THREADS", "not a number")]);
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    assert_eq!(workers(&default), cpus);
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     let args = [
