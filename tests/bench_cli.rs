@@ -39,11 +39,7 @@ fn start_with(args: &[&str], port: u16, env: &[(&str, &str)]) -> Served {
         .spawn()
         .expect("start the sluice binary");
     let served = Served(child);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "nothing listens on {port}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_listening(port);
     served
 }
 

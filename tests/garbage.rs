@@ -32,10 +32,8 @@ fn unbounded() -> Settings {
     }
 }
 
-#[tokio::test]
-async fn thousands_of_entries_are_refused_by_default() {
-    let server = TestServer::start(RULES).await;
-    let mut c = client(&server).await;
+/// One descriptor of 5,000 entries `k<i>=v<i>`.
+fn thousands_of_entries() -> RateLimitDescriptor {
     let entries: Vec<(String, String)> = (0..5_000)
         .map(|i| (format!("k{i}"), format!("v{i}")))
         .collect();
@@ -43,8 +41,15 @@ async fn thousands_of_entries_are_refused_by_default() {
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
+    desc(&refs)
+}
+
+#[tokio::test]
+async fn thousands_of_entries_are_refused_by_default() {
+    let server = TestServer::start(RULES).await;
+    let mut c = client(&server).await;
     let err = c
-        .should_rate_limit(req("test", vec![desc(&refs)]))
+        .should_rate_limit(req("test", vec![thousands_of_entries()]))
         .await
         .unwrap_err();
     assert_eq!(err.code(), GrpcCode::InvalidArgument);
@@ -74,14 +79,7 @@ async fn thousands_of_entries_are_refused_by_default() {
 async fn thousands_of_entries_get_a_status() {
     let server = TestServer::start_with(unbounded(), RULES).await;
     let mut c = client(&server).await;
-    let entries: Vec<(String, String)> = (0..5_000)
-        .map(|i| (format!("k{i}"), format!("v{i}")))
-        .collect();
-    let refs: Vec<(&str, &str)> = entries
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let r = call(&mut c, req("test", vec![desc(&refs)])).await;
+    let r = call(&mut c, req("test", vec![thousands_of_entries()])).await;
     assert_eq!(r.statuses.len(), 1);
     assert_eq!(r.statuses[0].current_limit, None);
     let many: Vec<_> = (0..2_000).map(|i| desc(&[("k", &i.to_string())])).collect();

@@ -13,7 +13,6 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicIsize, Ordering};
-use std::time::Duration;
 
 use common::http::{get, sample};
 use common::*;
@@ -282,11 +281,7 @@ fn serve(dir: &std::path::Path, max_keys: usize) -> (Served, String, std::net::S
         .spawn()
         .expect("start the sluice binary");
     let served = Served(child);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "sluice did not listen on {port}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_listening(port);
     let admin = std::net::SocketAddr::from(([127, 0, 0, 1], admin));
     (served, format!("http://127.0.0.1:{port}"), admin)
 }

@@ -143,6 +143,18 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// Waits up to 20 s until something accepts connections on `port` of 127.0.0.1.
+pub fn wait_listening(port: u16) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "nothing listens on {port}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A `sluice serve` child process, killed if the test fails before stopping it.
 pub struct Served(pub Child);
 
