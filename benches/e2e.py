@@ -15,7 +15,9 @@ Options: --binary PATH (default target/release/sluice or $CARGO_TARGET_DIR/relea
 --other NAME=PATH (an extra sluice binary served with the memory backend, e.g. a build
 before a change), --scenario one|ten|all|flood, --json FILE (every run, for the record),
 --rate R (open loop at R requests/s: latency from each request's due time),
---server-threads N (worker threads of every server under test, the no-op's included).
+--server-threads N (worker threads of every server under test, the no-op's included),
+--redis-script (with --redis, a second Redis target that calls the script by EVALSHA instead of
+the function library by FCALL, on the same redis-server).
 """
 
 import argparse
@@ -126,11 +128,14 @@ def redis_cli(port, *args):
                           capture_output=True, text=True).stdout
 
 
-def evalsha_calls(port):
+def script_command_calls(port):
+    """Calls of the limiter's Lua per command (fcall, evalsha, eval), from INFO commandstats."""
+    calls = {}
     for line in redis_cli(port, "INFO", "commandstats").splitlines():
-        if line.startswith("cmdstat_evalsha:"):
-            return int(line.split("calls=")[1].split(",")[0])
-    return 0
+        for name in ("fcall", "evalsha", "eval"):
+            if line.startswith(f"cmdstat_{name}:"):
+                calls[name] = int(line.split("calls=")[1].split(",")[0])
+    return calls
 
 
 def load():
@@ -154,7 +159,7 @@ def run_rounds(args, binary, targets, scenario, record):
             result["server_cpu_share"] = cpu / wall
             runs[name].append(result)
             record.append({**result, "scenario": scenario, "round": r, "name": name})
-            print(f"  round {r + 1} {name:<10} {result['requests_per_sec']:>9.0f} req/s  "
+            print(f"  round {r + 1} {name:<12} {result['requests_per_sec']:>9.0f} req/s  "
                   f"p50 {result['latency_us']['p50']:>6.0f}  p99 {result['latency_us']['p99']:>6.0f} µs"
                   f"  ok {result['ok']} over {result['over_limit']} err {result['errors']}"
                   f"  server CPU {result['server_cpu_share']:.2f} cores,"
@@ -182,28 +187,32 @@ def report(scenario, runs, reference="noop"):
     m = medians(runs, reference)
     print(f"\n== {scenario}: medians over the rounds; ratios to {reference} are medians of the"
           f" per-round ratios (same round, same machine load)")
-    print(f"  {'target':<10} {'req/s':>9} {'ratio':>6} {'p50 µs':>7} {'p99 µs':>7} {'p99 ratio':>9}"
+    print(f"  {'target':<12} {'req/s':>9} {'ratio':>6} {'p50 µs':>7} {'p99 µs':>7} {'p99 ratio':>9}"
           f" {'p99.9':>7} {'srv CPU µs/req':>14} errors")
     for name, v in m.items():
-        print(f"  {name:<10} {v['rps']:>9.0f} {v['rps_ratio']:>6.2f} {v['p50']:>7.0f} "
+        print(f"  {name:<12} {v['rps']:>9.0f} {v['rps_ratio']:>6.2f} {v['p50']:>7.0f} "
               f"{v['p99']:>7.0f} {v['p99_ratio']:>9.2f} {v['p99_9']:>7.0f} {v['cpu_us']:>14.1f}"
               f" {v['errors']}")
-    if "redis" in m and "memory" in m:
-        ratio = statistics.median(r["requests_per_sec"] / q["requests_per_sec"]
-                                  for r, q in zip(runs["redis"], runs["memory"]))
-        print(f"  redis / memory throughput (median of per-round ratios): {ratio:.2f}")
+    for name in ("redis", "redis-script"):
+        if name in m and "memory" in m:
+            ratio = statistics.median(r["requests_per_sec"] / q["requests_per_sec"]
+                                      for r, q in zip(runs[name], runs["memory"]))
+            print(f"  {name} / memory throughput (median of per-round ratios): {ratio:.2f}")
 
 
-def script_calls(args, binary, redis_port, admin, url):
-    """EVALSHA calls per request, counted by Redis, for 1 and 10 descriptors."""
+def script_calls(args, binary, redis_port, admin, url, name):
+    """Calls of the limiter's Lua (FCALL, EVALSHA, EVAL) per request, counted by Redis, for 1
+    and 10 descriptors."""
     for scenario in ("one", "ten"):
         redis_cli(redis_port, "CONFIG", "RESETSTAT")
         before = metric(admin, "sluice_requests_total")
         bench(binary, url, scenario, 2, 0)
         requests = metric(admin, "sluice_requests_total") - before
-        calls = evalsha_calls(redis_port)
-        print(f"  redis script calls, {scenario} descriptor(s): {calls} EVALSHA for "
-              f"{requests:.0f} requests = {calls / requests:.4f} per request")
+        calls = script_command_calls(redis_port)
+        total = sum(calls.values())
+        each = " + ".join(f"{n} {c.upper()}" for c, n in sorted(calls.items()) if n) or "0"
+        print(f"  {name} script calls, {scenario} descriptor(s): {each} for "
+              f"{requests:.0f} requests = {total / requests:.4f} per request")
 
 
 def rss_kib(pid):
@@ -252,6 +261,9 @@ def main():
     p.add_argument("--redis", action="store_true")
     p.add_argument("--scenario", default="all", choices=["one", "ten", "all", "flood"])
     p.add_argument("--json")
+    p.add_argument("--redis-script", action="store_true",
+                   help="with --redis, also serve the Redis backend with redis.functions = false "
+                        "(EVALSHA of the script instead of FCALL of the library), same redis-server")
     p.add_argument("--rate", type=float, help="open loop at this rate instead of closed loop")
     p.add_argument("--server-threads", type=int, default=0,
                    help="worker threads of every server under test, the no-op's included "
@@ -294,14 +306,22 @@ def main():
                                       f"redis://127.0.0.1:{redis_port}")
             # The server's CPU is sluice's plus redis-server's.
             targets["redis"] = (url, admin, [child.pid, redis.pid])
+            if args.redis_script:
+                url, admin, child = serve(procs, binary, rules, "redis",
+                                          f"redis://127.0.0.1:{redis_port}",
+                                          {"SLUICE_REDIS__FUNCTIONS": "false"})
+                targets["redis-script"] = (url, admin, [child.pid, redis.pid])
         scenarios = ["one", "ten"] if args.scenario == "all" else [args.scenario]
         for scenario in scenarios:
             print(f"\n== scenario {scenario}: {'10 descriptors' if scenario == 'ten' else '1 descriptor'}"
                   f" per request, user spread over 10,000 values, 64 in flight on 4 connections")
             report(scenario, run_rounds(args, binary, targets, scenario, record))
+        for name in ("redis", "redis-script"):
+            if name in targets:
+                url, admin, _ = targets[name]
+                script_calls(args, binary, redis_port, admin, url, name)
         if redis_port:
-            script_calls(args, binary, redis_port, targets["redis"][1], targets["redis"][0])
-            print("  (the redis row's server CPU is sluice's plus redis-server's, listed apart"
+            print("  (the redis rows' server CPU is sluice's plus redis-server's, listed apart"
                   " per run above)")
     finally:
         procs.stop()

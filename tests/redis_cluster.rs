@@ -105,7 +105,7 @@ async fn a_request_across_slots_is_all_or_nothing() {
         cluster
             .nodes
             .iter()
-            .filter(|n| n.calls("evalsha") + n.calls("eval") > 0)
+            .filter(|n| n.script_calls() > 0)
             .count()
             >= 2
     );
@@ -121,7 +121,7 @@ async fn one_descriptor_is_one_call_on_a_cluster() {
     let limiter = RedisLimiter::new(&settings, 100).expect("valid settings");
     let server = TestServer::start_over(Settings::default(), RULES, Arc::new(limiter)).await;
     let mut c = client(&server).await;
-    // Warm up: every node loads the script once (NOSCRIPT, then EVAL).
+    // Warm up: every node has the function library once the first call has loaded it.
     for i in 0..30 {
         call(
             &mut c,
@@ -130,19 +130,20 @@ async fn one_descriptor_is_one_call_on_a_cluster() {
         .await;
     }
     for n in &cluster.nodes {
-        assert_eq!(n.calls("eval"), 1, "each node loaded the script once");
+        // The first call found no function; loading it went to every master at once.
+        assert_eq!(
+            n.calls("function|load"),
+            1,
+            "each node loaded the library once"
+        );
         n.reset_stats();
     }
     for i in 0..10 {
         call(&mut c, req("c", vec![desc(&[("wide", &format!("v{i}"))])])).await;
     }
-    let evalsha: u64 = cluster.nodes.iter().map(|n| n.calls("evalsha")).sum();
-    let eval: u64 = cluster.nodes.iter().map(|n| n.calls("eval")).sum();
-    assert_eq!(
-        evalsha + eval,
-        10,
-        "one script call per request (eval loads it on a new node)"
-    );
+    let fcall: u64 = cluster.nodes.iter().map(|n| n.calls("fcall")).sum();
+    assert_eq!(fcall, 10, "one call per request");
+    assert_eq!(cluster.script_calls(), 10, "and no other");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,6 +10,8 @@ use tokio::time::Instant;
 
 use redis_support::RedisServer;
 use sluice::config::model::{Algorithm, Charge};
+use sluice::config::settings::RedisSettings;
+use sluice::limiter::redis::script::Via;
 use sluice::limiter::{
     Batch, Hit, LimitParams, Limiter, ManualClock, MemoryLimiter, RedisLimiter, Role,
 };
@@ -165,16 +167,23 @@ fn sub_millisecond_step(rng: &mut Rng) -> u64 {
 /// Runs `seeds` random sequences of 50 batches through the memory backend and the script and
 /// requires identical outcomes; returns how many batches were compared.
 async fn compare(seeds: std::ops::RangeInclusive<u64>, batch: fn(&mut Rng, u64) -> Batch) -> usize {
-    compare_timed(seeds, batch, FOLLOWING_REAL_TIME).await
+    compare_timed(seeds, batch, FOLLOWING_REAL_TIME, Via::Function).await
 }
 
+/// The same through the form `via` of the limiter's code in Redis: every call of the run is
+/// checked to have been made in that form.
 async fn compare_timed(
     seeds: std::ops::RangeInclusive<u64>,
     batch: fn(&mut Rng, u64) -> Batch,
     timing: Timing,
+    via: Via,
 ) -> usize {
     let redis = RedisServer::start();
-    let script = RedisLimiter::new(&redis.settings(), 1).expect("valid settings");
+    let settings = RedisSettings {
+        functions: via == Via::Function,
+        ..redis.settings()
+    };
+    let script = RedisLimiter::new(&settings, 1).expect("valid settings");
     let mut compared = 0;
     for seed in seeds {
         let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
@@ -200,6 +209,14 @@ async fn compare_timed(
             assert_eq!(got, expected, "seed {seed}, step {step}, batch {batch:#?}");
             compared += 1;
         }
+    }
+    assert_eq!(script.via(), via);
+    let calls = redis.command_calls();
+    let by = |name| calls.get(name).copied().unwrap_or(0);
+    let made = u64::try_from(compared).expect("fits");
+    match via {
+        Via::Function => assert_eq!((by("fcall"), by("evalsha")), (made + 1, 0), "{calls:?}"),
+        Via::Script => assert_eq!((by("evalsha"), by("fcall")), (made, 0), "{calls:?}"),
     }
     compared
 }
@@ -259,14 +276,17 @@ fn seeds() -> u64 {
 /// One test per algorithm, and one mixing them all in each batch, for a timing and the
 /// periods it allows.
 macro_rules! differential {
-    ($timing:expr, $periods:expr; $($name:ident: $algorithms:expr;)*) => {$(
+    ($timing:expr, $periods:expr; $($name:ident: $algorithms:expr;)*) => {
+        differential! { $timing, $periods, Via::Function; $($name: $algorithms;)* }
+    };
+    ($timing:expr, $periods:expr, $via:expr; $($name:ident: $algorithms:expr;)*) => {$(
         #[tokio::test]
         async fn $name() {
             fn batch(rng: &mut Rng, seed: u64) -> Batch {
                 batch_of(rng, seed, &$algorithms, &$periods)
             }
             let seeds = seeds();
-            let compared = compare_timed(1..=seeds, batch, $timing).await;
+            let compared = compare_timed(1..=seeds, batch, $timing, $via).await;
             assert_eq!(u64::try_from(compared).ok(), Some(seeds * 50));
         }
     )*};
@@ -290,6 +310,18 @@ differential! {
     same_instant_sliding_window: [Algorithm::SlidingWindow];
     same_instant_sliding_log: [Algorithm::SlidingLog];
     same_instant_every_algorithm_in_one_batch: Algorithm::ALL;
+}
+
+// The script form (`EVALSHA`, for a Redis that refuses functions) runs the same code, made per
+// call instead of once: every algorithm through it too.
+differential! {
+    FOLLOWING_REAL_TIME, PERIODS, Via::Script;
+    by_script_every_algorithm_in_one_batch: Algorithm::ALL;
+}
+
+differential! {
+    SAME_INSTANT, LONG_PERIODS, Via::Script;
+    by_script_same_instant_every_algorithm_in_one_batch: Algorithm::ALL;
 }
 
 fn limit(quota: u32, period_secs: u64) -> LimitParams {
@@ -439,7 +471,11 @@ fn millis_to_the_hour() -> i64 {
 #[tokio::test]
 async fn the_script_is_reloaded_after_script_flush() {
     let redis = RedisServer::start();
-    let limiter = RedisLimiter::new(&redis.settings(), 1).expect("valid settings");
+    let settings = RedisSettings {
+        functions: false,
+        ..redis.settings()
+    };
+    let limiter = RedisLimiter::new(&settings, 1).expect("valid settings");
     let batch = Batch {
         hits: vec![hit("{f|x}:funnel:60", limit(100, 60), 1, 0)],
     };
@@ -451,5 +487,76 @@ async fn the_script_is_reloaded_after_script_flush() {
         let calls = redis.command_calls();
         assert_eq!(calls.get("evalsha"), Some(&2), "{calls:?}");
         assert_eq!(calls.get("eval"), Some(&1), "one reload: {calls:?}");
+        assert_eq!(calls.get("fcall"), None, "{calls:?}");
+    }
+}
+
+#[tokio::test]
+async fn the_library_is_reloaded_after_function_flush() {
+    let redis = RedisServer::start();
+    let limiter = RedisLimiter::new(&redis.settings(), 1).expect("valid settings");
+    let batch = Batch {
+        hits: vec![hit("{f|y}:funnel:60", limit(100, 60), 1, 0)],
+    };
+    for round in 0..2 {
+        let _: () = redis.cmd(&["FUNCTION", "FLUSH"]);
+        redis.reset_stats();
+        let first = limiter.check(&batch).await.expect("redis answers");
+        assert_eq!(first.hits[0].remaining, 99 - round * 2);
+        let second = limiter.check(&batch).await.expect("redis answers");
+        assert_eq!(second.hits[0].remaining, 98 - round * 2);
+        let calls = redis.command_calls();
+        // Not found, loaded, called again; then called.
+        assert_eq!(calls.get("fcall"), Some(&3), "{calls:?}");
+        assert_eq!(calls.get("function|load"), Some(&1), "{calls:?}");
+        assert_eq!(calls.get("evalsha"), None, "{calls:?}");
+        assert_eq!(limiter.via(), Via::Function);
+    }
+    let listed: redis::Value = redis.cmd(&["FUNCTION", "LIST"]);
+    assert!(
+        format!("{listed:?}").contains("sluice_"),
+        "the library stays loaded: {listed:?}"
+    );
+}
+
+/// A Redis user allowed the script but not functions (an ACL, or a Redis before 7.0, which
+/// answers `unknown command` the same way): the limiter decides by script, and keeps to it.
+#[tokio::test]
+async fn a_user_without_functions_is_served_by_the_script() {
+    let redis = RedisServer::start();
+    // Without FCALL, the call is refused; without FUNCTION, the one FCALL finds no function
+    // and loading it is refused.
+    for (denied, fcalls) in [("-fcall", 0), ("-function", 1)] {
+        let user = format!("nofn{}", &denied[1..]);
+        let _: () = redis.cmd(&["ACL", "SETUSER", &user, "on", ">pw", "~*", "+@all", denied]);
+        let settings = RedisSettings {
+            url: format!("redis://{user}:pw@{}", redis.addr()),
+            ..redis.settings()
+        };
+        let limiter = RedisLimiter::new(&settings, 1).expect("valid settings");
+        let _: () = redis.cmd(&["FUNCTION", "FLUSH"]);
+        redis.reset_stats();
+        let key = format!("{{f|{user}}}:funnel:60");
+        let batch = Batch {
+            hits: vec![hit(&key, limit(3, 60), 1, 0)],
+        };
+        let remaining: Vec<u64> = {
+            let mut out = Vec::new();
+            for _ in 0..4 {
+                let o = limiter.check(&batch).await.expect("redis answers");
+                out.push(if o.admitted { o.hits[0].remaining } else { 99 });
+            }
+            out
+        };
+        assert_eq!(remaining, [2, 1, 0, 99], "{denied}: decided by script");
+        assert_eq!(limiter.via(), Via::Script, "{denied}");
+        let calls = redis.command_calls();
+        assert_eq!(calls.get("evalsha"), Some(&4), "{denied}: {calls:?}");
+        // A refused command is counted as rejected, not as a call.
+        assert_eq!(
+            calls.get("fcall").copied().unwrap_or(0),
+            fcalls,
+            "{denied}: {calls:?}"
+        );
     }
 }

@@ -213,7 +213,7 @@ impl RedisServer {
         cmd.query(&mut self.conn()).expect("a test redis command")
     }
 
-    /// `calls` per command from `INFO commandstats` (e.g. `"evalsha"`).
+    /// `calls` per command from `INFO commandstats` (e.g. `"fcall"`).
     pub fn command_calls(&self) -> HashMap<String, u64> {
         let info: String = self.cmd(&["INFO", "commandstats"]);
         info.lines()
@@ -228,6 +228,16 @@ impl RedisServer {
 
     pub fn calls(&self, command: &str) -> u64 {
         self.command_calls().get(command).copied().unwrap_or(0)
+    }
+
+    /// Calls of the limiter's code in any form: `fcall` (the function library), `evalsha`
+    /// and `eval` (the script).
+    pub fn script_calls(&self) -> u64 {
+        let calls = self.command_calls();
+        ["fcall", "evalsha", "eval"]
+            .iter()
+            .map(|c| calls.get(*c).copied().unwrap_or(0))
+            .sum()
     }
 
     /// Resets `INFO commandstats`.
@@ -361,11 +371,8 @@ impl RedisCluster {
         format!("redis+cluster://{}", seeds.join(","))
     }
 
-    /// Script calls (`evalsha` + `eval`) summed over the nodes.
+    /// Calls of the limiter's code (see [`RedisServer::script_calls`]) summed over the nodes.
     pub fn script_calls(&self) -> u64 {
-        self.nodes
-            .iter()
-            .map(|n| n.calls("evalsha") + n.calls("eval"))
-            .sum()
+        self.nodes.iter().map(RedisServer::script_calls).sum()
     }
 }

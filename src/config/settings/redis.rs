@@ -37,6 +37,9 @@ pub struct RedisSettings {
     pub breaker_cooldown_ms: u64,
     /// Denied keys answered locally until their retry time (0 = no deny cache).
     pub deny_cache_size: usize,
+    /// Call the limiter as a function library (`FUNCTION LOAD` once, then `FCALL`) where
+    /// Redis allows it; off, or where Redis refuses functions: the script (`EVALSHA`).
+    pub functions: bool,
 }
 
 impl Default for RedisSettings {
@@ -50,6 +53,7 @@ impl Default for RedisSettings {
             breaker_failures: 3,
             breaker_cooldown_ms: 500,
             deny_cache_size: 100_000,
+            functions: true,
         }
     }
 }
@@ -65,6 +69,7 @@ impl std::fmt::Debug for RedisSettings {
             .field("breaker_failures", &self.breaker_failures)
             .field("breaker_cooldown_ms", &self.breaker_cooldown_ms)
             .field("deny_cache_size", &self.deny_cache_size)
+            .field("functions", &self.functions)
             .finish()
     }
 }

@@ -35,13 +35,7 @@ const UNKNOWN: HitOutcome = HitOutcome {
 
 /// One slot's hits as their own script call, each hit decided on its own.
 async fn independent(limiter: &RedisLimiter, hits: Vec<Hit>) -> Result<BatchOutcome, RedisError> {
-    let call = script::encode(
-        &hits,
-        limiter.prefix(),
-        Mode::Independent,
-        Unit::Nanos,
-        None,
-    );
+    let call = limiter.encode(&hits, Mode::Independent, Unit::Nanos, None);
     limiter.call(&call).await
 }
 
@@ -52,13 +46,7 @@ pub(super) async fn check(
 ) -> Result<BatchOutcome, RedisError> {
     let groups = by_slot(limiter.prefix(), &batch.hits);
     if groups.len() <= 1 {
-        let call = script::encode(
-            &batch.hits,
-            limiter.prefix(),
-            Mode::Request,
-            Unit::Nanos,
-            None,
-        );
+        let call = limiter.encode(&batch.hits, Mode::Request, Unit::Nanos, None);
         return limiter.call(&call).await;
     }
     let calls = groups.iter().map(|indices| {

@@ -6,7 +6,7 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | `script` | encoding a batch for the script (`lua/`), EVALSHA (EVAL on NOSCRIPT), decoding |
+//! | `script` | encoding a batch for the script (`lua/`), FCALL of the function library (EVALSHA of the script where Redis refuses functions), decoding |
 //! | `connection` | URL forms (one server, Sentinel, Cluster) and lazy, self-healing connections |
 //! | `cluster` | splitting a request by Cluster slot, planning it whole, refunding |
 //! | `breaker` | the circuit breaker that stops waiting on a dead Redis |
@@ -41,7 +41,7 @@ use crate::config::settings::{OnError, RedisSettings};
 use breaker::Breaker;
 use connection::{Conn, Connector, Timeouts};
 use deny_cache::DenyCache;
-use script::{Call, Mode, Unit};
+use script::{Call, Functions, Mode, Unit};
 
 /// Limiter state in Redis, shared by every replica.
 pub struct RedisLimiter {
@@ -52,6 +52,8 @@ pub struct RedisLimiter {
     breaker: Breaker,
     deny: DenyCache,
     local: Option<MemoryLimiter>,
+    /// Whether calls go to the function library or to the script.
+    functions: Functions,
     /// What the last exchange with Redis (a request or a probe) said: readiness.
     health: parking_lot::Mutex<Result<(), String>>,
     events: Events,
@@ -100,6 +102,7 @@ impl RedisLimiter {
             deny: DenyCache::new(settings.deny_cache_size),
             local: (settings.on_error == OnError::Local)
                 .then(|| MemoryLimiter::new(local_max_keys)),
+            functions: Functions::new(settings.functions),
             health: parking_lot::Mutex::new(Err("not connected to Redis yet".to_owned())),
             events: Events::default(),
         })
@@ -114,13 +117,7 @@ impl RedisLimiter {
         batch: &Batch,
         now_micros: Option<u64>,
     ) -> Result<BatchOutcome, LimiterError> {
-        let call = script::encode(
-            &batch.hits,
-            &self.prefix,
-            Mode::Request,
-            Unit::Micros,
-            now_micros,
-        );
+        let call = self.encode(&batch.hits, Mode::Request, Unit::Micros, now_micros);
         self.call(&call).await.map_err(limiter_error)
     }
 
@@ -223,18 +220,25 @@ impl RedisLimiter {
         let outcome = if self.connector.is_cluster() {
             cluster::check(self, batch).await
         } else {
-            let call = script::encode(&batch.hits, &self.prefix, Mode::Request, Unit::Nanos, None);
+            let call = self.encode(&batch.hits, Mode::Request, Unit::Nanos, None);
             self.call(&call).await
         };
         outcome.map_err(limiter_error)
     }
 
+    /// The call for `hits`, in the form this limiter's Redis takes (function or script).
+    fn encode(&self, hits: &[super::Hit], mode: Mode, unit: Unit, now_micros: Option<u64>) -> Call {
+        let via = self.functions.via();
+        script::encode(hits, &self.prefix, mode, unit, now_micros, via)
+    }
+
     /// One script call on the current connection.
     async fn call(&self, call: &Call) -> Result<BatchOutcome, RedisError> {
+        let f = &self.functions;
         let reply = match self.connector.get().await {
-            Ok(Conn::Single(mut c)) => script::invoke(&mut c, call).await,
-            Ok(Conn::Sentinel(mut c)) => script::invoke(&mut c, call).await,
-            Ok(Conn::Cluster(mut c)) => script::invoke(&mut c, call).await,
+            Ok(Conn::Single(mut c)) => script::invoke(&mut c, call, f).await,
+            Ok(Conn::Sentinel(mut c)) => script::invoke(&mut c, call, f).await,
+            Ok(Conn::Cluster(mut c)) => script::invoke(&mut c, call, f).await,
             Err(e) => Err(e),
         };
         let reply = reply.inspect_err(|e| self.connector.failed(e))?;
@@ -261,6 +265,12 @@ impl RedisLimiter {
     /// The prefix in front of every key.
     fn prefix(&self) -> &[u8] {
         &self.prefix
+    }
+
+    /// Whether the next call goes to the function library (`FCALL`) or to the script
+    /// (`EVALSHA`): the former until Redis refuses functions, unless `redis.functions` is off.
+    pub fn via(&self) -> script::Via {
+        self.functions.via()
     }
 }
 

@@ -1,10 +1,22 @@
-//! The limiter script: encoding a batch into its KEYS and ARGV, calling it by SHA (EVAL with
-//! the source when the server answers NOSCRIPT, which also caches it there), and decoding its
+//! The limiter script: encoding a batch into its KEYS and ARGV, calling it, and decoding its
 //! reply. Generic over the connection, so any `ConnectionLike` works.
 //!
 //! The script is one Lua chunk made of the files of `lua/`: `prelude.lua` (the KEYS/ARGV
 //! contract, at its top, and integer helpers), one file per algorithm, and `main.lua`. One
 //! script serves every algorithm, so a request is one call whatever the mix of its limits.
+//!
+//! It reaches Redis in one of two forms, each call one command:
+//!
+//! - **A function library** (Redis 7 and later, the default): the same files loaded once with
+//!   `FUNCTION LOAD` ([`LIBRARY`]) and called with `FCALL`. The library's helpers and every
+//!   algorithm's functions are made once, when it loads, instead of on every call, which
+//!   makes a call cheaper for Redis. On `Function not found` (a Redis restarted without
+//!   persistence, `FUNCTION FLUSH`, a Cluster node that joined later) the library is loaded
+//!   again and the call sent once more.
+//! - **A script** ([`SOURCE`]), for a Redis that refuses functions (before 7.0, or an ACL
+//!   without `FUNCTION`/`FCALL`) or when `redis.functions` is off: `EVALSHA`, and on
+//!   `NOSCRIPT` the same call as `EVAL` (which caches it). A limiter whose Redis refuses
+//!   functions once keeps to the script from then on ([`Functions`]).
 //!
 //! A call is encoded straight into the command's one buffer: each distinct key and each
 //! distinct limit once, then a few integers per hit (written with `itoa` by the `redis` crate,
@@ -15,6 +27,7 @@ use std::collections::HashMap;
 use std::hash::Hash;
 use std::io::Write as _;
 use std::sync::LazyLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, RedisWrite as _, ServerErrorKind, Value};
@@ -22,16 +35,104 @@ use redis::{Cmd, ErrorKind, RedisError, RedisWrite as _, ServerErrorKind, Value}
 use crate::config::model::{Algorithm, Charge};
 use crate::limiter::{BatchOutcome, Hit, HitOutcome, LimitParams, Role};
 
-/// The Lua source, with its KEYS/ARGV contract at the top.
-pub const SOURCE: &str = concat!(
-    include_str!("lua/prelude.lua"),
+const PRELUDE: &str = include_str!("lua/prelude.lua");
+const ALGORITHMS: [&str; 5] = [
     include_str!("lua/funnel.lua"),
     include_str!("lua/token_bucket.lua"),
     include_str!("lua/fixed_window.lua"),
     include_str!("lua/sliding_window.lua"),
     include_str!("lua/sliding_log.lua"),
-    include_str!("lua/main.lua"),
-);
+];
+const MAIN: &str = include_str!("lua/main.lua");
+const LIBRARY_TAIL: &str = include_str!("lua/library.lua");
+
+/// The prelude's line that marks, per call, the algorithms a request uses (see `MAKERS` in
+/// `prelude.lua`); the library marks them all instead, and makes each once.
+const SCRIPT_MAKERS: &str =
+    "for l = 1, tonumber(ARGV[3]) or 0 do MAKERS[ARGV[5 * l - 1]] = true end";
+const LIBRARY_MAKERS: &str =
+    "MAKERS.f, MAKERS.b, MAKERS.w, MAKERS.s, MAKERS.l = true, true, true, true, true";
+
+/// The Lua source of the script form, with its KEYS/ARGV contract at the top.
+pub static SOURCE: LazyLock<String> = LazyLock::new(|| {
+    [PRELUDE]
+        .into_iter()
+        .chain(ALGORITHMS)
+        .chain([MAIN])
+        .collect()
+});
+
+static SHA: LazyLock<String> = LazyLock::new(|| redis::Script::new(&SOURCE).get_hash().to_owned());
+
+/// The function library: its name (also its one function's name) and its source.
+#[derive(Debug)]
+pub struct Library {
+    pub name: String,
+    pub source: String,
+}
+
+/// The library form. Its name holds a hash of its code, so that two versions of sluice
+/// sharing a Redis (a rolling upgrade) each call their own.
+pub static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
+    let prelude = PRELUDE.replacen(SCRIPT_MAKERS, LIBRARY_MAKERS, 1);
+    let body: String = [prelude.as_str()]
+        .into_iter()
+        .chain(ALGORITHMS)
+        .chain([LIBRARY_TAIL])
+        .collect();
+    let hash = redis::Script::new(&format!("{body}{MAIN}"))
+        .get_hash()
+        .to_owned();
+    let name = format!("sluice_{}", &hash[..16]);
+    let source = format!(
+        "#!lua name={name}\n{body}\nredis.register_function('{name}', function(KEYS, ARGV)\n\
+         {MAIN}\nend)\n"
+    );
+    Library { name, source }
+});
+
+/// The form a call takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// `FCALL` of the library's function.
+    Function,
+    /// `EVALSHA` of the script.
+    Script,
+}
+
+/// Whether a limiter's calls go to the function library: until its Redis refuses functions
+/// (or from the start, when they are off in the settings), then to the script.
+#[derive(Debug)]
+pub struct Functions {
+    on: AtomicBool,
+}
+
+impl Functions {
+    pub fn new(enabled: bool) -> Functions {
+        Functions {
+            on: AtomicBool::new(enabled),
+        }
+    }
+
+    /// The form of the next call.
+    pub fn via(&self) -> Via {
+        if self.on.load(Ordering::Relaxed) {
+            Via::Function
+        } else {
+            Via::Script
+        }
+    }
+
+    /// Redis refused functions: calls go to the script from now on.
+    fn refused(&self, why: &RedisError) {
+        if self.on.swap(false, Ordering::Relaxed) {
+            tracing::warn!(
+                error = %why,
+                "redis refuses functions: calling the limiter script with EVALSHA instead"
+            );
+        }
+    }
+}
 
 /// ARGV fields per distinct limit.
 const LIMIT_FIELDS: usize = 5;
@@ -44,8 +145,6 @@ pub const MAX_EXACT: u64 = (1 << 53) - 1;
 
 /// Above this many items, distinct keys and limits are found with a hash map, not a scan.
 const LINEAR_SCAN_MAX: usize = 16;
-
-static SHA: LazyLock<String> = LazyLock::new(|| redis::Script::new(SOURCE).get_hash().to_owned());
 
 /// How one script call plans its hits (ARGV[2]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,10 +167,12 @@ pub enum Unit {
     Micros,
 }
 
-/// One script call, encoded once: `EVALSHA <sha> <numkeys> KEYS... ARGV...`, ready to send.
+/// One call, encoded once: `FCALL <name>` or `EVALSHA <sha>`, then `<numkeys> KEYS... ARGV...`,
+/// ready to send.
 #[derive(Debug, Clone)]
 pub struct Call {
     cmd: Cmd,
+    via: Via,
     hits: usize,
     unit: Unit,
 }
@@ -89,14 +190,15 @@ impl Call {
     }
 }
 
-/// Builds the call for `hits`, whose periods are in `unit`. `now_micros` overrides Redis
-/// `TIME` (tests only).
+/// Builds the call for `hits`, whose periods are in `unit`, in the form `via`. `now_micros`
+/// overrides Redis `TIME` (tests only).
 pub fn encode(
     hits: &[Hit],
     prefix: &[u8],
     mode: Mode,
     unit: Unit,
     now_micros: Option<u64>,
+    via: Via,
 ) -> Call {
     let (keys, slot_of) = distinct(hits.iter().map(|h| &*h.key));
     let (limits, limit_of) = distinct(hits.iter().map(|h| script_limit(&h.limit, unit)));
@@ -105,7 +207,11 @@ pub fn encode(
         7 + keys.len() + LIMIT_FIELDS * limits.len() + HIT_FIELDS * hits.len(),
         80 + key_bytes + 40 * limits.len() + 32 * hits.len(),
     );
-    cmd.arg("EVALSHA").arg(SHA.as_str()).arg(keys.len());
+    match via {
+        Via::Function => cmd.arg("FCALL").arg(LIBRARY.name.as_str()),
+        Via::Script => cmd.arg("EVALSHA").arg(SHA.as_str()),
+    };
+    cmd.arg(keys.len());
     for key in &keys {
         let mut arg = cmd.writer_for_next_arg();
         // Writing into the command's own buffer cannot fail.
@@ -129,6 +235,7 @@ pub fn encode(
     }
     Call {
         cmd,
+        via,
         hits: hits.len(),
         unit,
     }
@@ -227,29 +334,86 @@ pub fn prefixed(prefix: &[u8], key: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Runs a call: EVALSHA, and on NOSCRIPT the same call as EVAL (which caches the script).
+/// Runs a call. By function: `FCALL`; on `Function not found`, `FUNCTION LOAD` and `FCALL`
+/// again; when Redis refuses functions, the call goes to the script and so do the limiter's
+/// next ones (`functions`). By script: `EVALSHA`, and on `NOSCRIPT` the same call as `EVAL`.
 pub async fn invoke<C: ConnectionLike + Send>(
     conn: &mut C,
     call: &Call,
+    functions: &Functions,
 ) -> redis::RedisResult<Value> {
+    if call.via == Via::Script {
+        return by_script(conn, &call.cmd).await;
+    }
     match send(conn, &call.cmd).await {
+        Err(e) if function_missing(&e) => match send(conn, &load_library()).await {
+            Ok(_) => match send(conn, &call.cmd).await {
+                // Still missing: loaded, but not on this call's node (a Cluster changing
+                // under us). The script answers this once.
+                Err(e) if function_missing(&e) => {}
+                other => return other,
+            },
+            Err(e) if load_refused(&e) => functions.refused(&e),
+            Err(e) => return Err(e),
+        },
+        Err(e) if command_refused(&e) => functions.refused(&e),
+        other => return other,
+    }
+    by_script(conn, &with_head(&call.cmd, "EVALSHA", &SHA)).await
+}
+
+/// `EVALSHA`, and on `NOSCRIPT` the same call as `EVAL` (which caches the script).
+async fn by_script<C: ConnectionLike + Send>(
+    conn: &mut C,
+    evalsha: &Cmd,
+) -> redis::RedisResult<Value> {
+    match send(conn, evalsha).await {
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            send(conn, &with_source(&call.cmd)).await
+            send(conn, &with_head(evalsha, "EVAL", &SOURCE)).await
         }
         other => other,
     }
 }
 
-/// The EVAL form of an EVALSHA command: the same keys and arguments after the source.
-fn with_source(evalsha: &Cmd) -> Cmd {
-    let mut cmd = redis::cmd("EVAL");
-    cmd.arg(SOURCE);
-    for arg in evalsha.args_iter().skip(2) {
+/// `FUNCTION LOAD REPLACE` of the library (on every master of a Cluster).
+fn load_library() -> Cmd {
+    let mut cmd = redis::cmd("FUNCTION");
+    cmd.arg("LOAD").arg("REPLACE").arg(LIBRARY.source.as_str());
+    cmd
+}
+
+/// The answer to an `FCALL` of a function the server does not have.
+fn function_missing(e: &RedisError) -> bool {
+    e.code() == Some("ERR") && e.detail().is_some_and(|d| d.contains("Function not found"))
+}
+
+/// The answer to a command this server does not know or does not let this user run (an
+/// `FCALL` to a Redis before 7.0, or an ACL without it).
+fn command_refused(e: &RedisError) -> bool {
+    e.code() == Some("NOPERM")
+        || (e.code() == Some("ERR")
+            && e.detail()
+                .is_some_and(|d| d.to_ascii_lowercase().starts_with("unknown command")))
+}
+
+/// A failed `FUNCTION LOAD` that loading again would not fix: the command refused, or the
+/// library refused (any `ERR`). Not a time-out, a lost connection, or a busy, loading or
+/// read-only server.
+fn load_refused(e: &RedisError) -> bool {
+    e.code() == Some("ERR") || command_refused(e)
+}
+
+/// The same keys and arguments as `cmd`, after another command name and first argument
+/// (`EVALSHA <sha>` or `EVAL <source>` in place of `FCALL <name>` or `EVALSHA <sha>`).
+fn with_head(cmd: &Cmd, name: &str, first: &str) -> Cmd {
+    let mut out = redis::cmd(name);
+    out.arg(first);
+    for arg in cmd.args_iter().skip(2) {
         if let redis::Arg::Simple(bytes) = arg {
-            cmd.arg(bytes);
+            out.arg(bytes);
         }
     }
-    cmd
+    out
 }
 
 /// Sends one command; an error reply becomes an error.
@@ -337,6 +501,7 @@ mod tests {
             Mode::Request,
             Unit::Micros,
             None,
+            Via::Script,
         );
         let (keys, args) = call.keys_and_args();
         assert_eq!(keys, ["p:a", "p:b"]);
@@ -377,7 +542,14 @@ mod tests {
 
     #[test]
     fn nanos_round_periods_up_and_scale_resets() {
-        let call = encode(&[hit("a", 0)], b"", Mode::Independent, Unit::Nanos, Some(9));
+        let call = encode(
+            &[hit("a", 0)],
+            b"",
+            Mode::Independent,
+            Unit::Nanos,
+            Some(9),
+            Via::Function,
+        );
         let (_, args) = call.keys_and_args();
         assert_eq!(args[..5], ["9", "independent", "1", "f", "3"]);
         assert_eq!(args[5], "1500001");
@@ -424,33 +596,152 @@ mod tests {
         }
     }
 
+    fn call_via(via: Via) -> Call {
+        encode(&[hit("a", 0)], b"p:", Mode::Request, Unit::Nanos, None, via)
+    }
+
+    fn mock(replies: &[&'static [u8]]) -> Mock {
+        Mock {
+            replies: replies.to_vec(),
+            sent: Vec::new(),
+        }
+    }
+
     #[tokio::test]
     async fn noscript_is_answered_by_sending_the_source_once() {
-        let call = encode(&[hit("a", 0)], b"p:", Mode::Request, Unit::Nanos, None);
-        let mut conn = Mock {
-            replies: vec![
-                b"-NOSCRIPT No matching script.\r\n",
-                b"*1\r\n:1\r\n",
-                b"*1\r\n:0\r\n",
-            ],
-            sent: Vec::new(),
-        };
-        let first = invoke(&mut conn, &call).await.unwrap();
+        let call = call_via(Via::Script);
+        let functions = Functions::new(false);
+        let mut conn = mock(&[
+            b"-NOSCRIPT No matching script.\r\n",
+            b"*1\r\n:1\r\n",
+            b"*1\r\n:0\r\n",
+        ]);
+        let first = invoke(&mut conn, &call, &functions).await.unwrap();
         assert_eq!(first, Value::Array(vec![Value::Int(1)]));
-        let second = invoke(&mut conn, &call).await.unwrap();
+        let second = invoke(&mut conn, &call, &functions).await.unwrap();
         assert_eq!(second, Value::Array(vec![Value::Int(0)]));
         assert_eq!(conn.sent, ["EVALSHA", "EVAL", "EVALSHA"]);
-        let mut failing = Mock {
-            replies: vec![b"-ERR boom\r\n"],
-            sent: Vec::new(),
-        };
-        assert!(invoke(&mut failing, &call).await.is_err());
+        let mut failing = mock(&[b"-ERR boom\r\n"]);
+        assert!(invoke(&mut failing, &call, &functions).await.is_err());
         assert_eq!(failing.sent, ["EVALSHA"], "other errors are not retried");
+    }
+
+    #[tokio::test]
+    async fn a_missing_function_is_loaded_and_called_again() {
+        let functions = Functions::new(true);
+        let call = call_via(functions.via());
+        let mut conn = mock(&[
+            b"-ERR Function not found\r\n",
+            b"+sluice_x\r\n",
+            b"*1\r\n:1\r\n",
+            b"*1\r\n:0\r\n",
+        ]);
+        let first = invoke(&mut conn, &call, &functions).await.unwrap();
+        assert_eq!(first, Value::Array(vec![Value::Int(1)]));
+        invoke(&mut conn, &call, &functions).await.unwrap();
+        assert_eq!(conn.sent, ["FCALL", "FUNCTION", "FCALL", "FCALL"]);
+        assert_eq!(functions.via(), Via::Function);
+        // Other errors are the call's answer: not retried, functions kept.
+        for reply in [
+            &b"-ERR sluice: malformed hit 1\r\n"[..],
+            b"-BUSY Redis is busy running a script.\r\n",
+            b"-LOADING Redis is loading the dataset in memory\r\n",
+        ] {
+            let mut failing = mock(&[reply]);
+            assert!(invoke(&mut failing, &call, &functions).await.is_err());
+            assert_eq!(failing.sent, ["FCALL"]);
+            assert_eq!(functions.via(), Via::Function);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_redis_refusing_functions_gets_the_script_from_then_on() {
+        let refusals: [&[&'static [u8]]; 4] = [
+            // Before Redis 7.0.
+            &[b"-ERR unknown command `FCALL`, with args beginning with: \r\n"],
+            // An ACL without FCALL.
+            &[b"-NOPERM User u has no permissions to run the 'fcall' command\r\n"],
+            // An ACL without FUNCTION LOAD.
+            &[
+                b"-ERR Function not found\r\n",
+                b"-NOPERM User u has no permissions to run the 'function|load' command\r\n",
+            ],
+            // A library the server will not load.
+            &[
+                b"-ERR Function not found\r\n",
+                b"-ERR Error registering functions\r\n",
+            ],
+        ];
+        for replies in refusals {
+            let functions = Functions::new(true);
+            let call = call_via(functions.via());
+            let mut all = replies.to_vec();
+            all.extend([&b"-NOSCRIPT No matching script.\r\n"[..], b"*1\r\n:1\r\n"]);
+            let mut conn = mock(&all);
+            let reply = invoke(&mut conn, &call, &functions).await.unwrap();
+            assert_eq!(reply, Value::Array(vec![Value::Int(1)]));
+            let mut want = vec!["FCALL"];
+            if replies.len() == 2 {
+                want.push("FUNCTION");
+            }
+            want.extend(["EVALSHA", "EVAL"]);
+            assert_eq!(conn.sent, want);
+            assert_eq!(functions.via(), Via::Script);
+            let next = call_via(functions.via());
+            let mut conn = mock(&[b"*1\r\n:0\r\n"]);
+            invoke(&mut conn, &next, &functions).await.unwrap();
+            assert_eq!(conn.sent, ["EVALSHA"]);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_read_only_server_while_loading_is_an_error_not_a_refusal() {
+        let functions = Functions::new(true);
+        let call = call_via(functions.via());
+        let mut conn = mock(&[
+            b"-ERR Function not found\r\n",
+            b"-READONLY You can't write against a read only replica.\r\n",
+        ]);
+        assert!(invoke(&mut conn, &call, &functions).await.is_err());
+        assert_eq!(conn.sent, ["FCALL", "FUNCTION"]);
+        assert_eq!(functions.via(), Via::Function);
+    }
+
+    #[test]
+    fn the_library_is_the_script_with_every_algorithm_made_once() {
+        assert_eq!(SOURCE.matches(SCRIPT_MAKERS).count(), 1);
+        let lib = &LIBRARY.source;
+        assert!(!lib.contains(SCRIPT_MAKERS));
+        assert_eq!(lib.matches(LIBRARY_MAKERS).count(), 1);
+        assert!(lib.starts_with(&format!("#!lua name={}\n", LIBRARY.name)));
+        assert!(lib.contains(&format!(
+            "redis.register_function('{}', function(KEYS, ARGV)",
+            LIBRARY.name
+        )));
+        assert!(lib.contains(MAIN) && lib.contains(LIBRARY_TAIL));
+        assert!(LIBRARY.name.starts_with("sluice_") && LIBRARY.name.len() == 23);
+        let head = |via| {
+            let call = call_via(via);
+            let mut args = call.cmd.args_iter().take(2).map(|a| match a {
+                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                _ => String::new(),
+            });
+            (args.next().unwrap(), args.next().unwrap())
+        };
+        assert_eq!(head(Via::Function), ("FCALL".into(), LIBRARY.name.clone()));
+        assert_eq!(head(Via::Script), ("EVALSHA".into(), SHA.clone()));
     }
 
     #[test]
     fn decode_checks_the_shape() {
-        let call = encode(&[hit("a", 0)], b"", Mode::Request, Unit::Micros, None);
+        let call = encode(
+            &[hit("a", 0)],
+            b"",
+            Mode::Request,
+            Unit::Micros,
+            None,
+            Via::Script,
+        );
         let ints = |v: &[i64]| Value::Array(v.iter().copied().map(Value::Int).collect());
         let o = decode(ints(&[1, 1, 2, 3]), &call).unwrap();
         assert!(o.admitted);

@@ -8,6 +8,11 @@
 -- report, write). Any change there must be made here too; tests/redis_script.rs checks that both
 -- give identical outcomes on random sequences.
 --
+-- The same files also make the function library that sluice loads with FUNCTION LOAD and
+-- calls with FCALL (Redis 7 and later): there the code from main.lua is the body of the
+-- library's one function, whose KEYS and ARGV are the same as the script's, and library.lua
+-- makes every algorithm once, when the library loads (see MAKERS below).
+--
 -- Time unit: MICROSECONDS. Lua numbers are doubles, exact for integers up to 2^53 - 1; Unix
 -- time in microseconds is about 2^51 today, so every time and duration below is exact.
 -- Arithmetic saturates at MAX = 2^53 - 1 (the Rust functions saturate at 2^64 - 1; the two agree
@@ -62,7 +67,8 @@ local MAX = 9007199254740991
 -- constructor, sized once (a table grown key by key is rehashed at every power of two).
 -- Every closure, table and string a call makes is garbage for Redis's Lua collector
 -- afterwards: allocation is most of what a call costs (a small table about 2,000
--- instructions, a closure 650), so the script makes few.
+-- instructions, a closure 650), so the script makes few. In the function library the line
+-- below is replaced by one that marks every code, and library.lua makes each algorithm once.
 local MAKERS = {}
 for l = 1, tonumber(ARGV[3]) or 0 do MAKERS[ARGV[5 * l - 1]] = true end
 
