@@ -4,6 +4,7 @@
 //! | URL | deployment |
 //! |---|---|
 //! | `redis://[user:password@]host:port[/db]` | one server (`rediss://` for TLS) |
+//! | `unix:///path/to/redis.sock` | one server over its Unix socket (`redis+unix://` too) |
 //! | `redis+sentinel://[user:password@]s1:port,s2:port/master_name` | Sentinel: the sentinels' addresses and the master's name; the credentials are the master's (`rediss+sentinel://` for TLS to both) |
 //! | `redis+cluster://[user:password@]n1:port,n2:port` | Cluster: seed nodes (`rediss+cluster://` for TLS) |
 //!
