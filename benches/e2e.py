@@ -16,8 +16,8 @@ Options: --binary PATH (default target/release/sluice or $CARGO_TARGET_DIR/relea
 before a change), --scenario one|ten|all|flood, --json FILE (every run, for the record),
 --rate R (open loop at R requests/s: latency from each request's due time),
 --server-threads N (worker threads of every server under test, the no-op's included),
---redis-script (with --redis, a second Redis target that calls the script by EVALSHA instead of
-the function library by FCALL, on the same redis-server).
+--redis-functions (with --redis, a second Redis target that calls the function library by FCALL
+instead of the script by EVALSHA, on the same redis-server).
 """
 
 import argparse
@@ -193,7 +193,7 @@ def report(scenario, runs, reference="noop"):
         print(f"  {name:<12} {v['rps']:>9.0f} {v['rps_ratio']:>6.2f} {v['p50']:>7.0f} "
               f"{v['p99']:>7.0f} {v['p99_ratio']:>9.2f} {v['p99_9']:>7.0f} {v['cpu_us']:>14.1f}"
               f" {v['errors']}")
-    for name in ("redis", "redis-script"):
+    for name in ("redis", "redis-functions"):
         if name in m and "memory" in m:
             ratio = statistics.median(r["requests_per_sec"] / q["requests_per_sec"]
                                       for r, q in zip(runs[name], runs["memory"]))
@@ -261,9 +261,10 @@ def main():
     p.add_argument("--redis", action="store_true")
     p.add_argument("--scenario", default="all", choices=["one", "ten", "all", "flood"])
     p.add_argument("--json")
-    p.add_argument("--redis-script", action="store_true",
-                   help="with --redis, also serve the Redis backend with redis.functions = false "
-                        "(EVALSHA of the script instead of FCALL of the library), same redis-server")
+    p.add_argument("--redis-functions", action="store_true",
+                   help="with --redis, also serve the Redis backend with redis.functions = true "
+                        "(FCALL of the function library instead of EVALSHA of the script), on the "
+                        "same redis-server")
     p.add_argument("--rate", type=float, help="open loop at this rate instead of closed loop")
     p.add_argument("--server-threads", type=int, default=0,
                    help="worker threads of every server under test, the no-op's included "
@@ -306,17 +307,17 @@ def main():
                                       f"redis://127.0.0.1:{redis_port}")
             # The server's CPU is sluice's plus redis-server's.
             targets["redis"] = (url, admin, [child.pid, redis.pid])
-            if args.redis_script:
+            if args.redis_functions:
                 url, admin, child = serve(procs, binary, rules, "redis",
                                           f"redis://127.0.0.1:{redis_port}",
-                                          {"SLUICE_REDIS__FUNCTIONS": "false"})
-                targets["redis-script"] = (url, admin, [child.pid, redis.pid])
+                                          {"SLUICE_REDIS__FUNCTIONS": "true"})
+                targets["redis-functions"] = (url, admin, [child.pid, redis.pid])
         scenarios = ["one", "ten"] if args.scenario == "all" else [args.scenario]
         for scenario in scenarios:
             print(f"\n== scenario {scenario}: {'10 descriptors' if scenario == 'ten' else '1 descriptor'}"
                   f" per request, user spread over 10,000 values, 64 in flight on 4 connections")
             report(scenario, run_rounds(args, binary, targets, scenario, record))
-        for name in ("redis", "redis-script"):
+        for name in ("redis", "redis-functions"):
             if name in targets:
                 url, admin, _ = targets[name]
                 script_calls(args, binary, redis_port, admin, url, name)

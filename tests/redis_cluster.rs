@@ -114,36 +114,47 @@ async fn a_request_across_slots_is_all_or_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_descriptor_is_one_call_on_a_cluster() {
     let cluster = RedisCluster::start();
-    let settings = RedisSettings {
-        url: cluster.url(),
-        ..RedisSettings::default()
-    };
-    let limiter = RedisLimiter::new(&settings, 100).expect("valid settings");
-    let server = TestServer::start_over(Settings::default(), RULES, Arc::new(limiter)).await;
-    let mut c = client(&server).await;
-    // Warm up: every node has the function library once the first call has loaded it.
-    for i in 0..30 {
-        call(
-            &mut c,
-            req("c", vec![desc(&[("wide", &format!("warm{i}"))])]),
-        )
-        .await;
+    // The script (the default), then the function library (`redis.functions`).
+    for functions in [false, true] {
+        let settings = RedisSettings {
+            url: cluster.url(),
+            functions,
+            ..RedisSettings::default()
+        };
+        let limiter = RedisLimiter::new(&settings, 100).expect("valid settings");
+        let server = TestServer::start_over(Settings::default(), RULES, Arc::new(limiter)).await;
+        let mut c = client(&server).await;
+        for n in &cluster.nodes {
+            n.reset_stats();
+        }
+        // Warm up: every node gets the code once. The script is loaded per node by its first
+        // call there (NOSCRIPT, then EVAL); the library by the first call of all (no function,
+        // then FUNCTION LOAD, which goes to every master at once).
+        for i in 0..30 {
+            call(
+                &mut c,
+                req("c", vec![desc(&[("wide", &format!("warm{functions}{i}"))])]),
+            )
+            .await;
+        }
+        let loads = if functions { "function|load" } else { "eval" };
+        for n in &cluster.nodes {
+            assert_eq!(
+                n.calls(loads),
+                1,
+                "each node loaded the code once ({loads})"
+            );
+            n.reset_stats();
+        }
+        for i in 0..10 {
+            let value = format!("v{functions}{i}");
+            call(&mut c, req("c", vec![desc(&[("wide", &value)])])).await;
+        }
+        let command = if functions { "fcall" } else { "evalsha" };
+        let calls: u64 = cluster.nodes.iter().map(|n| n.calls(command)).sum();
+        assert_eq!(calls, 10, "one {command} per request");
+        assert_eq!(cluster.script_calls(), 10, "and no other call of the code");
     }
-    for n in &cluster.nodes {
-        // The first call found no function; loading it went to every master at once.
-        assert_eq!(
-            n.calls("function|load"),
-            1,
-            "each node loaded the library once"
-        );
-        n.reset_stats();
-    }
-    for i in 0..10 {
-        call(&mut c, req("c", vec![desc(&[("wide", &format!("v{i}"))])])).await;
-    }
-    let fcall: u64 = cluster.nodes.iter().map(|n| n.calls("fcall")).sum();
-    assert_eq!(fcall, 10, "one call per request");
-    assert_eq!(cluster.script_calls(), 10, "and no other");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -37,18 +37,26 @@ fn descriptors(n: usize, round: usize) -> Vec<RateLimitDescriptor> {
 
 #[tokio::test]
 async fn one_script_call_per_request_for_1_and_for_10_descriptors() {
-    let redis = RedisServer::start();
-    let (_server, mut c) = serve(redis.settings()).await;
-    // Warm up: the first call loads the function library (not found, FUNCTION LOAD, FCALL).
-    call(&mut c, req("rt", descriptors(1, 0))).await;
-    for n in [1, 10] {
-        let monitor = redis.monitor();
-        for round in 1..=20 {
-            let r = call(&mut c, req("rt", descriptors(n, round))).await;
-            assert_eq!(overall(&r), Code::Ok);
-            assert_eq!(r.statuses.len(), n);
+    // The script (the default) and the function library (`redis.functions`).
+    for (functions, command) in [(false, "evalsha"), (true, "fcall")] {
+        let redis = RedisServer::start();
+        let settings = RedisSettings {
+            functions,
+            ..redis.settings()
+        };
+        let (_server, mut c) = serve(settings).await;
+        // Warm up: the first call loads the code (NOSCRIPT then EVAL, or no function then
+        // FUNCTION LOAD and FCALL again).
+        call(&mut c, req("rt", descriptors(1, 0))).await;
+        for n in [1, 10] {
+            let monitor = redis.monitor();
+            for round in 1..=20 {
+                let r = call(&mut c, req("rt", descriptors(n, round))).await;
+                assert_eq!(overall(&r), Code::Ok);
+                assert_eq!(r.statuses.len(), n);
+            }
+            assert_eq!(monitor.client_commands(), [command; 20], "{n} descriptors");
         }
-        assert_eq!(monitor.client_commands(), ["fcall"; 20], "{n} descriptors");
     }
 }
 
@@ -82,7 +90,7 @@ async fn a_denied_key_is_answered_from_the_deny_cache_without_redis() {
     assert_eq!(overall(&hit_rt(&mut c, "one", "cold").await), Code::Ok);
     let both = req("rt", vec![desc(&[("one", "hot")]), desc(&[("wide", "x")])]);
     assert_eq!(overall(&call(&mut c, both).await), Code::OverLimit);
-    assert_eq!(monitor.client_commands(), ["fcall"; 2]);
+    assert_eq!(monitor.client_commands(), ["evalsha"; 2]);
 }
 
 #[tokio::test]
@@ -101,7 +109,7 @@ async fn without_the_deny_cache_every_denial_is_a_round_trip() {
             Code::OverLimit
         );
     }
-    assert_eq!(monitor.client_commands(), ["fcall"; 5]);
+    assert_eq!(monitor.client_commands(), ["evalsha"; 5]);
 }
 
 async fn hit_rt(c: &mut Client, key: &str, value: &str) -> RateLimitResponse {

@@ -471,11 +471,8 @@ fn millis_to_the_hour() -> i64 {
 #[tokio::test]
 async fn the_script_is_reloaded_after_script_flush() {
     let redis = RedisServer::start();
-    let settings = RedisSettings {
-        functions: false,
-        ..redis.settings()
-    };
-    let limiter = RedisLimiter::new(&settings, 1).expect("valid settings");
+    let limiter = RedisLimiter::new(&redis.settings(), 1).expect("valid settings");
+    assert_eq!(limiter.via(), Via::Script, "the script is the default");
     let batch = Batch {
         hits: vec![hit("{f|x}:funnel:60", limit(100, 60), 1, 0)],
     };
@@ -494,7 +491,11 @@ async fn the_script_is_reloaded_after_script_flush() {
 #[tokio::test]
 async fn the_library_is_reloaded_after_function_flush() {
     let redis = RedisServer::start();
-    let limiter = RedisLimiter::new(&redis.settings(), 1).expect("valid settings");
+    let settings = RedisSettings {
+        functions: true,
+        ..redis.settings()
+    };
+    let limiter = RedisLimiter::new(&settings, 1).expect("valid settings");
     let batch = Batch {
         hits: vec![hit("{f|y}:funnel:60", limit(100, 60), 1, 0)],
     };
@@ -531,6 +532,7 @@ async fn a_user_without_functions_is_served_by_the_script() {
         let _: () = redis.cmd(&["ACL", "SETUSER", &user, "on", ">pw", "~*", "+@all", denied]);
         let settings = RedisSettings {
             url: format!("redis://{user}:pw@{}", redis.addr()),
+            functions: true,
             ..redis.settings()
         };
         let limiter = RedisLimiter::new(&settings, 1).expect("valid settings");
@@ -585,7 +587,7 @@ async fn a_unix_socket_url_reaches_redis() {
         }
         assert_eq!(admitted, [true, true, false], "{scheme}");
         assert!(
-            redis.calls("fcall") >= 3,
+            redis.calls("evalsha") >= 3,
             "{scheme}: decided by this server"
         );
     }

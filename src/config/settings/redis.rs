@@ -37,8 +37,9 @@ pub struct RedisSettings {
     pub breaker_cooldown_ms: u64,
     /// Denied keys answered locally until their retry time (0 = no deny cache).
     pub deny_cache_size: usize,
-    /// Call the limiter as a function library (`FUNCTION LOAD` once, then `FCALL`) where
-    /// Redis allows it; off, or where Redis refuses functions: the script (`EVALSHA`).
+    /// Off (the default): the limiter's Lua is a script, called with `EVALSHA`. On: a
+    /// function library, loaded once with `FUNCTION LOAD` and called with `FCALL` (Redis 7+;
+    /// back to the script where Redis refuses functions).
     pub functions: bool,
 }
 
@@ -53,7 +54,7 @@ impl Default for RedisSettings {
             breaker_failures: 3,
             breaker_cooldown_ms: 500,
             deny_cache_size: 100_000,
-            functions: true,
+            functions: false,
         }
     }
 }

@@ -6,7 +6,7 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | `script` | encoding a batch for the script (`lua/`), FCALL of the function library (EVALSHA of the script where Redis refuses functions), decoding |
+//! | `script` | encoding a batch for the Lua code (`lua/`), EVALSHA of the script (EVAL on NOSCRIPT) or FCALL of the function library (`redis.functions`), decoding |
 //! | `connection` | URL forms (one server, Sentinel, Cluster) and lazy, self-healing connections |
 //! | `cluster` | splitting a request by Cluster slot, planning it whole, refunding |
 //! | `breaker` | the circuit breaker that stops waiting on a dead Redis |
@@ -268,7 +268,7 @@ impl RedisLimiter {
     }
 
     /// Whether the next call goes to the function library (`FCALL`) or to the script
-    /// (`EVALSHA`): the former until Redis refuses functions, unless `redis.functions` is off.
+    /// (`EVALSHA`): the former when `redis.functions` is on, until Redis refuses functions.
     pub fn via(&self) -> script::Via {
         self.functions.via()
     }

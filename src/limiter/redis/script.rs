@@ -7,16 +7,16 @@
 //!
 //! It reaches Redis in one of two forms, each call one command:
 //!
-//! - **A function library** (Redis 7 and later, the default): the same files loaded once with
-//!   `FUNCTION LOAD` ([`LIBRARY`]) and called with `FCALL`. The library's helpers and every
-//!   algorithm's functions are made once, when it loads, instead of on every call, which
-//!   makes a call cheaper for Redis. On `Function not found` (a Redis restarted without
-//!   persistence, `FUNCTION FLUSH`, a Cluster node that joined later) the library is loaded
-//!   again and the call sent once more.
-//! - **A script** ([`SOURCE`]), for a Redis that refuses functions (before 7.0, or an ACL
-//!   without `FUNCTION`/`FCALL`) or when `redis.functions` is off: `EVALSHA`, and on
-//!   `NOSCRIPT` the same call as `EVAL` (which caches it). A limiter whose Redis refuses
-//!   functions once keeps to the script from then on ([`Functions`]).
+//! - **A script** ([`SOURCE`], the default): `EVALSHA`, and on `NOSCRIPT` the same call as
+//!   `EVAL` (which caches it).
+//! - **A function library** (`redis.functions = true`, Redis 7 and later): the same files
+//!   loaded once with `FUNCTION LOAD` ([`LIBRARY`]) and called with `FCALL`. The library's
+//!   helpers and every algorithm's functions are made once, when it loads, instead of on
+//!   every call, which makes a call cheaper for Redis. On `Function not found` (a Redis
+//!   restarted without persistence, `FUNCTION FLUSH`, a Cluster node that joined later) the
+//!   library is loaded again and the call sent once more. A limiter whose Redis refuses
+//!   functions (before 7.0, or an ACL without `FUNCTION` or
+//!   `FCALL`) goes back to the script, and keeps to it from then on ([`Functions`]).
 //!
 //! A call is encoded straight into the command's one buffer: each distinct key and each
 //! distinct limit once, then a few integers per hit (written with `itoa` by the `redis` crate,
@@ -100,8 +100,8 @@ pub enum Via {
     Script,
 }
 
-/// Whether a limiter's calls go to the function library: until its Redis refuses functions
-/// (or from the start, when they are off in the settings), then to the script.
+/// Whether a limiter's calls go to the function library (when `redis.functions` is on, until
+/// its Redis refuses functions) or to the script.
 #[derive(Debug)]
 pub struct Functions {
     on: AtomicBool,
