@@ -1,12 +1,19 @@
 //! The request semantics of DESIGN.md §4, through gRPC on loopback with the `envoy-types`
-//! client, against the memory backend on a manual clock.
+//! client, against the memory backend on a manual clock. The scenarios that need no control of
+//! time are in tests/support/semantics.rs, which tests/redis_behaviour.rs runs on both backends.
 
 mod common;
+#[path = "support/semantics.rs"]
+mod semantics;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::*;
+use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
+use semantics::{
+    assert_codes, assert_ok_without_limit, costing, each, hit_code, limit_name, overridden, refund,
+};
 use serde_json::json;
 use sluice::config::settings::Settings;
 use sluice::limiter::{Batch, BatchOutcome, BoxFuture, Limiter, LimiterError, MemoryLimiter};
@@ -41,41 +48,55 @@ descriptors:
 "#;
 
 async fn setup() -> (TestServer, Client) {
-    let server = TestServer::start(RULES).await;
+    serve(RULES).await
+}
+
+/// A server over the memory backend serving `rules`, and a client of it.
+async fn serve(rules: &str) -> (TestServer, Client) {
+    let server = TestServer::start(rules).await;
     let c = client(&server).await;
     (server, c)
+}
+
+/// A server with `settings` serving the semantics rules, and a client of it.
+async fn serve_with(settings: Settings) -> (TestServer, Client) {
+    let server = TestServer::start_with(settings, RULES).await;
+    let c = client(&server).await;
+    (server, c)
+}
+
+/// Sends `r` and expects it refused with `InvalidArgument`; returns the refusal.
+async fn refused(c: &mut Client, r: RateLimitRequest) -> tonic::Status {
+    let err = c.should_rate_limit(r).await.unwrap_err();
+    assert_eq!(err.code(), GrpcCode::InvalidArgument, "{}", err.message());
+    err
+}
+
+/// The `(name, value)` headers a response asks Envoy to add.
+fn headers(r: &RateLimitResponse) -> Vec<(String, String)> {
+    r.response_headers_to_add
+        .iter()
+        .map(|h| (h.key.clone(), h.value.clone()))
+        .collect()
+}
+
+fn owned_pairs(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
 }
 
 #[tokio::test]
 async fn within_then_over_the_limit() {
     let (_s, mut c) = setup().await;
-    let r = hit(&mut c, "one_per_minute", "a").await;
-    assert_eq!(overall(&r), Code::Ok);
-    assert_eq!(r.statuses.len(), 1);
-    let s = &r.statuses[0];
-    assert_eq!(code(s), Code::Ok);
-    assert_eq!(limit_of(s), Some((1, Unit::Minute, String::new())));
-    assert_eq!(s.limit_remaining, 0);
-    assert_eq!(reset_secs(s), Some(60));
-
-    let r = hit(&mut c, "one_per_minute", "a").await;
-    assert_eq!(overall(&r), Code::OverLimit);
-    let s = &r.statuses[0];
-    assert_eq!(code(s), Code::OverLimit);
-    assert_eq!(s.limit_remaining, 0);
-    assert_eq!(reset_secs(s), Some(60));
-    assert_eq!(limit_of(s), Some((1, Unit::Minute, String::new())));
+    semantics::within_then_over_the_limit(&mut c).await;
 }
 
 #[tokio::test]
 async fn a_key_only_rule_gives_each_value_its_own_state() {
     let (_s, mut c) = setup().await;
-    assert_eq!(overall(&hit(&mut c, "one_per_minute", "a").await), Code::Ok);
-    assert_eq!(overall(&hit(&mut c, "one_per_minute", "b").await), Code::Ok);
-    assert_eq!(
-        overall(&hit(&mut c, "one_per_minute", "a").await),
-        Code::OverLimit
-    );
+    semantics::a_key_only_rule_gives_each_value_its_own_state(&mut c).await;
 }
 
 #[tokio::test]
@@ -84,7 +105,7 @@ async fn time_drains_the_funnel_and_reset_rounds_up() {
     let r = hit(&mut c, "two_per_second", "x").await;
     assert_eq!(r.statuses[0].limit_remaining, 1);
     assert_eq!(reset_secs(&r.statuses[0]), Some(1), "0.5 s rounds up to 1");
-    assert_eq!(overall(&hit(&mut c, "two_per_second", "x").await), Code::Ok);
+    assert_eq!(hit_code(&mut c, "two_per_second", "x").await, Code::Ok);
     let over = hit(&mut c, "two_per_second", "x").await;
     assert_eq!(overall(&over), Code::OverLimit);
     assert_eq!(reset_secs(&over.statuses[0]), Some(1));
@@ -97,27 +118,10 @@ async fn time_drains_the_funnel_and_reset_rounds_up() {
 #[tokio::test]
 async fn unit_multiplier_and_burst() {
     let (s, mut c) = setup().await;
-    let r = hit(&mut c, "five_minutes", "x").await;
-    assert_eq!(
-        limit_of(&r.statuses[0]),
-        Some((5, Unit::Minute, String::new()))
-    );
-    assert_eq!(r.statuses[0].limit_remaining, 4);
-    assert_eq!(
-        reset_secs(&r.statuses[0]),
-        Some(60),
-        "one unit of 5/5min drains in 60 s"
-    );
-
-    for _ in 0..3 {
-        assert_eq!(overall(&hit(&mut c, "bursty", "x").await), Code::Ok);
-    }
-    let over = hit(&mut c, "bursty", "x").await;
-    assert_eq!(overall(&over), Code::OverLimit);
-    assert_eq!(reset_secs(&over.statuses[0]), Some(1));
+    semantics::unit_multiplier_and_burst(&mut c).await;
     s.clock.advance(SECOND);
-    assert_eq!(overall(&hit(&mut c, "bursty", "x").await), Code::Ok);
-    assert_eq!(overall(&hit(&mut c, "bursty", "x").await), Code::OverLimit);
+    assert_eq!(hit_code(&mut c, "bursty", "x").await, Code::Ok);
+    assert_eq!(hit_code(&mut c, "bursty", "x").await, Code::OverLimit);
 }
 
 #[tokio::test]
@@ -135,13 +139,7 @@ async fn unknown_domain_no_match_and_empty_entries_are_ok_without_limit() {
         req("test", vec![desc(&[("user", "alice")])]),
     ];
     for r in cases {
-        let answer = call(&mut c, r.clone()).await;
-        assert_eq!(overall(&answer), Code::Ok, "{r:?}");
-        let s = &answer.statuses[0];
-        assert_eq!(code(s), Code::Ok);
-        assert_eq!(s.current_limit, None);
-        assert_eq!(s.limit_remaining, 0);
-        assert_eq!(s.duration_until_reset, None);
+        assert_ok_without_limit(&mut c, r).await;
     }
 }
 
@@ -159,22 +157,17 @@ async fn unlimited_is_ok_with_max_remaining() {
 #[tokio::test]
 async fn empty_domain_or_descriptor_list_is_invalid_argument() {
     let (_s, mut c) = setup().await;
-    let err = c
-        .should_rate_limit(req("", vec![desc(&[("a", "b")])]))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), GrpcCode::InvalidArgument);
+    let err = refused(&mut c, req("", vec![desc(&[("a", "b")])])).await;
     assert!(err.message().contains("domain"), "{}", err.message());
-    let err = c.should_rate_limit(req("test", vec![])).await.unwrap_err();
-    assert_eq!(err.code(), GrpcCode::InvalidArgument);
+    let err = refused(&mut c, req("test", vec![])).await;
     assert!(err.message().contains("descriptor"), "{}", err.message());
 }
 
 #[tokio::test]
 async fn nested_and_wildcard_matching() {
     let (_s, mut c) = setup().await;
-    let name_of = |r: &RateLimitResponse| limit_of(&r.statuses[0]).map(|l| l.2);
-    let nested = |v: &str| req("test", vec![desc(&[("user", "bob"), ("route", v)])]);
+    let name_of = |r: &RateLimitResponse| limit_name(&r.statuses[0]);
+    let one = |entries: &[(&str, &str)]| req("test", vec![desc(entries)]);
     let cases = [
         ("/reports/2024/q1", "reports"),
         ("/reports/", "reports"),
@@ -184,99 +177,52 @@ async fn nested_and_wildcard_matching() {
         ("/other", "any_route"),
     ];
     for (route, expected) in cases {
-        let r = call(&mut c, nested(route)).await;
+        let r = call(&mut c, one(&[("user", "bob"), ("route", route)])).await;
         assert_eq!(name_of(&r).as_deref(), Some(expected), "route {route}");
     }
-    let r = call(
-        &mut c,
-        req(
-            "test",
-            vec![desc(&[("user", "root"), ("action", "delete")])],
-        ),
-    )
-    .await;
+    let r = call(&mut c, one(&[("user", "root"), ("action", "delete")])).await;
     assert_eq!(name_of(&r).as_deref(), Some("root_delete"));
     // No backtracking: `user=root` matched exactly, and its subtree has no `route`.
-    let r = call(
-        &mut c,
-        req("test", vec![desc(&[("user", "root"), ("route", "/admin")])]),
-    )
-    .await;
+    let r = call(&mut c, one(&[("user", "root"), ("route", "/admin")])).await;
     assert_eq!(r.statuses[0].current_limit, None);
     // A limit on an intermediate level applies only to requests that end there.
-    let r = call(&mut c, req("test", vec![desc(&[("intermediate", "x")])])).await;
+    let r = call(&mut c, one(&[("intermediate", "x")])).await;
     assert_eq!(name_of(&r).as_deref(), Some("top"));
-    let r = call(
-        &mut c,
-        req("test", vec![desc(&[("intermediate", "x"), ("leaf", "y")])]),
-    )
-    .await;
+    let r = call(&mut c, one(&[("intermediate", "x"), ("leaf", "y")])).await;
     assert_eq!(name_of(&r).as_deref(), Some("leaf"));
 }
 
 #[tokio::test]
 async fn share_threshold_makes_matching_values_share_one_state() {
     let (_s, mut c) = setup().await;
-    assert_eq!(overall(&hit(&mut c, "shared", "files/a").await), Code::Ok);
-    assert_eq!(overall(&hit(&mut c, "shared", "files/b").await), Code::Ok);
-    assert_eq!(
-        overall(&hit(&mut c, "shared", "files/c").await),
-        Code::OverLimit
-    );
+    semantics::share_threshold_makes_matching_values_share_one_state(&mut c).await;
 }
 
 #[tokio::test]
 async fn several_limits_on_one_descriptor_all_or_nothing() {
     let (s, mut c) = setup().await;
-    let name = |r: &RateLimitResponse| limit_of(&r.statuses[0]).map(|l| l.2);
-    // 2/second and 3/minute.
-    let r = hit(&mut c, "multi", "x").await;
-    assert_eq!(overall(&r), Code::Ok);
-    assert_eq!(
-        name(&r).as_deref(),
-        Some("per_second"),
-        "least remaining is reported"
-    );
-    assert_eq!(r.statuses[0].limit_remaining, 1);
-    assert_eq!(overall(&hit(&mut c, "multi", "x").await), Code::Ok);
-    let r = hit(&mut c, "multi", "x").await;
-    assert_eq!(overall(&r), Code::OverLimit);
-    assert_eq!(
-        name(&r).as_deref(),
-        Some("per_second"),
-        "the denying limit is reported"
-    );
+    // 2/second and 3/minute: two pass, the third is denied by the per-second limit.
+    semantics::several_limits_report_the_least_remaining_then_the_denying_one(&mut c).await;
     // The denied request took nothing from the per-minute limit: one more passes.
     s.clock.advance(SECOND);
     let r = hit(&mut c, "multi", "x").await;
     assert_eq!(overall(&r), Code::Ok);
-    assert_eq!(name(&r).as_deref(), Some("per_minute"));
+    assert_eq!(limit_name(&r.statuses[0]).as_deref(), Some("per_minute"));
     assert_eq!(r.statuses[0].limit_remaining, 0);
     s.clock.advance(SECOND);
     let r = hit(&mut c, "multi", "x").await;
     assert_eq!(overall(&r), Code::OverLimit);
-    assert_eq!(name(&r).as_deref(), Some("per_minute"));
+    assert_eq!(limit_name(&r.statuses[0]).as_deref(), Some("per_minute"));
     assert!(reset_secs(&r.statuses[0]).unwrap() >= 1);
 }
 
 #[tokio::test]
 async fn a_denied_request_consumes_nothing_anywhere() {
     let (_s, mut c) = setup().await;
-    let both = || {
-        req(
-            "test",
-            vec![
-                desc(&[("two_per_second", "x")]),
-                desc(&[("one_per_minute", "y")]),
-            ],
-        )
-    };
+    let both = || each(&[("two_per_second", "x"), ("one_per_minute", "y")]);
+    assert_eq!(overall(&call(&mut c, both()).await), Code::Ok);
     let r = call(&mut c, both()).await;
-    assert_eq!(overall(&r), Code::Ok);
-    let r = call(&mut c, both()).await;
-    assert_eq!(overall(&r), Code::OverLimit);
-    assert_eq!(code(&r.statuses[0]), Code::Ok);
-    assert_eq!(code(&r.statuses[1]), Code::OverLimit);
+    assert_codes(&r, Code::OverLimit, &[Code::Ok, Code::OverLimit]);
     assert_eq!(
         r.statuses[0].limit_remaining, 1,
         "nothing consumed: still 1 left"
@@ -290,22 +236,7 @@ async fn a_denied_request_consumes_nothing_anywhere() {
 #[tokio::test]
 async fn statuses_follow_request_order() {
     let (_s, mut c) = setup().await;
-    let r = call(
-        &mut c,
-        req(
-            "test",
-            vec![
-                desc(&[("path", "/healthz")]),
-                desc(&[("nothing", "here")]),
-                desc(&[("one_per_minute", "o")]),
-            ],
-        ),
-    )
-    .await;
-    assert_eq!(r.statuses.len(), 3);
-    assert_eq!(r.statuses[0].limit_remaining, u32::MAX);
-    assert_eq!(r.statuses[1].current_limit, None);
-    assert_eq!(limit_of(&r.statuses[2]).map(|l| l.0), Some(1));
+    semantics::statuses_follow_request_order(&mut c).await;
 }
 
 #[tokio::test]
@@ -318,28 +249,20 @@ async fn cost_precedence_and_check_only() {
     assert_eq!(overall(&answer), Code::Ok);
     assert_eq!(answer.statuses[0].limit_remaining, 0);
     // ...but the descriptor's own wins.
-    let mut r = req("test", vec![with_hits(desc(&[("two_per_second", "b")]), 1)]);
+    let mut r = costing("two_per_second", "b", 1);
     r.hits_addend = 5;
     let answer = call(&mut c, r).await;
     assert_eq!(overall(&answer), Code::Ok);
     assert_eq!(answer.statuses[0].limit_remaining, 1);
     // Cost 0 only checks.
     for _ in 0..3 {
-        let answer = call(
-            &mut c,
-            req("test", vec![with_hits(desc(&[("two_per_second", "b")]), 0)]),
-        )
-        .await;
+        let answer = call(&mut c, costing("two_per_second", "b", 0)).await;
         assert_eq!(overall(&answer), Code::Ok);
         assert_eq!(answer.statuses[0].limit_remaining, 1);
     }
     // A full (not indebted) limit still checks OK with nothing left.
-    call(&mut c, req("test", vec![desc(&[("two_per_second", "b")])])).await;
-    let answer = call(
-        &mut c,
-        req("test", vec![with_hits(desc(&[("two_per_second", "b")]), 0)]),
-    )
-    .await;
+    hit(&mut c, "two_per_second", "b").await;
+    let answer = call(&mut c, costing("two_per_second", "b", 0)).await;
     assert_eq!(overall(&answer), Code::Ok);
     assert_eq!(answer.statuses[0].limit_remaining, 0);
 }
@@ -350,23 +273,19 @@ async fn refunds_give_back() {
     hit(&mut c, "two_per_second", "r").await;
     hit(&mut c, "two_per_second", "r").await;
     assert_eq!(
-        overall(&hit(&mut c, "two_per_second", "r").await),
+        hit_code(&mut c, "two_per_second", "r").await,
         Code::OverLimit
     );
-    let mut back = with_hits(desc(&[("two_per_second", "r")]), 1);
-    back.is_negative_hits = true;
-    let answer = call(&mut c, req("test", vec![back])).await;
+    let answer = call(&mut c, refund("two_per_second", "r", 1)).await;
     assert_eq!(overall(&answer), Code::Ok);
     assert_eq!(answer.statuses[0].limit_remaining, 1);
-    assert_eq!(overall(&hit(&mut c, "two_per_second", "r").await), Code::Ok);
+    assert_eq!(hit_code(&mut c, "two_per_second", "r").await, Code::Ok);
     assert_eq!(
-        overall(&hit(&mut c, "two_per_second", "r").await),
+        hit_code(&mut c, "two_per_second", "r").await,
         Code::OverLimit
     );
     // Refunding more than was taken never goes below empty.
-    let mut back = with_hits(desc(&[("two_per_second", "r")]), 1_000);
-    back.is_negative_hits = true;
-    let answer = call(&mut c, req("test", vec![back])).await;
+    let answer = call(&mut c, refund("two_per_second", "r", 1_000)).await;
     assert_eq!(answer.statuses[0].limit_remaining, 2);
 }
 
@@ -374,11 +293,7 @@ async fn refunds_give_back() {
 async fn limit_override_is_used_when_the_domain_exists() {
     let (_s, mut c) = setup().await;
     let with_override = |domain: &str| {
-        let mut d = desc(&[("one_per_minute", "ov")]);
-        d.limit = Some(RateLimitOverride {
-            requests_per_unit: 3,
-            unit: 1, // SECOND
-        });
+        let d = overridden(desc(&[("one_per_minute", "ov")]), 3, RateLimitUnit::Second);
         req(domain, vec![d])
     };
     for remaining in [2, 1, 0] {
@@ -397,86 +312,33 @@ async fn limit_override_is_used_when_the_domain_exists() {
     let r = call(&mut c, with_override("unknown")).await;
     assert_eq!(r.statuses[0].current_limit, None);
 
-    let mut bad = desc(&[("a", "b")]);
-    bad.limit = Some(RateLimitOverride {
-        requests_per_unit: 1,
-        unit: 0,
-    });
-    let err = c
-        .should_rate_limit(req("test", vec![bad]))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), GrpcCode::InvalidArgument);
+    let bad = overridden(desc(&[("a", "b")]), 1, RateLimitUnit::Unknown);
+    refused(&mut c, req("test", vec![bad])).await;
 }
 
 #[tokio::test]
 async fn replaces_drops_the_named_limit() {
     let (_s, mut c) = setup().await;
-    let both = || {
-        req(
-            "test",
-            vec![desc(&[("general", "g")]), desc(&[("vip", "v")])],
-        )
-    };
-    for _ in 0..3 {
-        let r = call(&mut c, both()).await;
-        assert_eq!(overall(&r), Code::Ok);
-        assert_eq!(r.statuses[0].current_limit, None, "general is replaced");
-        assert_eq!(
-            limit_of(&r.statuses[1]).map(|l| l.2).as_deref(),
-            Some("vip")
-        );
-    }
-    // The replaced limit consumed nothing meanwhile.
-    assert_eq!(overall(&hit(&mut c, "general", "g").await), Code::Ok);
-    assert_eq!(overall(&hit(&mut c, "general", "g").await), Code::OverLimit);
+    semantics::replaces_drops_the_named_limit(&mut c).await;
 }
 
 #[tokio::test]
 async fn zero_quota_blocks_every_request_with_a_cost() {
     let (_s, mut c) = setup().await;
-    let r = hit(&mut c, "blocked", "x").await;
-    assert_eq!(overall(&r), Code::OverLimit);
-    assert_eq!(r.statuses[0].limit_remaining, 0);
-    assert!(reset_secs(&r.statuses[0]).unwrap() >= 1);
-    let r = call(
-        &mut c,
-        req("test", vec![with_hits(desc(&[("blocked", "x")]), 0)]),
-    )
-    .await;
-    assert_eq!(overall(&r), Code::Ok);
+    semantics::zero_quota_blocks_every_request_with_a_cost(&mut c).await;
 }
 
 #[tokio::test]
 async fn shadow_rules_are_counted_but_never_block() {
     let (_s, mut c) = setup().await;
-    assert_eq!(overall(&hit(&mut c, "shadow", "x").await), Code::Ok);
-    let r = hit(&mut c, "shadow", "x").await;
-    assert_eq!(overall(&r), Code::Ok);
-    assert_eq!(code(&r.statuses[0]), Code::Ok);
-    assert_eq!(r.statuses[0].limit_remaining, 0);
-    // A shadow denial does not stop another descriptor from consuming.
-    let r = call(
-        &mut c,
-        req(
-            "test",
-            vec![desc(&[("shadow", "x")]), desc(&[("one_per_minute", "s")])],
-        ),
-    )
-    .await;
-    assert_eq!(overall(&r), Code::Ok);
-    assert_eq!(
-        overall(&hit(&mut c, "one_per_minute", "s").await),
-        Code::OverLimit
-    );
+    semantics::shadow_rules_are_counted_but_never_block(&mut c).await;
 }
 
 #[tokio::test]
 async fn global_shadow_mode_answers_ok_but_reports_statuses() {
-    let mut settings = sluice::config::settings::Settings::default();
+    let mut settings = Settings::default();
     settings.rules.shadow_mode = true;
-    let server = TestServer::start_with(settings, RULES).await;
-    let mut c = client(&server).await;
+    let (_s, mut c) = serve_with(settings).await;
     hit(&mut c, "one_per_minute", "a").await;
     let r = hit(&mut c, "one_per_minute", "a").await;
     assert_eq!(overall(&r), Code::Ok);
@@ -486,55 +348,19 @@ async fn global_shadow_mode_answers_ok_but_reports_statuses() {
 #[tokio::test]
 async fn quota_mode_denies_only_when_every_quota_descriptor_is_over() {
     let (_s, mut c) = setup().await;
-    let both = || {
-        req(
-            "test",
-            vec![desc(&[("quota_a", "q")]), desc(&[("quota_b", "q")])],
-        )
-    };
-    assert_eq!(overall(&hit(&mut c, "quota_a", "q").await), Code::Ok);
-    assert_eq!(overall(&hit(&mut c, "quota_a", "q").await), Code::OverLimit);
-    let r = call(&mut c, both()).await;
-    assert_eq!(overall(&r), Code::Ok);
-    assert_eq!(code(&r.statuses[0]), Code::OverLimit);
-    assert_eq!(code(&r.statuses[1]), Code::Ok);
-    let r = call(&mut c, both()).await;
-    assert_eq!(overall(&r), Code::OverLimit);
+    semantics::quota_mode_denies_only_when_every_quota_descriptor_is_over(&mut c).await;
 }
 
 #[tokio::test]
 async fn charge_always_charges_denied_costs() {
     let (_s, mut c) = setup().await;
-    let r = call(
-        &mut c,
-        req("test", vec![with_hits(desc(&[("tokens", "t")]), 150)]),
-    )
-    .await;
-    assert_eq!(overall(&r), Code::OverLimit);
-    // The 150 were charged anyway: the limiter is in debt, so even a check is over.
-    let r = call(
-        &mut c,
-        req("test", vec![with_hits(desc(&[("tokens", "t")]), 0)]),
-    )
-    .await;
-    assert_eq!(overall(&r), Code::OverLimit);
+    semantics::charge_always_charges_denied_costs(&mut c).await;
 }
 
 #[tokio::test]
 async fn borrow_admits_while_not_in_debt() {
     let (_s, mut c) = setup().await;
-    let cost = |n| req("test", vec![with_hits(desc(&[("borrow", "b")]), n)]);
-    let r = call(&mut c, cost(8)).await;
-    assert_eq!(r.statuses[0].limit_remaining, 2);
-    let r = call(&mut c, cost(5)).await;
-    assert_eq!(overall(&r), Code::Ok, "5 > 2 left, but borrowing admits it");
-    assert_eq!(r.statuses[0].limit_remaining, 0);
-    assert_eq!(overall(&call(&mut c, cost(1)).await), Code::OverLimit);
-    assert_eq!(
-        overall(&call(&mut c, cost(0)).await),
-        Code::OverLimit,
-        "in debt"
-    );
+    semantics::borrow_admits_while_not_in_debt(&mut c).await;
 }
 
 #[tokio::test]
@@ -555,26 +381,14 @@ async fn rule_metadata_reaches_dynamic_metadata() {
 
 #[tokio::test]
 async fn request_echo_and_rate_limit_headers_when_enabled() {
-    let mut settings = sluice::config::settings::Settings::default();
+    let mut settings = Settings::default();
     settings.response.headers = true;
     settings.response.dynamic_metadata = true;
-    let server = TestServer::start_with(settings, RULES).await;
-    let mut c = client(&server).await;
+    let (_s, mut c) = serve_with(settings).await;
     let r = hit(&mut c, "one_per_minute", "h").await;
-    let headers: Vec<(String, String)> = r
-        .response_headers_to_add
-        .iter()
-        .map(|h| (h.key.clone(), h.value.clone()))
-        .collect();
-    let expect = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    };
     assert_eq!(
-        headers,
-        expect(&[
+        headers(&r),
+        owned_pairs(&[
             ("RateLimit-Limit", "1"),
             ("RateLimit-Remaining", "0"),
             ("RateLimit-Reset", "60")
@@ -586,14 +400,9 @@ async fn request_echo_and_rate_limit_headers_when_enabled() {
         "{md}"
     );
     let r = hit(&mut c, "one_per_minute", "h").await;
-    let headers: Vec<(String, String)> = r
-        .response_headers_to_add
-        .iter()
-        .map(|h| (h.key.clone(), h.value.clone()))
-        .collect();
     assert_eq!(
-        headers,
-        expect(&[
+        headers(&r),
+        owned_pairs(&[
             ("RateLimit-Limit", "1"),
             ("RateLimit-Remaining", "0"),
             ("RateLimit-Reset", "60"),
@@ -604,14 +413,8 @@ async fn request_echo_and_rate_limit_headers_when_enabled() {
 
 #[tokio::test]
 async fn metadata_of_several_descriptors_merges_first_value_wins() {
-    let server = TestServer::start(EDGES).await;
-    let mut c = client(&server).await;
-    let both = || {
-        req(
-            "test",
-            vec![desc(&[("meta_a", "m")]), desc(&[("meta_b", "m")])],
-        )
-    };
+    let (_s, mut c) = serve(EDGES).await;
+    let both = || each(&[("meta_a", "m"), ("meta_b", "m")]);
     let r = call(&mut c, both()).await;
     assert_eq!(
         metadata_json(&r),
@@ -650,25 +453,20 @@ async fn charge_always_is_charged_when_another_descriptor_denies() {
     assert_eq!(overall(&r), Code::Ok);
     assert_eq!(r.statuses[0].limit_remaining, 70);
     let r = call(&mut c, both()).await;
-    assert_eq!(overall(&r), Code::OverLimit);
-    assert_eq!(code(&r.statuses[0]), Code::Ok);
-    assert_eq!(code(&r.statuses[1]), Code::OverLimit);
+    assert_codes(&r, Code::OverLimit, &[Code::Ok, Code::OverLimit]);
     assert_eq!(
         r.statuses[0].limit_remaining, 40,
         "charged although the request was denied"
     );
-    let check = req("test", vec![with_hits(desc(&[("tokens", "t")]), 0)]);
-    let r = call(&mut c, check).await;
+    let r = call(&mut c, costing("tokens", "t", 0)).await;
     assert_eq!(r.statuses[0].limit_remaining, 40);
 }
 
 #[tokio::test]
 async fn an_unlimited_rule_that_replaces_drops_the_named_limit() {
-    let server = TestServer::start(EDGES).await;
-    let mut c = client(&server).await;
-    let both = || req("test", vec![desc(&[("u", "x")]), desc(&[("g2", "x")])]);
+    let (_s, mut c) = serve(EDGES).await;
     for _ in 0..2 {
-        let r = call(&mut c, both()).await;
+        let r = call(&mut c, each(&[("u", "x"), ("g2", "x")])).await;
         assert_eq!(overall(&r), Code::Ok);
         assert_eq!(r.statuses[0].limit_remaining, u32::MAX);
         assert_eq!(r.statuses[0].current_limit, None);
@@ -678,17 +476,15 @@ async fn an_unlimited_rule_that_replaces_drops_the_named_limit() {
     // Without the replacing descriptor, g2 applies, and it consumed nothing meanwhile.
     let r = hit(&mut c, "g2", "x").await;
     assert_eq!(overall(&r), Code::Ok);
-    assert_eq!(limit_of(&r.statuses[0]).map(|l| l.2).as_deref(), Some("g2"));
-    assert_eq!(overall(&hit(&mut c, "g2", "x").await), Code::OverLimit);
+    assert_eq!(limit_name(&r.statuses[0]).as_deref(), Some("g2"));
+    assert_eq!(hit_code(&mut c, "g2", "x").await, Code::OverLimit);
 }
 
 #[tokio::test]
 async fn limits_replacing_each_other_are_both_dropped() {
-    let server = TestServer::start(EDGES).await;
-    let mut c = client(&server).await;
-    let both = || req("test", vec![desc(&[("a", "x")]), desc(&[("b", "x")])]);
+    let (_s, mut c) = serve(EDGES).await;
     for _ in 0..2 {
-        let r = call(&mut c, both()).await;
+        let r = call(&mut c, each(&[("a", "x"), ("b", "x")])).await;
         assert_eq!(overall(&r), Code::Ok);
         assert_eq!(r.statuses[0].current_limit, None);
         assert_eq!(r.statuses[1].current_limit, None);
@@ -697,20 +493,18 @@ async fn limits_replacing_each_other_are_both_dropped() {
     for key in ["a", "b"] {
         let r = hit(&mut c, key, "x").await;
         assert_eq!(overall(&r), Code::Ok, "{key}");
-        assert_eq!(limit_of(&r.statuses[0]).map(|l| l.2).as_deref(), Some(key));
-        assert_eq!(overall(&hit(&mut c, key, "x").await), Code::OverLimit);
+        assert_eq!(limit_name(&r.statuses[0]).as_deref(), Some(key));
+        assert_eq!(hit_code(&mut c, key, "x").await, Code::OverLimit);
     }
 }
 
 #[tokio::test]
 async fn an_exact_value_beats_an_earlier_declared_wildcard() {
-    let server = TestServer::start(EDGES).await;
-    let mut c = client(&server).await;
-    let name = |r: &RateLimitResponse| limit_of(&r.statuses[0]).map(|l| l.2);
+    let (_s, mut c) = serve(EDGES).await;
     let r = hit(&mut c, "route", "/reports/x").await;
-    assert_eq!(name(&r).as_deref(), Some("exact"));
+    assert_eq!(limit_name(&r.statuses[0]).as_deref(), Some("exact"));
     let r = hit(&mut c, "route", "/reports/y").await;
-    assert_eq!(name(&r).as_deref(), Some("wildcard"));
+    assert_eq!(limit_name(&r.statuses[0]).as_deref(), Some("wildcard"));
 }
 
 /// A memory limiter that counts the calls it gets.
@@ -738,14 +532,11 @@ async fn unlimited_and_unmatched_descriptors_make_no_limiter_call() {
     });
     let server = TestServer::start_over(Settings::default(), RULES, limiter.clone()).await;
     let mut c = client(&server).await;
-    let free = req(
-        "test",
-        vec![
-            desc(&[("path", "/healthz")]),
-            desc(&[("nothing", "here")]),
-            desc(&[("passthrough", "p")]),
-        ],
-    );
+    let free = each(&[
+        ("path", "/healthz"),
+        ("nothing", "here"),
+        ("passthrough", "p"),
+    ]);
     for _ in 0..3 {
         let r = call(&mut c, free.clone()).await;
         assert_eq!(r.statuses[0].limit_remaining, u32::MAX);
@@ -763,38 +554,27 @@ async fn unlimited_and_unmatched_descriptors_make_no_limiter_call() {
 async fn global_quota_mode_makes_every_descriptor_a_quota_one() {
     let mut settings = Settings::default();
     settings.limits.quota_mode = true;
-    let server = TestServer::start_with(settings, RULES).await;
-    let mut c = client(&server).await;
-    assert_eq!(overall(&hit(&mut c, "one_per_minute", "q").await), Code::Ok);
+    let (_s, mut c) = serve_with(settings).await;
+    assert_eq!(hit_code(&mut c, "one_per_minute", "q").await, Code::Ok);
     // Alone, the one quota descriptor that is over denies the request.
-    let r = hit(&mut c, "one_per_minute", "q").await;
-    assert_eq!(overall(&r), Code::OverLimit);
+    assert_eq!(
+        hit_code(&mut c, "one_per_minute", "q").await,
+        Code::OverLimit
+    );
     // With another one that is not over, the request passes, and that one consumes.
     let r = call(
         &mut c,
-        req(
-            "test",
-            vec![
-                desc(&[("one_per_minute", "q")]),
-                desc(&[("two_per_second", "q")]),
-            ],
-        ),
+        each(&[("one_per_minute", "q"), ("two_per_second", "q")]),
     )
     .await;
-    assert_eq!(overall(&r), Code::Ok);
-    assert_eq!(code(&r.statuses[0]), Code::OverLimit);
-    assert_eq!(code(&r.statuses[1]), Code::Ok);
+    assert_codes(&r, Code::Ok, &[Code::OverLimit, Code::Ok]);
     assert_eq!(r.statuses[1].limit_remaining, 1);
     // A client's override is a quota descriptor too.
-    let mut overridden = desc(&[("anything", "o")]);
-    overridden.limit = Some(RateLimitOverride {
-        requests_per_unit: 1,
-        unit: 1, // SECOND
-    });
+    let own_limit = overridden(desc(&[("anything", "o")]), 1, RateLimitUnit::Second);
     let both = || {
         req(
             "test",
-            vec![desc(&[("one_per_minute", "q")]), overridden.clone()],
+            vec![desc(&[("one_per_minute", "q")]), own_limit.clone()],
         )
     };
     assert_eq!(overall(&call(&mut c, both()).await), Code::Ok);
@@ -807,5 +587,5 @@ async fn global_quota_mode_makes_every_descriptor_a_quota_one() {
     );
     // Shadow mode still wins: a shadow rule never denies.
     hit(&mut c, "shadow", "q").await;
-    assert_eq!(overall(&hit(&mut c, "shadow", "q").await), Code::Ok);
+    assert_eq!(hit_code(&mut c, "shadow", "q").await, Code::Ok);
 }
