@@ -10,40 +10,18 @@ use proptest::collection::vec;
 use proptest::prelude::*;
 use sluice::config::model::{Algorithm, Charge};
 use sluice::limiter::sliding_log::{Log, MAX_QUOTA, SlidingLog};
-use sluice::limiter::{HitOutcome, LimitParams};
-
-fn sliding_log(quota: u32, period: u64, charge: Charge) -> LimitParams {
-    params(Algorithm::SlidingLog, quota, period, quota, false, charge)
-}
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        max_global_rejects: 1 << 20,
-        ..ProptestConfig::with_cases(256)
-    })]
+    #![proptest_config(config())]
 
     /// The cost admitted in any window of length P never exceeds Q: in any closed interval
     /// shorter than P, at most Q (and at most Q per P beyond).
     #[test]
-    fn admitted_cost_in_any_window_of_length_p_is_at_most_q(
-        quota in 1u32..50,
-        period in MS..=10 * SEC,
-        start in 0u64..=100 * SEC,
-        steps in steps(200, 6),
-    ) {
-        let limit = sliding_log(quota, period, Charge::Admitted);
+    fn admitted_cost_in_any_window_of_length_p_is_at_most_q((quota, period, start, steps) in window_runs()) {
+        let limit = window_limit(Algorithm::SlidingLog, quota, period, Charge::Admitted);
         let events = admitted_events(limit, start, period / 4, &steps);
         let q = u128::from(quota);
         assert_interval_bound(&events, |len| q * u128::from(len / period + 1))?;
-    }
-
-    /// A denied request changes no state (but that of its `charge: always` limits).
-    #[test]
-    fn a_denied_request_changes_nothing(
-        limits in vec(key_limit(Algorithm::SlidingLog), 4),
-        requests in requests(),
-    ) {
-        assert_denials_change_nothing(&limits, &requests)?;
     }
 
     /// The retry time of a denial is exact (still denied 1 ns before, admitted at it, without
@@ -69,11 +47,7 @@ proptest! {
         if fresh > 0 {
             prop_assert!(l.remaining(&log, now + fresh - 1) < u64::from(quota));
         }
-        prop_assume!(!l.admits(&log, now, cost));
-        let wait = l.until_admitted(&log, now, cost);
-        prop_assert!(wait >= 1);
-        prop_assert!(!l.admits(&log, now + wait - 1, cost));
-        prop_assert_eq!(l.admits(&log, now + wait, cost), cost <= u64::from(quota));
+        assert_retry_time_is_exact(&l, &log, now, cost, cost <= u64::from(quota))?;
     }
 
     /// Whatever is charged (`charge: always`), a log holds at most min(Q, MAX_QUOTA) entries.
@@ -91,52 +65,19 @@ proptest! {
             prop_assert!(log.len() <= quota.min(MAX_QUOTA) as usize);
         }
     }
-}
 
-/// The pure log's answer for one hit; the log is updated in place.
-fn model(limit: &LimitParams, log: &mut Log, now: u64, cost: u64, refund: bool) -> HitOutcome {
-    let l = SlidingLog::new(limit.quota, limit.period_nanos);
-    let admitted = refund || l.admits(log, now, cost);
-    let wait = l.until_admitted(log, now, cost);
-    match (admitted || limit.charge == Charge::Always, refund) {
-        (false, _) => {}
-        (true, true) => l.refund(log, now, cost),
-        (true, false) => l.consume(log, now, cost),
+    /// A denied request changes no state (but that of its `charge: always` limits).
+    #[test]
+    fn a_denied_request_changes_nothing((limits, requests) in denials(Algorithm::SlidingLog)) {
+        assert_denials_change_nothing(&limits, &requests)?;
     }
-    if admitted {
-        HitOutcome {
-            admitted,
-            remaining: l.remaining(log, now),
-            reset_nanos: l.until_fresh(log, now),
-        }
-    } else {
-        HitOutcome {
-            admitted,
-            remaining: 0,
-            reset_nanos: wait,
-        }
-    }
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
 
     /// For single hits, the memory backend answers exactly what the pure log does.
     #[test]
     fn the_memory_backend_agrees_with_the_pure_log(
-        quota in 0u32..20,
-        period in 1u64..=10 * SEC,
-        always in any::<bool>(),
-        start in 0u64..=SEC,
-        steps in steps(200, 8),
-        refunds in vec(prop::bool::weighted(0.2), 200),
+        (limit, start, hits) in single_hits(Algorithm::SlidingLog),
     ) {
-        let charge = if always { Charge::Always } else { Charge::Admitted };
-        let limit = sliding_log(quota, period, charge);
-        let mut log = Log::default();
-        let hits = steps.iter().zip(&refunds).map(|(&(permille, cost), &refund)| (step(period, permille), cost, refund));
-        assert_memory_agrees(limit, start, hits, |now, cost, refund| {
-            model(&limit, &mut log, now, cost, refund)
-        })?;
+        let l = SlidingLog::new(limit.quota, limit.period_nanos);
+        assert_memory_agrees(limit, start, limit.period_nanos, &hits, &l, Log::default())?;
     }
 }
