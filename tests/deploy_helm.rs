@@ -373,6 +373,7 @@ fn every_optional_part_renders_when_enabled() {
         "redis+sentinel://:secret@redis-sentinel.data.svc:26379/mymaster"
     );
     assert_eq!(env_value(&env, "SLUICE_REDIS__ON_ERROR"), "local");
+    assert_eq!(env_value(&env, "SLUICE_REDIS__FUNCTIONS"), "true");
     assert_eq!(env_value(&env, "SLUICE_RESPONSE__HEADERS"), "true");
     assert_eq!(env_value(&env, "SLUICE_RELOAD__DEBOUNCE_MS"), "500");
     // A changed Secret rolls the pods; the rules do not (they reload in place).
