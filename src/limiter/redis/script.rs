@@ -390,17 +390,19 @@ fn function_missing(e: &RedisError) -> bool {
 /// The answer to a command this server does not know or does not let this user run (an
 /// `FCALL` to a Redis before 7.0, or an ACL without it).
 fn command_refused(e: &RedisError) -> bool {
+    const UNKNOWN: &str = "unknown command";
     e.code() == Some("NOPERM")
         || (e.code() == Some("ERR")
             && e.detail()
-                .is_some_and(|d| d.to_ascii_lowercase().starts_with("unknown command")))
+                .and_then(|d| d.get(..UNKNOWN.len()))
+                .is_some_and(|d| d.eq_ignore_ascii_case(UNKNOWN)))
 }
 
-/// A failed `FUNCTION LOAD` that loading again would not fix: the command refused, or the
-/// library refused (any `ERR`). Not a time-out, a lost connection, or a busy, loading or
-/// read-only server.
+/// A failed `FUNCTION LOAD` that loading again would not fix: the command refused
+/// (`NOPERM`, or `ERR unknown command`), or the library refused (any other `ERR`). Not a
+/// time-out, a lost connection, or a busy, loading or read-only server.
 fn load_refused(e: &RedisError) -> bool {
-    e.code() == Some("ERR") || command_refused(e)
+    matches!(e.code(), Some("ERR" | "NOPERM"))
 }
 
 /// The same keys and arguments as `cmd`, after another command name and first argument
