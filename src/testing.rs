@@ -1,5 +1,20 @@
 //! Test helpers (feature `test-util`): a real server on a loopback port, over a manual clock
-//! (memory backend) or over any limiter the test builds (e.g. a Redis one).
+//! (memory backend) or over any limiter the test builds (e.g. a Redis one); and, for every
+//! integration test binary under `tests/`, what more than one of them needs:
+//!
+//! | module | what |
+//! | --- | --- |
+//! | [`grpc`] | an Envoy RLS client (`envoy-types`), requests and assertions on answers |
+//! | [`http`] | a minimal HTTP/1.1 client (admin server, Envoy), metrics samples |
+//! | [`limits`] | limits and hits for driving a `Limiter` directly |
+//! | [`process`] | the real `sluice` binary as a child process, free ports, `/proc` readings |
+//! | [`redis`] | real `redis-server` processes (standalone, Sentinel, Cluster) |
+
+pub mod grpc;
+pub mod http;
+pub mod limits;
+pub mod process;
+pub mod redis;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -130,7 +130,7 @@ fn run(input: Input) {
 /// Where the exact checks apply: periods the rules allow, times up to 2262, and a funnel
 /// whose capacity `B x ceil(P/Q)` spans at most 292 years. Beyond, the funnel's saturating
 /// arithmetic admits any cost once `tat` would pass the end of u64 time (which the rules
-/// rule out: a capacity is at most 100 years, see tests/fuzz_regressions.rs), so only
+/// rule out: a capacity is at most 100 years, see tests/properties/fuzz_regressions.rs), so only
 /// "no panic" and `remaining` are checked there.
 fn within_range(limit: &LimitParams, end: u64) -> bool {
     let half = u128::from(u64::MAX / 2);

@@ -1,0 +1,173 @@
+//! Processes for tests: the real `sluice` binary as a replica on free loopback ports, any
+//! other child process killed when dropped, free ports, and `/proc` readings (Linux).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// `127.0.0.1:port`.
+pub fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// A free loopback port (bound then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// Waits up to 20 s until something accepts connections on `port` of 127.0.0.1.
+pub fn wait_listening(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(loopback(port)).is_err() {
+        assert!(Instant::now() < deadline, "nothing listens on {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The `sluice` binary at `path`, with no `SLUICE_*` or `RUST_LOG` from the test's environment.
+pub fn sluice_command(path: &str) -> Command {
+    let mut cmd = Command::new(path);
+    cmd.env_remove("RUST_LOG");
+    for (k, _) in std::env::vars() {
+        if k.starts_with("SLUICE_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+/// A child process, killed if the test ends before stopping it.
+pub struct Served(pub Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A running `sluice serve` on free loopback ports (gRPC and admin), killed when dropped.
+pub struct SluiceProcess {
+    pub port: u16,
+    pub admin_port: u16,
+    child: Option<Child>,
+}
+
+impl SluiceProcess {
+    /// `<binary> serve --rules <rules>` plus `args`, with `env` (`SLUICE_*` settings) and
+    /// warnings only in its log; returns once its gRPC port accepts connections.
+    pub fn start(binary: &str, rules: &Path, args: &[&str], env: &[(&str, &str)]) -> SluiceProcess {
+        let (port, admin_port) = (free_port(), free_port());
+        let child = sluice_command(binary)
+            .arg("serve")
+            .arg("--rules")
+            .arg(rules)
+            .args(["--grpc-listen", &loopback(port).to_string()])
+            .args(["--admin-listen", &loopback(admin_port).to_string()])
+            .args(args)
+            .env("SLUICE_LOG__LEVEL", "warn")
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the sluice binary");
+        let process = SluiceProcess {
+            port,
+            admin_port,
+            child: Some(child),
+        };
+        wait_listening(port);
+        process
+    }
+
+    /// The same over the Redis backend at `redis_url`.
+    pub fn over_redis(
+        binary: &str,
+        rules: &Path,
+        redis_url: &str,
+        env: &[(&str, &str)],
+    ) -> SluiceProcess {
+        let args = ["--backend", "redis", "--redis-url", redis_url];
+        Self::start(binary, rules, &args, env)
+    }
+
+    /// Waits up to 20 s until `/readyz` answers 200.
+    pub async fn ready(self) -> SluiceProcess {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ready = super::http::try_get(self.admin(), "/readyz").await;
+            if ready.is_some_and(|a| a.status == 200) {
+                return self;
+            }
+            assert!(Instant::now() < deadline, "sluice did not become ready");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// `http://127.0.0.1:<port>`, for gRPC clients.
+    pub fn url(&self) -> String {
+        format!("http://{}", loopback(self.port))
+    }
+
+    /// The admin HTTP address.
+    pub fn admin(&self) -> SocketAddr {
+        loopback(self.admin_port)
+    }
+
+    /// The process id (for signals and `/proc`).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("a running sluice").id()
+    }
+
+    /// Whether the process has exited (and how), without waiting.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        let child = self.child.as_mut().expect("a sluice process not stopped");
+        child.try_wait().expect("the sluice process's status")
+    }
+
+    /// Kills it (SIGKILL) and waits for it to exit.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for SluiceProcess {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Resident set size of process `pid` in bytes (`VmRSS` of `/proc/<pid>/status`).
+pub fn rss(pid: u32) -> u64 {
+    status_field(pid, "VmRSS:")
+        .and_then(|v| v.trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kib| kib * 1024)
+        .unwrap_or_else(|| panic!("no VmRSS for process {pid}"))
+}
+
+/// Resident set size of this process in bytes.
+pub fn own_rss() -> u64 {
+    rss(std::process::id())
+}
+
+/// Whether process `pid` exists and is not a zombie.
+pub fn alive(pid: u32) -> bool {
+    status_field(pid, "State:").is_some_and(|s| !s.starts_with('Z'))
+}
+
+fn status_field(pid: u32, name: &str) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name))
+        .map(|v| v.trim().to_owned())
+}

@@ -1,0 +1,143 @@
+//! Serving around the rate-limit call: gRPC health, server reflection (v1 and v1alpha), and a
+//! shutdown that lets in-flight requests finish.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice::app::App;
+use sluice::config::settings::Settings;
+use sluice::limiter::{Batch, BatchOutcome, BoxFuture, Limiter, LimiterError, MemoryLimiter};
+use sluice::testing::grpc::*;
+use tokio_stream::StreamExt as _;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+const RULES: &str = "domain: test\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n";
+
+#[tokio::test]
+async fn grpc_health_reports_serving() {
+    let server = TestServer::start(RULES).await;
+    let mut health = HealthClient::new(channel(&server).await);
+    for service in [
+        "",
+        "envoy.service.ratelimit.v3.RateLimitService",
+        "ratelimit",
+    ] {
+        let status = health
+            .check(HealthCheckRequest {
+                service: service.to_owned(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status;
+        assert_eq!(status, ServingStatus::Serving as i32, "service {service:?}");
+    }
+}
+
+#[tokio::test]
+async fn reflection_v1_lists_the_service() {
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    let server = TestServer::start(RULES).await;
+    let mut c = ServerReflectionClient::new(channel(&server).await);
+    let ask = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut answers = c
+        .server_reflection_info(tokio_stream::iter([ask]))
+        .await
+        .unwrap()
+        .into_inner();
+    let answer = answers.next().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = answer.message_response else {
+        panic!("unexpected reflection answer: {answer:?}");
+    };
+    let names: Vec<_> = list.service.into_iter().map(|s| s.name).collect();
+    assert!(
+        names.contains(&"envoy.service.ratelimit.v3.RateLimitService".to_owned()),
+        "{names:?}"
+    );
+}
+
+#[tokio::test]
+async fn reflection_v1alpha_resolves_the_request_type() {
+    use tonic_reflection::pb::v1alpha::ServerReflectionRequest;
+    use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1alpha::server_reflection_response::MessageResponse;
+    let server = TestServer::start(RULES).await;
+    let mut c = ServerReflectionClient::new(channel(&server).await);
+    let ask = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::FileContainingSymbol(
+            "envoy.service.ratelimit.v3.RateLimitRequest".to_owned(),
+        )),
+    };
+    let mut answers = c
+        .server_reflection_info(tokio_stream::iter([ask]))
+        .await
+        .unwrap()
+        .into_inner();
+    let answer = answers.next().await.unwrap().unwrap();
+    let Some(MessageResponse::FileDescriptorResponse(files)) = answer.message_response else {
+        panic!("unexpected reflection answer: {answer:?}");
+    };
+    assert!(!files.file_descriptor_proto.is_empty());
+}
+
+/// A memory limiter that takes its time, to keep a request in flight.
+struct Slow(MemoryLimiter);
+
+impl Limiter for Slow {
+    fn check<'a>(&'a self, batch: &'a Batch) -> BoxFuture<'a, Result<BatchOutcome, LimiterError>> {
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            self.0.check(batch).await
+        })
+    }
+
+    fn name(&self) -> &'static str {
+        "slow"
+    }
+}
+
+#[tokio::test]
+async fn shutdown_lets_in_flight_requests_finish() {
+    let model =
+        sluice::config::rules::from_sources(&[("t.yaml".into(), RULES.to_owned())]).unwrap();
+    let limiter: Arc<dyn Limiter> = Arc::new(Slow(MemoryLimiter::new(100)));
+    let app = App::from_parts(
+        &Settings::default(),
+        sluice::rules::RuleSet::compile(model),
+        limiter,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(app.run(listener, stop.clone().cancelled_owned()));
+    let mut c = RateLimitServiceClient::connect(url.clone()).await.unwrap();
+    let in_flight = tokio::spawn(async move {
+        c.should_rate_limit(req("test", vec![desc(&[("k", "v")])]))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stop.cancel();
+    let answer = in_flight
+        .await
+        .unwrap()
+        .expect("the in-flight request completes");
+    assert_eq!(overall(answer.get_ref()), Code::Ok);
+    tokio::time::timeout(Duration::from_secs(5), running)
+        .await
+        .expect("the server stops once the request is done")
+        .unwrap()
+        .unwrap();
+    assert!(
+        RateLimitServiceClient::connect(url).await.is_err(),
+        "no new connections after shutdown"
+    );
+}

@@ -1,0 +1,80 @@
+//! Every Envoy config shipped under `deploy/` passes `envoy --mode validate` (the real Envoy
+//! 1.40), and its sluice rules pass `sluice check`.
+
+use crate::support::envoy;
+use std::path::{Path, PathBuf};
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy")
+}
+
+/// Every `*.yaml` under `dir`, recursively, in a stable order.
+fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+        .map(|e| e.expect("a directory entry").path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            found.extend(yaml_files(&path));
+        } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+            found.push(path);
+        }
+    }
+    found
+}
+
+/// An Envoy bootstrap has a top-level `static_resources:` (or `dynamic_resources:`).
+fn is_envoy_bootstrap(text: &str) -> bool {
+    text.lines()
+        .any(|l| l.starts_with("static_resources:") || l.starts_with("dynamic_resources:"))
+}
+
+#[test]
+fn every_envoy_config_in_deploy_passes_envoy_validate() {
+    let configs: Vec<PathBuf> = yaml_files(&deploy_dir())
+        .into_iter()
+        .filter(|p| is_envoy_bootstrap(&std::fs::read_to_string(p).expect("read a YAML file")))
+        .collect();
+    let names: Vec<String> = configs.iter().map(|p| p.display().to_string()).collect();
+    assert!(
+        names.iter().any(|n| n.ends_with("deploy/envoy/envoy.yaml")),
+        "deploy/envoy/envoy.yaml not found among {names:?}"
+    );
+    for config in &configs {
+        envoy::validate(config);
+    }
+}
+
+#[test]
+fn the_envoy_rules_pass_sluice_check() {
+    let rules = deploy_dir().join("envoy/rules.yaml");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("check")
+        .arg("--rules")
+        .arg(&rules)
+        .output()
+        .expect("run sluice check");
+    assert!(
+        out.status.success(),
+        "sluice check {}: {}",
+        rules.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_envoy_config_sends_the_domain_of_its_rules() {
+    let config = std::fs::read_to_string(deploy_dir().join("envoy/envoy.yaml")).expect("read");
+    let rules = std::fs::read_to_string(deploy_dir().join("envoy/rules.yaml")).expect("read");
+    assert!(config.contains("domain: edge") && rules.contains("\ndomain: edge\n"));
+    for key in [
+        "remote_address: {}",
+        "descriptor_key: api_key",
+        "descriptor_key: path",
+    ] {
+        assert!(config.contains(key), "{key} missing from envoy.yaml");
+    }
+}

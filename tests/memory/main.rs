@@ -1,0 +1,89 @@
+//! Memory, measured in this process: a counting global allocator gives the heap bytes held
+//! (the memory backend's bytes per key, and its bound under a flood of unique keys) and the
+//! allocations one thread makes (per request on the hot path); `/proc` gives resident sizes,
+//! also of a real `sluice serve`. Run with `--nocapture` for the figures of docs/algorithms.md
+//! and docs/robustness.md.
+//!
+//! A binary of its own: the allocator counts every allocation of the process, so no other
+//! test may run beside these, and each of them holds [`serial`] while it measures.
+
+mod allocations;
+mod bounds;
+mod footprint;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicIsize, Ordering};
+
+use parking_lot::{Mutex, MutexGuard};
+
+/// The system allocator, counting the bytes currently allocated (process-wide) and, between
+/// two marks, the allocations of the calling thread.
+struct Counting;
+
+static HELD: AtomicIsize = AtomicIsize::new(0);
+
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static COUNT: Cell<u64> = const { Cell::new(0) };
+}
+
+// SAFETY: every call is forwarded to the system allocator unchanged; the counters are an
+// atomic and const-initialised thread-locals, so updating them never allocates.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count(layout.size() as isize);
+        // SAFETY: forwarded as is.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        HELD.fetch_sub(layout.size() as isize, Ordering::SeqCst);
+        // SAFETY: forwarded as is.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count(layout.size() as isize);
+        // SAFETY: forwarded as is.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count(new_size as isize - layout.size() as isize);
+        // SAFETY: forwarded as is.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+fn count(bytes: isize) {
+    HELD.fetch_add(bytes, Ordering::SeqCst);
+    let _ = COUNTING.try_with(|on| {
+        if on.get() {
+            let _ = COUNT.try_with(|c| c.set(c.get() + 1));
+        }
+    });
+}
+
+/// Heap bytes the process holds now.
+fn held() -> isize {
+    HELD.load(Ordering::SeqCst)
+}
+
+/// Allocations made by `f` on this thread.
+fn allocations<T>(f: impl FnOnce() -> T) -> (T, u64) {
+    COUNT.with(|c| c.set(0));
+    COUNTING.with(|on| on.set(true));
+    let out = f();
+    COUNTING.with(|on| on.set(false));
+    (out, COUNT.with(Cell::get))
+}
+
+/// The tests of this binary measure the whole process: one at a time.
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock()
+}

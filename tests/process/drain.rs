@@ -1,0 +1,323 @@
+//! The ordered drain: readiness fails first (HTTP and gRPC health), the drain delay keeps
+//! serving, a request in flight completes, then everything stops. In process, and with the
+//! real binary on SIGTERM (and SIGHUP reloading), a request held in flight by a stopped
+//! redis-server among them.
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice::app::{App, Listeners};
+use sluice::config::settings::Settings;
+use sluice::limiter::{Batch, BatchOutcome, BoxFuture, Limiter, LimiterError, MemoryLimiter};
+use sluice::testing::grpc::*;
+use sluice::testing::http::get;
+use sluice::testing::process::*;
+use sluice::testing::redis::RedisServer;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+const RULES: &str = "domain: test\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n";
+
+/// A memory limiter that holds each request until released.
+struct Gate {
+    inner: MemoryLimiter,
+    entered: Notify,
+    release: Notify,
+}
+
+impl Limiter for Gate {
+    fn check<'a>(&'a self, batch: &'a Batch) -> BoxFuture<'a, Result<BatchOutcome, LimiterError>> {
+        Box::pin(async move {
+            self.entered.notify_one();
+            self.release.notified().await;
+            self.inner.check(batch).await
+        })
+    }
+
+    fn name(&self) -> &'static str {
+        "gate"
+    }
+}
+
+async fn readyz_until(admin: std::net::SocketAddr, status: u16) {
+    let start = Instant::now();
+    while get(admin, "/readyz").await.status != status {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "/readyz never {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn readiness_fails_first_and_the_request_in_flight_completes() {
+    let model =
+        sluice::config::rules::from_sources(&[("t.yaml".into(), RULES.to_owned())]).unwrap();
+    let gate = Arc::new(Gate {
+        inner: MemoryLimiter::new(100),
+        entered: Notify::new(),
+        release: Notify::new(),
+    });
+    let limiter: Arc<dyn Limiter> = gate.clone();
+    let app = App::from_parts(
+        &Settings::default(),
+        sluice::rules::RuleSet::compile(model),
+        limiter,
+    );
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", grpc.local_addr().unwrap());
+    let admin_addr = admin.local_addr().unwrap();
+    let stop = CancellationToken::new();
+    let _guard = stop.clone().drop_guard();
+    let listeners = Listeners {
+        grpc,
+        admin: Some(admin),
+    };
+    let running = tokio::spawn(app.run(listeners, stop.clone().cancelled_owned()));
+
+    let mut c = RateLimitServiceClient::connect(url.clone()).await.unwrap();
+    let in_flight = tokio::spawn(async move {
+        c.should_rate_limit(req("test", vec![desc(&[("k", "v")])]))
+            .await
+    });
+    gate.entered.notified().await;
+    assert_eq!(get(admin_addr, "/readyz").await.status, 200);
+
+    let stopped_at = Instant::now();
+    stop.cancel();
+    readyz_until(admin_addr, 503).await;
+    let body = get(admin_addr, "/readyz").await.body;
+    assert_eq!(body, "not ready: draining: shutting down\n");
+    assert!(
+        !in_flight.is_finished(),
+        "readiness fails while the request is in flight"
+    );
+
+    gate.release.notify_one();
+    let answer = in_flight
+        .await
+        .unwrap()
+        .expect("the in-flight request completes");
+    assert_eq!(overall(answer.get_ref()), Code::Ok);
+    tokio::time::timeout(Duration::from_secs(5), running)
+        .await
+        .expect("stops once the request is done")
+        .unwrap()
+        .unwrap();
+    assert!(stopped_at.elapsed() < Duration::from_secs(5));
+    assert!(
+        RateLimitServiceClient::connect(url).await.is_err(),
+        "gRPC closed"
+    );
+    assert!(
+        tokio::net::TcpStream::connect(admin_addr).await.is_err(),
+        "admin closed"
+    );
+}
+
+#[tokio::test]
+async fn during_the_drain_delay_health_fails_but_requests_are_served() {
+    let mut settings = Settings::default();
+    settings.server.drain_delay_secs = 1;
+    let server = TestServer::start_with(settings, RULES).await;
+    let mut health = HealthClient::new(channel(&server).await);
+    let mut c = client(&server).await;
+    hit(&mut c, "k", "v").await;
+    let (admin, url) = (server.admin_addr, server.url());
+    let stopping = tokio::spawn(server.stop());
+    readyz_until(admin, 503).await;
+    let status = health
+        .check(HealthCheckRequest {
+            service: "ratelimit".to_owned(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status;
+    assert_eq!(status, ServingStatus::NotServing as i32);
+    // Still accepting: a new connection is served.
+    let mut fresh = RateLimitServiceClient::connect(url).await.unwrap();
+    assert_eq!(overall(&hit(&mut fresh, "k", "v").await), Code::Ok);
+    tokio::time::timeout(Duration::from_secs(5), stopping)
+        .await
+        .expect("stops after the drain delay")
+        .unwrap()
+        .unwrap();
+}
+
+/// Sends signal `name` (`-TERM`, ...) to process `pid`.
+fn signal(pid: u32, name: &str) {
+    let ok = Command::new("kill")
+        .args([name, &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {name} {pid}");
+}
+
+#[tokio::test]
+async fn the_binary_reloads_on_sighup_and_drains_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rules.yaml");
+    std::fs::write(&file, RULES).unwrap();
+    let (grpc, admin) = (free_port(), free_port());
+    let admin_addr: std::net::SocketAddr = format!("127.0.0.1:{admin}").parse().unwrap();
+    let child = sluice_command(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--rules", file.to_str().unwrap()])
+        .args(["--grpc-listen", &format!("127.0.0.1:{grpc}")])
+        .args(["--admin-listen", &admin_addr.to_string()])
+        .env("SLUICE_SERVER__DRAIN_DELAY_SECS", "1")
+        .env("SLUICE_SERVER__SHUTDOWN_GRACE_SECS", "5")
+        .env("SLUICE_RELOAD__WATCH", "false")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut served = Served(child);
+    let url = format!("http://127.0.0.1:{grpc}");
+    let mut c = connect_within(&url, Duration::from_secs(20)).await;
+    readyz_until(admin_addr, 200).await;
+
+    std::fs::write(
+        &file,
+        RULES.replace("requests_per_unit: 5", "requests_per_unit: 9"),
+    )
+    .unwrap();
+    signal(served.0.id(), "-HUP");
+    let start = Instant::now();
+    while !get(admin_addr, "/rlconfig")
+        .await
+        .body
+        .starts_with("# version 2,")
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "no reload after SIGHUP"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = call(&mut c, req("test", vec![desc(&[("k", "v")])])).await;
+    assert_eq!(limit_of(&r.statuses[0]).map(|l| l.0), Some(9));
+    let metrics = get(admin_addr, "/metrics").await.body;
+    let keys = sluice::testing::http::sample(&metrics, "sluice_memory_keys", &[]);
+    assert_eq!(keys, Some(1.0), "{metrics}");
+
+    signal(served.0.id(), "-TERM");
+    let terminated = Instant::now();
+    readyz_until(admin_addr, 503).await;
+    let mut fresh = connect_within(&url, Duration::from_secs(1)).await;
+    assert_eq!(
+        overall(&hit_test(&mut fresh).await),
+        Code::Ok,
+        "served while draining"
+    );
+    let status = exit_within(terminated, Duration::from_secs(6), || {
+        served.0.try_wait().unwrap()
+    })
+    .await;
+    assert_eq!(status.code(), Some(0));
+    assert!(
+        terminated.elapsed() >= Duration::from_secs(1),
+        "the drain delay was kept"
+    );
+}
+
+/// The exit status `exited` reports, polled every 20 ms; fails if there is none `limit`
+/// after `signalled`.
+async fn exit_within(
+    signalled: Instant,
+    limit: Duration,
+    mut exited: impl FnMut() -> Option<std::process::ExitStatus>,
+) -> std::process::ExitStatus {
+    loop {
+        if let Some(status) = exited() {
+            return status;
+        }
+        assert!(
+            signalled.elapsed() < limit,
+            "no exit within {limit:?} of the signal"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn hit_test(c: &mut Client) -> RateLimitResponse {
+    call(c, req("test", vec![desc(&[("k", "v")])])).await
+}
+
+/// The real binary on the Redis backend, a real SIGTERM, and a request held in flight by a
+/// stopped redis-server (SIGSTOP): readiness fails at once, the gRPC port closes after the
+/// drain delay, and once Redis resumes the request completes and the process exits 0, within
+/// the drain delay plus the grace period.
+#[tokio::test]
+async fn on_sigterm_the_binary_finishes_the_request_in_flight_and_exits_0() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(&rules, RULES).unwrap();
+    let settings = [
+        ("SLUICE_SERVER__DRAIN_DELAY_SECS", "1"),
+        ("SLUICE_SERVER__SHUTDOWN_GRACE_SECS", "3"),
+        ("SLUICE_REDIS__TIMEOUT_MS", "20000"),
+    ];
+    let binary = env!("CARGO_BIN_EXE_sluice");
+    let mut sluice = SluiceProcess::over_redis(binary, &rules, &redis.url(), &settings);
+    let admin = sluice.admin();
+    readyz_until(admin, 200).await;
+    let mut c = connect_within(&sluice.url(), Duration::from_secs(5)).await;
+    assert_eq!(overall(&hit_test(&mut c).await), Code::Ok, "Redis answers");
+
+    let info: String = redis.cmd(&["INFO", "server"]);
+    let redis_pid = info
+        .lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .and_then(|pid| pid.trim().parse().ok())
+        .expect("redis-server's process id");
+    signal(redis_pid, "-STOP");
+    let in_flight = tokio::spawn(async move {
+        c.should_rate_limit(req("test", vec![desc(&[("k", "v")])]))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!in_flight.is_finished(), "held by the stopped Redis");
+
+    signal(sluice.pid(), "-TERM");
+    let terminated = Instant::now();
+    readyz_until(admin, 503).await;
+    let body = get(admin, "/readyz").await.body;
+    assert_eq!(body, "not ready: draining: shutting down\n");
+    assert!(!in_flight.is_finished(), "readiness fails first");
+    let grpc = sluice.url().replace("http://", "");
+    while tokio::net::TcpStream::connect(&grpc).await.is_ok() {
+        assert!(
+            terminated.elapsed() < Duration::from_secs(3),
+            "the gRPC port still accepts after the drain delay"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        terminated.elapsed() >= Duration::from_secs(1),
+        "the drain delay was kept"
+    );
+    assert!(
+        !in_flight.is_finished() && sluice.exited().is_none(),
+        "waiting for it"
+    );
+
+    signal(redis_pid, "-CONT");
+    let answer = tokio::time::timeout(Duration::from_secs(3), in_flight)
+        .await
+        .expect("the request completes once Redis resumes")
+        .unwrap()
+        .expect("the in-flight request is answered");
+    assert_eq!(overall(answer.get_ref()), Code::Ok);
+    // Bounded by drain delay + grace period.
+    let status = exit_within(terminated, Duration::from_secs(4), || sluice.exited()).await;
+    assert_eq!(status.code(), Some(0));
+}

@@ -1,0 +1,172 @@
+//! Redis Cluster: three masters built with `redis-cli --cluster create`. A request whose
+//! descriptors live in different slots stays all or nothing (admitted groups are given back
+//! when another denies), and three `sluice` processes on the cluster stay within the limit.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::cluster_routing::Slot;
+use sluice::config::settings::{RedisSettings, Settings};
+use sluice::limiter::RedisLimiter;
+use sluice::testing::grpc::*;
+use sluice::testing::process::SluiceProcess;
+use sluice::testing::redis::RedisCluster;
+
+use crate::support::load;
+
+const RULES: &str = "
+domain: c
+descriptors:
+  - key: one
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: wide
+    rate_limit: {unit: minute, requests_per_unit: 1000}
+  - key: hot
+    rate_limit: {unit: second, requests_per_unit: 20, burst: 10}
+  - key: wide_bucket
+    rate_limit: {unit: minute, requests_per_unit: 1000, algorithm: token_bucket}
+  - key: wide_window
+    rate_limit: {unit: minute, requests_per_unit: 1000, algorithm: fixed_window}
+  - key: wide_sliding
+    rate_limit: {unit: minute, requests_per_unit: 1000, algorithm: sliding_window}
+  - key: wide_log
+    rate_limit: {unit: minute, requests_per_unit: 1000, algorithm: sliding_log}
+";
+
+fn slot(key: &str, value: &str, period: u32) -> Slot {
+    Slot::for_key(format!("sluice:{{c|{key}={value}}}:funnel:{period}"))
+}
+
+/// A value of `wide` whose key is in another slot than `one=a`'s.
+fn other_slot_value() -> String {
+    other_slot_value_of("wide")
+}
+
+/// A value of `key` whose state key is in another slot than `one=a`'s (the slot depends only
+/// on the descriptor part, the hash tag).
+fn other_slot_value_of(key: &str) -> String {
+    let taken = slot("one", "a", 60);
+    (0..)
+        .map(|i| format!("w{i}"))
+        .find(|v| slot(key, v, 60) != taken)
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_across_slots_is_all_or_nothing() {
+    let cluster = RedisCluster::start();
+    let settings = RedisSettings {
+        url: cluster.url(),
+        ..RedisSettings::default()
+    };
+    let limiter = RedisLimiter::new(&settings, 100).expect("valid settings");
+    let server = TestServer::start_over(Settings::default(), RULES, Arc::new(limiter)).await;
+    let mut c = client(&server).await;
+    let wide = other_slot_value();
+    let both = || req("c", vec![desc(&[("one", "a")]), desc(&[("wide", &wide)])]);
+
+    let r = call(&mut c, both()).await;
+    assert_eq!(overall(&r), Code::Ok);
+    assert_eq!(r.statuses[1].limit_remaining, 999);
+    let r = call(&mut c, both()).await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    assert_eq!(code(&r.statuses[0]), Code::OverLimit);
+    assert_eq!(code(&r.statuses[1]), Code::Ok);
+    assert_eq!(
+        r.statuses[1].limit_remaining, 999,
+        "given back: still 999 left"
+    );
+    let r = call(&mut c, req("c", vec![desc(&[("wide", &wide)])])).await;
+    assert_eq!(
+        r.statuses[1 - 1].limit_remaining,
+        998,
+        "only the admitted request consumed"
+    );
+    // Every algorithm gives back what a denied request took in another slot.
+    for key in ["wide_bucket", "wide_window", "wide_sliding", "wide_log"] {
+        let value = other_slot_value_of(key);
+        let both = req("c", vec![desc(&[("one", "a")]), desc(&[(key, &value)])]);
+        let r = call(&mut c, both).await;
+        assert_eq!(overall(&r), Code::OverLimit, "{key}");
+        assert_eq!(r.statuses[1].limit_remaining, 1000, "{key}: given back");
+        let r = call(&mut c, req("c", vec![desc(&[(key, &value)])])).await;
+        assert_eq!(
+            r.statuses[0].limit_remaining, 999,
+            "{key}: nothing was kept"
+        );
+    }
+    assert!(
+        cluster
+            .nodes
+            .iter()
+            .filter(|n| n.script_calls() > 0)
+            .count()
+            >= 2
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_descriptor_is_one_call_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    // The script (the default), then the function library (`redis.functions`).
+    for functions in [false, true] {
+        let settings = RedisSettings {
+            url: cluster.url(),
+            functions,
+            ..RedisSettings::default()
+        };
+        let limiter = RedisLimiter::new(&settings, 100).expect("valid settings");
+        let server = TestServer::start_over(Settings::default(), RULES, Arc::new(limiter)).await;
+        let mut c = client(&server).await;
+        for n in &cluster.nodes {
+            n.reset_stats();
+        }
+        // Warm up: every node gets the code once. The script is loaded per node by its first
+        // call there (NOSCRIPT, then EVAL); the library by the first call of all (no function,
+        // then FUNCTION LOAD, which goes to every master at once).
+        for i in 0..30 {
+            call(
+                &mut c,
+                req("c", vec![desc(&[("wide", &format!("warm{functions}{i}"))])]),
+            )
+            .await;
+        }
+        let loads = if functions { "function|load" } else { "eval" };
+        for n in &cluster.nodes {
+            assert_eq!(
+                n.calls(loads),
+                1,
+                "each node loaded the code once ({loads})"
+            );
+            n.reset_stats();
+        }
+        for i in 0..10 {
+            let value = format!("v{functions}{i}");
+            call(&mut c, req("c", vec![desc(&[("wide", &value)])])).await;
+        }
+        let command = if functions { "fcall" } else { "evalsha" };
+        let calls: u64 = cluster.nodes.iter().map(|n| n.calls(command)).sum();
+        assert_eq!(calls, 10, "one {command} per request");
+        assert_eq!(cluster.script_calls(), 10, "and no other call of the code");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_sluice_processes_on_a_cluster_admit_no_more_than_the_limit() {
+    let cluster = RedisCluster::start();
+    let (_rules, replicas) = load::replicas(3, RULES, &cluster.url());
+    let urls: Vec<String> = replicas.iter().map(SluiceProcess::url).collect();
+    // Each request also carries a per-client descriptor, in various slots: the hot limit's
+    // denials make the cluster give those back.
+    let tally = load::hammer(&urls, 8, Duration::from_secs(4), |i| {
+        req(
+            "c",
+            vec![
+                desc(&[("hot", "one")]),
+                desc(&[("wide", &format!("client{i}"))]),
+            ],
+        )
+    })
+    .await;
+    load::assert_exact(tally, 20.0, 10.0);
+}

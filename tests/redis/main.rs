@@ -1,0 +1,20 @@
+//! The Redis backend over real `redis-server` processes on loopback ports (standalone,
+//! Sentinel, Cluster, TLS): the request semantics and every algorithm on both backends (the
+//! `scenario!` suite), the Lua script against the memory backend's decisions, round trips,
+//! faults, footprint, and exactness across `sluice` replicas. A missing `redis-server` fails
+//! these tests with the command that installs it.
+
+#[macro_use]
+mod support;
+
+mod algorithms;
+mod cluster;
+mod faults;
+mod footprint;
+mod replicas;
+mod roundtrips;
+mod script;
+mod semantics;
+mod sentinel;
+mod sliding_log;
+mod tls;

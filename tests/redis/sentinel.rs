@@ -1,0 +1,86 @@
+//! Sentinel: a master, a replica and three sentinels (quorum 2), all real `redis-server`
+//! processes. sluice finds the master through the sentinels; when the master is killed and
+//! the sentinels promote the replica, sluice follows and keeps deciding.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice::config::settings::{RedisSettings, Settings};
+use sluice::limiter::RedisLimiter;
+use sluice::testing::grpc::*;
+use sluice::testing::redis::{RedisServer, wait_until};
+use tokio::time::Instant;
+
+const RULES: &str = "
+domain: s
+descriptors:
+  - key: k
+    rate_limit: {unit: hour, requests_per_unit: 1000}
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sluice_follows_a_sentinel_failover() {
+    let mut master = RedisServer::start();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &master.port.to_string()]);
+    wait_until(Duration::from_secs(10), "replication", || {
+        replica
+            .cmd::<String>(&["INFO", "replication"])
+            .contains("master_link_status:up")
+    });
+    let sentinels: Vec<RedisServer> = (0..3)
+        .map(|_| RedisServer::sentinel("mymaster", master.port, 2))
+        .collect();
+    for s in &sentinels {
+        wait_until(
+            Duration::from_secs(15),
+            "sentinels to see the replica and each other",
+            || {
+                let replicas: Vec<redis::Value> = s.cmd(&["SENTINEL", "REPLICAS", "mymaster"]);
+                let peers: Vec<redis::Value> = s.cmd(&["SENTINEL", "SENTINELS", "mymaster"]);
+                !replicas.is_empty() && peers.len() == 2
+            },
+        );
+    }
+    let seeds: Vec<String> = sentinels.iter().map(RedisServer::addr).collect();
+    let settings = RedisSettings {
+        url: format!("redis+sentinel://{}/mymaster", seeds.join(",")),
+        ..RedisSettings::default()
+    };
+    let limiter = RedisLimiter::new(&settings, 100).expect("valid settings");
+    let server = TestServer::start_over(Settings::default(), RULES, Arc::new(limiter)).await;
+    let mut c = client(&server).await;
+    let ask = || req("s", vec![desc(&[("k", "v")])]);
+
+    let r = call(&mut c, ask()).await;
+    assert_eq!(r.statuses[0].limit_remaining, 999);
+    assert!(master.script_calls() > 0, "decided on the master");
+
+    master.kill();
+    let killed = Instant::now();
+    let mut failed = 0;
+    let answer = loop {
+        match c.should_rate_limit(ask()).await {
+            Ok(r) => break r.into_inner(),
+            Err(s) => {
+                assert_eq!(s.code(), tonic::Code::Unavailable);
+                failed += 1;
+            }
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(20),
+            "no answer after the failover"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    eprintln!(
+        "answers again {:?} after the kill ({failed} UNAVAILABLE)",
+        killed.elapsed()
+    );
+    assert_eq!(overall(&answer), Code::Ok);
+    let promoted: String = replica.cmd(&["INFO", "replication"]);
+    assert!(promoted.contains("role:master"), "{promoted}");
+    assert!(replica.script_calls() > 0, "decided on the new master");
+    for _ in 0..5 {
+        assert_eq!(overall(&call(&mut c, ask()).await), Code::Ok);
+    }
+}
