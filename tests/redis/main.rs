@@ -1,15 +1,15 @@
 //! The Redis backend over real `redis-server` processes on loopback ports (standalone,
 //! Sentinel, Cluster, TLS): the request semantics and every algorithm on both backends (the
 //! `scenario!` suite), the Lua script against the memory backend's decisions, round trips,
-//! faults, footprint, and exactness across `sluice` replicas. A missing `redis-server` fails
-//! these tests with the command that installs it.
+//! footprint, and exactness across `sluice` replicas. A missing `redis-server` fails these
+//! tests with the command that installs it. (The fault tests, which bound answer times, are
+//! in tests/serial/.)
 
 #[macro_use]
 mod support;
 
 mod algorithms;
 mod cluster;
-mod faults;
 mod footprint;
 mod replicas;
 mod roundtrips;

@@ -212,6 +212,7 @@ fn assert_unavailable_then_back(events: &[Event], outage: &Outage, what: &str) -
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_error_error_answers_unavailable_within_the_timeout_then_recovers() {
+    let _serial = crate::serial_async().await;
     let mut redis = RedisServer::start();
     let (server, _) = serve(settings(redis.url(), OnError::Error)).await;
     let (events, outage) =
@@ -224,6 +225,7 @@ async fn on_error_error_answers_unavailable_within_the_timeout_then_recovers() {
 /// come at once; after SIGCONT, Redis decides again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_error_error_answers_within_the_timeout_when_redis_hangs() {
+    let _serial = crate::serial_async().await;
     let mut redis = RedisServer::start();
     let (server, limiter) = serve(settings(redis.url(), OnError::Error)).await;
     let (events, outage) = under_load(&server, &mut redis, |r| r.pause(), |r| r.resume()).await;
@@ -262,6 +264,7 @@ fn first_ok_after(events: &[Event], t: Instant) -> Duration {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_error_local_keeps_answering_and_returns_to_redis() {
+    let _serial = crate::serial_async().await;
     let mut redis = RedisServer::start();
     let (server, _) = serve(settings(redis.url(), OnError::Local)).await;
     let load = Load::start(&server).await;
@@ -310,6 +313,7 @@ async fn on_error_local_keeps_answering_and_returns_to_redis() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sluice_starts_with_redis_down_and_uses_it_once_it_is_up() {
+    let _serial = crate::serial_async().await;
     let port = free_port();
     let (server, _) = serve(settings(
         format!("redis://127.0.0.1:{port}"),
@@ -345,6 +349,7 @@ async fn sluice_starts_with_redis_down_and_uses_it_once_it_is_up() {
 
 #[tokio::test]
 async fn on_error_allow_and_deny_answer_when_redis_is_down() {
+    let _serial = crate::serial_async().await;
     let url = format!("redis://127.0.0.1:{}", free_port());
     for (on_error, expected) in [(OnError::Allow, Code::Ok), (OnError::Deny, Code::OverLimit)] {
         let (server, _) = serve(settings(url.clone(), on_error)).await;
@@ -360,6 +365,7 @@ async fn on_error_allow_and_deny_answer_when_redis_is_down() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_serves_with_redis_down_and_decides_once_it_is_up() {
+    let _serial = crate::serial_async().await;
     let port = free_port();
     let rules = tempfile::NamedTempFile::new().expect("a rules file");
     std::fs::write(rules.path(), RULES).expect("write rules");
@@ -418,6 +424,7 @@ async fn health(sluice: &SluiceProcess) -> ServingStatus {
 /// stays ready; with `error` it is not ready (Kubernetes then routes to other replicas).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_ignores_redis_down_unless_on_error_is_error() {
+    let _serial = crate::serial_async().await;
     let rules = tempfile::NamedTempFile::new().expect("a rules file");
     std::fs::write(rules.path(), RULES).expect("write rules");
     let url = format!("redis://127.0.0.1:{}", free_port());
@@ -468,6 +475,7 @@ async fn wait_for<F: std::future::Future<Output = bool>>(mut ready: impl FnMut()
 
 #[test]
 fn the_app_builds_a_redis_backend_without_connecting() {
+    let _serial = crate::serial();
     let mut settings = Settings::default();
     settings.limiter.backend = sluice::config::settings::Backend::Redis;
     settings.redis.url = format!("redis://127.0.0.1:{}", free_port());
@@ -483,6 +491,7 @@ fn the_app_builds_a_redis_backend_without_connecting() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backend_events_reach_the_metrics() {
+    let _serial = crate::serial_async().await;
     let redis = RedisServer::start();
     let rules = tempfile::NamedTempFile::new().expect("a rules file");
     let one_per_minute = "domain: f\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n";

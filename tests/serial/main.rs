@@ -1,21 +1,29 @@
-//! Memory, measured in this process: a counting global allocator gives the heap bytes held
-//! (the memory backend's bytes per key, and its bound under a flood of unique keys) and the
-//! allocations one thread makes (per request on the hot path); `/proc` gives resident sizes,
-//! also of a real `sluice serve`. Run with `--nocapture` for the figures of docs/algorithms.md
-//! and docs/robustness.md.
+//! Tests that measure the process or the machine, so that no other test may run beside them:
+//! each holds [`serial`] (or [`serial_async`]) from its first line, and they run one at a
+//! time, in a binary of their own.
 //!
-//! A binary of its own: the allocator counts every allocation of the process, so no other
-//! test may run beside these, and each of them holds [`serial`] while it measures.
+//! - Memory: a counting global allocator gives the heap bytes held (the memory backend's bytes
+//!   per key, and its bound under a flood of unique keys) and the allocations one thread makes
+//!   (per request on the hot path); `/proc` gives resident sizes, also of a real
+//!   `sluice serve`. Run with `--nocapture` for the figures of docs/algorithms.md and
+//!   docs/robustness.md.
+//! - Request tracing: a subscriber set for the test's thread must see every span of the
+//!   engine, which other threads' callsites (with no subscriber) would otherwise disturb.
+//! - Redis faults: answers within the Redis time-out (100 ms, with 400 ms of slack) while
+//!   Redis is down or hung; on two shared cores, another test's load beside them is what
+//!   would be measured.
 
 mod allocations;
-mod bounds;
-mod footprint;
+mod memory_bounds;
+mod memory_footprint;
+mod redis_faults;
+mod request_tracing;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicIsize, Ordering};
 
-use parking_lot::{Mutex, MutexGuard};
+use tokio::sync::{Mutex, MutexGuard};
 
 /// The system allocator, counting the bytes currently allocated (process-wide) and, between
 /// two marks, the allocations of the calling thread.
@@ -82,8 +90,15 @@ fn allocations<T>(f: impl FnOnce() -> T) -> (T, u64) {
     (out, COUNT.with(Cell::get))
 }
 
-/// The tests of this binary measure the whole process: one at a time.
+/// Held by each test of this binary while it runs: one at a time.
+static SERIAL: Mutex<()> = Mutex::const_new(());
+
+/// [`SERIAL`], for a test that is not async.
 fn serial() -> MutexGuard<'static, ()> {
-    static SERIAL: Mutex<()> = Mutex::new(());
-    SERIAL.lock()
+    SERIAL.blocking_lock()
+}
+
+/// [`SERIAL`], for an async test.
+async fn serial_async() -> MutexGuard<'static, ()> {
+    SERIAL.lock().await
 }

@@ -65,11 +65,13 @@ async fn logs_at(level: &str) -> String {
 
 #[tokio::test(flavor = "current_thread")]
 async fn nothing_per_request_at_info() {
+    let _serial = crate::serial_async().await;
     assert_eq!(logs_at("info").await, "");
 }
 
 #[tokio::test(flavor = "current_thread")]
 async fn one_debug_line_per_request_with_its_span() {
+    let _serial = crate::serial_async().await;
     let text = logs_at("sluice=debug").await;
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 2, "{text}");
