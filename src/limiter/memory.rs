@@ -289,6 +289,14 @@ impl<C: Clock> Limiter for MemoryLimiter<C> {
     fn name(&self) -> &'static str {
         "memory"
     }
+
+    fn sweep(&self) -> usize {
+        MemoryLimiter::sweep(self)
+    }
+
+    fn held(&self) -> usize {
+        self.len()
+    }
 }
 
 impl<C: Clock> std::fmt::Debug for MemoryLimiter<C> {
