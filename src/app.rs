@@ -68,7 +68,7 @@ impl App {
         app.housekeeping = Some(Duration::from_secs(
             settings.memory.sweep_interval_secs.max(1),
         ));
-        if let Some(files) = settings.tls.files() {
+        if let Some(files) = TlsFiles::from_settings(&settings.tls) {
             app = app.with_tls(files)?;
         }
         Ok(app)
