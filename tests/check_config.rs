@@ -187,7 +187,11 @@ fn rules_that_check_accepts_with_the_settings_file_are_served_with_it() {
         .spawn()
         .expect("start sluice serve");
     let mut serving = Serving(child);
-    let logs = serving.0.stderr.take().expect("the child's stderr (its logs)");
+    let logs = serving
+        .0
+        .stderr
+        .take()
+        .expect("the child's stderr (its logs)");
     let (lines, seen) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(logs).lines().map_while(Result::ok) {

@@ -9,6 +9,8 @@
 mod observe;
 mod plan;
 mod response;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 
