@@ -145,8 +145,6 @@ fn remaining(r: &Response) -> Vec<u32> {
     r.statuses.iter().map(|s| s.limit_remaining).collect()
 }
 
-use Code::{Ok as Fine, OverLimit as Over};
-
 #[tokio::test]
 async fn invalid_requests_are_refused_before_the_limiter() {
     let f = Fixture::new(Options::default());
