@@ -29,12 +29,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::engine::{Engine, EngineError};
 use crate::health::Readiness;
+use crate::limiter::Limiter;
 use crate::metrics::{self, Metrics};
 use crate::proto::rate_limit_response::Code;
 use crate::reload::ActiveRules;
-
-/// Reads the backend's report.
-pub type BackendStats = Arc<dyn Fn() -> metrics::BackendReport + Send + Sync>;
 
 /// What the endpoints read.
 #[derive(Clone)]
@@ -43,7 +41,8 @@ pub struct Admin {
     pub rules: Arc<ActiveRules>,
     pub readiness: Arc<Readiness>,
     pub metrics: Arc<Metrics>,
-    pub backend: Option<BackendStats>,
+    /// The limiter backend, for its metrics (keys held, events).
+    pub backend: Arc<dyn Limiter>,
 }
 
 const INDEX: &str = "\
@@ -92,10 +91,12 @@ async fn readyz(State(a): State<Admin>) -> Response {
 }
 
 async fn metrics(State(a): State<Admin>) -> Response {
-    let backend = a.backend.as_ref().map(|stats| stats());
-    let name = a.engine.backend_name();
+    let backend = metrics::BackendReport {
+        keys_held: a.backend.held(),
+        events: a.backend.events(),
+    };
     a.metrics
-        .refresh(&a.rules.status(), backend.as_ref().map(|b| (name, b)));
+        .refresh(&a.rules.status(), Some((a.backend.name(), &backend)));
     match a.metrics.encode() {
         Ok(body) => ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], body).into_response(),
         Err(_) => text(

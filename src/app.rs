@@ -17,9 +17,8 @@ use anyhow::Context as _;
 use arc_swap::ArcSwap;
 use tokio::sync::mpsc;
 
-use crate::config::settings::{Backend, OnError, Settings};
+use crate::config::settings::{Backend, Settings};
 use crate::engine::{Engine, HeaderNames, Options};
-use crate::health::BackendProbe;
 use crate::limiter::{Limiter, MemoryLimiter, RedisLimiter};
 use crate::metrics::{Metrics, MetricsOptions};
 use crate::reload::{ActiveRules, ReloadTrigger};
@@ -28,64 +27,16 @@ use crate::tls::{ActiveTls, TlsError, TlsFiles};
 
 pub use lifecycle::Listeners;
 
-/// Periodic clean-up of a backend's state.
-pub trait Housekeeping: Send + Sync + 'static {
-    /// Drops state that is no longer needed; returns how many entries went.
-    fn sweep(&self) -> usize;
-    /// Entries held.
-    fn held(&self) -> usize;
-    /// Checks that the backend is reachable (and records it for readiness); `None` when the
-    /// backend has nothing to probe.
-    fn probe(&self) -> Option<crate::limiter::BoxFuture<'_, ()>> {
-        None
-    }
-    /// Running totals of backend events (`(event, count)`), exported as metrics.
-    fn events(&self) -> Vec<(&'static str, u64)> {
-        Vec::new()
-    }
-}
-
-impl<C: crate::limiter::Clock> Housekeeping for MemoryLimiter<C> {
-    fn sweep(&self) -> usize {
-        MemoryLimiter::sweep(self)
-    }
-
-    fn held(&self) -> usize {
-        self.len()
-    }
-}
-
-impl Housekeeping for RedisLimiter {
-    fn sweep(&self) -> usize {
-        RedisLimiter::sweep(self)
-    }
-
-    fn held(&self) -> usize {
-        RedisLimiter::held(self)
-    }
-
-    fn probe(&self) -> Option<crate::limiter::BoxFuture<'_, ()>> {
-        Some(Box::pin(RedisLimiter::probe(self)))
-    }
-
-    fn events(&self) -> Vec<(&'static str, u64)> {
-        RedisLimiter::events(self)
-    }
-}
-
-impl BackendProbe for RedisLimiter {
-    fn ready(&self) -> Result<(), String> {
-        self.health()
-    }
-}
-
 /// A built service, ready to run.
 pub struct App {
     engine: Arc<Engine>,
     rules: Arc<ActiveRules>,
     metrics: Arc<Metrics>,
-    backend_probe: Option<Arc<dyn BackendProbe>>,
-    housekeeping: Option<(Arc<dyn Housekeeping>, Duration)>,
+    /// The one backend: the engine decides with it; housekeeping, readiness and metrics ask
+    /// it through the provided methods of [`Limiter`].
+    limiter: Arc<dyn Limiter>,
+    /// How often the backend is swept (and probed); none: no housekeeping task.
+    housekeeping: Option<Duration>,
     reload_trigger: ReloadTrigger,
     reload_requests: mpsc::Receiver<()>,
     ops: OpsSettings,
@@ -106,33 +57,26 @@ impl App {
     /// Builds the backend and the engine. Fails on settings it cannot honour.
     /// With the Redis backend, no connection is made here: sluice starts while Redis is down.
     pub fn build(settings: &Settings, rules: RuleSet) -> anyhow::Result<App> {
-        let (limiter, state, probe): (Arc<dyn Limiter>, Arc<dyn Housekeeping>, _) =
-            match settings.limiter.backend {
-                Backend::Memory => {
-                    let memory = Arc::new(MemoryLimiter::new(settings.memory.max_keys));
-                    (memory.clone(), memory, None)
-                }
-                Backend::Redis => {
-                    let redis = RedisLimiter::new(&settings.redis, settings.memory.max_keys)
-                        .context("invalid [redis] settings")?;
-                    let redis = Arc::new(redis);
-                    let probe = readiness_follows_redis(settings.redis.on_error)
-                        .then(|| redis.clone() as Arc<dyn BackendProbe>);
-                    (redis.clone(), redis, probe)
-                }
-            };
-        let every = Duration::from_secs(settings.memory.sweep_interval_secs.max(1));
+        let limiter: Arc<dyn Limiter> = match settings.limiter.backend {
+            Backend::Memory => Arc::new(MemoryLimiter::new(settings.memory.max_keys)),
+            Backend::Redis => Arc::new(
+                RedisLimiter::new(&settings.redis, settings.memory.max_keys)
+                    .context("invalid [redis] settings")?,
+            ),
+        };
         let mut app = App::from_parts(settings, rules, limiter);
-        app.housekeeping = Some((state, every));
-        app.backend_probe = probe;
-        if let Some(files) = settings.tls.files() {
+        app.housekeeping = Some(Duration::from_secs(
+            settings.memory.sweep_interval_secs.max(1),
+        ));
+        if let Some(files) = TlsFiles::from_settings(&settings.tls) {
             app = app.with_tls(files)?;
         }
         Ok(app)
     }
 
-    /// A service over a given limiter, with no housekeeping task. Reloads read
-    /// `settings.rules.paths` (none: the embedded demo rules).
+    /// A service over a given limiter, with no housekeeping task (no periodic sweep or
+    /// probe; readiness still asks the limiter). Reloads read `settings.rules.paths` (none:
+    /// the embedded demo rules).
     pub fn from_parts(settings: &Settings, rules: RuleSet, limiter: Arc<dyn Limiter>) -> App {
         let rules = Arc::new(ActiveRules::new(
             rules,
@@ -143,14 +87,14 @@ impl App {
             near_limit_ratio: settings.metrics.near_limit_ratio,
             max_value_label_sets: settings.metrics.max_value_label_sets,
         });
-        let engine = Engine::new(rules.shared(), limiter, options_of(settings))
+        let engine = Engine::new(rules.shared(), limiter.clone(), options_of(settings))
             .with_observer(metrics.clone());
         let (reload_trigger, reload_requests) = ReloadTrigger::channel();
         App {
             engine: Arc::new(engine),
             rules,
             metrics,
-            backend_probe: None,
+            limiter,
             housekeeping: None,
             reload_trigger,
             reload_requests,
@@ -191,11 +135,6 @@ impl App {
         self.reload_trigger.clone()
     }
 
-    /// Makes readiness depend on the backend (without one, the backend is always ready).
-    pub fn set_backend_probe(&mut self, probe: Arc<dyn BackendProbe>) {
-        self.backend_probe = Some(probe);
-    }
-
     /// Serves until `shutdown` resolves, then drains in order and returns. `listeners` is the
     /// gRPC listener alone, or [`Listeners`] with the admin one.
     pub async fn run(
@@ -205,14 +144,6 @@ impl App {
     ) -> anyhow::Result<()> {
         lifecycle::run(self, listeners.into(), shutdown).await
     }
-}
-
-/// Whether readiness waits for Redis. Only with `on_error = "error"`: the other settings
-/// answer while Redis is down (`allow`, `deny`, or the local limiter), so a replica that
-/// cannot reach Redis still serves, and taking every replica out of the Service at once would
-/// hand the decision to the client's failure mode instead.
-fn readiness_follows_redis(on_error: OnError) -> bool {
-    on_error == OnError::Error
 }
 
 fn options_of(settings: &Settings) -> Options {

@@ -199,7 +199,7 @@ fn plan_of(args: &BenchArgs) -> anyhow::Result<Plan> {
 }
 
 /// `10s`, `500ms`, `2m`, `1.5s`, or a bare number of seconds.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))

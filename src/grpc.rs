@@ -142,7 +142,7 @@ pub fn status_of(error: &EngineError) -> Status {
 }
 
 /// Converts a wire request, moving its strings.
-pub fn from_proto(request: pb::RateLimitRequest) -> Result<engine::Request, EngineError> {
+pub(crate) fn from_proto(request: pb::RateLimitRequest) -> Result<engine::Request, EngineError> {
     let descriptors = request
         .descriptors
         .into_iter()
@@ -220,7 +220,7 @@ fn code_to_proto(code: Code) -> pb_resp::Code {
 }
 
 /// Converts an engine answer to the wire.
-pub fn to_proto(r: engine::Response) -> pb::RateLimitResponse {
+pub(crate) fn to_proto(r: engine::Response) -> pb::RateLimitResponse {
     pb::RateLimitResponse {
         overall_code: code_to_proto(r.overall_code).into(),
         statuses: r.statuses.into_iter().map(status_to_proto).collect(),
@@ -256,7 +256,7 @@ fn status_to_proto(s: engine::DescriptorStatus) -> pb_resp::DescriptorStatus {
 }
 
 /// JSON object -> `google.protobuf.Struct`.
-pub fn struct_of(map: serde_json::Map<String, Value>) -> prost_types::Struct {
+pub(crate) fn struct_of(map: serde_json::Map<String, Value>) -> prost_types::Struct {
     prost_types::Struct {
         fields: map.into_iter().map(|(k, v)| (k, value_of(v))).collect(),
     }

@@ -4,23 +4,17 @@
 //! ready, and the service is not draining. Liveness needs none of them: a process that
 //! answers at all is alive.
 //!
-//! The backend's part is a seam: a backend that can be unreachable (Redis) gives the app a
-//! [`BackendProbe`]; without one the backend is always ready. That is the memory backend, and
-//! Redis with an `on_error` other than `error`, which still answers while Redis is down.
+//! The backend's part is [`Limiter::ready`]: always ready for the memory backend, and for
+//! Redis with an `on_error` other than `error` (which still answers while Redis is down);
+//! otherwise whether Redis answered its last request or probe.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use arc_swap::ArcSwap;
 
+use crate::limiter::Limiter;
 use crate::rules::RuleSet;
-
-/// A backend's own view of whether it can answer now. Called on every readiness check, so it
-/// must be cheap (a flag kept up to date by the backend, not a round trip).
-pub trait BackendProbe: Send + Sync + 'static {
-    /// `Err` carries a short reason, shown by `/readyz`.
-    fn ready(&self) -> Result<(), String>;
-}
 
 /// Why the service is not ready.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -37,11 +31,11 @@ pub enum NotReady {
 pub struct Readiness {
     draining: AtomicBool,
     rules: Arc<ArcSwap<RuleSet>>,
-    backend: Option<Arc<dyn BackendProbe>>,
+    backend: Arc<dyn Limiter>,
 }
 
 impl Readiness {
-    pub fn new(rules: Arc<ArcSwap<RuleSet>>, backend: Option<Arc<dyn BackendProbe>>) -> Self {
+    pub fn new(rules: Arc<ArcSwap<RuleSet>>, backend: Arc<dyn Limiter>) -> Self {
         Readiness {
             draining: AtomicBool::new(false),
             rules,
@@ -66,10 +60,7 @@ impl Readiness {
         if self.rules.load().is_empty() {
             return Err(NotReady::NoRules);
         }
-        match &self.backend {
-            Some(probe) => probe.ready().map_err(NotReady::Backend),
-            None => Ok(()),
-        }
+        self.backend.ready().map_err(NotReady::Backend)
     }
 }
 
@@ -78,8 +69,22 @@ mod tests {
     use super::*;
     use crate::config::rules::from_sources;
 
+    use crate::limiter::{Batch, BatchOutcome, BoxFuture, LimiterError, MemoryLimiter};
+
+    /// A backend that is never ready.
     struct Down;
-    impl BackendProbe for Down {
+    impl Limiter for Down {
+        fn check<'a>(&'a self, _: &'a Batch) -> BoxFuture<'a, Result<BatchOutcome, LimiterError>> {
+            Box::pin(std::future::ready(Ok(BatchOutcome {
+                hits: Vec::new(),
+                admitted: true,
+            })))
+        }
+
+        fn name(&self) -> &'static str {
+            "down"
+        }
+
         fn ready(&self) -> Result<(), String> {
             Err("no connection".to_owned())
         }
@@ -93,11 +98,12 @@ mod tests {
     #[test]
     fn each_reason_in_order() {
         let some = rules("domain: d\n");
-        let r = Readiness::new(some.clone(), None);
+        let memory = Arc::new(MemoryLimiter::new(1));
+        let r = Readiness::new(some.clone(), memory.clone());
         assert_eq!(r.check(), Ok(()));
-        let r = Readiness::new(rules(""), None);
+        let r = Readiness::new(rules(""), memory);
         assert_eq!(r.check(), Err(NotReady::NoRules));
-        let r = Readiness::new(some, Some(Arc::new(Down)));
+        let r = Readiness::new(some, Arc::new(Down));
         assert_eq!(
             r.check().unwrap_err().to_string(),
             "backend not ready: no connection"

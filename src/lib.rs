@@ -4,7 +4,8 @@
 //!
 //! Dependencies point one way:
 //! `main (CLI) -> app -> { grpc, admin } -> engine -> { rules, limiter } -> config model`;
-//! `metrics`, `reload` and `health` are the operations side that `app` wires in.
+//! `metrics`, `reload` and `health` are the operations side that `app` wires in; `runtime`,
+//! `signal` and `telemetry` are what the binary starts with.
 //!
 //! | module | owns |
 //! |---|---|
@@ -21,7 +22,13 @@
 //! | [`tls`] | TLS and mTLS on the gRPC port, certificates reloaded from files |
 //! | [`telemetry`] | logs to stderr, and spans over OTLP (feature `otel`) |
 //! | [`app`] | serving: listeners, tasks, the ordered drain |
+//! | [`runtime`] | the tokio runtime and gRPC server settings shared by `serve` and the no-op server |
+//! | [`signal`] | SIGTERM/SIGINT (shutdown) and SIGHUP (reload), for the binary |
 //! | [`bench`] | `sluice bench`: a load generator for any RLS server, and a no-op server |
+//! | `testing` | test helpers (feature `test-util`): a real server on loopback ports, on a manual clock |
+//!
+//! The binary (`src/main.rs`) adds `cli`: the subcommands and flags (clap), turned into the
+//! top layer of the settings.
 
 #![forbid(unsafe_code)]
 

@@ -3,70 +3,28 @@
 //! Settings and rules are loaded and validated before any port is bound; a bad setting or rule
 //! exits with code 64 (EX_USAGE).
 
+#![forbid(unsafe_code)]
+
+mod cli;
+
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand};
+use clap::Parser as _;
+use cli::{CheckArgs, Cli, Command, ServeArgs};
 use sluice::config::rules::{self, LoadOptions};
-use sluice::config::settings::{Backend, LogFormat, Overrides, Settings};
+use sluice::config::settings::{Overrides, Settings};
 use sluice::rules::RuleSet;
 use tokio_util::sync::CancellationToken;
 
 const EX_USAGE: u8 = 64;
 
-#[derive(Parser)]
-#[command(
-    name = "sluice",
-    version,
-    about = "A rate-limit service for Envoy (RLS v3)"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Serve ShouldRateLimit over gRPC.
-    Serve(ServeArgs),
-    /// Validate rules files; print every error with file and line; exit 1 if any.
-    Check {
-        /// A rules file or directory (repeatable); none = the embedded demo rules.
-        #[arg(long = "rules", value_name = "PATH")]
-        rules: Vec<PathBuf>,
-    },
-    /// Load any Envoy RLS v3 server and report throughput and latency; or run a no-op server.
-    Bench(Box<sluice::bench::BenchArgs>),
-}
-
-#[derive(clap::Args)]
-struct ServeArgs {
-    /// A rules file or directory (repeatable); none = the embedded demo rules.
-    #[arg(long = "rules", value_name = "PATH")]
-    rules: Vec<PathBuf>,
-    /// A settings file (TOML or YAML).
-    #[arg(long, value_name = "FILE")]
-    config: Option<PathBuf>,
-    #[arg(long, value_enum)]
-    backend: Option<Backend>,
-    /// Redis URL for `--backend redis` (redis://, rediss://, redis+sentinel://, redis+cluster://).
-    #[arg(long, value_name = "URL")]
-    redis_url: Option<String>,
-    #[arg(long, value_name = "ADDR")]
-    grpc_listen: Option<SocketAddr>,
-    /// Where the admin HTTP server (health, metrics, rules dump, /json) listens.
-    #[arg(long, value_name = "ADDR")]
-    admin_listen: Option<SocketAddr>,
-    #[arg(long, value_enum)]
-    log_format: Option<LogFormat>,
-}
-
 fn main() -> ExitCode {
     match Cli::parse().command {
-        Command::Check { rules } => check(&rules),
+        Command::Check(args) => check(&args),
         Command::Serve(args) => serve(args),
         Command::Bench(args) => match sluice::bench::main(*args) {
             Ok(()) => ExitCode::SUCCESS,
@@ -78,17 +36,14 @@ fn main() -> ExitCode {
     }
 }
 
-fn check(paths: &[PathBuf]) -> ExitCode {
-    // Rules are checked with the defaults `serve` would resolve from the environment.
-    let env = std::env::vars().collect();
-    let settings = match Settings::load(None, env, &Overrides::default()) {
+/// Validates the rules `serve` would load, with the settings it would use: the same file,
+/// environment and flags, so `limits.default_algorithm` and `rules.paths` apply alike.
+fn check(args: &CheckArgs) -> ExitCode {
+    let settings = match settings(args.config.as_deref(), &args.overrides()) {
         Ok(s) => s,
-        Err(e) => {
-            eprintln!("sluice: {e}");
-            return ExitCode::from(EX_USAGE);
-        }
+        Err(code) => return code,
     };
-    match load_rules(paths, (&settings.limits).into()) {
+    match load_rules(&settings.rules.paths, (&settings.limits).into()) {
         Ok(set) => {
             println!("ok: {} domain(s)", set.domains);
             ExitCode::SUCCESS
@@ -101,13 +56,25 @@ fn check(paths: &[PathBuf]) -> ExitCode {
     }
 }
 
+/// Every layer of the settings (file, `SLUICE_*` environment, flags), or exit 64.
+fn settings(file: Option<&Path>, flags: &Overrides) -> Result<Settings, ExitCode> {
+    let env = std::env::vars().collect();
+    Settings::load(file, env, flags).map_err(|e| {
+        eprintln!("sluice: {e}");
+        ExitCode::from(EX_USAGE)
+    })
+}
+
 /// The loaded model's domain count, or every error.
 struct Loaded {
     domains: usize,
     set: RuleSet,
 }
 
-fn load_rules(paths: &[PathBuf], options: LoadOptions) -> Result<Loaded, rules::RuleErrors> {
+fn load_rules(
+    paths: &[std::path::PathBuf],
+    options: LoadOptions,
+) -> Result<Loaded, rules::RuleErrors> {
     let model = sluice::reload::load(paths, options)?;
     Ok(Loaded {
         domains: model.domains.len(),
@@ -116,21 +83,9 @@ fn load_rules(paths: &[PathBuf], options: LoadOptions) -> Result<Loaded, rules::
 }
 
 fn serve(args: ServeArgs) -> ExitCode {
-    let overrides = Overrides {
-        rules: args.rules,
-        backend: args.backend,
-        redis_url: args.redis_url,
-        grpc_listen: args.grpc_listen,
-        log_format: args.log_format,
-        admin_listen: args.admin_listen,
-    };
-    let env = std::env::vars().collect();
-    let settings = match Settings::load(args.config.as_deref(), env, &overrides) {
+    let settings = match settings(args.config.as_deref(), &args.overrides()) {
         Ok(s) => s,
-        Err(e) => {
-            eprintln!("sluice: {e}");
-            return ExitCode::from(EX_USAGE);
-        }
+        Err(code) => return code,
     };
     // The runtime first: an OTLP exporter lives in it.
     let runtime = match sluice::runtime::build(settings.server.worker_threads) {

@@ -224,7 +224,7 @@ impl Observer for Metrics {
                 "permanent"
             };
             let labels = BackendErrorLabels {
-                backend: e.kind,
+                backend: e.backend,
                 kind,
             };
             self.backend_errors.get_or_create(&labels).inc();

@@ -4,15 +4,15 @@
 //! A reload loads and validates every rules path, compiles the result, and only then stores
 //! it: a request takes one snapshot of the rules, so it never sees a half-loaded set. A load
 //! with any error keeps the last good rules and logs every error with its file and line. A
-//! load that yields the same rules as the active ones changes nothing (no new version).
+//! load that yields the same rules as the active ones changes nothing (no new version): the
+//! validated models are compared by value, every field of every domain, rule and limit
+//! (where each was defined included), so no field can be forgotten.
 //!
 //! [`watch`] runs the reloads: on a trigger (SIGHUP, via [`ReloadTrigger`]) or on a change
 //! under a rules path (see [`watch`] for what is watched).
 
 pub(crate) mod watch;
 
-use std::collections::hash_map::DefaultHasher;
-use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 
 use crate::config::model::RulesModel;
 use crate::config::rules::{self, EMBEDDED_NAME, EMBEDDED_RULES, LoadOptions, RuleErrors};
-use crate::rules::{Rule, RuleSet};
+use crate::rules::RuleSet;
 
 pub use watch::{ReloadTrigger, WatchOptions, watch};
 
@@ -70,35 +70,26 @@ pub struct ConfigStatus {
     pub last_failure: Option<(SystemTime, usize)>,
 }
 
-struct State {
-    status: ConfigStatus,
-    fingerprint: u64,
-}
-
 /// The rules every request reads, and where they come from.
 pub struct ActiveRules {
     current: Arc<ArcSwap<RuleSet>>,
     paths: Vec<PathBuf>,
     options: LoadOptions,
-    state: Mutex<State>,
+    status: Mutex<ConfigStatus>,
 }
 
 impl ActiveRules {
     /// Rules loaded from `paths` (empty: the embedded demo rules) with `options`, as version 1;
     /// reloads use the same paths and options.
     pub fn new(set: RuleSet, paths: Vec<PathBuf>, options: LoadOptions) -> ActiveRules {
-        let fingerprint = fingerprint(&set);
         ActiveRules {
             current: Arc::new(ArcSwap::from_pointee(set)),
             paths,
             options,
-            state: Mutex::new(State {
-                status: ConfigStatus {
-                    version: 1,
-                    loaded_at: SystemTime::now(),
-                    last_failure: None,
-                },
-                fingerprint,
+            status: Mutex::new(ConfigStatus {
+                version: 1,
+                loaded_at: SystemTime::now(),
+                last_failure: None,
             }),
         }
     }
@@ -119,69 +110,45 @@ impl ActiveRules {
     }
 
     pub fn status(&self) -> ConfigStatus {
-        self.state.lock().status.clone()
+        self.status.lock().clone()
     }
 
     /// Loads, validates and compiles the rules paths, and swaps the result in if it is valid
     /// and different. Blocking (reads files); one reload at a time.
     pub fn reload(&self) -> Reloaded {
-        let mut state = self.state.lock();
-        let set = match load(&self.paths, self.options) {
-            Ok(model) => RuleSet::compile(model),
+        let mut status = self.status.lock();
+        match load(&self.paths, self.options) {
+            Ok(model) => swap(&self.current, &mut status, RuleSet::compile(model)),
             Err(errors) => {
-                state.status.last_failure = Some((SystemTime::now(), errors.0.len()));
-                return Reloaded::Failed(errors);
+                status.last_failure = Some((SystemTime::now(), errors.0.len()));
+                Reloaded::Failed(errors)
             }
-        };
-        let fingerprint = fingerprint(&set);
-        if fingerprint == state.fingerprint {
-            return Reloaded::Unchanged;
-        }
-        self.current.store(Arc::new(set));
-        state.fingerprint = fingerprint;
-        state.status.version += 1;
-        state.status.loaded_at = SystemTime::now();
-        Reloaded::Updated {
-            version: state.status.version,
         }
     }
 }
 
-/// A hash of everything a rule set means (domains, rules, limits, flags, metadata, where each
-/// was defined), walked in declaration order so that equal files give equal fingerprints.
-fn fingerprint(set: &RuleSet) -> u64 {
-    let mut h = DefaultHasher::new();
-    for domain in set.domains() {
-        (domain.name(), format!("{:?}", domain.location())).hash(&mut h);
-        hash_rules(domain.rules(), &mut h);
+/// Makes `set` the active rules unless it equals them.
+fn swap(current: &ArcSwap<RuleSet>, status: &mut ConfigStatus, set: RuleSet) -> Reloaded {
+    if **current.load() == set {
+        return Reloaded::Unchanged;
     }
-    h.finish()
-}
-
-fn hash_rules(rules: &[Rule], h: &mut DefaultHasher) {
-    rules.len().hash(h);
-    for r in rules {
-        let flags = [
-            r.shadow_mode,
-            r.quota_mode,
-            r.detailed_metric,
-            r.value_to_metric,
-            r.share_threshold,
-        ];
-        (&r.key, format!("{:?}", r.value), format!("{:?}", r.policy)).hash(h);
-        (
-            flags,
-            format!("{:?}", r.metadata),
-            format!("{:?}", r.location),
-        )
-            .hash(h);
-        hash_rules(r.children(), h);
+    current.store(Arc::new(set));
+    status.version += 1;
+    status.loaded_at = SystemTime::now();
+    Reloaded::Updated {
+        version: status.version,
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::num::NonZeroU32;
+
     use super::*;
+    use crate::config::model::{
+        Algorithm, Charge, DescriptorRule, DomainRules, LimitRule, Location, Policy, Unit,
+        ValueMatch,
+    };
 
     fn write(dir: &std::path::Path, text: &str) -> PathBuf {
         let file = dir.join("r.yaml");
@@ -211,6 +178,162 @@ mod tests {
         assert_eq!(status.version, 2);
         assert_eq!(status.last_failure.map(|f| f.1), Some(1));
         assert_eq!(active.load_full().len(), 1);
+    }
+
+    /// A model with one domain whose rule has a child with every field set.
+    const FULL: &str = "\
+domain: d
+descriptors:
+  - key: k
+    value: v
+    descriptors:
+      - key: c
+        value: \"x*\"
+        share_threshold: true
+        detailed_metric: true
+        value_to_metric: true
+        metadata: {team: a}
+        rate_limits:
+          - {name: per_second, unit: second, unit_multiplier: 2, requests_per_unit: 5, burst: 9, borrow: true, replaces: [{name: other}]}
+  - key: u
+    rate_limit: {unlimited: true, name: free, replaces: [{name: per_second}]}
+";
+
+    fn full() -> RulesModel {
+        rules::from_sources(&[("r.yaml".into(), FULL.to_owned())]).unwrap()
+    }
+
+    /// The child rule `k=v / c=x*` of the model.
+    fn child(model: &mut RulesModel) -> &mut DescriptorRule {
+        &mut model.domains[0].descriptors[0].children[0]
+    }
+
+    fn limit(model: &mut RulesModel) -> &mut LimitRule {
+        match &mut child(model).policy {
+            Policy::Limited(limits) => &mut limits[0],
+            other => panic!("a limited rule, not {other:?}"),
+        }
+    }
+
+    fn unlimited(model: &mut RulesModel) -> (&mut Option<String>, &mut Vec<String>) {
+        match &mut model.domains[0].descriptors[1].policy {
+            Policy::Unlimited { name, replaces } => (name, replaces),
+            other => panic!("an unlimited rule, not {other:?}"),
+        }
+    }
+
+    type Change = (&'static str, fn(&mut RulesModel));
+
+    /// One change per field of the model. The patterns below name every field (no `..`), so
+    /// a new field does not compile until it has its change here.
+    fn changes() -> Vec<Change> {
+        let mut model = full();
+        let RulesModel {
+            domains: _,
+            default_algorithm: _,
+        } = &model;
+        let DomainRules {
+            domain: _,
+            descriptors: _,
+            location: _,
+        } = &model.domains[0];
+        let DescriptorRule {
+            key: _,
+            value: _,
+            policy: _,
+            shadow_mode: _,
+            quota_mode: _,
+            detailed_metric: _,
+            value_to_metric: _,
+            share_threshold: _,
+            metadata: _,
+            children: _,
+            location: _,
+        } = child(&mut model);
+        let LimitRule {
+            name: _,
+            unit: _,
+            requests_per_unit: _,
+            unit_multiplier: _,
+            algorithm: _,
+            burst: _,
+            charge: _,
+            borrow: _,
+            replaces: _,
+        } = limit(&mut model);
+        let Location { file: _, line: _ } = &model.domains[0].location;
+        vec![
+            ("domains", |m| m.domains.push(m.domains[0].clone())),
+            ("default_algorithm", |m| {
+                m.default_algorithm = Algorithm::SlidingLog
+            }),
+            ("domain", |m| m.domains[0].domain.push('2')),
+            ("descriptors", |m| {
+                m.domains[0].descriptors.pop();
+            }),
+            ("domain location", |m| m.domains[0].location.line += 1),
+            ("key", |m| child(m).key.push('2')),
+            ("value", |m| {
+                child(m).value = ValueMatch::Wildcard("y*".into())
+            }),
+            ("policy", |m| child(m).policy = Policy::None),
+            ("shadow_mode", |m| child(m).shadow_mode = true),
+            ("quota_mode", |m| child(m).quota_mode = true),
+            ("detailed_metric", |m| child(m).detailed_metric = false),
+            ("value_to_metric", |m| child(m).value_to_metric = false),
+            ("share_threshold", |m| child(m).share_threshold = false),
+            ("metadata", |m| child(m).metadata = None),
+            ("children", |m| {
+                let grandchild = child(m).clone();
+                child(m).children.push(grandchild);
+            }),
+            ("rule line", |m| child(m).location.line += 1),
+            ("rule file", |m| {
+                child(m).location.file = Arc::new(PathBuf::from("other.yaml"));
+            }),
+            ("limit name", |m| limit(m).name = None),
+            ("unit", |m| limit(m).unit = Unit::Minute),
+            ("requests_per_unit", |m| limit(m).requests_per_unit += 1),
+            ("unit_multiplier", |m| {
+                limit(m).unit_multiplier = NonZeroU32::MIN;
+            }),
+            ("algorithm", |m| limit(m).algorithm = Algorithm::TokenBucket),
+            ("burst", |m| limit(m).burst += 1),
+            ("charge", |m| limit(m).charge = Charge::Always),
+            ("borrow", |m| limit(m).borrow = false),
+            ("limit replaces", |m| limit(m).replaces.clear()),
+            ("unlimited name", |m| *unlimited(m).0 = None),
+            ("unlimited replaces", |m| unlimited(m).1.push("x".into())),
+        ]
+    }
+
+    #[test]
+    fn a_reload_sees_a_change_of_any_field() {
+        let current = ArcSwap::from_pointee(RuleSet::compile(full()));
+        let mut status = ConfigStatus {
+            version: 1,
+            loaded_at: SystemTime::now(),
+            last_failure: None,
+        };
+        let same = RuleSet::compile(full());
+        assert!(matches!(
+            swap(&current, &mut status, same),
+            Reloaded::Unchanged
+        ));
+        for (field, change) in changes() {
+            let mut changed = full();
+            change(&mut changed);
+            assert_ne!(changed, full(), "{field}: the change changes nothing");
+            let before = status.version;
+            let reloaded = swap(&current, &mut status, RuleSet::compile(changed));
+            assert!(
+                matches!(reloaded, Reloaded::Updated { version } if version == before + 1),
+                "{field}: {reloaded:?}"
+            );
+            // And back: a change again.
+            let back = swap(&current, &mut status, RuleSet::compile(full()));
+            assert!(matches!(back, Reloaded::Updated { .. }), "{field} back");
+        }
     }
 
     #[test]

@@ -20,7 +20,8 @@ use tracing_subscriber::{EnvFilter, Layer, Registry};
 use crate::config::settings::{LogFormat, LogSettings};
 
 /// The service name spans are exported under.
-pub const SERVICE_NAME: &str = "sluice";
+#[cfg(feature = "otel")]
+const SERVICE_NAME: &str = "sluice";
 
 /// Why logging could not be set up.
 #[derive(Debug, thiserror::Error)]

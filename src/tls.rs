@@ -24,6 +24,7 @@ use tokio_rustls::rustls::{self, RootCertStore, ServerConfig};
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::settings::TlsSettings;
 use crate::reload::ReloadTrigger;
 use crate::reload::watch::{debounced, start_watcher};
 
@@ -54,6 +55,15 @@ pub enum TlsError {
 }
 
 impl TlsFiles {
+    /// The files of the `[tls]` settings, when TLS is on (`cert_file` and `key_file` set).
+    pub fn from_settings(settings: &TlsSettings) -> Option<TlsFiles> {
+        Some(TlsFiles {
+            cert: settings.cert_file.clone()?,
+            key: settings.key_file.clone()?,
+            client_ca: settings.client_ca_file.clone(),
+        })
+    }
+
     /// Every file, for watching.
     pub fn paths(&self) -> Vec<PathBuf> {
         let mut paths = vec![self.cert.clone(), self.key.clone()];

@@ -24,12 +24,11 @@ use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
-use super::{App, Housekeeping};
-use crate::admin::{self, Admin, BackendStats};
+use super::App;
+use crate::admin::{self, Admin};
 use crate::grpc::RateLimiter;
 use crate::health::Readiness;
-use crate::limiter::BoxFuture;
-use crate::metrics::BackendReport;
+use crate::limiter::{BoxFuture, Limiter};
 use crate::proto::rate_limit_service_server::RateLimitServiceServer;
 use crate::reload::{self, WatchOptions};
 use crate::tls;
@@ -70,10 +69,7 @@ pub(super) async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let readiness = Arc::new(Readiness::new(
-        app.rules.shared(),
-        app.backend_probe.clone(),
-    ));
+    let readiness = Arc::new(Readiness::new(app.rules.shared(), app.limiter.clone()));
     let engine = app.engine.clone();
     let drain_delay = app.ops.drain_delay;
     let max_streams = app.ops.max_concurrent_streams;
@@ -167,13 +163,6 @@ fn spawn_tasks(
     stop: &CancellationToken,
     failed: &CancellationToken,
 ) {
-    let backend: Option<BackendStats> = app.housekeeping.as_ref().map(|(state, _)| {
-        let state = state.clone();
-        Arc::new(move || BackendReport {
-            keys_held: state.held(),
-            events: state.events(),
-        }) as BackendStats
-    });
     if let Some(listener) = admin_listener {
         let addr = listener.local_addr().ok();
         tracing::info!(?addr, "serving admin HTTP");
@@ -182,7 +171,7 @@ fn spawn_tasks(
             rules: app.rules.clone(),
             readiness: readiness.clone(),
             metrics: app.metrics.clone(),
-            backend,
+            backend: app.limiter.clone(),
         };
         let serve = admin::serve(listener, admin, stop.clone());
         guarded(tasks, failed, async {
@@ -203,13 +192,13 @@ fn spawn_tasks(
         stop.clone(),
     );
     guarded(tasks, failed, watch);
-    if let Some((state, every)) = app.housekeeping {
-        let probing = probe(state.clone(), stop.clone());
+    if let Some(every) = app.housekeeping {
+        let probing = probe(app.limiter.clone(), stop.clone());
         guarded(tasks, failed, async {
             probing.await;
             Ok::<_, std::convert::Infallible>(())
         });
-        let sweep = housekeeping(state, every, stop.clone());
+        let sweep = housekeeping(app.limiter, every, stop.clone());
         guarded(tasks, failed, async {
             sweep.await;
             Ok::<_, std::convert::Infallible>(())
@@ -309,13 +298,13 @@ const PROBE_EVERY: Duration = Duration::from_secs(1);
 
 /// Probes the backend at once (which also makes its first connection), then every
 /// [`PROBE_EVERY`], until stopped; returns at once for a backend with nothing to probe.
-async fn probe(state: Arc<dyn Housekeeping>, stop: CancellationToken) {
+async fn probe(backend: Arc<dyn Limiter>, stop: CancellationToken) {
     let mut tick = tokio::time::interval(PROBE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = tick.tick() => match state.probe() {
+            _ = tick.tick() => match backend.probe() {
                 Some(probing) => probing.await,
                 None => return,
             },
@@ -324,15 +313,15 @@ async fn probe(state: Arc<dyn Housekeeping>, stop: CancellationToken) {
 }
 
 /// Sweeps backend state every `every` until stopped.
-async fn housekeeping(state: Arc<dyn Housekeeping>, every: Duration, stop: CancellationToken) {
+async fn housekeeping(backend: Arc<dyn Limiter>, every: Duration, stop: CancellationToken) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tick.tick() => {
-                let dropped = state.sweep();
-                tracing::debug!(dropped, held = state.held(), "backend sweep");
+                let dropped = backend.sweep();
+                tracing::debug!(dropped, held = backend.held(), "backend sweep");
             }
         }
     }

@@ -21,7 +21,10 @@ impl std::fmt::Display for Location {
 }
 
 /// Every domain of every rules file, validated. Domain names are unique.
-#[derive(Debug, Clone, Default)]
+///
+/// Equality is by value, field by field: a reload that yields an equal model changes
+/// nothing (see [`crate::reload`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RulesModel {
     pub domains: Vec<DomainRules>,
     /// The algorithm given to limits that name none (already resolved in `domains`), and to
@@ -30,7 +33,7 @@ pub struct RulesModel {
 }
 
 /// One `domain:` document.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DomainRules {
     /// Non-empty.
     pub domain: String,
@@ -50,7 +53,7 @@ pub enum ValueMatch {
 }
 
 /// One node of a domain's descriptor tree.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DescriptorRule {
     /// Non-empty.
     pub key: String,

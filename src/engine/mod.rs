@@ -9,6 +9,8 @@
 mod observe;
 mod plan;
 mod response;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 
@@ -171,13 +173,14 @@ impl Engine {
             let outcome = self.limiter.check(&planned.batch).await?;
             if outcome.hits.len() != planned.batch.hits.len() {
                 return Err(EngineError::Backend(LimiterError {
-                    kind: self.limiter.name(),
+                    backend: self.limiter.name(),
                     message: format!(
                         "answered {} hits for a batch of {}",
                         outcome.hits.len(),
                         planned.batch.hits.len()
                     ),
                     transient: false,
+                    source: None,
                 }));
             }
             outcome

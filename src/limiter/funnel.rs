@@ -130,11 +130,6 @@ impl Funnel {
         };
         wait.max(1)
     }
-
-    /// Whether a state at `now` is the same as [`FRESH`] (it may then be forgotten).
-    pub fn is_fresh(&self, tat: u64, now: u64) -> bool {
-        tat <= now
-    }
 }
 
 #[cfg(test)]

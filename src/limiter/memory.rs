@@ -14,7 +14,9 @@
 //! per kind of state (`store.rs`), whose entries name their key by its place in that buffer:
 //! a funnel's entry is 16 bytes (the key's place and the `tat`, which is also when it becomes
 //! fresh); the other kinds store when they become fresh beside their state, and a sliding log
-//! stays boxed. Keys are compared byte for byte: two keys never share a state. A key is hashed
+//! stays boxed. A state is found by its key in its algorithm's table only (state keys name
+//! their algorithm; the same bytes under two algorithms would be two states). Keys are
+//! compared byte for byte: two keys never share a state. A key is hashed
 //! once per batch, the hash choosing both its shard and its slot in the shard's table; the
 //! batch reads each state in place, decides on copies, and writes the result back to the same
 //! slot. Only a key that becomes fresh is removed, and only a new key is inserted.
@@ -56,10 +58,9 @@ mod store;
 use super::algorithm::State;
 use super::{Batch, BatchOutcome, BoxFuture, Clock, Hit, Limiter, LimiterError, MonotonicClock};
 use decide::{Scratch, Slots, Write};
-use keys::Span;
 use shards::{Locked, Shards};
 use smallvec::SmallVec;
-use store::{Found, Kind, Store};
+use store::{Found, Kind};
 
 /// Limiter state in this process's memory.
 ///
@@ -168,7 +169,7 @@ impl<C: Clock> MemoryLimiter<C> {
 struct Place {
     hash: u64,
     shard: usize,
-    /// The table of the algorithm of the key's first hit, looked in first.
+    /// The table of the key's algorithm (a batch's slot is a key and an algorithm).
     kind: Kind,
     found: Option<Found>,
     /// When the state read becomes fresh.
@@ -204,9 +205,8 @@ impl Place {
 }
 
 /// Writes a batch's states back as `writes` say. Held keys are written in place first (a
-/// table does not move its entries until one is inserted), then held keys whose state changed
-/// kind are moved to their new table, and only then are new keys inserted: only new keys can
-/// cause an eviction.
+/// table does not move its entries until one is inserted), and only then are new keys
+/// inserted: only new keys can cause an eviction.
 fn write_back(
     locked: &mut Locked<'_>,
     places: &[Place],
@@ -215,69 +215,29 @@ fn write_back(
     writes: &[Write],
     now: u64,
 ) {
-    // Moves never happen with keys naming their algorithm: an empty `Vec` costs nothing.
-    let mut moves: Vec<(usize, Span, u64, State)> = Vec::new();
     let mut inserts: SmallVec<[(usize, u64, State); 4]> = SmallVec::new();
     for (slot, ((place, state), &write)) in places.iter().zip(states).zip(writes).enumerate() {
         let state = std::mem::take(state);
-        match locked
-            .store(place.shard)
-            .and_then(|s| place.write(s, state, write))
-        {
-            Some(Later::Move(key, at, state)) => moves.push((slot, key, at, state)),
-            Some(Later::Insert(at, state)) => inserts.push((slot, at, state)),
-            None => {}
-        }
-    }
-    for (slot, key, at, state) in moves {
-        if let Some(place) = places.get(slot)
-            && let Some(store) = locked.store(place.shard)
-        {
-            store.move_in(key, place.hash, at, state);
+        let Some(store) = locked.store(place.shard) else {
+            continue;
+        };
+        match (place.found, write) {
+            // Puts back what was read (a log was moved out), unchanged.
+            (Some(found), Write::Keep) => store.put(found, place.fresh_at, state),
+            (Some(found), Write::Store(at)) => store.put(found, at, state),
+            (Some(found), Write::Remove) => store.remove(found),
+            (None, Write::Store(at)) => inserts.push((slot, at, state)),
+            (None, Write::Keep | Write::Remove) => {}
         }
     }
     for (slot, at, state) in inserts {
         if let (Some(place), Some(hit)) = (places.get(slot), first.get(slot))
             && let Some(store) = locked.store(place.shard)
         {
-            store.insert(place.hash, &hit.key, at, state, now);
+            store.insert(place.kind, place.hash, &hit.key, at, state, now);
         }
     }
     locked.tidy();
-}
-
-/// A write that waits until every held key is written in place.
-enum Later {
-    /// A held key whose state is now of another kind, out of its table: to store in its new
-    /// one (its bytes stay where they are).
-    Move(Span, u64, State),
-    /// A key not held, to store with this state.
-    Insert(u64, State),
-}
-
-impl Place {
-    /// Writes a key's state back in place, or says what is left to do.
-    fn write(&self, store: &mut Store, state: State, write: Write) -> Option<Later> {
-        match (self.found, write) {
-            (Some(found), Write::Keep) => {
-                // Puts back what was read (a log was moved out), unchanged.
-                let _ = store.put(found, self.fresh_at, state);
-                None
-            }
-            (Some(found), Write::Store(at)) => {
-                let state = store.put(found, at, state).err()?;
-                let key = store.remove(found)?;
-                Some(Later::Move(key, at, state))
-            }
-            (Some(found), Write::Remove) => {
-                let key = store.remove(found)?;
-                store.free(key);
-                None
-            }
-            (None, Write::Store(at)) => Some(Later::Insert(at, state)),
-            (None, Write::Keep | Write::Remove) => None,
-        }
-    }
 }
 
 impl<C: Clock> Limiter for MemoryLimiter<C> {
@@ -288,6 +248,14 @@ impl<C: Clock> Limiter for MemoryLimiter<C> {
 
     fn name(&self) -> &'static str {
         "memory"
+    }
+
+    fn sweep(&self) -> usize {
+        MemoryLimiter::sweep(self)
+    }
+
+    fn held(&self) -> usize {
+        self.len()
     }
 }
 
@@ -330,16 +298,22 @@ mod tests {
     }
 
     #[test]
-    fn a_key_used_by_another_algorithm_stays_one_entry_and_takes_its_new_state() {
+    fn the_same_key_bytes_under_two_algorithms_are_two_states() {
         let limiter = MemoryLimiter::with_clock(100, ManualClock::at(SEC));
         let check = |b: &Batch| limiter.check(b).now_or_never().and_then(Result::ok);
-        for algorithm in Algorithm::ALL.into_iter().chain([Algorithm::Funnel]) {
-            let outcome = check(&batch("k", algorithm)).map(|o| o.hits[0].remaining);
-            // Another algorithm's state counts as fresh: a full quota less this cost.
-            assert_eq!(outcome, Some(9), "{}", algorithm.as_str());
-            assert_eq!(limiter.len(), 1);
+        for round in 0..2 {
+            for algorithm in Algorithm::ALL {
+                let outcome = check(&batch("k", algorithm)).map(|o| o.hits[0].remaining);
+                // Each algorithm sees only its own state: 10 less what it took so far.
+                assert_eq!(outcome, Some(9 - round), "{}", algorithm.as_str());
+            }
+            assert_eq!(limiter.len(), Algorithm::ALL.len());
         }
-        let held = limiter.snapshot();
-        assert!(matches!(held.as_slice(), [(k, State::Funnel(_))] if k == b"k"));
+        // In one batch, too: each hit on its own state.
+        let mut both = batch("k", Algorithm::Funnel);
+        both.hits.extend(batch("k", Algorithm::FixedWindow).hits);
+        let outcome = check(&both).map(|o| [o.hits[0].remaining, o.hits[1].remaining]);
+        assert_eq!(outcome, Some([7, 7]));
+        assert_eq!(limiter.len(), Algorithm::ALL.len());
     }
 }

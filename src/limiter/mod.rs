@@ -100,18 +100,28 @@ pub struct BatchOutcome {
 
 /// A backend failure. Denials are never errors.
 #[derive(Debug, thiserror::Error)]
-#[error("{kind} backend error: {message}")]
+#[error("{backend} backend error: {message}")]
 pub struct LimiterError {
-    pub kind: &'static str,
+    /// The backend that failed: its [`Limiter::name`] (`redis`, ...).
+    pub backend: &'static str,
+    /// What went wrong, for clients and logs (for a wrapped error, its text).
     pub message: String,
     /// Retrying later may succeed (connection lost, time-out, ...).
     pub transient: bool,
+    /// The error underneath (a Redis client error), when there is one.
+    #[source]
+    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
 
 /// A boxed future, as returned by [`Limiter::check`].
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// A place where limiter state lives. One call per request, carrying all its hits.
+///
+/// Besides [`Limiter::check`], the app drives a backend through provided methods that do
+/// nothing by default: housekeeping ([`Limiter::sweep`], [`Limiter::held`]), readiness
+/// ([`Limiter::probe`], [`Limiter::ready`]) and [`Limiter::events`] for metrics. The memory
+/// and Redis backends override what applies to them.
 pub trait Limiter: Send + Sync + 'static {
     /// Decides a whole batch atomically: either every admitted hit consumes, or (when the request
     /// is denied) only `charge: always` hits do.
@@ -119,6 +129,35 @@ pub trait Limiter: Send + Sync + 'static {
 
     /// A short name for logs and metrics.
     fn name(&self) -> &'static str;
+
+    /// Drops state that is no longer needed (called periodically); returns how many entries
+    /// went.
+    fn sweep(&self) -> usize {
+        0
+    }
+
+    /// Entries held in process (a gauge).
+    fn held(&self) -> usize {
+        0
+    }
+
+    /// Checks that the backend is reachable and records it for [`Limiter::ready`] (called
+    /// periodically); `None` when the backend has nothing to probe.
+    fn probe(&self) -> Option<BoxFuture<'_, ()>> {
+        None
+    }
+
+    /// Whether the backend can answer now; `Err` carries a short reason, shown by `/readyz`.
+    /// Called on every readiness check, so cheap: a flag kept up to date by the backend (by
+    /// requests and [`Limiter::probe`]), never a round trip.
+    fn ready(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// Running totals of backend events (`(event, count)`), exported as metrics.
+    fn events(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
 }
 
 impl LimitParams {

@@ -90,7 +90,7 @@ impl SlidingWindow {
     /// The counters moved to the window holding `now`: the current count becomes the
     /// previous one when that window follows; older counts are dropped. Counters of a later
     /// window (a clock that went back) are kept as they are.
-    pub fn rolled(&self, c: Counters, now: u64) -> Counters {
+    fn rolled(&self, c: Counters, now: u64) -> Counters {
         let start = now - now % self.period;
         if c.start >= start {
             c

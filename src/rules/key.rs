@@ -114,7 +114,7 @@ pub fn hash_tag(key: &[u8]) -> &[u8] {
 }
 
 /// Appends `text` with every separator character escaped.
-pub fn escape_into(out: &mut String, text: &str) {
+fn escape_into(out: &mut String, text: &str) {
     if !text.contains(|c| escaped(c).is_some()) {
         out.push_str(text);
         return;

@@ -43,13 +43,25 @@ impl Entry {
 }
 
 /// Every domain's compiled tree. Immutable; swapped whole on reload.
+///
+/// Two sets are equal when the models they were compiled from are (by value, every field).
 #[derive(Debug, Default)]
 pub struct RuleSet {
     /// In the model's order.
     domains: Vec<Domain>,
     by_name: HashMap<Box<str>, usize, RandomState>,
     default_algorithm: Algorithm,
+    /// The validated model this set was compiled from.
+    source: RulesModel,
 }
+
+impl PartialEq for RuleSet {
+    fn eq(&self, other: &RuleSet) -> bool {
+        self.source == other.source
+    }
+}
+
+impl Eq for RuleSet {}
 
 impl RuleSet {
     /// Compiles a validated model. Domain names are unique in a valid model; were one repeated,
@@ -57,6 +69,7 @@ impl RuleSet {
     pub fn compile(model: RulesModel) -> RuleSet {
         let mut set = RuleSet {
             default_algorithm: model.default_algorithm,
+            source: model.clone(),
             ..RuleSet::default()
         };
         for domain in model.domains {

@@ -185,9 +185,10 @@ struct Down;
 impl Limiter for Down {
     fn check<'a>(&'a self, _: &'a Batch) -> BoxFuture<'a, Result<BatchOutcome, LimiterError>> {
         Box::pin(std::future::ready(Err(LimiterError {
-            kind: "down",
+            backend: "down",
             message: "connection refused".to_owned(),
             transient: true,
+            source: None,
         })))
     }
 

@@ -171,9 +171,10 @@ fn every_family() -> Vec<String> {
         });
     }
     let down = LimiterError {
-        kind: "redis",
+        backend: "redis",
         message: "connection refused".to_owned(),
         transient: true,
+        source: None,
     };
     metrics.request(RequestResult::Unavailable(&down), Duration::ZERO);
     let config = ConfigStatus {

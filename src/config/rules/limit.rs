@@ -35,7 +35,7 @@ const LIMITED_ONLY: &[&str] = &[
 ];
 
 /// The longest period a limit may have: 100 years of 365 days.
-pub const MAX_PERIOD_SECS: u64 = 100 * Unit::Year.seconds();
+const MAX_PERIOD_SECS: u64 = 100 * Unit::Year.seconds();
 
 /// One parsed limit.
 enum Limit {

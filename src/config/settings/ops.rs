@@ -56,14 +56,3 @@ pub struct TlsSettings {
     /// With it, clients must present a certificate signed by one of these CAs (mTLS).
     pub client_ca_file: Option<PathBuf>,
 }
-
-impl TlsSettings {
-    /// The files, when TLS is on.
-    pub fn files(&self) -> Option<crate::tls::TlsFiles> {
-        Some(crate::tls::TlsFiles {
-            cert: self.cert_file.clone()?,
-            key: self.key_file.clone()?,
-            client_ca: self.client_ca_file.clone(),
-        })
-    }
-}

@@ -26,9 +26,10 @@ type Overlay = SmallVec<[Option<State>; 4]>;
 /// Above this many hits, distinct keys are found with a hash map instead of a linear scan.
 const LINEAR_SCAN_MAX: usize = 16;
 
-/// The distinct keys of a batch, in order of first appearance.
+/// The distinct states of a batch, in order of first appearance: one per key and algorithm
+/// (state keys name their algorithm, so in practice one per key).
 pub(super) struct Slots<'a> {
-    /// One per distinct key: the first hit on it.
+    /// One per distinct state: the first hit on it.
     pub(super) first: Scratch<&'a Hit>,
     /// Per hit: the index of its key in `first`.
     pub(super) of_hit: Scratch<usize>,
@@ -43,20 +44,21 @@ impl<'a> Slots<'a> {
         };
         if hits.len() <= LINEAR_SCAN_MAX {
             for hit in hits {
-                let found = slots.first.iter().position(|h| h.key == hit.key);
+                let found = slots.first.iter().position(|h| same_state(h, hit));
                 slots.push(hit, found);
             }
         } else {
             let mut seen = HashMap::with_capacity_and_hasher(hits.len(), RandomState::new());
             for hit in hits {
                 let next = slots.first.len();
-                let slot = *seen.entry(&*hit.key).or_insert(next);
+                let slot = *seen.entry((&*hit.key, hit.limit.algorithm)).or_insert(next);
                 slots.push(hit, (slot != next).then_some(slot));
             }
         }
         slots
     }
 
+    #[inline]
     fn push(&mut self, hit: &'a Hit, found: Option<usize>) {
         let slot = found.unwrap_or_else(|| {
             self.first.push(hit);
@@ -64,6 +66,12 @@ impl<'a> Slots<'a> {
         });
         self.of_hit.push(slot);
     }
+}
+
+/// Whether two hits are on one state: the same key, and the same algorithm.
+#[inline]
+fn same_state(a: &Hit, b: &Hit) -> bool {
+    a.limit.algorithm == b.limit.algorithm && a.key == b.key
 }
 
 /// What to do with one key's state after a batch.

@@ -1,7 +1,9 @@
 //! One shard's states: the keys' bytes in one [`Arena`], and one hash table per kind of state
 //! whose entries name their key by [`Span`]. An entry holds only what its kind needs: a
 //! funnel's is its span and `tat` (16 bytes; its `tat` is when it becomes fresh), the others
-//! add the time they become fresh to their state. A key is in at most one table.
+//! add the time they become fresh to their state. A state is found by its key in the table of
+//! its algorithm only: state keys name their algorithm, so one key never has states of two
+//! kinds (and were the same bytes used by two algorithms, they would simply be two states).
 //!
 //! The tables hash a key with the shards' router (`Shards::place`), so a key is hashed once
 //! per batch: the same hash picks its shard and finds it in its table.
@@ -55,18 +57,6 @@ impl Kind {
             Algorithm::SlidingLog => Kind::SlidingLog,
         }
     }
-
-    /// The kind of a state (`None` for [`State::Fresh`], which is never stored).
-    fn of_state(state: &State) -> Option<Kind> {
-        match state {
-            State::Fresh => None,
-            State::Funnel(_) => Some(Kind::Funnel),
-            State::TokenBucket(_) => Some(Kind::TokenBucket),
-            State::FixedWindow(_) => Some(Kind::FixedWindow),
-            State::SlidingWindow(_) => Some(Kind::SlidingWindow),
-            State::SlidingLog(_) => Some(Kind::SlidingLog),
-        }
-    }
 }
 
 /// Where a held key is: its table and its bucket there. Valid until that table grows (only
@@ -84,8 +74,8 @@ trait Value: Sized {
     fn peek(&self) -> State;
     /// The state, moved out when it owns memory (a log); `restore` puts it back.
     fn take(&mut self) -> State;
-    /// The value for a state of this kind; the state back when it is of another kind.
-    fn new(fresh_at: u64, state: State) -> Result<Self, State>;
+    /// The value for a state of this kind; `None` for a state of another kind.
+    fn new(fresh_at: u64, state: State) -> Option<Self>;
 }
 
 /// A funnel's `tat` is the time it becomes fresh: nothing else is stored.
@@ -102,10 +92,10 @@ impl Value for u64 {
         self.peek()
     }
 
-    fn new(_fresh_at: u64, state: State) -> Result<u64, State> {
+    fn new(_fresh_at: u64, state: State) -> Option<u64> {
         match state {
-            State::Funnel(tat) => Ok(tat),
-            other => Err(other),
+            State::Funnel(tat) => Some(tat),
+            _ => None,
         }
     }
 }
@@ -119,7 +109,7 @@ struct Timed<S> {
 /// A state that is stored as it is, converted from and to [`State`].
 trait Plain: Sized + Copy {
     fn wrap(self) -> State;
-    fn unwrap(state: State) -> Result<Self, State>;
+    fn unwrap(state: State) -> Option<Self>;
 }
 
 macro_rules! plain {
@@ -129,10 +119,10 @@ macro_rules! plain {
                 State::$variant(self)
             }
 
-            fn unwrap(state: State) -> Result<Self, State> {
+            fn unwrap(state: State) -> Option<Self> {
                 match state {
-                    State::$variant(s) => Ok(s),
-                    other => Err(other),
+                    State::$variant(s) => Some(s),
+                    _ => None,
                 }
             }
         }
@@ -156,7 +146,7 @@ impl<S: Plain> Value for Timed<S> {
         self.peek()
     }
 
-    fn new(fresh_at: u64, state: State) -> Result<Self, State> {
+    fn new(fresh_at: u64, state: State) -> Option<Self> {
         S::unwrap(state).map(|state| Timed { fresh_at, state })
     }
 }
@@ -175,13 +165,13 @@ impl Value for Timed<Option<Box<Log>>> {
         State::SlidingLog(self.state.take().unwrap_or_default())
     }
 
-    fn new(fresh_at: u64, state: State) -> Result<Self, State> {
+    fn new(fresh_at: u64, state: State) -> Option<Self> {
         match state {
-            State::SlidingLog(log) => Ok(Timed {
+            State::SlidingLog(log) => Some(Timed {
                 fresh_at,
                 state: Some(log),
             }),
-            other => Err(other),
+            _ => None,
         }
     }
 }
@@ -209,10 +199,12 @@ trait AnyTable {
     fn len(&self) -> usize;
     fn find(&self, keys: &Arena, hash: u64, key: &[u8]) -> Option<usize>;
     fn take(&mut self, index: usize) -> Option<(u64, State)>;
-    /// Overwrites the entry at `index`; the state back if it is of another kind.
-    fn put(&mut self, index: usize, fresh_at: u64, state: State) -> Result<(), State>;
+    /// Overwrites the entry at `index`; false (and nothing written) for a state of another
+    /// kind.
+    fn put(&mut self, index: usize, fresh_at: u64, state: State) -> bool;
     fn remove(&mut self, index: usize) -> Option<Span>;
-    fn insert(&mut self, at: Place<'_>, fresh_at: u64, state: State) -> Result<(), State>;
+    /// Inserts a new entry; false (and nothing inserted) for a state of another kind.
+    fn insert(&mut self, at: Place<'_>, fresh_at: u64, state: State) -> bool;
     /// Removes the entries fresh at `now`, freeing their keys; returns how many.
     fn drop_fresh(&mut self, now: u64, keys: &mut Arena) -> usize;
     /// Every entry's time of becoming fresh, with its index.
@@ -245,10 +237,13 @@ impl<V: Value> AnyTable for Table<V> {
         Some((entry.value.fresh_at(), entry.value.take()))
     }
 
-    fn put(&mut self, index: usize, fresh_at: u64, state: State) -> Result<(), State> {
-        match self.map.get_bucket_mut(index) {
-            Some(entry) => V::new(fresh_at, state).map(|value| entry.value = value),
-            None => Err(state),
+    fn put(&mut self, index: usize, fresh_at: u64, state: State) -> bool {
+        match (self.map.get_bucket_mut(index), V::new(fresh_at, state)) {
+            (Some(entry), Some(value)) => {
+                entry.value = value;
+                true
+            }
+            _ => false,
         }
     }
 
@@ -257,12 +252,14 @@ impl<V: Value> AnyTable for Table<V> {
         Some(entry.remove().0.key)
     }
 
-    fn insert(&mut self, at: Place<'_>, fresh_at: u64, state: State) -> Result<(), State> {
-        let value = V::new(fresh_at, state)?;
+    fn insert(&mut self, at: Place<'_>, fresh_at: u64, state: State) -> bool {
+        let Some(value) = V::new(fresh_at, state) else {
+            return false;
+        };
         let rehash = |e: &Entry<V>| at.hasher.hash_one(at.keys.get(e.key));
         self.map
             .insert_unique(at.hash, Entry { key: at.key, value }, rehash);
-        Ok(())
+        true
     }
 
     fn drop_fresh(&mut self, now: u64, keys: &mut Arena) -> usize {
@@ -355,17 +352,14 @@ impl Store {
         Kind::ALL.iter().map(|&k| self.tables.get(k).len()).sum()
     }
 
-    /// Finds a key (of `hash`), first in the table of `kind`, then in the others.
+    /// Finds a key (of `hash`) in the table of `kind`.
     pub(super) fn find(&self, hash: u64, key: &[u8], kind: Kind) -> Option<Found> {
-        let others = Kind::ALL.into_iter().filter(|&k| k != kind);
-        std::iter::once(kind).chain(others).find_map(|kind| {
-            let table = self.tables.get(kind);
-            if table.len() == 0 {
-                return None;
-            }
-            let index = table.find(&self.keys, hash, key)?;
-            Some(Found { kind, index })
-        })
+        let table = self.tables.get(kind);
+        if table.len() == 0 {
+            return None;
+        }
+        let index = table.find(&self.keys, hash, key)?;
+        Some(Found { kind, index })
     }
 
     /// The state of a found key and when it becomes fresh; a log is moved out, and must be
@@ -374,59 +368,41 @@ impl Store {
         self.tables.get_mut(found.kind).take(found.index)
     }
 
-    /// Writes a found key's state in place; the state back if it is of another kind.
-    pub(super) fn put(&mut self, found: Found, fresh_at: u64, state: State) -> Result<(), State> {
-        self.tables
+    /// Writes a found key's state in place. A state of another kind (which a batch never
+    /// writes: its states are of their key's kind) removes the key instead.
+    pub(super) fn put(&mut self, found: Found, fresh_at: u64, state: State) {
+        if !self
+            .tables
             .get_mut(found.kind)
             .put(found.index, fresh_at, state)
-    }
-
-    /// Removes a found key; returns its span, still holding its bytes (for
-    /// [`Store::move_in`]) until [`Store::free`].
-    pub(super) fn remove(&mut self, found: Found) -> Option<Span> {
-        self.tables.get_mut(found.kind).remove(found.index)
-    }
-
-    /// Counts a removed key's bytes as dead.
-    pub(super) fn free(&mut self, key: Span) {
-        self.keys.free(key);
-    }
-
-    /// Stores a key removed from another table with its new state (never evicts: the key was
-    /// counted already).
-    pub(super) fn move_in(&mut self, key: Span, hash: u64, fresh_at: u64, state: State) {
-        match Kind::of_state(&state) {
-            Some(kind) => self.place(kind, key, hash, fresh_at, state),
-            None => self.keys.free(key),
+        {
+            self.remove(found);
         }
     }
 
-    /// Puts a key already in the arena into the table of `kind`; frees its bytes if the
-    /// table refuses the state.
-    fn place(&mut self, kind: Kind, key: Span, hash: u64, fresh_at: u64, state: State) {
-        let place = Place {
-            key,
-            hash,
-            keys: &self.keys,
-            hasher: &self.hasher,
-        };
-        if self
-            .tables
-            .get_mut(kind)
-            .insert(place, fresh_at, state)
-            .is_err()
-        {
+    /// Removes a found key, counting its bytes as dead.
+    pub(super) fn remove(&mut self, found: Found) {
+        if let Some(key) = self.tables.get_mut(found.kind).remove(found.index) {
             self.keys.free(key);
         }
     }
 
-    /// Stores a key not held (of `hash`) with its non-fresh state, making room first in a full
-    /// store (see the module doc of `memory`). A key the arena cannot take (past 4 GiB of
-    /// keys) is not stored, as if evicted at once.
-    pub(super) fn insert(&mut self, hash: u64, key: &[u8], fresh_at: u64, state: State, now: u64) {
-        let Some(kind) = Kind::of_state(&state) else {
+    /// Stores a key not held (of `hash`) in the table of `kind` with its non-fresh state,
+    /// making room first in a full store (see the module doc of `memory`). A key the arena
+    /// cannot take (past 4 GiB of keys) is not stored, as if evicted at once; nor is a state
+    /// of another kind.
+    pub(super) fn insert(
+        &mut self,
+        kind: Kind,
+        hash: u64,
+        key: &[u8],
+        fresh_at: u64,
+        state: State,
+        now: u64,
+    ) {
+        if state == State::Fresh {
             return;
-        };
+        }
         self.make_room(now);
         let span = match self.keys.push(key) {
             Some(span) => Some(span),
@@ -435,8 +411,17 @@ impl Store {
                 self.keys.push(key)
             }
         };
-        if let Some(key) = span {
-            self.place(kind, key, hash, fresh_at, state);
+        let Some(key) = span else {
+            return;
+        };
+        let place = Place {
+            key,
+            hash,
+            keys: &self.keys,
+            hasher: &self.hasher,
+        };
+        if !self.tables.get_mut(kind).insert(place, fresh_at, state) {
+            self.keys.free(key);
         }
     }
 
@@ -466,9 +451,7 @@ impl Store {
         }
         // Removing an entry leaves every other entry at its index.
         for (_, found) in all {
-            if let Some(key) = self.remove(found) {
-                self.keys.free(key);
-            }
+            self.remove(found);
         }
     }
 
@@ -541,7 +524,7 @@ mod tests {
             let hash = self.hasher.hash_one(key.as_bytes());
             let state = State::Funnel(fresh_at);
             self.store
-                .insert(hash, key.as_bytes(), fresh_at, state, now);
+                .insert(Kind::Funnel, hash, key.as_bytes(), fresh_at, state, now);
         }
 
         fn find(&self, key: &str, kind: Kind) -> Option<Found> {
@@ -579,23 +562,40 @@ mod tests {
         f.insert("a", 5, 0);
         let found = f.find("a", Kind::Funnel).unwrap();
         assert_eq!(f.store.take(found), Some((5, State::Funnel(5))));
-        assert_eq!(f.store.put(found, 6, State::Funnel(6)), Ok(()));
+        f.store.put(found, 6, State::Funnel(6));
         assert_eq!(f.store.snapshot(), [(b"a".to_vec(), State::Funnel(6))]);
     }
 
     #[test]
-    fn a_key_is_found_in_the_table_of_another_kind_and_moves_to_its_new_one() {
+    fn a_key_is_looked_up_only_in_the_table_of_its_kind() {
         let mut f = Fixture::new(4);
         f.insert("a", 5, 0);
-        let found = f.find("a", Kind::TokenBucket).unwrap();
-        let bucket = State::TokenBucket(Bucket { used: 1, anchor: 2 });
-        assert_eq!(f.store.put(found, 9, bucket.clone()), Err(bucket.clone()));
-        let key = f.store.remove(found).unwrap();
+        assert!(f.find("a", Kind::Funnel).is_some());
+        for kind in Kind::ALL.into_iter().filter(|&k| k != Kind::Funnel) {
+            assert_eq!(f.find("a", kind), None, "{kind:?}");
+        }
+        // The same bytes under another kind are another state.
         let hash = f.hasher.hash_one(b"a".as_slice());
-        f.store.move_in(key, hash, 9, bucket.clone());
-        assert!(f.find("a", Kind::TokenBucket).is_some());
-        assert_eq!(f.store.snapshot(), [(b"a".to_vec(), bucket)]);
-        assert_eq!(f.store.len(), 1);
+        let bucket = State::TokenBucket(Bucket { used: 1, anchor: 2 });
+        f.store
+            .insert(Kind::TokenBucket, hash, b"a", 9, bucket.clone(), 0);
+        assert_eq!(f.store.len(), 2);
+        let found = f.find("a", Kind::TokenBucket).unwrap();
+        assert_eq!(f.store.take(found), Some((9, bucket)));
+    }
+
+    #[test]
+    fn a_state_of_another_kind_is_never_stored() {
+        let mut f = Fixture::new(4);
+        let hash = f.hasher.hash_one(b"a".as_slice());
+        f.store
+            .insert(Kind::SlidingLog, hash, b"a", 9, State::Funnel(9), 0);
+        f.insert("b", 5, 0);
+        let found = f.find("b", Kind::Funnel).unwrap();
+        f.store.put(found, 9, State::FixedWindow(Window::default()));
+        assert_eq!(f.store.len(), 0);
+        f.store.tidy();
+        assert_eq!(f.store.keys.live(), 0);
     }
 
     #[test]
@@ -603,10 +603,11 @@ mod tests {
         let mut f = Fixture::new(4);
         let hash = f.hasher.hash_one(b"log".as_slice());
         let log = State::SlidingLog(Box::default());
-        f.store.insert(hash, b"log", 7, log.clone(), 0);
+        f.store
+            .insert(Kind::SlidingLog, hash, b"log", 7, log.clone(), 0);
         let found = f.find("log", Kind::SlidingLog).unwrap();
         assert_eq!(f.store.take(found), Some((7, log.clone())));
-        assert_eq!(f.store.put(found, 7, log.clone()), Ok(()));
+        f.store.put(found, 7, log.clone());
         assert_eq!(f.store.snapshot(), [(b"log".to_vec(), log)]);
     }
 
@@ -620,8 +621,7 @@ mod tests {
         let bytes = f.store.keys.live();
         for i in (0..1_000).filter(|i| i % 4 != 0) {
             let found = f.find(&key(i), Kind::Funnel).unwrap();
-            let span = f.store.remove(found).unwrap();
-            f.store.free(span);
+            f.store.remove(found);
         }
         f.store.tidy();
         assert_eq!(f.store.keys.dead(), 0);

@@ -291,17 +291,19 @@ fn uniform(batch: &Batch, admitted: bool) -> BatchOutcome {
 
 fn config_error(message: &str) -> LimiterError {
     LimiterError {
-        kind: "redis",
+        backend: "redis",
         message: message.to_owned(),
         transient: false,
+        source: None,
     }
 }
 
 fn unavailable(message: &str) -> LimiterError {
     LimiterError {
-        kind: "redis",
+        backend: "redis",
         message: message.to_owned(),
         transient: true,
+        source: None,
     }
 }
 
@@ -318,9 +320,10 @@ fn limiter_error(e: RedisError) -> LimiterError {
             Some("READONLY" | "MASTERDOWN" | "LOADING" | "BUSY" | "TRYAGAIN" | "CLUSTERDOWN")
         );
     LimiterError {
-        kind: "redis",
+        backend: "redis",
         message: e.to_string(),
         transient,
+        source: Some(Box::new(e)),
     }
 }
 
@@ -331,6 +334,33 @@ impl Limiter for RedisLimiter {
 
     fn name(&self) -> &'static str {
         "redis"
+    }
+
+    fn sweep(&self) -> usize {
+        RedisLimiter::sweep(self)
+    }
+
+    fn held(&self) -> usize {
+        RedisLimiter::held(self)
+    }
+
+    fn probe(&self) -> Option<BoxFuture<'_, ()>> {
+        Some(Box::pin(RedisLimiter::probe(self)))
+    }
+
+    /// Follows Redis only with `on_error = "error"`: the other settings answer while Redis
+    /// is down (`allow`, `deny`, or the local limiter), so a replica that cannot reach Redis
+    /// still serves, and taking every replica out of the Service at once would hand the
+    /// decision to the client's failure mode instead.
+    fn ready(&self) -> Result<(), String> {
+        match self.on_error {
+            OnError::Error => self.health(),
+            OnError::Allow | OnError::Deny | OnError::Local => Ok(()),
+        }
+    }
+
+    fn events(&self) -> Vec<(&'static str, u64)> {
+        RedisLimiter::events(self)
     }
 }
 
