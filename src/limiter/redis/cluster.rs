@@ -34,8 +34,12 @@ const UNKNOWN: HitOutcome = HitOutcome {
 };
 
 /// One slot's hits as their own script call, each hit decided on its own.
-async fn independent(limiter: &RedisLimiter, hits: Vec<Hit>) -> Result<BatchOutcome, RedisError> {
-    let call = limiter.encode(&hits, Mode::Independent, Unit::Nanos, None);
+async fn independent(
+    limiter: &RedisLimiter,
+    hits: Vec<Hit>,
+    now_micros: Option<u64>,
+) -> Result<BatchOutcome, RedisError> {
+    let call = limiter.encode(&hits, Mode::Independent, Unit::Nanos, now_micros);
     limiter.call(&call).await
 }
 
@@ -43,10 +47,11 @@ async fn independent(limiter: &RedisLimiter, hits: Vec<Hit>) -> Result<BatchOutc
 pub(super) async fn check(
     limiter: &RedisLimiter,
     batch: &Batch,
+    now_micros: Option<u64>,
 ) -> Result<BatchOutcome, RedisError> {
     let groups = by_slot(limiter.prefix(), &batch.hits);
     if groups.len() <= 1 {
-        let call = limiter.encode(&batch.hits, Mode::Request, Unit::Nanos, None);
+        let call = limiter.encode(&batch.hits, Mode::Request, Unit::Nanos, now_micros);
         return limiter.call(&call).await;
     }
     let calls = groups.iter().map(|indices| {
@@ -54,7 +59,7 @@ pub(super) async fn check(
             .iter()
             .filter_map(|&i| batch.hits.get(i).cloned())
             .collect();
-        independent(limiter, hits)
+        independent(limiter, hits, now_micros)
     });
     let results = join_all(calls).await;
     let mut outcome = BatchOutcome {
@@ -72,7 +77,7 @@ pub(super) async fn check(
     let planned = plan::plan(&batch.hits, &verdicts);
     outcome.admitted = planned.admitted && failed.is_none();
     let undo = to_undo(batch, &verdicts, outcome.admitted);
-    give_back(limiter, batch, &groups, &undo, &mut outcome).await?;
+    give_back(limiter, batch, &groups, &undo, &mut outcome, now_micros).await?;
     match failed {
         Some(e) => Err(e),
         None => Ok(outcome),
@@ -130,6 +135,7 @@ async fn give_back(
     groups: &[Vec<usize>],
     undo: &[bool],
     outcome: &mut BatchOutcome,
+    now_micros: Option<u64>,
 ) -> Result<(), RedisError> {
     let todo: Vec<Vec<usize>> = groups
         .iter()
@@ -150,7 +156,7 @@ async fn give_back(
                 ..h.clone()
             })
             .collect();
-        independent(limiter, hits)
+        independent(limiter, hits, now_micros)
     });
     for (indices, result) in todo.iter().zip(join_all(calls).await) {
         let mut part = result?;

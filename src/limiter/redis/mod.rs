@@ -28,14 +28,15 @@ pub mod connection;
 mod deny_cache;
 pub mod script;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::{RedisError, RedisResult};
-use tokio::time::Instant;
 
 use super::{
-    Batch, BatchOutcome, BoxFuture, HitOutcome, Limiter, LimiterError, MemoryLimiter, plan,
+    Batch, BatchOutcome, BoxFuture, Clock, HitOutcome, Limiter, LimiterError, MemoryLimiter,
+    MonotonicClock, plan,
 };
 use crate::config::settings::{OnError, RedisSettings};
 use breaker::Breaker;
@@ -51,6 +52,10 @@ pub struct RedisLimiter {
     on_error: OnError,
     breaker: Breaker,
     deny: DenyCache,
+    /// The deny cache's time; with `script_clock`, the script's too.
+    clock: Arc<dyn Clock>,
+    /// Send the clock's time to the script instead of letting it read Redis `TIME` (tests).
+    script_clock: bool,
     local: Option<MemoryLimiter>,
     /// Whether calls go to the function library or to the script.
     functions: Functions,
@@ -79,6 +84,30 @@ impl RedisLimiter {
         settings: &RedisSettings,
         local_max_keys: usize,
     ) -> Result<RedisLimiter, LimiterError> {
+        Self::build(
+            settings,
+            local_max_keys,
+            Arc::new(MonotonicClock::new()),
+            false,
+        )
+    }
+
+    /// A limiter whose time is `clock`'s, for tests: the deny cache reads it, and every script
+    /// call carries it (rounded down to the microsecond) instead of reading Redis `TIME`.
+    pub fn with_clock(
+        settings: &RedisSettings,
+        local_max_keys: usize,
+        clock: Arc<dyn Clock>,
+    ) -> Result<RedisLimiter, LimiterError> {
+        Self::build(settings, local_max_keys, clock, true)
+    }
+
+    fn build(
+        settings: &RedisSettings,
+        local_max_keys: usize,
+        clock: Arc<dyn Clock>,
+        script_clock: bool,
+    ) -> Result<RedisLimiter, LimiterError> {
         if settings.prefix.contains('{') {
             return Err(config_error(
                 "redis.prefix must not contain '{' (it would break the Cluster hash tag)",
@@ -100,6 +129,8 @@ impl RedisLimiter {
                 Duration::from_millis(settings.breaker_cooldown_ms),
             ),
             deny: DenyCache::new(settings.deny_cache_size),
+            clock,
+            script_clock,
             local: (settings.on_error == OnError::Local)
                 .then(|| MemoryLimiter::new(local_max_keys)),
             functions: Functions::new(settings.functions),
@@ -167,7 +198,8 @@ impl RedisLimiter {
 
     /// Drops expired deny-cache entries and drained local-fallback states.
     pub fn sweep(&self) -> usize {
-        self.deny.sweep() + self.local.as_ref().map_or(0, MemoryLimiter::sweep)
+        self.deny.sweep(self.clock.now_nanos())
+            + self.local.as_ref().map_or(0, MemoryLimiter::sweep)
     }
 
     /// Entries held in process: deny cache and local fallback.
@@ -176,7 +208,8 @@ impl RedisLimiter {
     }
 
     async fn decide(&self, batch: &Batch) -> Result<BatchOutcome, LimiterError> {
-        if let Some(outcome) = self.deny.answer(batch) {
+        let sent = self.clock.now_nanos();
+        if let Some(outcome) = self.deny.answer(batch, sent) {
             bump(&self.events.deny_cache_hits);
             return Ok(outcome);
         }
@@ -189,8 +222,7 @@ impl RedisLimiter {
                 )
                 .await;
         }
-        let sent = Instant::now();
-        let result = match tokio::time::timeout(self.timeout, self.remote(batch)).await {
+        let result = match tokio::time::timeout(self.timeout, self.remote(batch, sent)).await {
             Ok(result) => result,
             Err(_) => {
                 self.connector.timed_out();
@@ -216,11 +248,12 @@ impl RedisLimiter {
     }
 
     /// The decision from Redis, times in nanoseconds.
-    async fn remote(&self, batch: &Batch) -> Result<BatchOutcome, LimiterError> {
+    async fn remote(&self, batch: &Batch, now: u64) -> Result<BatchOutcome, LimiterError> {
+        let now_micros = self.script_clock.then_some(now / 1_000);
         let outcome = if self.connector.is_cluster() {
-            cluster::check(self, batch).await
+            cluster::check(self, batch, now_micros).await
         } else {
-            let call = self.encode(&batch.hits, Mode::Request, Unit::Nanos, None);
+            let call = self.encode(&batch.hits, Mode::Request, Unit::Nanos, now_micros);
             self.call(&call).await
         };
         outcome.map_err(limiter_error)

