@@ -39,8 +39,14 @@ async fn independent(
     hits: Vec<Hit>,
     now_micros: Option<u64>,
 ) -> Result<BatchOutcome, RedisError> {
-    let call = limiter.encode(&hits, Mode::Independent, Unit::Nanos, now_micros);
-    limiter.call(&call).await
+    limiter
+        .submit(hits, Mode::Independent, Unit::Nanos, now_micros)
+        .await
+}
+
+/// The Cluster slot of a key (with the prefix in front).
+pub(super) fn slot(prefix: &[u8], key: &[u8]) -> Slot {
+    Slot::for_key(script::prefixed(prefix, key))
 }
 
 /// Decides `batch` on a Cluster.
@@ -51,8 +57,10 @@ pub(super) async fn check(
 ) -> Result<BatchOutcome, RedisError> {
     let groups = by_slot(limiter.prefix(), &batch.hits);
     if groups.len() <= 1 {
-        let call = limiter.encode(&batch.hits, Mode::Request, Unit::Nanos, now_micros);
-        return limiter.call(&call).await;
+        let hits = batch.hits.clone();
+        return limiter
+            .submit(hits, Mode::Request, Unit::Nanos, now_micros)
+            .await;
     }
     let calls = groups.iter().map(|indices| {
         let hits: Vec<Hit> = indices
@@ -89,7 +97,7 @@ fn by_slot(prefix: &[u8], hits: &[Hit]) -> Vec<Vec<usize>> {
     let mut order: Vec<Vec<usize>> = Vec::new();
     let mut index: HashMap<Slot, usize> = HashMap::new();
     for (i, hit) in hits.iter().enumerate() {
-        let slot = Slot::for_key(script::prefixed(prefix, &hit.key));
+        let slot = slot(prefix, &hit.key);
         let next = order.len();
         let at = *index.entry(slot).or_insert(next);
         if at == next {
