@@ -231,3 +231,216 @@ deny_cache_differential! {
     deny_cache_on_and_off_agree_sliding_log: [Algorithm::SlidingLog];
     deny_cache_on_and_off_agree_every_algorithm: Algorithm::ALL;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Group commit
+
+/// A hit of one of a seed's keys; a key's algorithm, quota and period are its own (as real
+/// state keys, which name the algorithm and the period), burst, borrow, charge, cost, refund
+/// and role vary per hit. Periods in microseconds (the unit of `check_micros`).
+fn gc_hit(rng: &mut Rng, seed: u64) -> Hit {
+    let name = rng.below(4);
+    let mut keyed = Rng::new(seed << 8 | name);
+    let algorithm = keyed.pick(&Algorithm::ALL);
+    let group = rng.below(4) as usize;
+    Hit {
+        key: format!("{{gc|{seed}}}:{}:{name}", algorithm.as_str())
+            .into_bytes()
+            .into(),
+        limit: LimitParams {
+            algorithm,
+            quota: keyed.pick(&[0, 1, 2, 3, 5, 7]),
+            period_nanos: keyed.pick(&[50_000, 1_000_000, 3_000_000, 60_000_000]),
+            burst: rng.pick(&[0, 1, 2, 3, 6]),
+            charge: if rng.chance(15) {
+                Charge::Always
+            } else {
+                Charge::Admitted
+            },
+            borrow: rng.chance(15) && algorithm.has_capacity(),
+        },
+        cost: rng.pick(&[0, 1, 1, 1, 2, 3, 5]),
+        refund: rng.chance(10),
+        group,
+        role: [Role::Enforced, Role::Enforced, Role::Shadow, Role::Quota][group],
+    }
+}
+
+/// Random requests in batches of random size (1 to 40), each batch sent at once so that it
+/// queues behind the lane's first call and goes as one call; the memory backend decides the
+/// same requests one after the other at the same instant. Identical outcomes required, and
+/// one script call per batch (so a request alone is one call, and many share one).
+async fn memory_and_lua_agree_on_batches(functions: bool) {
+    use sluice::limiter::MemoryLimiter;
+    let redis = RedisServer::start();
+    let settings = RedisSettings {
+        functions,
+        connections: 1,
+        ..redis.settings()
+    };
+    let script = RedisLimiter::new(&settings, 1).expect("valid settings");
+    // Load the code first, so that every call below is one command.
+    let warm = Batch {
+        hits: vec![gc_hit(&mut Rng::new(u64::MAX), u64::MAX)],
+    };
+    script
+        .check_micros(&warm, Some(1))
+        .await
+        .expect("redis answers");
+    redis.reset_stats();
+    let (mut batches, mut requests) = (0u64, 0u64);
+    for seed in 0..dc_seeds() / 10 {
+        let mut rng = Rng::new(seed);
+        let mut fake = 1_700_000_000 * 1_000_000 + rng.below(1_000_000);
+        let clock = ManualClock::at(fake);
+        let memory = MemoryLimiter::with_clock(10_000, clock.clone());
+        let mut last = std::time::Instant::now();
+        for _ in 0..6 {
+            let real = u64::try_from(last.elapsed().as_micros()).unwrap_or(u64::MAX);
+            last = std::time::Instant::now();
+            fake += rng.pick(&[0, 0, 1, 999, 30_000, 333_334, 1_000_000]) + real + 20_000;
+            let size = rng.pick(&[1, 1, 2, 3, 5, 8, 13, 40]);
+            let batch: Vec<Batch> = (0..size)
+                .map(|_| Batch {
+                    hits: (0..1 + rng.below(4))
+                        .map(|_| gc_hit(&mut rng, seed))
+                        .collect(),
+                })
+                .collect();
+            let got = futures_util::future::join_all(
+                batch.iter().map(|b| script.check_micros(b, Some(fake))),
+            )
+            .await;
+            clock.set(fake);
+            for (b, got) in batch.iter().zip(got) {
+                let want = memory.check(b).await.expect("memory never fails");
+                assert_eq!(
+                    got.expect("redis answers"),
+                    want,
+                    "seed {seed}, batch of {size}"
+                );
+            }
+            batches += 1;
+            requests += size;
+        }
+    }
+    let calls = redis.script_calls();
+    assert_eq!(calls, batches, "one call per batch, {requests} requests");
+    assert!(requests > 3 * batches, "batches of several requests");
+}
+
+#[tokio::test]
+async fn memory_and_lua_agree_on_batches_of_random_size_by_script() {
+    memory_and_lua_agree_on_batches(false).await;
+}
+
+#[tokio::test]
+async fn memory_and_lua_agree_on_batches_of_random_size_by_function() {
+    memory_and_lua_agree_on_batches(true).await;
+}
+
+/// What one task of the kill test saw.
+#[derive(Default)]
+struct Seen {
+    redis: u64,
+    on_error: u64,
+}
+
+/// Many requests in flight on one lane (so they go in batches), and `redis-server` killed
+/// while they do: every answer is the request's own, either Redis's (each hit admitted, with
+/// what is left of the task's own quota) or the `on_error = deny` answer for its own hits
+/// (as many as it asked, each denied, retry in 1 s); none is another request's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_of_a_failed_batch_gets_its_own_on_error_answer() {
+    use sluice::config::settings::OnError;
+    let mut redis = RedisServer::start();
+    let settings = RedisSettings {
+        on_error: OnError::Deny,
+        timeout_ms: 300,
+        connections: 1,
+        deny_cache_size: 0,
+        ..redis.settings()
+    };
+    let limiter = Arc::new(RedisLimiter::new(&settings, 1).expect("valid settings"));
+    let answered = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let tasks: Vec<_> = (0..48u32)
+        .map(|task| {
+            let (limiter, answered, stop) = (limiter.clone(), answered.clone(), stop.clone());
+            tokio::spawn(async move {
+                let quota = 100_000 + 7 * task;
+                let hits = (0..1 + task % 3)
+                    .map(|h| Hit {
+                        key: format!("{{kill|{task}}}:funnel:{h}").into_bytes().into(),
+                        limit: LimitParams {
+                            algorithm: Algorithm::Funnel,
+                            quota,
+                            period_nanos: 8_640_000 * SECOND,
+                            burst: quota,
+                            charge: Charge::Admitted,
+                            borrow: false,
+                        },
+                        cost: 1,
+                        refund: false,
+                        group: h as usize,
+                        role: Role::Enforced,
+                    })
+                    .collect::<Vec<_>>();
+                let batch = Batch { hits };
+                let mut seen = Seen::default();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let o = limiter
+                        .check(&batch)
+                        .await
+                        .expect("on_error = deny answers");
+                    assert_eq!(o.hits.len(), batch.hits.len(), "task {task}: its own hits");
+                    if o.admitted {
+                        seen.redis += 1;
+                        let left = u64::from(quota) - seen.redis;
+                        for h in &o.hits {
+                            assert!(h.admitted, "task {task}: {o:?}");
+                            // Redis's own answer for this task's keys (a unit drips back
+                            // in every 86 s: none during the test).
+                            assert_eq!(h.remaining, left, "task {task}: {o:?}");
+                        }
+                    } else {
+                        seen.on_error += 1;
+                        for h in &o.hits {
+                            assert!(!h.admitted && h.remaining == 0, "task {task}: {o:?}");
+                            assert_eq!(h.reset_nanos, SECOND, "task {task}: the deny answer");
+                        }
+                    }
+                    answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                seen
+            })
+        })
+        .collect();
+    // Let batches form, then kill Redis with calls in flight, and keep asking a while.
+    redis_support::wait_until(std::time::Duration::from_secs(20), "2,000 answers", || {
+        answered.load(std::sync::atomic::Ordering::Relaxed) >= 2_000
+    });
+    let calls = redis.script_calls();
+    let before = answered.load(std::sync::atomic::Ordering::Relaxed);
+    redis.kill();
+    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut total = Seen::default();
+    for task in tasks {
+        let seen = task.await.expect("the task's checks hold");
+        total.redis += seen.redis;
+        total.on_error += seen.on_error;
+    }
+    assert!(
+        calls * 2 < before,
+        "batches formed: {calls} calls for about {before} requests"
+    );
+    assert!(total.redis >= 2_000, "{} answers from Redis", total.redis);
+    assert!(total.on_error >= 48, "{} on_error answers", total.on_error);
+    let failures = limiter
+        .events()
+        .into_iter()
+        .find(|(name, _)| *name == "failure")
+        .map_or(0, |(_, n)| n);
+    assert!(failures >= 1, "failed calls counted");
+}
