@@ -185,10 +185,10 @@ async fn deny_cache_differential(algorithms: &[Algorithm], seeds: u64) -> (u64, 
     for seed in 0..seeds {
         let mut rng = Rng::new(seed);
         let templates = dc_templates(&mut rng, seed, algorithms);
-        let mut last = std::time::Instant::now();
+        let mut last = tokio::time::Instant::now();
         for step in 0..STEPS {
             let real = u64::try_from(last.elapsed().as_nanos()).unwrap_or(u64::MAX);
-            last = std::time::Instant::now();
+            last = tokio::time::Instant::now();
             let jump = rng.pick(&[0, 0, 0, 0, 0, MILLI, 7 * MILLI, 40 * MILLI, 300 * MILLI]);
             // Whole microseconds: the script's unit.
             clock.advance((jump + real + MARGIN) / 1_000 * 1_000);
@@ -294,10 +294,10 @@ async fn memory_and_lua_agree_on_batches(functions: bool) {
         let mut fake = 1_700_000_000 * 1_000_000 + rng.below(1_000_000);
         let clock = ManualClock::at(fake);
         let memory = MemoryLimiter::with_clock(10_000, clock.clone());
-        let mut last = std::time::Instant::now();
+        let mut last = tokio::time::Instant::now();
         for _ in 0..6 {
             let real = u64::try_from(last.elapsed().as_micros()).unwrap_or(u64::MAX);
-            last = std::time::Instant::now();
+            last = tokio::time::Instant::now();
             fake += rng.pick(&[0, 0, 1, 999, 30_000, 333_334, 1_000_000]) + real + 20_000;
             let size = rng.pick(&[1, 1, 2, 3, 5, 8, 13, 40]);
             let batch: Vec<Batch> = (0..size)
