@@ -1,10 +1,11 @@
 //! Group commit: many requests, one script call.
 //!
-//! Each lane (one connection of `redis.connections`) has one task that sends its calls, one at
-//! a time. A request joins a lane's queue (lanes in turn); when the lane's task is idle it
-//! takes the request at once (one request alone pays no delay: no timer waits for a batch);
-//! while a call is in flight, the requests that arrive queue, and the next call carries all of
-//! them (up to [`MAX_REQUESTS`] requests and about [`MAX_BYTES`] of arguments). The script
+//! Each lane (one connection of `redis.connections`) has at most one script call in flight.
+//! A request picks a lane (in turn). When the lane is idle, the request sends its own call at
+//! once, from its own task (one request alone pays no delay and no hand-off: no timer waits
+//! for a batch). While a call is in flight, the requests that arrive queue; when it returns,
+//! the lane's task sends the next call, carrying all of them (up to [`MAX_REQUESTS`] requests
+//! and about [`MAX_BYTES`] of arguments), and so on until the queue is empty. The script
 //! decides them one after the other in arrival order, each exactly as if alone. In a Cluster,
 //! the queued requests are split by slot (each call's keys must share one) and the calls of one
 //! turn go out together.
@@ -24,14 +25,16 @@
 //! requests) keeps a call within a few TCP segments' worth of a socket buffer; only requests
 //! with many descriptors reach it before the count.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures_util::future::join_all;
+use parking_lot::Mutex;
 use redis::cluster_routing::Slot;
 use redis::{RedisError, RedisResult, Value};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, oneshot};
 use tokio::task::AbortHandle;
 
 use super::connection::Connector;
@@ -72,10 +75,68 @@ impl Job {
     }
 }
 
-/// The lanes, started on first use (they need the runtime).
+/// One connection's queue.
+#[derive(Default)]
+struct Lane {
+    state: Mutex<LaneState>,
+    /// Tells the lane's task that requests queued behind a call that has returned.
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct LaneState {
+    /// A call is in flight (or about to be sent) on this lane.
+    busy: bool,
+    queue: VecDeque<Job>,
+}
+
+impl Lane {
+    /// The next call's jobs, at most the bounds; none (and the lane idle) when nothing queued.
+    fn next_jobs(&self) -> Vec<Job> {
+        let mut state = self.state.lock();
+        let mut jobs = Vec::new();
+        let mut bytes = 0;
+        while jobs.len() < MAX_REQUESTS {
+            let Some(job) = state.queue.pop_front() else {
+                break;
+            };
+            if job.reply.is_closed() {
+                continue;
+            }
+            if !jobs.is_empty() && bytes + job.size > MAX_BYTES {
+                state.queue.push_front(job);
+                break;
+            }
+            bytes += job.size;
+            jobs.push(job);
+        }
+        if jobs.is_empty() {
+            state.busy = false;
+        }
+        jobs
+    }
+}
+
+/// Held by a request sending its own call on an idle lane: when it is done (or its caller
+/// stops waiting), the lane goes idle, or its task sends what queued meanwhile.
+struct Leading<'a>(&'a Lane);
+
+impl Drop for Leading<'_> {
+    fn drop(&mut self) {
+        let mut state = self.0.state.lock();
+        if state.queue.is_empty() {
+            state.busy = false;
+        } else {
+            drop(state);
+            self.0.wake.notify_one();
+        }
+    }
+}
+
+/// The lanes; their tasks start on first use (they need the runtime).
 pub struct GroupCommit {
     shared: Arc<Shared>,
-    lanes: OnceLock<Vec<mpsc::UnboundedSender<Job>>>,
+    lanes: Vec<Arc<Lane>>,
     tasks: OnceLock<Vec<AbortHandle>>,
     next: AtomicUsize,
 }
@@ -91,9 +152,12 @@ pub struct Request {
 
 impl GroupCommit {
     pub fn new(shared: Shared) -> GroupCommit {
+        let lanes = (0..shared.connector.lanes())
+            .map(|_| Arc::new(Lane::default()))
+            .collect();
         GroupCommit {
             shared: Arc::new(shared),
-            lanes: OnceLock::new(),
+            lanes,
             tasks: OnceLock::new(),
             next: AtomicUsize::new(0),
         }
@@ -105,8 +169,11 @@ impl GroupCommit {
 
     /// Decides `request` in the next call of a lane, as if alone.
     pub async fn submit(&self, request: Request) -> RedisResult<BatchOutcome> {
-        let lanes = self.lanes.get_or_init(|| self.start());
-        let lane = self.next.fetch_add(1, Ordering::Relaxed) % lanes.len().max(1);
+        self.tasks.get_or_init(|| self.start());
+        let index = self.next.fetch_add(1, Ordering::Relaxed) % self.lanes.len().max(1);
+        let Some(lane) = self.lanes.get(index) else {
+            return Err(dropped("no lane to send it on"));
+        };
         let (reply, answer) = oneshot::channel();
         let job = Job {
             size: script::encoded_size(&request.hits, &self.shared.prefix),
@@ -117,25 +184,34 @@ impl GroupCommit {
             slot: request.slot,
             reply,
         };
-        let sent = lanes.get(lane).map(|tx| tx.send(job).is_ok());
-        if sent != Some(true) {
-            return Err(dropped("no lane to send it on"));
+        let alone = {
+            let mut state = lane.state.lock();
+            if state.busy {
+                state.queue.push_back(job);
+                None
+            } else {
+                state.busy = true;
+                Some(job)
+            }
+        };
+        if let Some(job) = alone {
+            let _leading = Leading(lane);
+            call(&self.shared, index, vec![job]).await;
         }
         answer
             .await
             .unwrap_or_else(|_| Err(dropped("the call carrying it was dropped")))
     }
 
-    fn start(&self) -> Vec<mpsc::UnboundedSender<Job>> {
-        let (senders, tasks): (Vec<_>, Vec<_>) = (0..self.shared.connector.lanes())
-            .map(|lane| {
-                let (tx, rx) = mpsc::unbounded_channel();
-                let task = tokio::spawn(drive(self.shared.clone(), lane, rx));
-                (tx, task.abort_handle())
+    fn start(&self) -> Vec<AbortHandle> {
+        self.lanes
+            .iter()
+            .enumerate()
+            .map(|(index, lane)| {
+                let task = tokio::spawn(drive(self.shared.clone(), index, lane.clone()));
+                task.abort_handle()
             })
-            .unzip();
-        let _ = self.tasks.set(tasks);
-        senders
+            .collect()
     }
 }
 
@@ -154,35 +230,18 @@ fn dropped(what: &str) -> RedisError {
     ))
 }
 
-/// A lane's task: one call at a time, carrying every request queued meanwhile.
-async fn drive(shared: Arc<Shared>, lane: usize, mut queue: mpsc::UnboundedReceiver<Job>) {
-    let mut carried: Option<Job> = None;
+/// A lane's task: woken when requests queued behind a call, it sends them, as few calls as
+/// their slots allow, until none is left.
+async fn drive(shared: Arc<Shared>, index: usize, lane: Arc<Lane>) {
     loop {
-        let first = match carried.take() {
-            Some(job) => job,
-            None => match queue.recv().await {
-                Some(job) => job,
-                None => return,
-            },
-        };
-        if first.reply.is_closed() {
-            continue;
-        }
-        let mut bytes = first.size;
-        let mut jobs = vec![first];
-        while jobs.len() < MAX_REQUESTS {
-            let Ok(job) = queue.try_recv() else { break };
-            if job.reply.is_closed() {
-                continue;
-            }
-            if bytes + job.size > MAX_BYTES {
-                carried = Some(job);
+        lane.wake.notified().await;
+        loop {
+            let jobs = lane.next_jobs();
+            if jobs.is_empty() {
                 break;
             }
-            bytes += job.size;
-            jobs.push(job);
+            run(&shared, index, jobs).await;
         }
-        run(&shared, lane, jobs).await;
     }
 }
 
