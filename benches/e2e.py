@@ -19,7 +19,7 @@ before a change), --scenario one|ten|all|flood, --json FILE (every run, for the 
 --redis-functions (with --redis, a second Redis target that calls the function library by FCALL
 instead of the script by EVALSHA, on the same redis-server), --other-redis NAME=PATH (an extra
 sluice binary served with the Redis backend on the same redis-server, e.g. the build before a
-change), --redis-connections N (redis.connections of this build's Redis targets; not passed to
+change; NAME=PATH@N sets its redis.connections to N), --redis-connections N (redis.connections of this build's Redis targets; not passed to
 --other-redis binaries, which may predate the setting).
 
 Scenario `serial` is one request in flight on one connection (1 descriptor): the latency of a
@@ -350,8 +350,10 @@ def main():
             targets["redis"] = (url, admin, [child.pid, redis.pid])
             for other in args.other_redis:
                 name, path = other.split("=", 1)
+                path, _, conns = path.partition("@")
+                env = {"SLUICE_REDIS__CONNECTIONS": conns} if conns else {}
                 url, admin, child = serve(procs, os.path.abspath(path), rules, "redis",
-                                          f"redis://127.0.0.1:{redis_port}")
+                                          f"redis://127.0.0.1:{redis_port}", env)
                 targets[f"redis-{name}"] = (url, admin, [child.pid, redis.pid])
             if args.redis_functions:
                 url, admin, child = serve(procs, binary, rules, "redis",
