@@ -17,7 +17,16 @@ before a change), --scenario one|ten|all|flood, --json FILE (every run, for the 
 --rate R (open loop at R requests/s: latency from each request's due time),
 --server-threads N (worker threads of every server under test, the no-op's included),
 --redis-functions (with --redis, a second Redis target that calls the function library by FCALL
-instead of the script by EVALSHA, on the same redis-server).
+instead of the script by EVALSHA, on the same redis-server), --other-redis NAME=PATH (an extra
+sluice binary served with the Redis backend on the same redis-server, e.g. the build before a
+change; NAME=PATH@N sets its redis.connections to N), --redis-connections N (redis.connections of this build's Redis targets; not passed to
+--other-redis binaries, which may predate the setting).
+
+Scenario `serial` is one request in flight on one connection (1 descriptor): the latency of a
+request alone. Every Redis run also reports the limiter's script calls per request during the
+run (FCALL + EVALSHA + EVAL from redis-server's INFO commandstats, over sluice's own count of
+requests), which shows group commit at work: 1 when requests come one at a time, much less
+when many are in flight.
 """
 
 import argparse
@@ -106,8 +115,9 @@ def serve(procs, binary, rules, backend="memory", redis_url=None, env=None):
 
 def bench(binary, target, scenario, duration, warmup, extra=()):
     descriptors = ["--descriptor", "user=x"] * (10 if scenario == "ten" else 1)
+    connections, concurrency = ("1", "1") if scenario == "serial" else ("4", "64")
     args = [binary, "bench", "--target", target, "--domain", "bench", *descriptors,
-            "--spread", "user=10000", "--connections", "4", "--concurrency", "64",
+            "--spread", "user=10000", "--connections", connections, "--concurrency", concurrency,
             "--duration", f"{duration}s", "--warmup", f"{warmup}s", "--json", "--quiet",
             *extra]
     out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
@@ -142,14 +152,25 @@ def load():
     return os.getloadavg()
 
 
+REDIS_PORT = None
+
+
 def run_rounds(args, binary, targets, scenario, record):
     runs = {name: [] for name in targets}
     for r in range(args.rounds):
-        for name, (url, _admin, pids) in targets.items():
+        for name, (url, admin, pids) in targets.items():
+            redis = REDIS_PORT if len(pids) > 1 else None
+            if redis:
+                redis_cli(redis, "CONFIG", "RESETSTAT")
+                requests0 = metric(admin, "sluice_requests_total")
             each0, t0 = [cpu_secs([p]) for p in pids], time.time()
             extra = ["--rate", str(args.rate)] if args.rate else []
             result = bench(binary, url, scenario, args.duration, args.warmup, extra)
             wall = time.time() - t0
+            if redis:
+                requests = metric(admin, "sluice_requests_total") - requests0
+                calls = sum(script_command_calls(redis).values())
+                result["script_calls_per_request"] = calls / requests if requests else None
             each = [cpu_secs([p]) - c for p, c in zip(pids, each0)]
             cpu = sum(each)
             result["cpu_us_per_request_by_process"] = [
@@ -164,7 +185,9 @@ def run_rounds(args, binary, targets, scenario, record):
                   f"  ok {result['ok']} over {result['over_limit']} err {result['errors']}"
                   f"  server CPU {result['server_cpu_share']:.2f} cores,"
                   f" {result['server_cpu_us_per_request']:.1f} µs/request"
-                  f" {[round(c, 1) for c in result['cpu_us_per_request_by_process']]}",
+                  f" {[round(c, 1) for c in result['cpu_us_per_request_by_process']]}"
+                  + (f"  script calls/request {result['script_calls_per_request']:.4f}"
+                     if result.get("script_calls_per_request") is not None else ""),
                   flush=True)
     return runs
 
@@ -179,7 +202,9 @@ def medians(runs, reference="noop"):
                    "p50": statistics.median(r["latency_us"]["p50"] for r in rs),
                    "p99": statistics.median(r["latency_us"]["p99"] for r in rs),
                    "p99_9": statistics.median(r["latency_us"]["p99_9"] for r in rs),
-                   "errors": sum(r["errors"] for r in rs)}
+                   "errors": sum(r["errors"] for r in rs),
+                   "calls": statistics.median(r["script_calls_per_request"] for r in rs)
+                   if all(r.get("script_calls_per_request") is not None for r in rs) else None}
             for name, rs in runs.items()}
 
 
@@ -188,16 +213,25 @@ def report(scenario, runs, reference="noop"):
     print(f"\n== {scenario}: medians over the rounds; ratios to {reference} are medians of the"
           f" per-round ratios (same round, same machine load)")
     print(f"  {'target':<12} {'req/s':>9} {'ratio':>6} {'p50 µs':>7} {'p99 µs':>7} {'p99 ratio':>9}"
-          f" {'p99.9':>7} {'srv CPU µs/req':>14} errors")
+          f" {'p99.9':>7} {'srv CPU µs/req':>14} errors  script calls/request")
     for name, v in m.items():
+        calls = f"{v['calls']:.4f}" if v["calls"] is not None else "-"
         print(f"  {name:<12} {v['rps']:>9.0f} {v['rps_ratio']:>6.2f} {v['p50']:>7.0f} "
               f"{v['p99']:>7.0f} {v['p99_ratio']:>9.2f} {v['p99_9']:>7.0f} {v['cpu_us']:>14.1f}"
-              f" {v['errors']}")
-    for name in ("redis", "redis-functions"):
-        if name in m and "memory" in m:
+              f" {v['errors']:>6}  {calls}")
+    for name in runs:
+        if name.startswith("redis") and "memory" in m:
             ratio = statistics.median(r["requests_per_sec"] / q["requests_per_sec"]
                                       for r, q in zip(runs[name], runs["memory"]))
             print(f"  {name} / memory throughput (median of per-round ratios): {ratio:.2f}")
+    for name in runs:
+        if name.startswith("redis") and name != "redis" and "redis" in m:
+            paired = lambda f: statistics.median(f(r) / f(q) for r, q in
+                                                 zip(runs["redis"], runs[name]))
+            print(f"  redis / {name} (median of per-round ratios): throughput"
+                  f" {paired(lambda r: r['requests_per_sec']):.2f},"
+                  f" p50 {paired(lambda r: r['latency_us']['p50']):.3f},"
+                  f" p99 {paired(lambda r: r['latency_us']['p99']):.3f}")
 
 
 def script_calls(args, binary, redis_port, admin, url, name):
@@ -259,7 +293,10 @@ def main():
     p.add_argument("--duration", type=float, default=5)
     p.add_argument("--warmup", type=float, default=1)
     p.add_argument("--redis", action="store_true")
-    p.add_argument("--scenario", default="all", choices=["one", "ten", "all", "flood"])
+    p.add_argument("--scenario", default="all",
+                   choices=["one", "ten", "serial", "all", "flood"])
+    p.add_argument("--other-redis", action="append", default=[])
+    p.add_argument("--redis-connections", type=int, default=0)
     p.add_argument("--json")
     p.add_argument("--redis-functions", action="store_true",
                    help="with --redis, also serve the Redis backend with redis.functions = true "
@@ -303,19 +340,32 @@ def main():
             redis = procs.start(["redis-server", "--port", str(redis_port), "--bind",
                                  "127.0.0.1", "--save", "", "--appendonly", "no"], redis_port,
                                 "redis-server")
+            global REDIS_PORT
+            REDIS_PORT = redis_port
+            lanes = ({"SLUICE_REDIS__CONNECTIONS": str(args.redis_connections)}
+                     if args.redis_connections else {})
             url, admin, child = serve(procs, binary, rules, "redis",
-                                      f"redis://127.0.0.1:{redis_port}")
+                                      f"redis://127.0.0.1:{redis_port}", lanes)
             # The server's CPU is sluice's plus redis-server's.
             targets["redis"] = (url, admin, [child.pid, redis.pid])
+            for other in args.other_redis:
+                name, path = other.split("=", 1)
+                path, _, conns = path.partition("@")
+                env = {"SLUICE_REDIS__CONNECTIONS": conns} if conns else {}
+                url, admin, child = serve(procs, os.path.abspath(path), rules, "redis",
+                                          f"redis://127.0.0.1:{redis_port}", env)
+                targets[f"redis-{name}"] = (url, admin, [child.pid, redis.pid])
             if args.redis_functions:
                 url, admin, child = serve(procs, binary, rules, "redis",
                                           f"redis://127.0.0.1:{redis_port}",
-                                          {"SLUICE_REDIS__FUNCTIONS": "true"})
+                                          {"SLUICE_REDIS__FUNCTIONS": "true", **lanes})
                 targets["redis-functions"] = (url, admin, [child.pid, redis.pid])
         scenarios = ["one", "ten"] if args.scenario == "all" else [args.scenario]
         for scenario in scenarios:
+            flight = ("1 in flight on 1 connection" if scenario == "serial"
+                      else "64 in flight on 4 connections")
             print(f"\n== scenario {scenario}: {'10 descriptors' if scenario == 'ten' else '1 descriptor'}"
-                  f" per request, user spread over 10,000 values, 64 in flight on 4 connections")
+                  f" per request, user spread over 10,000 values, {flight}")
             report(scenario, run_rounds(args, binary, targets, scenario, record))
         for name in ("redis", "redis-functions"):
             if name in targets:

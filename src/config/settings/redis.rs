@@ -41,6 +41,9 @@ pub struct RedisSettings {
     /// function library, loaded once with `FUNCTION LOAD` and called with `FCALL` (Redis 7+;
     /// back to the script where Redis refuses functions).
     pub functions: bool,
+    /// Connections to Redis (lanes of group commit: each has at most one script call in
+    /// flight, which carries every request that queued meanwhile).
+    pub connections: usize,
 }
 
 impl Default for RedisSettings {
@@ -55,6 +58,7 @@ impl Default for RedisSettings {
             breaker_cooldown_ms: 500,
             deny_cache_size: 100_000,
             functions: false,
+            connections: 2,
         }
     }
 }
@@ -71,6 +75,7 @@ impl std::fmt::Debug for RedisSettings {
             .field("breaker_cooldown_ms", &self.breaker_cooldown_ms)
             .field("deny_cache_size", &self.deny_cache_size)
             .field("functions", &self.functions)
+            .field("connections", &self.connections)
             .finish()
     }
 }

@@ -34,27 +34,40 @@ const UNKNOWN: HitOutcome = HitOutcome {
 };
 
 /// One slot's hits as their own script call, each hit decided on its own.
-async fn independent(limiter: &RedisLimiter, hits: Vec<Hit>) -> Result<BatchOutcome, RedisError> {
-    let call = limiter.encode(&hits, Mode::Independent, Unit::Nanos, None);
-    limiter.call(&call).await
+async fn independent(
+    limiter: &RedisLimiter,
+    hits: Vec<Hit>,
+    now_micros: Option<u64>,
+) -> Result<BatchOutcome, RedisError> {
+    limiter
+        .submit(hits, Mode::Independent, Unit::Nanos, now_micros)
+        .await
+}
+
+/// The Cluster slot of a key (with the prefix in front).
+pub(super) fn slot(prefix: &[u8], key: &[u8]) -> Slot {
+    Slot::for_key(script::prefixed(prefix, key))
 }
 
 /// Decides `batch` on a Cluster.
 pub(super) async fn check(
     limiter: &RedisLimiter,
     batch: &Batch,
+    now_micros: Option<u64>,
 ) -> Result<BatchOutcome, RedisError> {
     let groups = by_slot(limiter.prefix(), &batch.hits);
     if groups.len() <= 1 {
-        let call = limiter.encode(&batch.hits, Mode::Request, Unit::Nanos, None);
-        return limiter.call(&call).await;
+        let hits = batch.hits.clone();
+        return limiter
+            .submit(hits, Mode::Request, Unit::Nanos, now_micros)
+            .await;
     }
     let calls = groups.iter().map(|indices| {
         let hits: Vec<Hit> = indices
             .iter()
             .filter_map(|&i| batch.hits.get(i).cloned())
             .collect();
-        independent(limiter, hits)
+        independent(limiter, hits, now_micros)
     });
     let results = join_all(calls).await;
     let mut outcome = BatchOutcome {
@@ -72,7 +85,7 @@ pub(super) async fn check(
     let planned = plan::plan(&batch.hits, &verdicts);
     outcome.admitted = planned.admitted && failed.is_none();
     let undo = to_undo(batch, &verdicts, outcome.admitted);
-    give_back(limiter, batch, &groups, &undo, &mut outcome).await?;
+    give_back(limiter, batch, &groups, &undo, &mut outcome, now_micros).await?;
     match failed {
         Some(e) => Err(e),
         None => Ok(outcome),
@@ -84,7 +97,7 @@ fn by_slot(prefix: &[u8], hits: &[Hit]) -> Vec<Vec<usize>> {
     let mut order: Vec<Vec<usize>> = Vec::new();
     let mut index: HashMap<Slot, usize> = HashMap::new();
     for (i, hit) in hits.iter().enumerate() {
-        let slot = Slot::for_key(script::prefixed(prefix, &hit.key));
+        let slot = slot(prefix, &hit.key);
         let next = order.len();
         let at = *index.entry(slot).or_insert(next);
         if at == next {
@@ -130,6 +143,7 @@ async fn give_back(
     groups: &[Vec<usize>],
     undo: &[bool],
     outcome: &mut BatchOutcome,
+    now_micros: Option<u64>,
 ) -> Result<(), RedisError> {
     let todo: Vec<Vec<usize>> = groups
         .iter()
@@ -150,7 +164,7 @@ async fn give_back(
                 ..h.clone()
             })
             .collect();
-        independent(limiter, hits)
+        independent(limiter, hits, now_micros)
     });
     for (indices, result) in todo.iter().zip(join_all(calls).await) {
         let mut part = result?;

@@ -8,20 +8,29 @@
 //! | `redis+sentinel://[user:password@]s1:port,s2:port/master_name` | Sentinel: the sentinels' addresses and the master's name; the credentials are the master's (`rediss+sentinel://` for TLS to both) |
 //! | `redis+cluster://[user:password@]n1:port,n2:port` | Cluster: seed nodes (`rediss+cluster://` for TLS) |
 //!
-//! One server uses a multiplexed [`ConnectionManager`], which reconnects by itself. Sentinel
-//! keeps one multiplexed connection to the master it last resolved, and asks the sentinels
+//! A connector keeps `redis.connections` connections (lanes), each made on first use. One
+//! server: a multiplexed [`ConnectionManager`] per lane, which reconnects by itself. Sentinel:
+//! per lane, a multiplexed connection to the master it last resolved, asking the sentinels
 //! again after an error (a failover shows up as a lost connection or a `READONLY` reply).
-//! Cluster keeps one cluster connection, which follows slot moves and node changes itself.
+//! Cluster: per lane, a cluster connection, which follows slot moves and node changes itself.
+//!
+//! [`Conn`] is where the three kinds meet: it is a [`ConnectionLike`], so everything above
+//! this module sends commands without asking which kind it holds.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
-use redis::{AsyncConnectionConfig, ConnectionAddr, RedisError, RedisResult, TlsMode};
+use redis::{
+    AsyncConnectionConfig, Cmd, ConnectionAddr, Pipeline, RedisError, RedisFuture, RedisResult,
+    TlsMode, Value,
+};
 
 /// Time limits of connections.
 #[derive(Debug, Clone, Copy)]
@@ -38,14 +47,50 @@ pub enum Conn {
     Cluster(ClusterConnection),
 }
 
-/// Makes and keeps the connection to a Redis deployment.
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Sentinel(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Sentinel(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Sentinel(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// Makes and keeps the connections to a Redis deployment, one per lane.
 pub struct Connector {
     kind: Kind,
+    lanes: Vec<Lane>,
+    timeouts: Timeouts,
+}
+
+/// One lane's connection.
+struct Lane {
     /// The connection to reuse.
     cached: ArcSwapOption<Conn>,
     /// Held while (re)connecting, so that one task connects and the others wait for it.
     connecting: tokio::sync::Mutex<()>,
-    timeouts: Timeouts,
 }
 
 enum Kind {
@@ -55,8 +100,9 @@ enum Kind {
 }
 
 impl Connector {
-    /// Parses `url` and prepares the connection; no I/O happens until the first call.
-    pub fn new(url: &str, timeouts: Timeouts) -> RedisResult<Connector> {
+    /// Parses `url` and prepares `lanes` connections (at least one); no I/O happens until the
+    /// first call.
+    pub fn new(url: &str, timeouts: Timeouts, lanes: usize) -> RedisResult<Connector> {
         let kind = if let Some(rest) = url.strip_prefix("redis+sentinel://") {
             sentinel(rest, false)?
         } else if let Some(rest) = url.strip_prefix("rediss+sentinel://") {
@@ -68,10 +114,15 @@ impl Connector {
         } else {
             single(url, timeouts)?
         };
+        let lanes = (0..lanes.max(1))
+            .map(|_| Lane {
+                cached: ArcSwapOption::empty(),
+                connecting: tokio::sync::Mutex::new(()),
+            })
+            .collect();
         Ok(Connector {
             kind,
-            cached: ArcSwapOption::empty(),
-            connecting: tokio::sync::Mutex::new(()),
+            lanes,
             timeouts,
         })
     }
@@ -81,13 +132,23 @@ impl Connector {
         matches!(self.kind, Kind::Cluster(_))
     }
 
-    /// A connection: the cached one, or a new one.
-    pub async fn get(&self) -> RedisResult<Conn> {
-        if let Some(conn) = self.cached.load_full() {
+    /// How many lanes (connections) it keeps.
+    pub fn lanes(&self) -> usize {
+        self.lanes.len()
+    }
+
+    fn lane(&self, lane: usize) -> &Lane {
+        &self.lanes[lane % self.lanes.len()]
+    }
+
+    /// Lane `lane`'s connection: the cached one, or a new one.
+    pub async fn get(&self, lane: usize) -> RedisResult<Conn> {
+        let lane = self.lane(lane);
+        if let Some(conn) = lane.cached.load_full() {
             return Ok((*conn).clone());
         }
-        let _guard = self.connecting.lock().await;
-        if let Some(conn) = self.cached.load_full() {
+        let _guard = lane.connecting.lock().await;
+        if let Some(conn) = lane.cached.load_full() {
             return Ok((*conn).clone());
         }
         let conn = match &self.kind {
@@ -105,21 +166,21 @@ impl Connector {
             }
             Kind::Cluster(client) => Conn::Cluster(client.get_async_connection().await?),
         };
-        self.cached.store(Some(Arc::new(conn.clone())));
+        lane.cached.store(Some(Arc::new(conn.clone())));
         Ok(conn)
     }
 
     /// Tells the connector that a call took too long: a Sentinel connection is dropped (a
     /// master that hangs is as lost as one that is gone).
-    pub fn timed_out(&self) {
+    pub fn timed_out(&self, lane: usize) {
         if matches!(self.kind, Kind::Sentinel(_)) {
-            self.cached.store(None);
+            self.lane(lane).cached.store(None);
         }
     }
 
     /// Tells the connector that a call failed with `err`: a Sentinel connection is dropped
     /// (the next call asks the sentinels where the master is now).
-    pub fn failed(&self, err: &RedisError) {
+    pub fn failed(&self, lane: usize, err: &RedisError) {
         let lost = err.is_io_error()
             || err.is_timeout()
             || err.is_connection_dropped()
@@ -127,7 +188,7 @@ impl Connector {
             || err.code() == Some("READONLY")
             || err.code() == Some("MASTERDOWN");
         if lost && matches!(self.kind, Kind::Sentinel(_)) {
-            self.cached.store(None);
+            self.lane(lane).cached.store(None);
         }
     }
 }
@@ -278,14 +339,12 @@ mod tests {
             "redis+sentinel://127.0.0.1:1,127.0.0.1:2/m",
             "redis+cluster://127.0.0.1:1,127.0.0.1:2",
         ] {
-            assert!(Connector::new(url, t).is_ok(), "{url}");
+            assert!(Connector::new(url, t, 2).is_ok(), "{url}");
         }
-        assert!(Connector::new("redis+sentinel://127.0.0.1:1", t).is_err());
-        assert!(Connector::new("http://x", t).is_err());
-        assert!(
-            Connector::new("redis+cluster://127.0.0.1:1", t)
-                .unwrap()
-                .is_cluster()
-        );
+        assert!(Connector::new("redis+sentinel://127.0.0.1:1", t, 1).is_err());
+        assert!(Connector::new("http://x", t, 1).is_err());
+        let cluster = Connector::new("redis+cluster://127.0.0.1:1", t, 0).unwrap();
+        assert!(cluster.is_cluster());
+        assert_eq!(cluster.lanes(), 1, "at least one lane");
     }
 }

@@ -7,7 +7,8 @@
 //! | module | owns |
 //! |---|---|
 //! | `script` | encoding a batch for the Lua code (`lua/`), EVALSHA of the script (EVAL on NOSCRIPT) or FCALL of the function library (`redis.functions`), decoding |
-//! | `connection` | URL forms (one server, Sentinel, Cluster) and lazy, self-healing connections |
+//! | `connection` | URL forms (one server, Sentinel, Cluster), lazy, self-healing connections (one per lane), and the one place the three kinds are told apart |
+//! | `group_commit` | the lanes: while a call is in flight, requests queue; the next call carries them all |
 //! | `cluster` | splitting a request by Cluster slot, planning it whole, refunding |
 //! | `breaker` | the circuit breaker that stops waiting on a dead Redis |
 //! | `deny_cache` | the exact local deny cache |
@@ -16,8 +17,10 @@
 //!
 //! 1. If every hit is a cached denial, answer from the deny cache (no round trip).
 //! 2. If the breaker is open, answer from `on_error` at once.
-//! 3. Otherwise one script call (per slot group in a Cluster), bounded by `timeout_ms`
-//!    (waiting for a connection included). Time is Redis `TIME`, in microseconds.
+//! 3. Otherwise the request joins a lane's next script call (group commit: one call carries
+//!    every request that queued while the previous one was in flight; per slot group in a
+//!    Cluster), bounded by `timeout_ms` (queueing and connecting included). Time is Redis
+//!    `TIME`, in microseconds.
 //! 4. On failure (time-out, connection lost, error reply), count it in the breaker and answer
 //!    from `on_error`: `error` (a transient [`LimiterError`], which the gRPC layer maps to
 //!    `UNAVAILABLE`), `allow`, `deny`, or `local` (an in-process [`MemoryLimiter`]).
@@ -26,34 +29,39 @@ mod breaker;
 mod cluster;
 pub mod connection;
 mod deny_cache;
+mod group_commit;
 pub mod script;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::{RedisError, RedisResult};
-use tokio::time::Instant;
 
 use super::{
-    Batch, BatchOutcome, BoxFuture, HitOutcome, Limiter, LimiterError, MemoryLimiter, plan,
+    Batch, BatchOutcome, BoxFuture, Clock, HitOutcome, Limiter, LimiterError, MemoryLimiter,
+    MonotonicClock, plan,
 };
 use crate::config::settings::{OnError, RedisSettings};
 use breaker::Breaker;
-use connection::{Conn, Connector, Timeouts};
+use connection::{Connector, Timeouts};
 use deny_cache::DenyCache;
-use script::{Call, Functions, Mode, Unit};
+use group_commit::{GroupCommit, Request, Shared};
+use script::{Functions, Mode, Unit};
 
 /// Limiter state in Redis, shared by every replica.
 pub struct RedisLimiter {
-    connector: Connector,
-    prefix: Vec<u8>,
+    /// The connections, their lanes and the script calls.
+    commit: GroupCommit,
     timeout: Duration,
     on_error: OnError,
     breaker: Breaker,
     deny: DenyCache,
+    /// The deny cache's time; with `script_clock`, the script's too.
+    clock: Arc<dyn Clock>,
+    /// Send the clock's time to the script instead of letting it read Redis `TIME` (tests).
+    script_clock: bool,
     local: Option<MemoryLimiter>,
-    /// Whether calls go to the function library or to the script.
-    functions: Functions,
     /// What the last exchange with Redis (a request or a probe) said: readiness.
     health: parking_lot::Mutex<Result<(), String>>,
     events: Events,
@@ -79,6 +87,30 @@ impl RedisLimiter {
         settings: &RedisSettings,
         local_max_keys: usize,
     ) -> Result<RedisLimiter, LimiterError> {
+        Self::build(
+            settings,
+            local_max_keys,
+            Arc::new(MonotonicClock::new()),
+            false,
+        )
+    }
+
+    /// A limiter whose time is `clock`'s, for tests: the deny cache reads it, and every script
+    /// call carries it (rounded down to the microsecond) instead of reading Redis `TIME`.
+    pub fn with_clock(
+        settings: &RedisSettings,
+        local_max_keys: usize,
+        clock: Arc<dyn Clock>,
+    ) -> Result<RedisLimiter, LimiterError> {
+        Self::build(settings, local_max_keys, clock, true)
+    }
+
+    fn build(
+        settings: &RedisSettings,
+        local_max_keys: usize,
+        clock: Arc<dyn Clock>,
+        script_clock: bool,
+    ) -> Result<RedisLimiter, LimiterError> {
         if settings.prefix.contains('{') {
             return Err(config_error(
                 "redis.prefix must not contain '{' (it would break the Cluster hash tag)",
@@ -88,11 +120,15 @@ impl RedisLimiter {
             connect: Duration::from_millis(settings.connect_timeout_ms.max(1)),
             response: Duration::from_millis(settings.timeout_ms.max(1)),
         };
-        let connector =
-            Connector::new(&settings.url, timeouts).map_err(|e| config_error(&e.to_string()))?;
+        let connector = Connector::new(&settings.url, timeouts, settings.connections)
+            .map_err(|e| config_error(&e.to_string()))?;
         Ok(RedisLimiter {
-            connector,
-            prefix: settings.prefix.as_bytes().to_vec(),
+            commit: GroupCommit::new(Shared {
+                connector,
+                functions: Functions::new(settings.functions),
+                prefix: settings.prefix.as_bytes().to_vec(),
+                timeout: timeouts.response,
+            }),
             timeout: timeouts.response,
             on_error: settings.on_error,
             breaker: Breaker::new(
@@ -100,9 +136,10 @@ impl RedisLimiter {
                 Duration::from_millis(settings.breaker_cooldown_ms),
             ),
             deny: DenyCache::new(settings.deny_cache_size),
+            clock,
+            script_clock,
             local: (settings.on_error == OnError::Local)
                 .then(|| MemoryLimiter::new(local_max_keys)),
-            functions: Functions::new(settings.functions),
             health: parking_lot::Mutex::new(Err("not connected to Redis yet".to_owned())),
             events: Events::default(),
         })
@@ -117,8 +154,9 @@ impl RedisLimiter {
         batch: &Batch,
         now_micros: Option<u64>,
     ) -> Result<BatchOutcome, LimiterError> {
-        let call = self.encode(&batch.hits, Mode::Request, Unit::Micros, now_micros);
-        self.call(&call).await.map_err(limiter_error)
+        self.submit(batch.hits.clone(), Mode::Request, Unit::Micros, now_micros)
+            .await
+            .map_err(limiter_error)
     }
 
     /// Running totals since start: requests answered from the deny cache, requests answered
@@ -143,19 +181,18 @@ impl RedisLimiter {
     /// makes the first connection, so that the first request does not pay for it.
     pub async fn probe(&self) {
         let ping = async {
-            let reply: RedisResult<String> = match self.connector.get().await {
-                Ok(Conn::Single(mut c)) => redis::cmd("PING").query_async(&mut c).await,
-                Ok(Conn::Sentinel(mut c)) => redis::cmd("PING").query_async(&mut c).await,
-                Ok(Conn::Cluster(mut c)) => redis::cmd("PING").query_async(&mut c).await,
+            let connector = &self.commit.shared().connector;
+            let reply: RedisResult<String> = match connector.get(0).await {
+                Ok(mut c) => redis::cmd("PING").query_async(&mut c).await,
                 Err(e) => Err(e),
             };
-            reply.inspect_err(|e| self.connector.failed(e))
+            reply.inspect_err(|e| connector.failed(0, e))
         };
         let result = match tokio::time::timeout(self.timeout, ping).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(format!("redis: {e}")),
             Err(_) => {
-                self.connector.timed_out();
+                self.commit.shared().connector.timed_out(0);
                 Err(format!(
                     "redis: no answer to PING within {:?}",
                     self.timeout
@@ -167,7 +204,8 @@ impl RedisLimiter {
 
     /// Drops expired deny-cache entries and drained local-fallback states.
     pub fn sweep(&self) -> usize {
-        self.deny.sweep() + self.local.as_ref().map_or(0, MemoryLimiter::sweep)
+        self.deny.sweep(self.clock.now_nanos())
+            + self.local.as_ref().map_or(0, MemoryLimiter::sweep)
     }
 
     /// Entries held in process: deny cache and local fallback.
@@ -176,7 +214,8 @@ impl RedisLimiter {
     }
 
     async fn decide(&self, batch: &Batch) -> Result<BatchOutcome, LimiterError> {
-        if let Some(outcome) = self.deny.answer(batch) {
+        let sent = self.clock.now_nanos();
+        if let Some(outcome) = self.deny.answer(batch, sent) {
             bump(&self.events.deny_cache_hits);
             return Ok(outcome);
         }
@@ -189,13 +228,11 @@ impl RedisLimiter {
                 )
                 .await;
         }
-        let sent = Instant::now();
-        let result = match tokio::time::timeout(self.timeout, self.remote(batch)).await {
+        let result = match tokio::time::timeout(self.timeout, self.remote(batch, sent)).await {
             Ok(result) => result,
-            Err(_) => {
-                self.connector.timed_out();
-                Err(unavailable(&format!("no answer within {:?}", self.timeout)))
-            }
+            // The lane's own time-out (which drops a Sentinel connection) fires a little
+            // later, if the call is still in flight then.
+            Err(_) => Err(unavailable(&format!("no answer within {:?}", self.timeout))),
         };
         match result {
             Ok(outcome) => {
@@ -216,33 +253,40 @@ impl RedisLimiter {
     }
 
     /// The decision from Redis, times in nanoseconds.
-    async fn remote(&self, batch: &Batch) -> Result<BatchOutcome, LimiterError> {
-        let outcome = if self.connector.is_cluster() {
-            cluster::check(self, batch).await
+    async fn remote(&self, batch: &Batch, now: u64) -> Result<BatchOutcome, LimiterError> {
+        let now_micros = self.script_clock.then_some(now / 1_000);
+        let outcome = if self.commit.shared().connector.is_cluster() {
+            cluster::check(self, batch, now_micros).await
         } else {
-            let call = self.encode(&batch.hits, Mode::Request, Unit::Nanos, None);
-            self.call(&call).await
+            let hits = batch.hits.clone();
+            self.submit(hits, Mode::Request, Unit::Nanos, now_micros)
+                .await
         };
         outcome.map_err(limiter_error)
     }
 
-    /// The call for `hits`, in the form this limiter's Redis takes (function or script).
-    fn encode(&self, hits: &[super::Hit], mode: Mode, unit: Unit, now_micros: Option<u64>) -> Call {
-        let via = self.functions.via();
-        script::encode(hits, &self.prefix, mode, unit, now_micros, via)
-    }
-
-    /// One script call on the current connection.
-    async fn call(&self, call: &Call) -> Result<BatchOutcome, RedisError> {
-        let f = &self.functions;
-        let reply = match self.connector.get().await {
-            Ok(Conn::Single(mut c)) => script::invoke(&mut c, call, f).await,
-            Ok(Conn::Sentinel(mut c)) => script::invoke(&mut c, call, f).await,
-            Ok(Conn::Cluster(mut c)) => script::invoke(&mut c, call, f).await,
-            Err(e) => Err(e),
+    /// Decides `hits` (all of one Cluster slot, in a Cluster) in a lane's next script call.
+    async fn submit(
+        &self,
+        hits: Vec<super::Hit>,
+        mode: Mode,
+        unit: Unit,
+        now_micros: Option<u64>,
+    ) -> Result<BatchOutcome, RedisError> {
+        let shared = self.commit.shared();
+        let slot = shared
+            .connector
+            .is_cluster()
+            .then(|| hits.first().map(|h| cluster::slot(&shared.prefix, &h.key)))
+            .flatten();
+        let request = Request {
+            hits,
+            mode,
+            unit,
+            now_micros,
+            slot,
         };
-        let reply = reply.inspect_err(|e| self.connector.failed(e))?;
-        script::decode(reply, call)
+        self.commit.submit(request).await
     }
 
     async fn fallback(
@@ -264,13 +308,13 @@ impl RedisLimiter {
 
     /// The prefix in front of every key.
     fn prefix(&self) -> &[u8] {
-        &self.prefix
+        &self.commit.shared().prefix
     }
 
     /// Whether the next call goes to the function library (`FCALL`) or to the script
     /// (`EVALSHA`): the former when `redis.functions` is on, until Redis refuses functions.
     pub fn via(&self) -> script::Via {
-        self.functions.via()
+        self.commit.shared().functions.via()
     }
 }
 
@@ -367,7 +411,7 @@ impl Limiter for RedisLimiter {
 impl std::fmt::Debug for RedisLimiter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisLimiter")
-            .field("prefix", &String::from_utf8_lossy(&self.prefix))
+            .field("prefix", &String::from_utf8_lossy(self.prefix()))
             .field("on_error", &self.on_error)
             .field("breaker_open", &self.breaker.is_open())
             .finish_non_exhaustive()

@@ -49,7 +49,7 @@ const LIBRARY_TAIL: &str = include_str!("lua/library.lua");
 /// The prelude's line that marks, per call, the algorithms a request uses (see `MAKERS` in
 /// `prelude.lua`); the library marks them all instead, and makes each once.
 const SCRIPT_MAKERS: &str =
-    "for l = 1, tonumber(ARGV[3]) or 0 do MAKERS[ARGV[5 * l - 1]] = true end";
+    "for l = 1, tonumber(ARGV[2]) or 0 do MAKERS[ARGV[5 * l - 2]] = true end";
 const LIBRARY_MAKERS: &str =
     "MAKERS.f, MAKERS.b, MAKERS.w, MAKERS.s, MAKERS.l = true, true, true, true, true";
 
@@ -146,7 +146,7 @@ pub const MAX_EXACT: u64 = (1 << 53) - 1;
 /// Above this many items, distinct keys and limits are found with a hash map, not a scan.
 const LINEAR_SCAN_MAX: usize = 16;
 
-/// How one script call plans its hits (ARGV[2]).
+/// How the script plans one request's hits (its mode field).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// All or nothing over every hit of the call.
@@ -167,13 +167,21 @@ pub enum Unit {
     Micros,
 }
 
+/// One request of a call: its hits, and how the script plans them.
+#[derive(Debug, Clone, Copy)]
+pub struct Part<'a> {
+    pub hits: &'a [Hit],
+    pub mode: Mode,
+}
+
 /// One call, encoded once: `FCALL <name>` or `EVALSHA <sha>`, then `<numkeys> KEYS... ARGV...`,
-/// ready to send.
+/// ready to send. It carries a batch of requests (group commit), each decided as if alone.
 #[derive(Debug, Clone)]
 pub struct Call {
     cmd: Cmd,
     via: Via,
-    hits: usize,
+    /// The number of hits of each request, in order.
+    hits: Vec<usize>,
     unit: Unit,
 }
 
@@ -190,22 +198,23 @@ impl Call {
     }
 }
 
-/// Builds the call for `hits`, whose periods are in `unit`, in the form `via`. `now_micros`
-/// overrides Redis `TIME` (tests only).
+/// Builds the call for `parts` (one or more requests, decided in this order), whose periods
+/// are in `unit`, in the form `via`. `now_micros` overrides Redis `TIME` (tests only).
 pub fn encode(
-    hits: &[Hit],
+    parts: &[Part<'_>],
     prefix: &[u8],
-    mode: Mode,
     unit: Unit,
     now_micros: Option<u64>,
     via: Via,
 ) -> Call {
-    let (keys, slot_of) = distinct(hits.iter().map(|h| &*h.key));
-    let (limits, limit_of) = distinct(hits.iter().map(|h| script_limit(&h.limit, unit)));
+    let count: usize = parts.iter().map(|p| p.hits.len()).sum();
+    let all = || parts.iter().flat_map(|p| p.hits.iter());
+    let (keys, slot_of) = distinct(all().map(|h| &*h.key), count);
+    let (limits, limit_of) = distinct(all().map(|h| script_limit(&h.limit, unit)), count);
     let key_bytes: usize = keys.iter().map(|k| prefix.len() + k.len()).sum();
     let mut cmd = Cmd::with_capacity(
-        7 + keys.len() + LIMIT_FIELDS * limits.len() + HIT_FIELDS * hits.len(),
-        80 + key_bytes + 40 * limits.len() + 32 * hits.len(),
+        6 + keys.len() + LIMIT_FIELDS * limits.len() + 2 * parts.len() + HIT_FIELDS * count,
+        80 + key_bytes + 40 * limits.len() + 16 * parts.len() + 32 * count,
     );
     match via {
         Via::Function => cmd.arg("FCALL").arg(LIBRARY.name.as_str()),
@@ -221,24 +230,36 @@ pub fn encode(
         Some(n) => cmd.arg(n.min(MAX_EXACT)),
         None => cmd.arg(""),
     };
-    cmd.arg(match mode {
-        Mode::Request => "request",
-        Mode::Independent => "independent",
-    });
     cmd.arg(limits.len());
     for limit in &limits {
         push_limit(&mut cmd, limit);
     }
-    cmd.arg(hits.len());
-    for ((hit, slot), limit) in hits.iter().zip(slot_of).zip(limit_of) {
-        push_hit(&mut cmd, hit, slot + 1, limit + 1);
+    cmd.arg(parts.len());
+    let mut indices = slot_of.into_iter().zip(limit_of);
+    for part in parts {
+        cmd.arg(match part.mode {
+            Mode::Request => "request",
+            Mode::Independent => "independent",
+        });
+        cmd.arg(part.hits.len());
+        for (hit, (slot, limit)) in part.hits.iter().zip(indices.by_ref()) {
+            push_hit(&mut cmd, hit, slot + 1, limit + 1);
+        }
     }
     Call {
         cmd,
         via,
-        hits: hits.len(),
+        hits: parts.iter().map(|p| p.hits.len()).collect(),
         unit,
     }
+}
+
+/// The encoded size of a call's arguments for `hits`, roughly (for bounding a batch).
+pub fn encoded_size(hits: &[Hit], prefix: &[u8]) -> usize {
+    hits.iter()
+        .map(|h| prefix.len() + h.key.len() + 14 + 32 + 40)
+        .sum::<usize>()
+        + 16
 }
 
 /// A limit as the script takes it: period in microseconds, flags (1 borrow, 2 always).
@@ -289,11 +310,15 @@ fn push_hit(cmd: &mut Cmd, hit: &Hit, slot: usize, limit: usize) {
         .arg(role);
 }
 
-/// The distinct items, in order of first appearance, and the index of each item among them.
-fn distinct<T: Copy + Eq + Hash>(items: impl ExactSizeIterator<Item = T>) -> (Vec<T>, Vec<usize>) {
+/// The distinct items (`len` of them in all), in order of first appearance, and the index of
+/// each item among them.
+fn distinct<T: Copy + Eq + Hash>(
+    items: impl Iterator<Item = T>,
+    len: usize,
+) -> (Vec<T>, Vec<usize>) {
     let mut found = Vec::new();
-    let mut index = Vec::with_capacity(items.len());
-    if items.len() <= LINEAR_SCAN_MAX {
+    let mut index = Vec::with_capacity(len);
+    if len <= LINEAR_SCAN_MAX {
         for item in items {
             let at = found.iter().position(|f| *f == item).unwrap_or_else(|| {
                 found.push(item);
@@ -302,7 +327,7 @@ fn distinct<T: Copy + Eq + Hash>(items: impl ExactSizeIterator<Item = T>) -> (Ve
             index.push(at);
         }
     } else {
-        let mut seen = HashMap::with_capacity(items.len());
+        let mut seen = HashMap::with_capacity(len);
         for item in items {
             let next = found.len();
             let at = *seen.entry(item).or_insert(next);
@@ -426,22 +451,21 @@ async fn send<C: ConnectionLike + Send>(conn: &mut C, cmd: &Cmd) -> redis::Redis
     }
 }
 
-/// Decodes the script's reply to `call`, resets in the call's unit.
-pub fn decode(reply: Value, call: &Call) -> Result<BatchOutcome, RedisError> {
+/// Decodes the script's reply to `call`: one outcome per request, resets in the call's unit.
+pub fn decode(reply: Value, call: &Call) -> Result<Vec<BatchOutcome>, RedisError> {
     let bad = |what: &str| {
         RedisError::from((ErrorKind::Parse, "unexpected script reply", what.to_owned()))
     };
     let Value::Array(items) = reply else {
         return Err(bad("not an array"));
     };
-    let Some((head, per_hit)) = items.split_first() else {
-        return Err(bad("empty reply"));
-    };
-    if per_hit.len() != 3 * call.hits {
+    let want: usize = call.hits.iter().map(|h| 1 + 3 * h).sum();
+    if items.len() != want || want == 0 {
         return Err(bad(&format!(
-            "{} items for {} hits",
+            "{} items for {} hits in {} requests",
             items.len(),
-            call.hits
+            call.hits.iter().sum::<usize>(),
+            call.hits.len()
         )));
     }
     let int = |v: &Value| match v {
@@ -452,20 +476,32 @@ pub fn decode(reply: Value, call: &Call) -> Result<BatchOutcome, RedisError> {
         Unit::Nanos => 1_000,
         Unit::Micros => 1,
     };
-    let mut hits = Vec::with_capacity(call.hits);
-    for hit in per_hit.chunks_exact(3) {
-        if let [admitted, remaining, reset] = hit {
-            hits.push(HitOutcome {
-                admitted: int(admitted)? == 1,
-                remaining: int(remaining)?,
-                reset_nanos: int(reset)?.saturating_mul(scale),
-            });
+    let mut rest = items.as_slice();
+    let mut outcomes = Vec::with_capacity(call.hits.len());
+    for &count in &call.hits {
+        let Some((head, tail)) = rest.split_first() else {
+            return Err(bad("short reply"));
+        };
+        let Some((per_hit, next)) = tail.split_at_checked(3 * count) else {
+            return Err(bad("short reply"));
+        };
+        rest = next;
+        let mut hits = Vec::with_capacity(count);
+        for hit in per_hit.chunks_exact(3) {
+            if let [admitted, remaining, reset] = hit {
+                hits.push(HitOutcome {
+                    admitted: int(admitted)? == 1,
+                    remaining: int(remaining)?,
+                    reset_nanos: int(reset)?.saturating_mul(scale),
+                });
+            }
         }
+        outcomes.push(BatchOutcome {
+            hits,
+            admitted: int(head)? == 1,
+        });
     }
-    Ok(BatchOutcome {
-        hits,
-        admitted: int(head)? == 1,
-    })
+    Ok(outcomes)
 }
 
 #[cfg(test)]
@@ -497,10 +533,10 @@ mod tests {
         other.limit.quota = 7;
         other.refund = true;
         other.role = Role::Shadow;
+        let hits = [hit("a", 0), other, hit("a", 2)];
         let call = encode(
-            &[hit("a", 0), other, hit("a", 2)],
+            &one(&hits, Mode::Request),
             b"p:",
-            Mode::Request,
             Unit::Micros,
             None,
             Via::Script,
@@ -519,9 +555,11 @@ mod tests {
             "4",
             "3",
         ];
-        assert_eq!(args[..3], ["", "request", "2"]);
-        assert_eq!(args[3..3 + 2 * LIMIT_FIELDS], limits);
-        let hits = &args[3 + 2 * LIMIT_FIELDS..];
+        assert_eq!(args[..2], ["", "2"]);
+        assert_eq!(args[2..2 + 2 * LIMIT_FIELDS], limits);
+        let requests = &args[2 + 2 * LIMIT_FIELDS..];
+        assert_eq!(requests[..2], ["1", "request"]);
+        let hits = &requests[2..];
         assert_eq!(hits[0], "3");
         assert_eq!(
             hits[1..].chunks(HIT_FIELDS).collect::<Vec<_>>(),
@@ -536,7 +574,7 @@ mod tests {
     #[test]
     fn many_hits_find_their_keys_and_limits_by_hashing() {
         let hits: Vec<Hit> = (0..40).map(|i| hit(["a", "b", "c"][i % 3], i)).collect();
-        let (keys, slots) = distinct(hits.iter().map(|h| &*h.key));
+        let (keys, slots) = distinct(hits.iter().map(|h| &*h.key), hits.len());
         assert_eq!(keys, [b"a".as_slice(), b"b", b"c"]);
         let want: Vec<usize> = (0..40).map(|i| i % 3).collect();
         assert_eq!(slots, want);
@@ -544,20 +582,74 @@ mod tests {
 
     #[test]
     fn nanos_round_periods_up_and_scale_resets() {
+        let hits = [hit("a", 0)];
         let call = encode(
-            &[hit("a", 0)],
+            &one(&hits, Mode::Independent),
             b"",
-            Mode::Independent,
             Unit::Nanos,
             Some(9),
             Via::Function,
         );
         let (_, args) = call.keys_and_args();
-        assert_eq!(args[..5], ["9", "independent", "1", "f", "3"]);
-        assert_eq!(args[5], "1500001");
+        assert_eq!(args[..4], ["9", "1", "f", "3"]);
+        assert_eq!(args[4], "1500001");
+        assert_eq!(args[7..9], ["1", "independent"]);
         let reply = Value::Array([1, 1, 2, 7].map(Value::Int).to_vec());
         let o = decode(reply, &call).unwrap();
-        assert_eq!(o.hits[0].reset_nanos, 7_000);
+        assert_eq!(o[0].hits[0].reset_nanos, 7_000);
+    }
+
+    #[test]
+    fn a_batch_sends_keys_and_limits_once_and_each_request_after_the_other() {
+        let first = [hit("a", 0), hit("b", 1)];
+        let second = [hit("b", 0)];
+        let parts = [
+            Part {
+                hits: &first,
+                mode: Mode::Request,
+            },
+            Part {
+                hits: &second,
+                mode: Mode::Independent,
+            },
+        ];
+        let call = encode(&parts, b"", Unit::Micros, None, Via::Script);
+        let (keys, args) = call.keys_and_args();
+        assert_eq!(keys, ["a", "b"]);
+        let requests = &args[2 + LIMIT_FIELDS..];
+        let q = "9007199254740991";
+        assert_eq!(
+            requests,
+            [
+                "2",
+                "request",
+                "2",
+                "1",
+                "1",
+                q,
+                "0",
+                "q",
+                "2",
+                "1",
+                q,
+                "1",
+                "q", //
+                "independent",
+                "1",
+                "2",
+                "1",
+                q,
+                "0",
+                "q",
+            ]
+        );
+        let ints = |v: &[i64]| Value::Array(v.iter().copied().map(Value::Int).collect());
+        let out = decode(ints(&[0, 1, 5, 6, 0, 0, 9, 1, 1, 2, 3]), &call).unwrap();
+        assert_eq!(out.len(), 2);
+        assert!(!out[0].admitted && out[1].admitted);
+        assert_eq!(out[0].hits[1].reset_nanos, 9);
+        assert_eq!(out[1].hits[0].remaining, 2);
+        assert!(decode(ints(&[0, 1, 5, 6, 0, 0, 9, 1]), &call).is_err());
     }
 
     /// A connection answering from a script, recording the command names it was sent.
@@ -598,8 +690,13 @@ mod tests {
         }
     }
 
+    fn one(hits: &[Hit], mode: Mode) -> [Part<'_>; 1] {
+        [Part { hits, mode }]
+    }
+
     fn call_via(via: Via) -> Call {
-        encode(&[hit("a", 0)], b"p:", Mode::Request, Unit::Nanos, None, via)
+        let hits = [hit("a", 0)];
+        encode(&one(&hits, Mode::Request), b"p:", Unit::Nanos, None, via)
     }
 
     fn mock(replies: &[&'static [u8]]) -> Mock {
@@ -736,19 +833,19 @@ mod tests {
 
     #[test]
     fn decode_checks_the_shape() {
+        let hits = [hit("a", 0)];
         let call = encode(
-            &[hit("a", 0)],
+            &one(&hits, Mode::Request),
             b"",
-            Mode::Request,
             Unit::Micros,
             None,
             Via::Script,
         );
         let ints = |v: &[i64]| Value::Array(v.iter().copied().map(Value::Int).collect());
         let o = decode(ints(&[1, 1, 2, 3]), &call).unwrap();
-        assert!(o.admitted);
+        assert!(o[0].admitted);
         assert_eq!(
-            o.hits[0],
+            o[0].hits[0],
             HitOutcome {
                 admitted: true,
                 remaining: 2,

@@ -1,4 +1,5 @@
--- sluice: one request's limits, decided atomically (all or nothing), for every algorithm.
+-- sluice: a batch of requests' limits, each request decided atomically (all or nothing), for
+-- every algorithm.
 --
 -- This script is the concatenation of src/limiter/redis/lua/*.lua, in the order given by
 -- src/limiter/redis/script.rs: this prelude (the contract and integer helpers), one file per
@@ -18,25 +19,30 @@
 -- Arithmetic saturates at MAX = 2^53 - 1 (the Rust functions saturate at 2^64 - 1; the two agree
 -- whenever neither saturates, i.e. for any state less than ~250 years ahead of now).
 --
--- KEYS[s]      the distinct state keys of the request (prefix included), s = 1..#KEYS, in
+-- A call carries a batch of R requests (group commit: the requests that arrived while the
+-- previous call was in flight), decided one after the other in the order given, each exactly
+-- as if it were alone (its own all or nothing); all of them at one `now`.
+--
+-- KEYS[s]      the distinct state keys of the batch (prefix included), s = 1..#KEYS, in
 --              order of first appearance. Every key the script touches is in KEYS, so Redis
 --              Cluster routes the call (all keys of one call must share a slot there).
 --
 -- ARGV[1]      "now" override in microseconds, or "" to read Redis TIME (the normal case).
 --              Only tests set it, to drive the script on a controlled clock.
--- ARGV[2]      mode: "request" (all or nothing over the hits of this call) or "independent"
---              (each descriptor group consumes when all of its hits admit, whatever the
---              others do; used for one slot group of a Redis Cluster request, the caller then
---              plans the whole request and refunds what must not have been consumed).
--- ARGV[3]      L, the number of distinct limits; then 5 fields per limit l = 1..L, at
---              4 + 5*(l-1), sent once however many hits share the limit:
+-- ARGV[2]      L, the number of distinct limits of the batch; then 5 fields per limit
+--              l = 1..L, at 3 + 5*(l-1), sent once however many hits share the limit:
 --   +0 algo    "f" funnel, "b" token bucket, "w" fixed window, "s" sliding window,
 --              "l" sliding log
 --   +1 quota   Q, requests per period (0 = zero quota)
 --   +2 period  P in microseconds (>= 1 after clamping)
 --   +3 burst   B
 --   +4 flags   the sum of 1 (borrow) and 2 (charge: always): "0" to "3"
--- ARGV[4+5L]   H, the number of hits; then 5 fields per hit h = 1..H, at 5 + 5L + 5*(h-1):
+-- ARGV[3+5L]   R, the number of requests; then per request, one after the other:
+--   mode       "request" (all or nothing over the request's hits) or "independent" (each
+--              descriptor group consumes when all of its hits admit, whatever the others do;
+--              used for one slot group of a Redis Cluster request, the caller then plans the
+--              whole request and refunds what must not have been consumed)
+--   H          the number of the request's hits; then 5 fields per hit h = 1..H:
 --   +0 slot    index into KEYS (1-based) of the hit's state key
 --   +1 limit   index (1-based) of the hit's limit above
 --   +2 cost    the cost (0 = check only)
@@ -46,9 +52,10 @@
 --
 -- Every number is a decimal integer; each is parsed once, before any key is read.
 --
--- Reply: { request_admitted, then per hit: admitted, remaining, reset_micros }, all integers
--- (admitted flags are 1 or 0). reset_micros: for an admitted hit, until the full quota is
--- back; for a denied one, until this hit would be admitted.
+-- Reply: per request, in order: { request_admitted, then per hit: admitted, remaining,
+-- reset_micros }, all integers in one flat array (admitted flags are 1 or 0). reset_micros:
+-- for an admitted hit, until the full quota is back; for a denied one, until this hit would
+-- be admitted.
 --
 -- Storage: each key holds its algorithm's state (the format is at the top of each algorithm's
 -- file). A key a cost was applied to is written back with a TTL of exactly the time until its
@@ -60,8 +67,8 @@ local MAX = 9007199254740991
 -- Per algorithm code, a function building that algorithm's table of functions. The script
 -- runs whole on every call, so an algorithm's functions are only made for the requests that
 -- use it (making every closure every time costs more than the decision itself), and so is
--- its maker: MAKERS starts as `true` for each algorithm code of the request's limits (field +0
--- of each limit, see ARGV[3] above), and each algorithm file assigns
+-- its maker: MAKERS starts as `true` for each algorithm code of the batch's limits (field +0
+-- of each limit, see ARGV[2] above), and each algorithm file assigns
 -- `MAKERS.<code> = MAKERS.<code> and function() ... end`, which makes no closure for an
 -- algorithm that no limit of the request uses. Each maker returns its table from one
 -- constructor, sized once (a table grown key by key is rehashed at every power of two).
@@ -70,7 +77,7 @@ local MAX = 9007199254740991
 -- instructions, a closure 650), so the script makes few. In the function library the line
 -- below is replaced by one that marks every code, and library.lua makes each algorithm once.
 local MAKERS = {}
-for l = 1, tonumber(ARGV[3]) or 0 do MAKERS[ARGV[5 * l - 1]] = true end
+for l = 1, tonumber(ARGV[2]) or 0 do MAKERS[ARGV[5 * l - 2]] = true end
 
 local function sat_add(a, b)
   local s = a + b

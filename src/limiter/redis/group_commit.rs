@@ -1,0 +1,305 @@
+//! Group commit: many requests, one script call.
+//!
+//! Each lane (one connection of `redis.connections`) has at most one script call in flight.
+//! A request picks a lane (in turn). When the lane is idle, the request sends its own call at
+//! once, from its own task (one request alone pays no delay and no hand-off: no timer waits
+//! for a batch). While a call is in flight, the requests that arrive queue; when it returns,
+//! the lane's task sends the next call, carrying all of them (up to [`MAX_REQUESTS`] requests
+//! and about [`MAX_BYTES`] of arguments), and so on until the queue is empty. The script
+//! decides them one after the other in arrival order, each exactly as if alone. In a Cluster,
+//! the queued requests are split by slot (each call's keys must share one) and the calls of one
+//! turn go out together.
+//!
+//! A call that fails (time-out, lost connection, error reply) fails every request it carried,
+//! each with the same error; each request then gets its own `on_error` answer from the
+//! limiter. A request whose caller stopped waiting (its time-out passed while it queued) is
+//! dropped before it is sent.
+//!
+//! # The bounds
+//!
+//! A Lua call runs alone in Redis: nothing else is served until it returns. Redis spends about
+//! 6-12 µs of Lua per one-descriptor request (docs/BENCHMARKS.md), so a batch of 64 holds
+//! Redis for well under a millisecond, a fraction of the default 100 ms time-out and of a
+//! p99 at 64 in flight, and 64 requests in flight spread over the lanes make batches far
+//! smaller than that. 64 KiB of arguments (about 700 one-descriptor or 70 ten-descriptor
+//! requests) keeps a call within a few TCP segments' worth of a socket buffer; only requests
+//! with many descriptors reach it before the count.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use parking_lot::Mutex;
+use redis::cluster_routing::Slot;
+use redis::{RedisError, RedisResult, Value};
+use tokio::sync::{Notify, oneshot};
+use tokio::task::AbortHandle;
+
+use super::connection::Connector;
+use super::script::{self, Functions, Mode, Part, Unit};
+use crate::limiter::{BatchOutcome, Hit};
+
+/// The most requests one call carries.
+pub const MAX_REQUESTS: usize = 64;
+
+/// About the most bytes of arguments one call carries (a single larger request goes alone).
+pub const MAX_BYTES: usize = 64 * 1024;
+
+/// What every lane's task needs.
+pub struct Shared {
+    pub connector: Connector,
+    pub functions: Functions,
+    pub prefix: Vec<u8>,
+    /// How long one call may take.
+    pub timeout: Duration,
+}
+
+/// One request, queued for a call.
+struct Job {
+    hits: Vec<Hit>,
+    mode: Mode,
+    unit: Unit,
+    now_micros: Option<u64>,
+    /// The Cluster slot of its keys (one call per slot).
+    slot: Option<Slot>,
+    size: usize,
+    reply: oneshot::Sender<RedisResult<BatchOutcome>>,
+}
+
+impl Job {
+    /// Whether `other` can share this job's call.
+    fn joins(&self, other: &Job) -> bool {
+        self.slot == other.slot && self.now_micros == other.now_micros && self.unit == other.unit
+    }
+}
+
+/// One connection's queue.
+#[derive(Default)]
+struct Lane {
+    state: Mutex<LaneState>,
+    /// Tells the lane's task that requests queued behind a call that has returned.
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct LaneState {
+    /// A call is in flight (or about to be sent) on this lane.
+    busy: bool,
+    queue: VecDeque<Job>,
+}
+
+impl Lane {
+    /// The next call's jobs, at most the bounds; none (and the lane idle) when nothing queued.
+    fn next_jobs(&self) -> Vec<Job> {
+        let mut state = self.state.lock();
+        let mut jobs = Vec::new();
+        let mut bytes = 0;
+        while jobs.len() < MAX_REQUESTS {
+            let Some(job) = state.queue.pop_front() else {
+                break;
+            };
+            if job.reply.is_closed() {
+                continue;
+            }
+            if !jobs.is_empty() && bytes + job.size > MAX_BYTES {
+                state.queue.push_front(job);
+                break;
+            }
+            bytes += job.size;
+            jobs.push(job);
+        }
+        if jobs.is_empty() {
+            state.busy = false;
+        }
+        jobs
+    }
+}
+
+/// Held by a request sending its own call on an idle lane: when it is done (or its caller
+/// stops waiting), the lane goes idle, or its task sends what queued meanwhile.
+struct Leading<'a>(&'a Lane);
+
+impl Drop for Leading<'_> {
+    fn drop(&mut self) {
+        let mut state = self.0.state.lock();
+        if state.queue.is_empty() {
+            state.busy = false;
+        } else {
+            drop(state);
+            self.0.wake.notify_one();
+        }
+    }
+}
+
+/// The lanes; their tasks start on first use (they need the runtime).
+pub struct GroupCommit {
+    shared: Arc<Shared>,
+    lanes: Vec<Arc<Lane>>,
+    tasks: OnceLock<Vec<AbortHandle>>,
+    next: AtomicUsize,
+}
+
+/// One request for [`GroupCommit::submit`].
+pub struct Request {
+    pub hits: Vec<Hit>,
+    pub mode: Mode,
+    pub unit: Unit,
+    pub now_micros: Option<u64>,
+    pub slot: Option<Slot>,
+}
+
+impl GroupCommit {
+    pub fn new(shared: Shared) -> GroupCommit {
+        let lanes = (0..shared.connector.lanes())
+            .map(|_| Arc::new(Lane::default()))
+            .collect();
+        GroupCommit {
+            shared: Arc::new(shared),
+            lanes,
+            tasks: OnceLock::new(),
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    /// Decides `request` in the next call of a lane, as if alone.
+    pub async fn submit(&self, request: Request) -> RedisResult<BatchOutcome> {
+        self.tasks.get_or_init(|| self.start());
+        let index = self.next.fetch_add(1, Ordering::Relaxed) % self.lanes.len().max(1);
+        let Some(lane) = self.lanes.get(index) else {
+            return Err(dropped("no lane to send it on"));
+        };
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            size: script::encoded_size(&request.hits, &self.shared.prefix),
+            hits: request.hits,
+            mode: request.mode,
+            unit: request.unit,
+            now_micros: request.now_micros,
+            slot: request.slot,
+            reply,
+        };
+        let alone = {
+            let mut state = lane.state.lock();
+            if state.busy {
+                state.queue.push_back(job);
+                None
+            } else {
+                state.busy = true;
+                Some(job)
+            }
+        };
+        if let Some(job) = alone {
+            let _leading = Leading(lane);
+            call(&self.shared, index, vec![job]).await;
+        }
+        answer
+            .await
+            .unwrap_or_else(|_| Err(dropped("the call carrying it was dropped")))
+    }
+
+    fn start(&self) -> Vec<AbortHandle> {
+        self.lanes
+            .iter()
+            .enumerate()
+            .map(|(index, lane)| {
+                let task = tokio::spawn(drive(self.shared.clone(), index, lane.clone()));
+                task.abort_handle()
+            })
+            .collect()
+    }
+}
+
+impl Drop for GroupCommit {
+    fn drop(&mut self) {
+        for task in self.tasks.get().into_iter().flatten() {
+            task.abort();
+        }
+    }
+}
+
+fn dropped(what: &str) -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::ConnectionAborted,
+        format!("redis request not decided: {what}"),
+    ))
+}
+
+/// A lane's task: woken when requests queued behind a call, it sends them, as few calls as
+/// their slots allow, until none is left.
+async fn drive(shared: Arc<Shared>, index: usize, lane: Arc<Lane>) {
+    loop {
+        lane.wake.notified().await;
+        loop {
+            let jobs = lane.next_jobs();
+            if jobs.is_empty() {
+                break;
+            }
+            run(&shared, index, jobs).await;
+        }
+    }
+}
+
+/// One turn of a lane: the jobs as few calls as their slots allow, sent together.
+async fn run(shared: &Shared, lane: usize, jobs: Vec<Job>) {
+    let mut calls: Vec<Vec<Job>> = Vec::new();
+    for job in jobs {
+        match calls
+            .iter_mut()
+            .find(|c| c.first().is_some_and(|j| j.joins(&job)))
+        {
+            Some(call) => call.push(job),
+            None => calls.push(vec![job]),
+        }
+    }
+    join_all(calls.into_iter().map(|jobs| call(shared, lane, jobs))).await;
+}
+
+/// One script call for `jobs` (all of one slot, clock and unit); answers each.
+async fn call(shared: &Shared, lane: usize, jobs: Vec<Job>) {
+    let Some(head) = jobs.first() else { return };
+    let parts: Vec<Part<'_>> = jobs
+        .iter()
+        .map(|j| Part {
+            hits: &j.hits,
+            mode: j.mode,
+        })
+        .collect();
+    let via = shared.functions.via();
+    let call = script::encode(&parts, &shared.prefix, head.unit, head.now_micros, via);
+    let result = match tokio::time::timeout(shared.timeout, send(shared, lane, &call)).await {
+        Ok(result) => result,
+        Err(_) => {
+            shared.connector.timed_out(lane);
+            Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer within {:?}", shared.timeout),
+            )))
+        }
+    };
+    match result.and_then(|reply| script::decode(reply, &call)) {
+        Ok(outcomes) => {
+            for (job, outcome) in jobs.into_iter().zip(outcomes) {
+                let _ = job.reply.send(Ok(outcome));
+            }
+        }
+        Err(e) => {
+            for job in jobs {
+                let _ = job.reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
+async fn send(shared: &Shared, lane: usize, call: &script::Call) -> RedisResult<Value> {
+    let reply = match shared.connector.get(lane).await {
+        Ok(mut conn) => script::invoke(&mut conn, call, &shared.functions).await,
+        Err(e) => Err(e),
+    };
+    reply.inspect_err(|e| shared.connector.failed(lane, e))
+}
