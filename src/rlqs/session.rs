@@ -172,7 +172,10 @@ impl Session {
             None => 1_000_000_000,
         };
         let held = self.buckets.get_mut(key)?;
-        held.deny_until = Some(now + Duration::from_nanos(wait.max(1_000_000)));
+        // Checked again then, and at least every second (another replica's or the clock's
+        // view may differ from this estimate).
+        let wait = wait.clamp(1_000_000, 1_000_000_000);
+        held.deny_until = Some(now + Duration::from_nanos(wait));
         // Sent even when unchanged: that extends its time to live.
         Some(self.send(key, Assignment::DenyAll))
     }
@@ -409,7 +412,7 @@ fn keeps(cur: &TokenBucketSpec, rate: u64) -> bool {
     let cur_rate = u128::from(cur.tokens_per_fill) * u128::from(share::NANOS)
         / u128::from(cur.fill_interval_secs.max(1));
     let rate = u128::from(rate);
-    cur_rate <= rate && cur_rate * 5 / 4 >= rate
+    cur_rate <= rate && cur_rate * 5 / 4 > rate
 }
 
 /// Envoy tells token buckets apart by capacity, tokens per fill, and the sub-second part of
@@ -455,7 +458,7 @@ mod tests {
         let cur = tb(10, 10, 1);
         assert!(keeps(&cur, 10 * share::NANOS));
         assert!(keeps(&cur, 12 * share::NANOS));
-        assert!(!keeps(&cur, 13 * share::NANOS), "a big rise is worth a new bucket");
+        assert!(!keeps(&cur, 25 * share::NANOS / 2), "a rise of a fourth is worth a new bucket");
         assert!(!keeps(&cur, 9 * share::NANOS), "never above the share");
     }
 
