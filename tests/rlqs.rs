@@ -262,7 +262,11 @@ async fn usage_is_charged_to_the_rls_state_and_a_spent_quota_is_denied_until_it_
     assert_eq!(only(&s.next().await, ACME), Told::Deny(15));
     // RLS traffic on the same rule sees the same state.
     let mut rls = envoy_types_rls(server.addr).await;
-    assert_eq!(rls_code(&mut rls).await, 2, "OVER_LIMIT while RLQS usage is in debt");
+    assert_eq!(
+        rls_code(&mut rls).await,
+        2,
+        "OVER_LIMIT while RLQS usage is in debt"
+    );
     // The debt is paid back with time; the server pushes a token bucket on its own.
     s.quiet(Duration::from_millis(600)).await;
     server.clock.advance(30 * SECOND);
@@ -323,14 +327,26 @@ async fn unmatched_buckets_get_nothing_and_a_removed_rule_is_abandoned() {
     ]))
     .await;
     let answer = s.next().await;
-    let ids: Vec<_> = answer.bucket_action.iter().map(|a| a.bucket_id.clone()).collect();
+    let ids: Vec<_> = answer
+        .bucket_action
+        .iter()
+        .map(|a| a.bucket_id.clone())
+        .collect();
     assert_eq!(
         ids,
-        vec![Some(bucket(internal)), Some(bucket(quiet)), Some(bucket(ACME))],
+        vec![
+            Some(bucket(internal)),
+            Some(bucket(quiet)),
+            Some(bucket(ACME))
+        ],
         "no action for buckets no rule matches"
     );
     assert_eq!(told(&answer.bucket_action[0]), Told::Allow(15), "unlimited");
-    assert_eq!(told(&answer.bucket_action[1]), Told::Allow(15), "shadow mode");
+    assert_eq!(
+        told(&answer.bucket_action[1]),
+        Told::Allow(15),
+        "shadow mode"
+    );
     assert!(matches!(told(&answer.bucket_action[2]), Told::Bucket(..)));
     assert_eq!(server.rlqs.buckets(), 3);
     // A reload without the acme rule: its bucket is abandoned at once (no report needed).
@@ -348,23 +364,41 @@ async fn members_share_the_rate_and_rebalance_as_they_come_and_go() {
     let server = Server::start(Settings::default(), RULES).await;
     let mut a = server.open().await;
     a.send(report(vec![usage(ACME, 1, 0, 0)])).await;
-    assert!(matches!(only(&a.next().await, ACME), Told::Bucket(_, 10, 1, _)));
+    assert!(matches!(
+        only(&a.next().await, ACME),
+        Told::Bucket(_, 10, 1, _)
+    ));
     let mut b = server.open().await;
     b.send(report(vec![usage(ACME, 1, 0, 0)])).await;
-    assert!(matches!(only(&b.next().await, ACME), Told::Bucket(_, 5, 1, _)));
+    assert!(matches!(
+        only(&b.next().await, ACME),
+        Told::Bucket(_, 5, 1, _)
+    ));
     // A is told its new share without waiting for its next report.
-    assert!(matches!(only(&a.next().await, ACME), Told::Bucket(_, 5, 1, _)));
+    assert!(matches!(
+        only(&a.next().await, ACME),
+        Told::Bucket(_, 5, 1, _)
+    ));
     assert_eq!(server.rlqs.members(), 2);
     // B reports a small demand (1/s): A may have the rest.
     server.clock.advance(5 * SECOND);
     b.send(report(vec![usage(ACME, 5, 0, 5)])).await;
-    assert!(matches!(only(&b.next().await, ACME), Told::Bucket(_, 2, 1, _)));
+    assert!(matches!(
+        only(&b.next().await, ACME),
+        Told::Bucket(_, 2, 1, _)
+    ));
     server.clock.advance(5 * SECOND);
     a.send(report(vec![usage(ACME, 25, 200, 5)])).await;
-    assert!(matches!(only(&a.next().await, ACME), Told::Bucket(_, 8, 1, _)));
+    assert!(matches!(
+        only(&a.next().await, ACME),
+        Told::Bucket(_, 8, 1, _)
+    ));
     // B goes away: A gets everything back.
     drop(b);
-    assert!(matches!(only(&a.next().await, ACME), Told::Bucket(_, 10, 1, _)));
+    assert!(matches!(
+        only(&a.next().await, ACME),
+        Told::Bucket(_, 10, 1, _)
+    ));
     assert_eq!(server.rlqs.members(), 1);
 }
 
@@ -437,7 +471,10 @@ async fn streams_beyond_the_bound_are_refused_and_health_names_the_service() {
         .await
         .expect_err("a third stream is refused");
     assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
-    assert!(refused.message().contains("rlqs.max_streams = 2"), "{refused:?}");
+    assert!(
+        refused.message().contains("rlqs.max_streams = 2"),
+        "{refused:?}"
+    );
     a.send(report(vec![usage(ACME, 1, 0, 0)])).await;
     a.next().await;
     let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.addr))
@@ -454,7 +491,10 @@ async fn streams_beyond_the_bound_are_refused_and_health_names_the_service() {
         .expect("health answers")
         .into_inner()
         .status;
-    assert_eq!(status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
+    assert_eq!(
+        status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
 }
 
 #[tokio::test]
@@ -530,7 +570,10 @@ async fn thousands_of_buckets_and_dozens_of_streams_stay_within_their_bounds() {
     drop(streams);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while server.rlqs.streams() > 0 {
-        assert!(tokio::time::Instant::now() < deadline, "streams not released");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "streams not released"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -590,7 +633,8 @@ async fn load(port: u16, tenant: &'static str, rate: u64, secs: u64) -> Vec<(f64
         tick.tick().await;
         let at = started.elapsed().as_secs_f64();
         sent.spawn(async move {
-            let answer = http_client::get(stack::loopback(port), "/", &[("x-tenant", tenant)]).await;
+            let answer =
+                http_client::get(stack::loopback(port), "/", &[("x-tenant", tenant)]).await;
             (at, answer.status)
         });
     }
@@ -628,7 +672,11 @@ fn assert_within_bound(what: &str, t: Tally, envoys: u64, replicas: u64) {
     let max = bound(10, 10, 10, envoys, replicas);
     eprintln!("{what}: {t:?}, bound {max}");
     assert_eq!(t.other, 0, "{what}: only 200 and 429 expected: {t:?}");
-    assert!(t.ok <= max, "{what}: {} admitted, above the bound {max}", t.ok);
+    assert!(
+        t.ok <= max,
+        "{what}: {} admitted, above the bound {max}",
+        t.ok
+    );
     // Not starved either: at least 60% of the rate over the run.
     assert!(t.ok >= 60, "{what}: only {} admitted", t.ok);
     assert!(t.denied > 0, "{what}: nothing denied: {t:?}");
@@ -656,18 +704,34 @@ async fn one_envoy(upstream: u16) {
     );
     assert_within_bound("one Envoy", tally(&acme), 1, 1);
     let other = tally(&other);
-    assert_eq!((other.ok, other.denied), (200, 0), "no rule: allowed, {other:?}");
+    assert_eq!(
+        (other.ok, other.denied),
+        (200, 0),
+        "no rule: allowed, {other:?}"
+    );
     let internal = tally(&internal);
-    assert_eq!((internal.ok, internal.denied), (200, 0), "unlimited: {internal:?}");
+    assert_eq!(
+        (internal.ok, internal.denied),
+        (200, 0),
+        "unlimited: {internal:?}"
+    );
     // sluice holds acme and internal; "other" got no assignment and holds no state.
     let held = metric(sluice.admin_port, "sluice_rlqs_buckets ").await;
-    assert_eq!(held, Some(2.0), "buckets held; Envoy log:\n{}", proxy.envoy.log());
+    assert_eq!(
+        held,
+        Some(2.0),
+        "buckets held; Envoy log:\n{}",
+        proxy.envoy.log()
+    );
     let allowed = metric(
         sluice.admin_port,
         "sluice_rlqs_reported_requests_total{domain=\"edge\",rule=\"tenant_acme\",result=\"allowed\"}",
     )
     .await;
-    assert!(allowed.is_some_and(|n| n > 0.0), "per-rule report counters: {allowed:?}");
+    assert!(
+        allowed.is_some_and(|n| n > 0.0),
+        "per-rule report counters: {allowed:?}"
+    );
 }
 
 /// Two Envoys on one sluice share the bucket: the same bound in total.
@@ -686,7 +750,10 @@ async fn two_envoys(upstream: u16) {
         other: ta.other + tb.other,
     };
     assert_within_bound("two Envoys", total, 2, 1);
-    assert!(ta.ok >= 15 && tb.ok >= 15, "both get a share: {ta:?} {tb:?}");
+    assert!(
+        ta.ok >= 15 && tb.ok >= 15,
+        "both get a share: {ta:?} {tb:?}"
+    );
 }
 
 /// sluice stopped: Envoy keeps enforcing its last assignment until its time to live, then
@@ -720,7 +787,10 @@ async fn sluice_stopped(upstream: u16) {
     );
     let expired = window(13.5, 17.0);
     eprintln!("sluice stopped, after the TTL: {expired:?}");
-    assert_eq!(expired.denied, 0, "expired: allow all, as configured: {expired:?}");
+    assert_eq!(
+        expired.denied, 0,
+        "expired: allow all, as configured: {expired:?}"
+    );
     assert!(expired.ok > 100, "{expired:?}");
 }
 
@@ -768,5 +838,56 @@ async fn envoy_with_redis_and_two_replicas_shares_one_quota() {
     assert!(
         keys.iter().any(|k| k.contains("tenant=acme")),
         "the usage went to Redis: {keys:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reflection_v1_and_v1alpha_list_the_service() {
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    let server = Server::start(Settings::default(), RULES).await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.addr))
+        .expect("a URL")
+        .connect()
+        .await
+        .expect("connect");
+    let mut v1 = ServerReflectionClient::new(channel);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut answers = v1
+        .server_reflection_info(tokio_stream::iter(vec![request]))
+        .await
+        .expect("reflection v1 answers")
+        .into_inner();
+    let answer = answers.message().await.expect("a message").expect("one");
+    let Some(MessageResponse::ListServicesResponse(list)) = answer.message_response else {
+        panic!("a service list: {answer:?}");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    assert!(
+        names.contains(&"envoy.service.rate_limit_quota.v3.RateLimitQuotaService".to_owned()),
+        "{names:?}"
+    );
+    // grpcurl speaks v1alpha.
+    let grpcurl = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/grpcurl");
+    assert!(
+        grpcurl.is_file(),
+        "grpcurl missing: run ./tests/run (it installs it)"
+    );
+    let out = tokio::process::Command::new(&grpcurl)
+        .args(["-plaintext", &server.addr.to_string(), "describe"])
+        .arg("envoy.service.rate_limit_quota.v3.RateLimitQuotaService")
+        .output()
+        .await
+        .expect("run grpcurl");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("rpc StreamRateLimitQuotas ( stream .envoy.service.rate_limit_quota.v3.RateLimitQuotaUsageReports )"),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }

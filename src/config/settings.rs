@@ -18,10 +18,10 @@ mod ops;
 mod redis;
 mod rlqs;
 pub use input::InputSettings;
-pub use rlqs::RlqsSettings;
 pub use ops::{MetricsSettings, ReloadSettings, TlsSettings};
 use redis::check_userinfo;
 pub use redis::{OnError, RedisSettings, redacted_url};
+pub use rlqs::RlqsSettings;
 
 /// All settings.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]

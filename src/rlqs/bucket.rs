@@ -74,12 +74,16 @@ pub fn resolve(domain: Option<&Domain>, bucket: &BucketKey, shadow: bool) -> Tar
         Policy::Limited(limits) => {
             let part = key::descriptor_part(domain.name(), &entries, Some(&m));
             let shadow = shadow || m.rule().shadow_mode;
-            Target::Limited(Arc::new(limited(rule, limits, &part, shadow)))
+            match limited(rule, limits, &part, shadow) {
+                Some(l) => Target::Limited(Arc::new(l)),
+                None => Target::Unmatched,
+            }
         }
     }
 }
 
-fn limited(rule: String, limits: &[LimitRule], part: &str, shadow: bool) -> Limited {
+/// `None` for no limits (a valid rule never has none).
+fn limited(rule: String, limits: &[LimitRule], part: &str, shadow: bool) -> Option<Limited> {
     let role = if shadow { Role::Shadow } else { Role::Enforced };
     let hits: Vec<Hit> = limits
         .iter()
@@ -96,17 +100,13 @@ fn limited(rule: String, limits: &[LimitRule], part: &str, shadow: bool) -> Limi
             }
         })
         .collect();
-    let governing = hits
-        .iter()
-        .map(|h| h.limit)
-        .min_by_key(|l| rate_of(l))
-        .unwrap_or_else(|| LimitParams::from_rule(&limits[0]));
-    Limited {
+    let governing = hits.iter().map(|h| h.limit).min_by_key(rate_of)?;
+    Some(Limited {
         rule,
         hits,
         shadow,
         governing,
-    }
+    })
 }
 
 /// A limit's rate in nano-requests per second.
@@ -131,7 +131,15 @@ fn order(domain: &Domain, bucket: &BucketKey) -> Option<Vec<Entry>> {
     let mut path = Vec::with_capacity(bucket.len());
     let mut used = vec![false; bucket.len()];
     let mut steps = 0;
-    walk(domain, domain.rules(), bucket, &mut used, &mut path, &mut steps).then_some(path)
+    walk(
+        domain,
+        domain.rules(),
+        bucket,
+        &mut used,
+        &mut path,
+        &mut steps,
+    )
+    .then_some(path)
 }
 
 /// Depth first: at this level, each key with rules here (declaration order) that the bucket
@@ -245,8 +253,7 @@ descriptors:
     #[test]
     fn values_follow_rls_matching() {
         let set = rules(RULES);
-        let Target::Limited(l) = resolve_in(&set, &[("tenant", "t1"), ("route", "/free/a")])
-        else {
+        let Target::Limited(l) = resolve_in(&set, &[("tenant", "t1"), ("route", "/free/a")]) else {
             panic!("wildcard route matches");
         };
         assert_eq!(l.rule, "tenant.route_/free*");
@@ -281,7 +288,10 @@ descriptors:
             panic!("key-only rule matches");
         };
         assert_eq!(both.hits.len(), 2);
-        assert_eq!(both.governing.quota, 1000, "the daily limit has the lower rate");
+        assert_eq!(
+            both.governing.quota, 1000,
+            "the daily limit has the lower rate"
+        );
         assert!(matches!(
             resolve(set.domain("other"), &bucket(&[("name", "x")]), false),
             Target::Unmatched

@@ -57,12 +57,6 @@ impl Session {
         }
     }
 
-    /// Buckets held.
-    #[cfg(test)]
-    pub(super) fn held(&self) -> usize {
-        self.buckets.len()
-    }
-
     /// Handles one usage report: the actions to send back, if any.
     pub(super) async fn report(
         &mut self,
@@ -101,8 +95,10 @@ impl Session {
             Target::Unlimited { .. } => return Some(self.send(&usage.key, Assignment::AllowAll)),
             Target::Limited(l) => l.clone(),
         };
-        if let Some(d) = share::demand(usage.allowed.saturating_add(usage.denied), usage.elapsed_secs)
-        {
+        if let Some(d) = share::demand(
+            usage.allowed.saturating_add(usage.denied),
+            usage.elapsed_secs,
+        ) {
             held.demand = Some(d);
         }
         let charged = charge(&limited, &usage, first);
@@ -124,7 +120,9 @@ impl Session {
 
     /// Starts holding `key` if the rules give it an assignment and the bounds allow.
     fn take(&mut self, key: &BucketKey, now: Instant) -> bool {
-        let domain = self.rules.domain(self.domain.as_deref().unwrap_or_default());
+        let domain = self
+            .rules
+            .domain(self.domain.as_deref().unwrap_or_default());
         let target = bucket::resolve(domain, key, self.ctx.engine.shadow_mode());
         if matches!(target, Target::Unmatched) {
             return false;
@@ -192,10 +190,10 @@ impl Session {
         let state = governing_key(limited);
         let (id, held) = (self.id, self.buckets.get_mut(key)?);
         held.deny_until = None;
-        let (rate, generation) = self
-            .ctx
-            .registry
-            .share(&state, (id, held.serial), held.demand, total);
+        let (rate, generation) =
+            self.ctx
+                .registry
+                .share(&state, (id, held.serial), held.demand, total);
         held.generation = generation;
         if let (false, Some(Assignment::TokenBucket(cur))) = (force, held.sent)
             && keeps(&cur, rate)
@@ -458,7 +456,10 @@ mod tests {
         let cur = tb(10, 10, 1);
         assert!(keeps(&cur, 10 * share::NANOS));
         assert!(keeps(&cur, 12 * share::NANOS));
-        assert!(!keeps(&cur, 25 * share::NANOS / 2), "a rise of a fourth is worth a new bucket");
+        assert!(
+            !keeps(&cur, 25 * share::NANOS / 2),
+            "a rise of a fourth is worth a new bucket"
+        );
         assert!(!keeps(&cur, 9 * share::NANOS), "never above the share");
     }
 

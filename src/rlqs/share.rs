@@ -52,7 +52,10 @@ pub fn demand(requests: u64, elapsed_secs: u64) -> Option<u64> {
 pub fn ask(demand: Option<u64>, total: u64) -> u64 {
     match demand {
         None => total,
-        Some(d) => d.saturating_add(d / 2).saturating_add(total / 20).min(total),
+        Some(d) => d
+            .saturating_add(d / 2)
+            .saturating_add(total / 20)
+            .min(total),
     }
 }
 
@@ -205,7 +208,10 @@ mod tests {
                 <= u128::from(yearly) * u128::from(tb.fill_interval_secs)
         );
         assert_eq!(token_bucket(0, NANOS, 5), None);
-        assert_eq!(token_bucket(1, u64::MAX, 0).map(|t| t.tokens_per_fill), None);
+        assert_eq!(
+            token_bucket(1, u64::MAX, 0).map(|t| t.tokens_per_fill),
+            None
+        );
     }
 
     #[test]

@@ -6,9 +6,9 @@ use tonic::Status;
 use super::bucket::BucketKey;
 use super::share::TokenBucketSpec;
 use crate::config::settings::InputSettings;
+use crate::proto::envoy::service::rate_limit_quota::v3 as pb;
 use crate::proto::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
 use crate::proto::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
-use crate::proto::envoy::service::rate_limit_quota::v3 as pb;
 use pb::rate_limit_quota_response::BucketAction;
 use pb::rate_limit_quota_response::bucket_action::{
     AbandonAction, BucketAction as Action, QuotaAssignmentAction,
@@ -237,8 +237,14 @@ mod tests {
         assert_eq!((u[0].allowed, u[0].denied, u[0].elapsed_secs), (3, 1, 5));
         for (bucket, field) in [
             (vec![], "bucket_quota_usages[1].bucket_id.bucket must have"),
-            (vec![("", "v")], "bucket_quota_usages[1].bucket_id.bucket: keys"),
-            (vec![("k", "")], "bucket_quota_usages[1].bucket_id.bucket: keys"),
+            (
+                vec![("", "v")],
+                "bucket_quota_usages[1].bucket_id.bucket: keys",
+            ),
+            (
+                vec![("k", "")],
+                "bucket_quota_usages[1].bucket_id.bucket: keys",
+            ),
         ] {
             let r = report("d", vec![vec![("ok", "1")], bucket]);
             let err = usages(&r, &b).unwrap_err();
@@ -248,7 +254,10 @@ mod tests {
         let mut r = report("d", vec![vec![("k", "v")]]);
         r.bucket_quota_usages[0].bucket_id = None;
         let err = usages(&r, &b).unwrap_err();
-        assert_eq!(err.message(), "bucket_quota_usages[0].bucket_id is required");
+        assert_eq!(
+            err.message(),
+            "bucket_quota_usages[0].bucket_id is required"
+        );
         r = report("d", vec![vec![("k", "v")]]);
         r.bucket_quota_usages[0].time_elapsed = Some(prost_types::Duration {
             seconds: -1,
@@ -257,6 +266,11 @@ mod tests {
         assert!(usages(&r, &b).unwrap_err().message().contains("negative"));
         let long = "x".repeat(b.max_value_bytes + 1);
         let r = report("d", vec![vec![("k", long.as_str())]]);
-        assert!(usages(&r, &b).unwrap_err().message().contains("max_value_bytes"));
+        assert!(
+            usages(&r, &b)
+                .unwrap_err()
+                .message()
+                .contains("max_value_bytes")
+        );
     }
 }
