@@ -41,6 +41,7 @@ pub struct App {
     reload_requests: mpsc::Receiver<()>,
     ops: OpsSettings,
     tls: Option<(TlsFiles, ActiveTls)>,
+    rlqs: Arc<crate::rlqs::Rlqs>,
 }
 
 /// The operations settings `run` needs.
@@ -90,8 +91,15 @@ impl App {
         let engine = Engine::new(rules.shared(), limiter.clone(), options_of(settings))
             .with_observer(metrics.clone());
         let (reload_trigger, reload_requests) = ReloadTrigger::channel();
+        let engine = Arc::new(engine);
+        let rlqs = crate::rlqs::Rlqs::new(
+            engine.clone(),
+            rules.shared(),
+            metrics.clone(),
+            settings.rlqs,
+        );
         App {
-            engine: Arc::new(engine),
+            engine,
             rules,
             metrics,
             limiter,
@@ -105,6 +113,7 @@ impl App {
                 max_concurrent_streams: settings.input.max_concurrent_streams,
             },
             tls: None,
+            rlqs,
         }
     }
 
@@ -123,6 +132,11 @@ impl App {
     /// The active rules, shared with the engine; storing a new set swaps it atomically.
     pub fn rules(&self) -> Arc<ArcSwap<RuleSet>> {
         self.rules.shared()
+    }
+
+    /// The Rate Limit Quota Service (for in-process callers and tests).
+    pub fn rlqs(&self) -> Arc<crate::rlqs::Rlqs> {
+        self.rlqs.clone()
     }
 
     /// The app's metrics registry.

@@ -18,6 +18,7 @@
 //! | [`admin`] | the admin HTTP server: health, readiness, metrics, rules dump, `/json` |
 //! | [`metrics`] | the Prometheus registry, fed through the engine's observer seam |
 //! | [`reload`] | the active rules: reloads on file changes and triggers, versions |
+//! | [`rlqs`] | the Rate Limit Quota Service: usage reports in, fair-share assignments out |
 //! | [`health`] | readiness: rules loaded, backend ready, not draining |
 //! | [`tls`] | TLS and mTLS on the gRPC port, certificates reloaded from files |
 //! | [`telemetry`] | logs to stderr, and spans over OTLP (feature `otel`) |
@@ -43,6 +44,7 @@ pub mod limiter;
 pub mod metrics;
 pub mod proto;
 pub mod reload;
+pub mod rlqs;
 pub mod rules;
 pub mod runtime;
 pub mod signal;

@@ -5,6 +5,7 @@
 //! and how their label sets are bounded are in [`rules`].
 
 mod latency;
+pub mod rlqs;
 pub mod rules;
 
 use std::sync::Arc;
@@ -90,12 +91,14 @@ pub struct Metrics {
     reloads: Family<OutcomeLabels, Counter>,
     config_version: Gauge,
     config_loaded: Gauge,
+    rlqs: rlqs::RlqsMetrics,
 }
 
 impl Metrics {
     pub fn new(options: MetricsOptions) -> Arc<Metrics> {
         let mut registry = Registry::with_prefix("sluice");
         let rules = RuleCounters::new(options, &mut registry);
+        let rlqs = rlqs::RlqsMetrics::new(&mut registry);
         let m = Metrics {
             rules,
             requests: Family::default(),
@@ -107,6 +110,7 @@ impl Metrics {
             reloads: Family::default(),
             config_version: Gauge::default(),
             config_loaded: Gauge::default(),
+            rlqs,
             registry: Registry::default(),
         };
         registry.register(
@@ -161,6 +165,11 @@ impl Metrics {
             by_result,
             ..m
         })
+    }
+
+    /// The Rate Limit Quota Service's metrics.
+    pub fn rlqs(&self) -> &rlqs::RlqsMetrics {
+        &self.rlqs
     }
 
     /// Counts a reload.

@@ -34,10 +34,11 @@ use crate::reload::{self, WatchOptions};
 use crate::tls;
 
 /// Names under which gRPC health reports the service.
-const HEALTH_NAMES: [&str; 3] = [
+const HEALTH_NAMES: [&str; 4] = [
     "",
     "envoy.service.ratelimit.v3.RateLimitService",
     "ratelimit",
+    "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
 ];
 
 /// The bound listeners `run` serves on.
@@ -71,6 +72,7 @@ pub(super) async fn run(
 ) -> anyhow::Result<()> {
     let readiness = Arc::new(Readiness::new(app.rules.shared(), app.limiter.clone()));
     let engine = app.engine.clone();
+    let rlqs = app.rlqs.clone();
     let drain_delay = app.ops.drain_delay;
     let max_streams = app.ops.max_concurrent_streams;
     let stop = CancellationToken::new();
@@ -93,7 +95,9 @@ pub(super) async fn run(
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(RateLimiter::new(engine).into_service());
+        .add_service(RateLimiter::new(engine).into_service())
+        // RLQS streams end (OK) when the gRPC server stops, so its drain does not wait on them.
+        .add_service(rlqs.service(grpc_stop.clone()));
     let signal = grpc_stop.clone().cancelled_owned();
     let mut server: BoxFuture<'_, Result<(), tonic::transport::Error>> = match incoming {
         Incoming::Tls(s) => Box::pin(router.serve_with_incoming_shutdown(s, signal)),

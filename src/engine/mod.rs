@@ -19,7 +19,7 @@ use tracing::Instrument as _;
 
 use crate::config::model::{Algorithm, SLIDING_LOG_MAX_QUOTA, Unit};
 use crate::config::settings::InputSettings;
-use crate::limiter::{BatchOutcome, Limiter, LimiterError};
+use crate::limiter::{Batch, BatchOutcome, Limiter, LimiterError};
 use crate::rules::{Entry, RuleSet};
 
 pub use observe::{DescriptorReport, NoObserver, Observer, RequestResult};
@@ -122,6 +122,29 @@ impl Engine {
     /// The name of the limiter backend.
     pub fn backend_name(&self) -> &'static str {
         self.limiter.name()
+    }
+
+    /// Global shadow mode (`rules.shadow_mode`).
+    pub fn shadow_mode(&self) -> bool {
+        self.options.shadow_mode
+    }
+
+    /// One batch straight to the limiter, for callers that plan their own hits (RLQS usage
+    /// reports); nothing is observed. The answer has one outcome per hit.
+    pub async fn check_batch(&self, batch: &Batch) -> Result<BatchOutcome, LimiterError> {
+        let outcome = self.limiter.check(batch).await?;
+        if outcome.hits.len() != batch.hits.len() {
+            return Err(LimiterError {
+                kind: self.limiter.name(),
+                message: format!(
+                    "answered {} hits for a batch of {}",
+                    outcome.hits.len(),
+                    batch.hits.len()
+                ),
+                transient: false,
+            });
+        }
+        Ok(outcome)
     }
 
     /// Answers one request.
