@@ -8,6 +8,7 @@ const PROTOS: &[&str] = &[
     "envoy/extensions/common/ratelimit/v3/ratelimit.proto",
     "envoy/config/core/v3/base.proto",
     "envoy/type/v3/ratelimit_unit.proto",
+    "sluice/v1/throttle.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

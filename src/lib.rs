@@ -22,6 +22,7 @@
 //! | [`telemetry`] | logs to stderr, and spans over OTLP (feature `otel`) |
 //! | [`app`] | serving: listeners, tasks, the ordered drain |
 //! | [`bench`] | `sluice bench`: a load generator for any RLS server, and a no-op server |
+//! | [`throttle`] | `sluice.v1.Throttle`: CL.THROTTLE as gRPC, straight to the limiter |
 
 #![forbid(unsafe_code)]
 
@@ -42,4 +43,5 @@ pub mod signal;
 pub mod telemetry;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
+pub mod throttle;
 pub mod tls;
