@@ -20,7 +20,7 @@ use sluice_client::{Client, FailPolicy, Limit, Throttle, ThrottleLayer};
 
 /// The service: `GET /work` behind the layer.
 pub fn app(client: Client, limit: Limit) -> Router {
-    let layer = ThrottleLayer::new(client, move |req: &http::Request<Body>| {
+    let layer = ThrottleLayer::new(client, move |req: &axum::http::Request<Body>| {
         let tenant = req
             .headers()
             .get("x-tenant")

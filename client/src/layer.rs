@@ -21,7 +21,7 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::{Client, Throttle, Verdict};
+use crate::{Client, Source, Throttle, Verdict};
 
 /// Limits a service by keys taken from each request.
 ///
@@ -120,8 +120,8 @@ where
         let grpc = is_grpc(request.headers());
         Box::pin(async move {
             let verdict = match client.throttle(call).await {
-                Ok(v) => v,
-                Err(_) => return Ok(unavailable(grpc)),
+                Ok(v) if v.source != Source::FailedClosed => v,
+                _ => return Ok(unavailable(grpc)),
             };
             if verdict.limited {
                 return Ok(refused(&verdict, grpc));
@@ -209,7 +209,7 @@ fn seconds_up(d: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{KeyVerdict, Source};
+    use crate::KeyVerdict;
 
     fn verdict() -> Verdict {
         let key = |limited, remaining, retry: Option<u64>| KeyVerdict {
