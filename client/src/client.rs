@@ -189,6 +189,9 @@ impl Client {
     ) -> Result<Verdict, AcquireError> {
         let deadline = Instant::now() + max_wait;
         loop {
+            // The retry time counts from sluice's decision, which came after the send: waking
+            // from the send time is never late (a try a little early is simply told again).
+            let sent = Instant::now();
             let verdict = match self.throttle_once(&call).await {
                 Ok(v) => v,
                 Err(e) => match self.apply_policy(e) {
@@ -203,7 +206,7 @@ impl Client {
             let Some(wait) = verdict.retry_after else {
                 return Err(AcquireError::Never(verdict));
             };
-            let wake = Instant::now() + wait;
+            let wake = sent + wait;
             if wake > deadline {
                 return Err(AcquireError::Deadline { retry_after: wait });
             }
