@@ -24,6 +24,10 @@
 //! per entry from `0..N` (uniformly, seeded by `--seed`; or in sequence from `--seed` with
 //! `--spread-order sequential`), to exercise many keys.
 //!
+//! `--throttle KEY` loads `sluice.v1.Throttle` instead: every request throttles KEY with
+//! `--throttle-limit COUNT/PERIOD_MS[/MAX_BURST]` (default a limit no load reaches) and
+//! `--hits` as its quantity (default 1); a limited answer counts as over the limit.
+//!
 //! Progress goes to stderr once a second; the result (requests/s, latency percentiles from an
 //! HDR histogram, OK / OVER_LIMIT / error counts) to stdout as a table or, with `--json`, as one
 //! JSON object.
@@ -100,6 +104,16 @@ pub struct BenchArgs {
     /// sequential one.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Load sluice.v1.Throttle instead of RLS: every request throttles this key.
+    #[arg(long, value_name = "KEY", conflicts_with_all = ["request", "domain", "descriptors", "spread"])]
+    pub throttle: Option<String>,
+    /// The Throttle key's limit: COUNT/PERIOD_MS[/MAX_BURST] (with `--throttle`).
+    #[arg(
+        long,
+        value_name = "COUNT/PERIOD_MS[/MAX_BURST]",
+        requires = "throttle"
+    )]
+    pub throttle_limit: Option<String>,
     /// A request not answered within this time counts as an error.
     #[arg(long, value_parser = parse_duration, default_value = "5s", value_name = "TIME")]
     pub timeout: Duration,
@@ -166,9 +180,18 @@ async fn noop(addr: SocketAddr, duration: Option<Duration>) -> anyhow::Result<()
 /// The plan of a load from the command line.
 fn plan_of(args: &BenchArgs) -> anyhow::Result<Plan> {
     let target = args.target.clone().context("--target is required")?;
-    let mut template = match &args.request {
-        Some(path) => Template::from_file(path)?,
-        None => Template::from_flags(args.domain.as_deref(), &args.descriptors)?,
+    let throttle = match &args.throttle {
+        Some(key) => Some(throttle_request(
+            key,
+            args.throttle_limit.as_deref(),
+            args.hits,
+        )?),
+        None => None,
+    };
+    let mut template = match (&args.request, &throttle) {
+        (_, Some(_)) => Template::new(crate::proto::RateLimitRequest::default()),
+        (Some(path), None) => Template::from_file(path)?,
+        (None, None) => Template::from_flags(args.domain.as_deref(), &args.descriptors)?,
     };
     if let Some(hits) = args.hits {
         template.set_hits(hits);
@@ -193,8 +216,43 @@ fn plan_of(args: &BenchArgs) -> anyhow::Result<Plan> {
         rate: args.rate,
         timeout: args.timeout,
         template,
+        throttle,
         seed: args.seed,
         progress: !args.quiet,
+    })
+}
+
+/// The Throttle request of `--throttle KEY --throttle-limit COUNT/PERIOD_MS[/MAX_BURST]`; the
+/// default limit (a billion per second) is one no load reaches.
+fn throttle_request(
+    key: &str,
+    limit: Option<&str>,
+    hits: Option<u32>,
+) -> anyhow::Result<crate::proto::sluice::v1::ThrottleRequest> {
+    use crate::proto::sluice::v1::{ThrottleKey, ThrottleRequest, throttle_key::Id};
+    let text = limit.unwrap_or("1000000000/1000/1000000000");
+    let numbers: Vec<u64> = text
+        .split('/')
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .map_err(|_| {
+            anyhow::anyhow!("--throttle-limit {text:?}: expected COUNT/PERIOD_MS[/MAX_BURST]")
+        })?;
+    let (count, period_ms, max_burst) = match numbers[..] {
+        [c, p] => (c, p, 0),
+        [c, p, b] => (c, p, b),
+        _ => anyhow::bail!("--throttle-limit {text:?}: expected COUNT/PERIOD_MS[/MAX_BURST]"),
+    };
+    Ok(ThrottleRequest {
+        keys: vec![ThrottleKey {
+            id: Some(Id::Key(key.to_owned())),
+            max_burst: u32::try_from(max_burst).context("--throttle-limit: MAX_BURST too large")?,
+            count: u32::try_from(count).context("--throttle-limit: COUNT too large")?,
+            period_ms,
+            quantity: Some(i64::from(hits.unwrap_or(1))),
+            ..Default::default()
+        }],
+        name: "bench".to_owned(),
     })
 }
 

@@ -17,8 +17,24 @@ use super::request::{Rng, Template};
 use crate::proto::RateLimitRequest;
 use crate::proto::rate_limit_response::Code;
 use crate::proto::rate_limit_service_client::RateLimitServiceClient;
+use crate::proto::sluice::v1::ThrottleRequest;
+use crate::proto::sluice::v1::throttle_client::ThrottleClient;
 
-type Client = RateLimitServiceClient<Channel>;
+/// One connection's clients of the two services.
+#[derive(Clone)]
+struct Client {
+    rls: RateLimitServiceClient<Channel>,
+    throttle: ThrottleClient<Channel>,
+}
+
+impl Client {
+    fn new(channel: Channel) -> Client {
+        Client {
+            rls: RateLimitServiceClient::new(channel.clone()),
+            throttle: ThrottleClient::new(channel),
+        }
+    }
+}
 
 /// What to load, how, and for how long.
 #[derive(Debug)]
@@ -32,6 +48,8 @@ pub struct Plan {
     pub rate: Option<f64>,
     pub timeout: Duration,
     pub template: Template,
+    /// Load `sluice.v1.Throttle` with this request instead of RLS with the template.
+    pub throttle: Option<ThrottleRequest>,
     pub seed: u64,
     /// Print progress on stderr once a second.
     pub progress: bool,
@@ -174,21 +192,17 @@ async fn connect(target: &str, n: usize) -> anyhow::Result<Vec<Channel>> {
     Ok(channels)
 }
 
-/// Sends one request; what it came to.
+/// Sends one request (the Throttle request instead when there is one); what it came to.
 async fn call(
     client: &mut Client,
     request: RateLimitRequest,
+    throttle: Option<&ThrottleRequest>,
     timeout: Duration,
     live: &Live,
 ) -> Outcome {
-    let outcome = match tokio::time::timeout(timeout, client.should_rate_limit(request)).await {
-        Err(_) => Outcome::Error("timeout".to_owned()),
-        Ok(Err(status)) => Outcome::Error(format!("{:?}", status.code())),
-        Ok(Ok(answer)) => match Code::try_from(answer.get_ref().overall_code) {
-            Ok(Code::Ok) => Outcome::Ok,
-            Ok(Code::OverLimit) => Outcome::OverLimit,
-            _ => Outcome::Error("unknown_overall_code".to_owned()),
-        },
+    let outcome = match throttle {
+        Some(t) => throttle_call(&mut client.throttle, t.clone(), timeout).await,
+        None => rls_call(&mut client.rls, request, timeout).await,
     };
     let counter = match outcome {
         Outcome::Ok => &live.ok,
@@ -197,6 +211,36 @@ async fn call(
     };
     counter.fetch_add(1, Ordering::Relaxed);
     outcome
+}
+
+async fn rls_call(
+    client: &mut RateLimitServiceClient<Channel>,
+    request: RateLimitRequest,
+    timeout: Duration,
+) -> Outcome {
+    match tokio::time::timeout(timeout, client.should_rate_limit(request)).await {
+        Err(_) => Outcome::Error("timeout".to_owned()),
+        Ok(Err(status)) => Outcome::Error(format!("{:?}", status.code())),
+        Ok(Ok(answer)) => match Code::try_from(answer.get_ref().overall_code) {
+            Ok(Code::Ok) => Outcome::Ok,
+            Ok(Code::OverLimit) => Outcome::OverLimit,
+            _ => Outcome::Error("unknown_overall_code".to_owned()),
+        },
+    }
+}
+
+/// A Throttle call: limited counts as over the limit.
+async fn throttle_call(
+    client: &mut ThrottleClient<Channel>,
+    request: ThrottleRequest,
+    timeout: Duration,
+) -> Outcome {
+    match tokio::time::timeout(timeout, client.throttle(request)).await {
+        Err(_) => Outcome::Error("timeout".to_owned()),
+        Ok(Err(status)) => Outcome::Error(format!("{:?}", status.code())),
+        Ok(Ok(answer)) if answer.get_ref().limited => Outcome::OverLimit,
+        Ok(Ok(_)) => Outcome::Ok,
+    }
 }
 
 /// Closed loop: `concurrency` workers over the connections.
@@ -236,7 +280,14 @@ async fn closed_worker(
         }
         let request = plan.template.make(&mut rng);
         let sent = Instant::now();
-        let outcome = call(&mut client, request, plan.timeout, live).await;
+        let outcome = call(
+            &mut client,
+            request,
+            plan.throttle.as_ref(),
+            plan.timeout,
+            live,
+        )
+        .await;
         let done = Instant::now();
         if window.contains(done) {
             tally.record(outcome, done - sent, None);
@@ -280,9 +331,10 @@ async fn open_loop(
         let mut client = clients[sent % clients.len()].clone();
         sent += 1;
         let (timeout, live, done_tx) = (plan.timeout, live.clone(), done_tx.clone());
+        let throttle = plan.throttle.clone();
         in_flight.spawn(async move {
             let sent = Instant::now();
-            let outcome = call(&mut client, request, timeout, &live).await;
+            let outcome = call(&mut client, request, throttle.as_ref(), timeout, &live).await;
             let done = Instant::now();
             drop(slot);
             let _ = done_tx.send(Answered {
