@@ -26,7 +26,8 @@
 //!
 //! `--throttle KEY` loads `sluice.v1.Throttle` instead: every request throttles KEY with
 //! `--throttle-limit COUNT/PERIOD_MS[/MAX_BURST]` (default a limit no load reaches) and
-//! `--hits` as its quantity (default 1); a limited answer counts as over the limit.
+//! `--hits` as its quantity (default 1); `--spread KEY=N` spreads it over `KEY-0` ..
+//! `KEY-(N-1)`; a limited answer counts as over the limit.
 //!
 //! Progress goes to stderr once a second; the result (requests/s, latency percentiles from an
 //! HDR histogram, OK / OVER_LIMIT / error counts) to stdout as a table or, with `--json`, as one
@@ -55,7 +56,7 @@ use anyhow::Context as _;
 pub use load::{Plan, run_load};
 pub use noop::serve_noop;
 pub use report::{Percentiles, Summary};
-pub use request::{Rng, Spread, SpreadOrder, Template};
+pub use request::{Rng, Spread, SpreadOrder, Template, ThrottleTemplate};
 
 /// The options of `sluice bench`.
 #[derive(clap::Args, Debug, Clone)]
@@ -105,7 +106,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Load sluice.v1.Throttle instead of RLS: every request throttles this key.
-    #[arg(long, value_name = "KEY", conflicts_with_all = ["request", "domain", "descriptors", "spread"])]
+    #[arg(long, value_name = "KEY", conflicts_with_all = ["request", "domain", "descriptors"])]
     pub throttle: Option<String>,
     /// The Throttle key's limit: COUNT/PERIOD_MS[/MAX_BURST] (with `--throttle`).
     #[arg(
@@ -181,11 +182,13 @@ async fn noop(addr: SocketAddr, duration: Option<Duration>) -> anyhow::Result<()
 fn plan_of(args: &BenchArgs) -> anyhow::Result<Plan> {
     let target = args.target.clone().context("--target is required")?;
     let throttle = match &args.throttle {
-        Some(key) => Some(throttle_request(
-            key,
-            args.throttle_limit.as_deref(),
-            args.hits,
-        )?),
+        Some(key) => Some(ThrottleTemplate {
+            base: throttle_request(key, args.throttle_limit.as_deref(), args.hits)?,
+            spread: match &args.spread {
+                Some(s) => Some(throttle_spread(key, s, args)?),
+                None => None,
+            },
+        }),
         None => None,
     };
     let mut template = match (&args.request, &throttle) {
@@ -196,7 +199,7 @@ fn plan_of(args: &BenchArgs) -> anyhow::Result<Plan> {
     if let Some(hits) = args.hits {
         template.set_hits(hits);
     }
-    if let Some(spread) = &args.spread {
+    if let (Some(spread), None) = (&args.spread, &throttle) {
         template.set_spread(Spread::parse(spread, args.spread_order)?.starting_at(args.seed))?;
     }
     if let Some(rate) = args.rate {
@@ -220,6 +223,16 @@ fn plan_of(args: &BenchArgs) -> anyhow::Result<Plan> {
         seed: args.seed,
         progress: !args.quiet,
     })
+}
+
+/// `--spread KEY=N` with `--throttle KEY`: the key must be the throttled one.
+fn throttle_spread(key: &str, text: &str, args: &BenchArgs) -> anyhow::Result<Spread> {
+    let spread = Spread::parse(text, args.spread_order)?.starting_at(args.seed);
+    anyhow::ensure!(
+        spread.key == key,
+        "--spread {text}: with --throttle {key}, spread the throttled key ({key}=N)"
+    );
+    Ok(spread)
 }
 
 /// The Throttle request of `--throttle KEY --throttle-limit COUNT/PERIOD_MS[/MAX_BURST]`; the
@@ -280,6 +293,18 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn throttle_limits() {
+        let r = throttle_request("k", Some("30/60000/15"), Some(2)).expect("valid");
+        let k = &r.keys[0];
+        assert_eq!((k.count, k.period_ms, k.max_burst, k.quantity), (30, 60_000, 15, Some(2)));
+        let r = throttle_request("k", Some("10/1000"), None).expect("valid");
+        assert_eq!((r.keys[0].max_burst, r.keys[0].quantity), (0, Some(1)));
+        assert!(throttle_request("k", Some("10"), None).is_err());
+        assert!(throttle_request("k", Some("a/b"), None).is_err());
+        assert!(throttle_request("k", Some("1/1/99999999999"), None).is_err());
+    }
 
     #[test]
     fn durations() {

@@ -11,7 +11,12 @@
 pub mod key;
 pub mod params;
 
+use std::convert::Infallible;
 use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tonic::codegen::{BoxFuture, Service, http};
+use tonic::server::NamedService;
 
 use crate::config::settings::InputSettings;
 use crate::limiter::{Batch, BatchOutcome, Hit, HitOutcome, Limiter, LimiterError, Role};
@@ -78,10 +83,14 @@ impl Throttler {
         self
     }
 
-    /// The tonic service; a request over `input.max_request_bytes` is refused unread.
-    pub fn into_service(self) -> ThrottleServer<Throttler> {
+    /// The tonic service; a request over `input.max_request_bytes` is refused unread, with
+    /// `RESOURCE_EXHAUSTED` naming the setting (as RLS does).
+    pub fn into_service(self) -> ThrottleService {
         let max = self.input.max_request_bytes;
-        ThrottleServer::new(self).max_decoding_message_size(max)
+        ThrottleService {
+            inner: ThrottleServer::new(self).max_decoding_message_size(max),
+            max_request_bytes: max,
+        }
     }
 
     /// Decides one request.
@@ -120,6 +129,46 @@ impl Throttler {
             )));
         }
         Ok(answer(&keys, &first_hit, &outcome))
+    }
+}
+
+/// The Throttle service as served: tonic's `OUT_OF_RANGE` for a message over its decoding
+/// limit becomes `RESOURCE_EXHAUSTED` (see [`crate::grpc::RlsService`]).
+#[derive(Clone)]
+pub struct ThrottleService {
+    inner: ThrottleServer<Throttler>,
+    max_request_bytes: usize,
+}
+
+impl NamedService for ThrottleService {
+    const NAME: &'static str = <ThrottleServer<Throttler> as NamedService>::NAME;
+}
+
+impl<B> Service<http::Request<B>> for ThrottleService
+where
+    ThrottleServer<Throttler>: Service<
+            http::Request<B>,
+            Response = http::Response<tonic::body::Body>,
+            Error = Infallible,
+            Future = BoxFuture<http::Response<tonic::body::Body>, Infallible>,
+        >,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let answer = self.inner.call(request);
+        let max = self.max_request_bytes;
+        Box::pin(async move {
+            let mut response = answer.await?;
+            crate::grpc::too_large_is_resource_exhausted(response.headers_mut(), max);
+            Ok(response)
+        })
     }
 }
 
@@ -166,7 +215,10 @@ fn answer(keys: &[KeyPlan], first_hit: &[usize], outcome: &BatchOutcome) -> pb::
     let results: Vec<pb::ThrottleResult> = keys
         .iter()
         .zip(first_hit)
-        .map(|(k, &i)| result_of(k, hit(i), hit(i + 1)))
+        .map(|(k, &i)| {
+            let companion = if k.may_deny() { hit(i + 1) } else { hit(i) };
+            result_of(k, hit(i), companion)
+        })
         .collect();
     let limited = results.iter().any(|r| r.limited);
     let retry_after_ms = if !limited {

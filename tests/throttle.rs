@@ -321,6 +321,26 @@ async fn invalid_parameters_are_named() {
         "{}",
         status.message()
     );
+    // Over input.max_request_bytes (1 MiB): refused unread, as RLS refuses it.
+    let huge = ThrottleRequest {
+        keys: vec![ThrottleKey {
+            id: Some(throttle_key::Id::KeyBytes(vec![b'x'; 1024 * 1024 + 1])),
+            ..key_request("", 1, false)
+        }],
+        name: String::new(),
+    };
+    let status = client.throttle(huge).await.expect_err("refused");
+    assert_eq!(
+        status.code(),
+        tonic::Code::ResourceExhausted,
+        "{}",
+        status.message()
+    );
+    assert!(
+        status.message().contains("input.max_request_bytes"),
+        "{}",
+        status.message()
+    );
 }
 
 /// `.venv/bin/python` with grpcio and grpcio-tools, or a failure naming the setup command.

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
 use super::report::Summary;
-use super::request::{Rng, Template};
+use super::request::{Rng, Template, ThrottleTemplate};
 use crate::proto::RateLimitRequest;
 use crate::proto::rate_limit_response::Code;
 use crate::proto::rate_limit_service_client::RateLimitServiceClient;
@@ -49,7 +49,7 @@ pub struct Plan {
     pub timeout: Duration,
     pub template: Template,
     /// Load `sluice.v1.Throttle` with this request instead of RLS with the template.
-    pub throttle: Option<ThrottleRequest>,
+    pub throttle: Option<ThrottleTemplate>,
     pub seed: u64,
     /// Print progress on stderr once a second.
     pub progress: bool,
@@ -192,17 +192,25 @@ async fn connect(target: &str, n: usize) -> anyhow::Result<Vec<Channel>> {
     Ok(channels)
 }
 
-/// Sends one request (the Throttle request instead when there is one); what it came to.
-async fn call(
-    client: &mut Client,
-    request: RateLimitRequest,
-    throttle: Option<&ThrottleRequest>,
-    timeout: Duration,
-    live: &Live,
-) -> Outcome {
-    let outcome = match throttle {
-        Some(t) => throttle_call(&mut client.throttle, t.clone(), timeout).await,
-        None => rls_call(&mut client.rls, request, timeout).await,
+/// One request of a load, to either service.
+enum Request {
+    Rls(RateLimitRequest),
+    Throttle(ThrottleRequest),
+}
+
+/// The next request of `plan`.
+fn make(plan: &Plan, rng: &mut Rng) -> Request {
+    match &plan.throttle {
+        Some(t) => Request::Throttle(t.make(rng)),
+        None => Request::Rls(plan.template.make(rng)),
+    }
+}
+
+/// Sends one request; what it came to.
+async fn call(client: &mut Client, request: Request, timeout: Duration, live: &Live) -> Outcome {
+    let outcome = match request {
+        Request::Throttle(t) => throttle_call(&mut client.throttle, t, timeout).await,
+        Request::Rls(r) => rls_call(&mut client.rls, r, timeout).await,
     };
     let counter = match outcome {
         Outcome::Ok => &live.ok,
@@ -278,16 +286,9 @@ async fn closed_worker(
         if Instant::now() >= window.end {
             return Ok(tally);
         }
-        let request = plan.template.make(&mut rng);
+        let request = make(plan, &mut rng);
         let sent = Instant::now();
-        let outcome = call(
-            &mut client,
-            request,
-            plan.throttle.as_ref(),
-            plan.timeout,
-            live,
-        )
-        .await;
+        let outcome = call(&mut client, request, plan.timeout, live).await;
         let done = Instant::now();
         if window.contains(done) {
             tally.record(outcome, done - sent, None);
@@ -327,14 +328,13 @@ async fn open_loop(
             break;
         }
         let slot = slots.clone().acquire_owned().await?;
-        let request = plan.template.make(&mut rng);
+        let request = make(plan, &mut rng);
         let mut client = clients[sent % clients.len()].clone();
         sent += 1;
         let (timeout, live, done_tx) = (plan.timeout, live.clone(), done_tx.clone());
-        let throttle = plan.throttle.clone();
         in_flight.spawn(async move {
             let sent = Instant::now();
-            let outcome = call(&mut client, request, throttle.as_ref(), timeout, &live).await;
+            let outcome = call(&mut client, request, timeout, &live).await;
             let done = Instant::now();
             drop(slot);
             let _ = done_tx.send(Answered {
