@@ -298,7 +298,10 @@ mod tests {
     fn throttle_limits() {
         let r = throttle_request("k", Some("30/60000/15"), Some(2)).expect("valid");
         let k = &r.keys[0];
-        assert_eq!((k.count, k.period_ms, k.max_burst, k.quantity), (30, 60_000, 15, Some(2)));
+        assert_eq!(
+            (k.count, k.period_ms, k.max_burst, k.quantity),
+            (30, 60_000, 15, Some(2))
+        );
         let r = throttle_request("k", Some("10/1000"), None).expect("valid");
         assert_eq!((r.keys[0].max_burst, r.keys[0].quantity), (0, Some(1)));
         assert!(throttle_request("k", Some("10"), None).is_err());

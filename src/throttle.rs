@@ -221,9 +221,8 @@ fn answer(keys: &[KeyPlan], first_hit: &[usize], outcome: &BatchOutcome) -> pb::
         })
         .collect();
     let limited = results.iter().any(|r| r.limited);
-    let retry_after_ms = if !limited {
-        -1
-    } else if results.iter().any(|r| r.limited && r.retry_after_ms < 0) {
+    let never = results.iter().any(|r| r.limited && r.retry_after_ms < 0);
+    let retry_after_ms = if !limited || never {
         -1
     } else {
         results.iter().map(|r| r.retry_after_ms).max().unwrap_or(-1)

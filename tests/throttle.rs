@@ -288,7 +288,8 @@ async fn redis_cell_semantics_on_the_redis_backend() {
 async fn invalid_parameters_are_named() {
     let sluice = Sluice::start(&["--backend", "memory"]);
     let mut client = sluice.client().await;
-    let cases: [(fn(&mut ThrottleKey), &str); 5] = [
+    type Change = fn(&mut ThrottleKey);
+    let cases: [(Change, &str); 5] = [
         (|k| k.count = 0, "keys[0].count must be at least 1"),
         (|k| k.period_ms = 0, "keys[0].period_ms must be at least 1"),
         (|k| k.period_ms = u64::MAX, "keys[0].period_ms: "),
