@@ -1,7 +1,8 @@
 //! The Rust client against the real binary: the axum example behind the tower layer answers
 //! exactly its capacity of 200s per key, then 429 with `Retry-After` (and gRPC requests get
 //! `RESOURCE_EXHAUSTED`); with sluice stopped or hung it follows its fail policy within its
-//! timeout; `acquire` paces 50 callers on a 10/s key; TLS with a client certificate.
+//! timeout; `acquire` paces 50 callers on a 10/s key; TLS with a client certificate; the layer
+//! on a tonic server answers `RESOURCE_EXHAUSTED` with `Retry-After`.
 
 #[allow(dead_code)]
 #[path = "../client/examples/axum_service.rs"]
@@ -360,4 +361,76 @@ async fn both_services_over_mtls() {
         refused.is_err(),
         "a client without a certificate is refused: {refused:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layer_limits_a_tonic_server_with_resource_exhausted() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+
+    let sluice = Sluice::start(&[]);
+    let client = Client::builder(sluice.url())
+        .connect()
+        .await
+        .expect("connect");
+    // Two calls at once, then one a minute.
+    let layer = sluice_client::ThrottleLayer::new(
+        client,
+        |_: &tonic::codegen::http::Request<tonic::body::Body>| {
+            Some(Throttle::key(
+                "grpc-health",
+                Limit::per_minute(1).max_burst(1),
+            ))
+        },
+    );
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let shutdown = stop.clone().cancelled_owned();
+    let server = tonic::transport::Server::builder()
+        .layer(layer)
+        .add_service(health)
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            shutdown,
+        );
+    let served = tokio::spawn(server);
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .expect("a URL")
+        .connect()
+        .await
+        .expect("connect to the tonic server");
+    let mut health = HealthClient::new(channel);
+    for _ in 0..2 {
+        let answer = health.check(HealthCheckRequest::default()).await;
+        let answer = answer.expect("admitted");
+        assert_eq!(
+            answer
+                .metadata()
+                .get("ratelimit-limit")
+                .map(|v| v.to_str().ok()),
+            Some(Some("2"))
+        );
+    }
+    let refused = health
+        .check(HealthCheckRequest::default())
+        .await
+        .expect_err("limited");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    let retry: u64 = refused
+        .metadata()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .expect("Retry-After");
+    assert!((59..=60).contains(&retry), "Retry-After {retry}");
+    stop.cancel();
+    served.await.expect("the server task").expect("the server");
 }
