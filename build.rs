@@ -9,6 +9,7 @@ const PROTOS: &[&str] = &[
     "envoy/config/core/v3/base.proto",
     "envoy/type/v3/ratelimit_unit.proto",
     "envoy/service/rate_limit_quota/v3/rlqs.proto",
+    "sluice/v1/throttle.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

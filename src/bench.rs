@@ -24,6 +24,11 @@
 //! per entry from `0..N` (uniformly, seeded by `--seed`; or in sequence from `--seed` with
 //! `--spread-order sequential`), to exercise many keys.
 //!
+//! `--throttle KEY` loads `sluice.v1.Throttle` instead: every request throttles KEY with
+//! `--throttle-limit COUNT/PERIOD_MS[/MAX_BURST]` (default a limit no load reaches) and
+//! `--hits` as its quantity (default 1); `--spread KEY=N` spreads it over `KEY-0` ..
+//! `KEY-(N-1)`; a limited answer counts as over the limit.
+//!
 //! Progress goes to stderr once a second; the result (requests/s, latency percentiles from an
 //! HDR histogram, OK / OVER_LIMIT / error counts) to stdout as a table or, with `--json`, as one
 //! JSON object.
@@ -51,7 +56,7 @@ use anyhow::Context as _;
 pub use load::{Plan, run_load};
 pub use noop::serve_noop;
 pub use report::{Percentiles, Summary};
-pub use request::{Rng, Spread, SpreadOrder, Template};
+pub use request::{Rng, Spread, SpreadOrder, Template, ThrottleTemplate};
 
 /// The options of `sluice bench`.
 #[derive(clap::Args, Debug, Clone)]
@@ -100,6 +105,16 @@ pub struct BenchArgs {
     /// sequential one.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Load sluice.v1.Throttle instead of RLS: every request throttles this key.
+    #[arg(long, value_name = "KEY", conflicts_with_all = ["request", "domain", "descriptors"])]
+    pub throttle: Option<String>,
+    /// The Throttle key's limit: COUNT/PERIOD_MS[/MAX_BURST] (with `--throttle`).
+    #[arg(
+        long,
+        value_name = "COUNT/PERIOD_MS[/MAX_BURST]",
+        requires = "throttle"
+    )]
+    pub throttle_limit: Option<String>,
     /// A request not answered within this time counts as an error.
     #[arg(long, value_parser = parse_duration, default_value = "5s", value_name = "TIME")]
     pub timeout: Duration,
@@ -166,14 +181,25 @@ async fn noop(addr: SocketAddr, duration: Option<Duration>) -> anyhow::Result<()
 /// The plan of a load from the command line.
 fn plan_of(args: &BenchArgs) -> anyhow::Result<Plan> {
     let target = args.target.clone().context("--target is required")?;
-    let mut template = match &args.request {
-        Some(path) => Template::from_file(path)?,
-        None => Template::from_flags(args.domain.as_deref(), &args.descriptors)?,
+    let throttle = match &args.throttle {
+        Some(key) => Some(ThrottleTemplate {
+            base: throttle_request(key, args.throttle_limit.as_deref(), args.hits)?,
+            spread: match &args.spread {
+                Some(s) => Some(throttle_spread(key, s, args)?),
+                None => None,
+            },
+        }),
+        None => None,
+    };
+    let mut template = match (&args.request, &throttle) {
+        (_, Some(_)) => Template::new(crate::proto::RateLimitRequest::default()),
+        (Some(path), None) => Template::from_file(path)?,
+        (None, None) => Template::from_flags(args.domain.as_deref(), &args.descriptors)?,
     };
     if let Some(hits) = args.hits {
         template.set_hits(hits);
     }
-    if let Some(spread) = &args.spread {
+    if let (Some(spread), None) = (&args.spread, &throttle) {
         template.set_spread(Spread::parse(spread, args.spread_order)?.starting_at(args.seed))?;
     }
     if let Some(rate) = args.rate {
@@ -193,8 +219,53 @@ fn plan_of(args: &BenchArgs) -> anyhow::Result<Plan> {
         rate: args.rate,
         timeout: args.timeout,
         template,
+        throttle,
         seed: args.seed,
         progress: !args.quiet,
+    })
+}
+
+/// `--spread KEY=N` with `--throttle KEY`: the key must be the throttled one.
+fn throttle_spread(key: &str, text: &str, args: &BenchArgs) -> anyhow::Result<Spread> {
+    let spread = Spread::parse(text, args.spread_order)?.starting_at(args.seed);
+    anyhow::ensure!(
+        spread.key == key,
+        "--spread {text}: with --throttle {key}, spread the throttled key ({key}=N)"
+    );
+    Ok(spread)
+}
+
+/// The Throttle request of `--throttle KEY --throttle-limit COUNT/PERIOD_MS[/MAX_BURST]`; the
+/// default limit (a billion per second) is one no load reaches.
+fn throttle_request(
+    key: &str,
+    limit: Option<&str>,
+    hits: Option<u32>,
+) -> anyhow::Result<crate::proto::sluice::v1::ThrottleRequest> {
+    use crate::proto::sluice::v1::{ThrottleKey, ThrottleRequest, throttle_key::Id};
+    let text = limit.unwrap_or("1000000000/1000/1000000000");
+    let numbers: Vec<u64> = text
+        .split('/')
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .map_err(|_| {
+            anyhow::anyhow!("--throttle-limit {text:?}: expected COUNT/PERIOD_MS[/MAX_BURST]")
+        })?;
+    let (count, period_ms, max_burst) = match numbers[..] {
+        [c, p] => (c, p, 0),
+        [c, p, b] => (c, p, b),
+        _ => anyhow::bail!("--throttle-limit {text:?}: expected COUNT/PERIOD_MS[/MAX_BURST]"),
+    };
+    Ok(ThrottleRequest {
+        keys: vec![ThrottleKey {
+            id: Some(Id::Key(key.to_owned())),
+            max_burst: u32::try_from(max_burst).context("--throttle-limit: MAX_BURST too large")?,
+            count: u32::try_from(count).context("--throttle-limit: COUNT too large")?,
+            period_ms,
+            quantity: Some(i64::from(hits.unwrap_or(1))),
+            ..Default::default()
+        }],
+        name: "bench".to_owned(),
     })
 }
 
@@ -222,6 +293,21 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn throttle_limits() {
+        let r = throttle_request("k", Some("30/60000/15"), Some(2)).expect("valid");
+        let k = &r.keys[0];
+        assert_eq!(
+            (k.count, k.period_ms, k.max_burst, k.quantity),
+            (30, 60_000, 15, Some(2))
+        );
+        let r = throttle_request("k", Some("10/1000"), None).expect("valid");
+        assert_eq!((r.keys[0].max_burst, r.keys[0].quantity), (0, Some(1)));
+        assert!(throttle_request("k", Some("10"), None).is_err());
+        assert!(throttle_request("k", Some("a/b"), None).is_err());
+        assert!(throttle_request("k", Some("1/1/99999999999"), None).is_err());
+    }
 
     #[test]
     fn durations() {

@@ -19,6 +19,7 @@
 //! | [`metrics`] | the Prometheus registry, fed through the engine's observer seam |
 //! | [`reload`] | the active rules: reloads on file changes and triggers, versions |
 //! | [`rlqs`] | the Rate Limit Quota Service: usage reports in, fair-share assignments out |
+//! | [`throttle`] | `sluice.v1.Throttle`: CL.THROTTLE as gRPC, straight to the limiter |
 //! | [`health`] | readiness: rules loaded, backend ready, not draining |
 //! | [`tls`] | TLS and mTLS on the gRPC port, certificates reloaded from files |
 //! | [`telemetry`] | logs to stderr, and spans over OTLP (feature `otel`) |
@@ -51,4 +52,5 @@ pub mod signal;
 pub mod telemetry;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
+pub mod throttle;
 pub mod tls;

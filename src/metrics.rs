@@ -7,6 +7,7 @@
 mod latency;
 pub mod rlqs;
 pub mod rules;
+mod throttle;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -21,6 +22,7 @@ use crate::engine::{DescriptorReport, Observer, RequestResult};
 use crate::reload::{ConfigStatus, Reloaded};
 use latency::Latency;
 use rules::RuleCounters;
+use throttle::ThrottleCounters;
 
 /// The content type of [`Metrics::encode`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -81,6 +83,7 @@ pub struct BackendReport {
 pub struct Metrics {
     registry: Registry,
     rules: RuleCounters,
+    throttle: ThrottleCounters,
     requests: Family<ResultLabels, Counter>,
     /// The counters of `requests`, one per result, in the order of [`RESULTS`].
     by_result: [Counter; RESULTS.len()],
@@ -99,8 +102,10 @@ impl Metrics {
         let mut registry = Registry::with_prefix("sluice");
         let rules = RuleCounters::new(options, &mut registry);
         let rlqs = rlqs::RlqsMetrics::new(&mut registry);
+        let throttle = ThrottleCounters::new(options.max_value_label_sets, &mut registry);
         let m = Metrics {
             rules,
+            throttle,
             requests: Family::default(),
             by_result: Default::default(),
             latency: Latency::default(),
@@ -238,5 +243,11 @@ impl Observer for Metrics {
             };
             self.backend_errors.get_or_create(&labels).inc();
         }
+    }
+}
+
+impl crate::throttle::ThrottleObserver for Metrics {
+    fn throttled(&self, name: &str, result: crate::throttle::ThrottleResult) {
+        self.throttle.record(name, result);
     }
 }

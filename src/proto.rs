@@ -38,6 +38,12 @@ pub mod envoy {
     }
 }
 
+pub mod sluice {
+    pub mod v1 {
+        tonic::include_proto!("sluice.v1");
+    }
+}
+
 /// The encoded file descriptor set of every proto above (and the well-known types they
 /// import), for server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =

@@ -34,11 +34,12 @@ use crate::reload::{self, WatchOptions};
 use crate::tls;
 
 /// Names under which gRPC health reports the service.
-const HEALTH_NAMES: [&str; 4] = [
+const HEALTH_NAMES: [&str; 5] = [
     "",
     "envoy.service.ratelimit.v3.RateLimitService",
     "ratelimit",
     "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
+    "sluice.v1.Throttle",
 ];
 
 /// The bound listeners `run` serves on.
@@ -80,6 +81,9 @@ pub(super) async fn run(
     let grpc_stop = CancellationToken::new();
     let mut tasks = Tasks::new();
     let addr = listeners.grpc.local_addr().ok();
+    let throttle = crate::throttle::Throttler::new(engine.limiter(), *engine.input_limits())
+        .with_observer(app.metrics.clone())
+        .into_service();
     let incoming = incoming(&app, listeners.grpc, &mut tasks, &failed, &grpc_stop, &stop);
     spawn_tasks(&mut tasks, app, listeners.admin, &readiness, &stop, &failed);
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -97,7 +101,8 @@ pub(super) async fn run(
         .add_service(reflection_v1alpha)
         .add_service(RateLimiter::new(engine).into_service())
         // RLQS streams end (OK) when the gRPC server stops, so its drain does not wait on them.
-        .add_service(rlqs.service(grpc_stop.clone()));
+        .add_service(rlqs.service(grpc_stop.clone()))
+        .add_service(throttle);
     let signal = grpc_stop.clone().cancelled_owned();
     let mut server: BoxFuture<'_, Result<(), tonic::transport::Error>> = match incoming {
         Incoming::Tls(s) => Box::pin(router.serve_with_incoming_shutdown(s, signal)),

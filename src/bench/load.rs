@@ -13,12 +13,28 @@ use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
 use super::report::Summary;
-use super::request::{Rng, Template};
+use super::request::{Rng, Template, ThrottleTemplate};
 use crate::proto::RateLimitRequest;
 use crate::proto::rate_limit_response::Code;
 use crate::proto::rate_limit_service_client::RateLimitServiceClient;
+use crate::proto::sluice::v1::ThrottleRequest;
+use crate::proto::sluice::v1::throttle_client::ThrottleClient;
 
-type Client = RateLimitServiceClient<Channel>;
+/// One connection's clients of the two services.
+#[derive(Clone)]
+struct Client {
+    rls: RateLimitServiceClient<Channel>,
+    throttle: ThrottleClient<Channel>,
+}
+
+impl Client {
+    fn new(channel: Channel) -> Client {
+        Client {
+            rls: RateLimitServiceClient::new(channel.clone()),
+            throttle: ThrottleClient::new(channel),
+        }
+    }
+}
 
 /// What to load, how, and for how long.
 #[derive(Debug)]
@@ -32,6 +48,8 @@ pub struct Plan {
     pub rate: Option<f64>,
     pub timeout: Duration,
     pub template: Template,
+    /// Load `sluice.v1.Throttle` with this request instead of RLS with the template.
+    pub throttle: Option<ThrottleTemplate>,
     pub seed: u64,
     /// Print progress on stderr once a second.
     pub progress: bool,
@@ -174,21 +192,25 @@ async fn connect(target: &str, n: usize) -> anyhow::Result<Vec<Channel>> {
     Ok(channels)
 }
 
+/// One request of a load, to either service.
+enum Request {
+    Rls(RateLimitRequest),
+    Throttle(ThrottleRequest),
+}
+
+/// The next request of `plan`.
+fn make(plan: &Plan, rng: &mut Rng) -> Request {
+    match &plan.throttle {
+        Some(t) => Request::Throttle(t.make(rng)),
+        None => Request::Rls(plan.template.make(rng)),
+    }
+}
+
 /// Sends one request; what it came to.
-async fn call(
-    client: &mut Client,
-    request: RateLimitRequest,
-    timeout: Duration,
-    live: &Live,
-) -> Outcome {
-    let outcome = match tokio::time::timeout(timeout, client.should_rate_limit(request)).await {
-        Err(_) => Outcome::Error("timeout".to_owned()),
-        Ok(Err(status)) => Outcome::Error(format!("{:?}", status.code())),
-        Ok(Ok(answer)) => match Code::try_from(answer.get_ref().overall_code) {
-            Ok(Code::Ok) => Outcome::Ok,
-            Ok(Code::OverLimit) => Outcome::OverLimit,
-            _ => Outcome::Error("unknown_overall_code".to_owned()),
-        },
+async fn call(client: &mut Client, request: Request, timeout: Duration, live: &Live) -> Outcome {
+    let outcome = match request {
+        Request::Throttle(t) => throttle_call(&mut client.throttle, t, timeout).await,
+        Request::Rls(r) => rls_call(&mut client.rls, r, timeout).await,
     };
     let counter = match outcome {
         Outcome::Ok => &live.ok,
@@ -197,6 +219,36 @@ async fn call(
     };
     counter.fetch_add(1, Ordering::Relaxed);
     outcome
+}
+
+async fn rls_call(
+    client: &mut RateLimitServiceClient<Channel>,
+    request: RateLimitRequest,
+    timeout: Duration,
+) -> Outcome {
+    match tokio::time::timeout(timeout, client.should_rate_limit(request)).await {
+        Err(_) => Outcome::Error("timeout".to_owned()),
+        Ok(Err(status)) => Outcome::Error(format!("{:?}", status.code())),
+        Ok(Ok(answer)) => match Code::try_from(answer.get_ref().overall_code) {
+            Ok(Code::Ok) => Outcome::Ok,
+            Ok(Code::OverLimit) => Outcome::OverLimit,
+            _ => Outcome::Error("unknown_overall_code".to_owned()),
+        },
+    }
+}
+
+/// A Throttle call: limited counts as over the limit.
+async fn throttle_call(
+    client: &mut ThrottleClient<Channel>,
+    request: ThrottleRequest,
+    timeout: Duration,
+) -> Outcome {
+    match tokio::time::timeout(timeout, client.throttle(request)).await {
+        Err(_) => Outcome::Error("timeout".to_owned()),
+        Ok(Err(status)) => Outcome::Error(format!("{:?}", status.code())),
+        Ok(Ok(answer)) if answer.get_ref().limited => Outcome::OverLimit,
+        Ok(Ok(_)) => Outcome::Ok,
+    }
 }
 
 /// Closed loop: `concurrency` workers over the connections.
@@ -234,7 +286,7 @@ async fn closed_worker(
         if Instant::now() >= window.end {
             return Ok(tally);
         }
-        let request = plan.template.make(&mut rng);
+        let request = make(plan, &mut rng);
         let sent = Instant::now();
         let outcome = call(&mut client, request, plan.timeout, live).await;
         let done = Instant::now();
@@ -276,7 +328,7 @@ async fn open_loop(
             break;
         }
         let slot = slots.clone().acquire_owned().await?;
-        let request = plan.template.make(&mut rng);
+        let request = make(plan, &mut rng);
         let mut client = clients[sent % clients.len()].clone();
         sent += 1;
         let (timeout, live, done_tx) = (plan.timeout, live.clone(), done_tx.clone());

@@ -61,7 +61,7 @@ impl Spread {
         Ok(Spread::new(key, n, order))
     }
 
-    fn draw(&self, rng: &mut Rng) -> u64 {
+    pub(super) fn draw(&self, rng: &mut Rng) -> u64 {
         match self.order {
             SpreadOrder::Random => rng.next_u64() % self.values,
             SpreadOrder::Sequential => self.next.fetch_add(1, Ordering::Relaxed) % self.values,
@@ -218,6 +218,30 @@ fn scalar_json(scalar: &Scalar<'_>) -> Value {
             Number::from_f64(f.into_inner()).map_or(Value::Null, Value::Number)
         }
         Scalar::String(s) => Value::String(s.to_string()),
+    }
+}
+
+/// The Throttle request of a load (`--throttle KEY`), with `--spread KEY=N` spreading its
+/// key over `KEY-0` .. `KEY-(N-1)`.
+#[derive(Debug)]
+pub struct ThrottleTemplate {
+    pub base: crate::proto::sluice::v1::ThrottleRequest,
+    pub spread: Option<Spread>,
+}
+
+impl ThrottleTemplate {
+    /// The next request to send.
+    pub fn make(&self, rng: &mut Rng) -> crate::proto::sluice::v1::ThrottleRequest {
+        use crate::proto::sluice::v1::throttle_key::Id;
+        let mut request = self.base.clone();
+        if let Some(spread) = &self.spread {
+            for key in &mut request.keys {
+                if matches!(&key.id, Some(Id::Key(k)) if *k == spread.key) {
+                    key.id = Some(Id::Key(format!("{}-{}", spread.key, spread.draw(rng))));
+                }
+            }
+        }
+        request
     }
 }
 

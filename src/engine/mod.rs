@@ -119,6 +119,11 @@ impl Engine {
         &self.options.input
     }
 
+    /// The limiter (shared with the other services on the gRPC port).
+    pub fn limiter(&self) -> Arc<dyn Limiter> {
+        self.limiter.clone()
+    }
+
     /// The name of the limiter backend.
     pub fn backend_name(&self) -> &'static str {
         self.limiter.name()

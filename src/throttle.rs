@@ -1,0 +1,328 @@
+//! `sluice.v1.Throttle`: redis-cell's `CL.THROTTLE` as gRPC, for services that carry their own
+//! limits. The handler only converts: [`params`] checks a request and plans its keys, one
+//! [`Batch`] goes to the limiter (either backend, all or nothing), and the outcome becomes
+//! CL.THROTTLE's five numbers per key, in milliseconds. docs/throttle.md has the semantics.
+//!
+//! Each key that may be denied takes two hits: the hit that takes its quantity, and a
+//! check-only companion (cost 0, shadow: it never denies) whose report is read from the
+//! committed state. A denied key's own report says when it would be admitted; the companion
+//! says what it holds now (`remaining`, `reset_after`), as CL.THROTTLE reports both.
+
+pub mod key;
+pub mod params;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tonic::codegen::{BoxFuture, Service, http};
+use tonic::server::NamedService;
+
+use crate::config::settings::InputSettings;
+use crate::limiter::{Batch, BatchOutcome, Hit, HitOutcome, Limiter, LimiterError, Role};
+use crate::proto::sluice::v1::{self as pb, throttle_server};
+use params::KeyPlan;
+
+pub use pb::throttle_server::ThrottleServer;
+
+/// How a Throttle call ended, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThrottleResult {
+    Allowed,
+    Limited,
+    Invalid,
+    Unavailable,
+}
+
+impl ThrottleResult {
+    pub const ALL: [ThrottleResult; 4] = [
+        ThrottleResult::Allowed,
+        ThrottleResult::Limited,
+        ThrottleResult::Invalid,
+        ThrottleResult::Unavailable,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ThrottleResult::Allowed => "allowed",
+            ThrottleResult::Limited => "limited",
+            ThrottleResult::Invalid => "invalid",
+            ThrottleResult::Unavailable => "unavailable",
+        }
+    }
+}
+
+/// Receives the result of every call with the caller's `name` (metrics).
+pub trait ThrottleObserver: Send + Sync + 'static {
+    fn throttled(&self, name: &str, result: ThrottleResult);
+}
+
+impl ThrottleObserver for () {
+    fn throttled(&self, _: &str, _: ThrottleResult) {}
+}
+
+/// The `sluice.v1.Throttle` implementation.
+#[derive(Clone)]
+pub struct Throttler {
+    limiter: Arc<dyn Limiter>,
+    input: InputSettings,
+    observer: Arc<dyn ThrottleObserver>,
+}
+
+impl Throttler {
+    pub fn new(limiter: Arc<dyn Limiter>, input: InputSettings) -> Throttler {
+        Throttler {
+            limiter,
+            input,
+            observer: Arc::new(()),
+        }
+    }
+
+    pub fn with_observer(mut self, observer: Arc<dyn ThrottleObserver>) -> Throttler {
+        self.observer = observer;
+        self
+    }
+
+    /// The tonic service; a request over `input.max_request_bytes` is refused unread, with
+    /// `RESOURCE_EXHAUSTED` naming the setting (as RLS does).
+    pub fn into_service(self) -> ThrottleService {
+        let max = self.input.max_request_bytes;
+        ThrottleService {
+            inner: ThrottleServer::new(self).max_decoding_message_size(max),
+            max_request_bytes: max,
+        }
+    }
+
+    /// Decides one request.
+    pub async fn throttle(
+        &self,
+        request: &pb::ThrottleRequest,
+    ) -> Result<pb::ThrottleResponse, tonic::Status> {
+        let answer = self.decide(request).await;
+        let result = match &answer {
+            Ok(r) if r.limited => ThrottleResult::Limited,
+            Ok(_) => ThrottleResult::Allowed,
+            Err(s) if s.code() == tonic::Code::InvalidArgument => ThrottleResult::Invalid,
+            Err(_) => ThrottleResult::Unavailable,
+        };
+        self.observer.throttled(&request.name, result);
+        answer
+    }
+
+    async fn decide(
+        &self,
+        request: &pb::ThrottleRequest,
+    ) -> Result<pb::ThrottleResponse, tonic::Status> {
+        let keys = params::plan(request, &self.input).map_err(tonic::Status::invalid_argument)?;
+        let (batch, first_hit) = batch_of(&keys);
+        let outcome = self
+            .limiter
+            .check(&batch)
+            .await
+            .map_err(|e| unavailable(&e))?;
+        if outcome.hits.len() != batch.hits.len() {
+            return Err(tonic::Status::internal(format!(
+                "the {} backend answered {} hits for a batch of {}",
+                self.limiter.name(),
+                outcome.hits.len(),
+                batch.hits.len()
+            )));
+        }
+        Ok(answer(&keys, &first_hit, &outcome))
+    }
+}
+
+/// The Throttle service as served: tonic's `OUT_OF_RANGE` for a message over its decoding
+/// limit becomes `RESOURCE_EXHAUSTED` (see [`crate::grpc::RlsService`]).
+#[derive(Clone)]
+pub struct ThrottleService {
+    inner: ThrottleServer<Throttler>,
+    max_request_bytes: usize,
+}
+
+impl NamedService for ThrottleService {
+    const NAME: &'static str = <ThrottleServer<Throttler> as NamedService>::NAME;
+}
+
+impl<B> Service<http::Request<B>> for ThrottleService
+where
+    ThrottleServer<Throttler>: Service<
+            http::Request<B>,
+            Response = http::Response<tonic::body::Body>,
+            Error = Infallible,
+            Future = BoxFuture<http::Response<tonic::body::Body>, Infallible>,
+        >,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let answer = self.inner.call(request);
+        let max = self.max_request_bytes;
+        Box::pin(async move {
+            let mut response = answer.await?;
+            crate::grpc::too_large_is_resource_exhausted(response.headers_mut(), max);
+            Ok(response)
+        })
+    }
+}
+
+/// A backend failure is `UNAVAILABLE` (the caller's fail policy decides), as for RLS.
+fn unavailable(e: &LimiterError) -> tonic::Status {
+    tonic::Status::unavailable(e.to_string())
+}
+
+/// The batch of a request, and the index of each key's first hit in it.
+fn batch_of(keys: &[KeyPlan]) -> (Batch, Vec<usize>) {
+    let mut hits = Vec::with_capacity(keys.len() * 2);
+    let mut first = Vec::with_capacity(keys.len());
+    for (i, k) in keys.iter().enumerate() {
+        first.push(hits.len());
+        hits.push(Hit {
+            key: k.key.clone(),
+            limit: k.limit,
+            cost: k.cost,
+            refund: k.refund,
+            group: 2 * i,
+            role: Role::Enforced,
+        });
+        if k.may_deny() {
+            hits.push(Hit {
+                key: k.key.clone(),
+                limit: k.limit,
+                cost: 0,
+                refund: false,
+                group: 2 * i + 1,
+                role: Role::Shadow,
+            });
+        }
+    }
+    (Batch { hits }, first)
+}
+
+fn answer(keys: &[KeyPlan], first_hit: &[usize], outcome: &BatchOutcome) -> pb::ThrottleResponse {
+    let none = HitOutcome {
+        admitted: true,
+        remaining: 0,
+        reset_nanos: 0,
+    };
+    let hit = |i: usize| outcome.hits.get(i).copied().unwrap_or(none);
+    let results: Vec<pb::ThrottleResult> = keys
+        .iter()
+        .zip(first_hit)
+        .map(|(k, &i)| {
+            let companion = if k.may_deny() { hit(i + 1) } else { hit(i) };
+            result_of(k, hit(i), companion)
+        })
+        .collect();
+    let limited = results.iter().any(|r| r.limited);
+    let never = results.iter().any(|r| r.limited && r.retry_after_ms < 0);
+    let retry_after_ms = if !limited || never {
+        -1
+    } else {
+        results.iter().map(|r| r.retry_after_ms).max().unwrap_or(-1)
+    };
+    pb::ThrottleResponse {
+        limited,
+        results,
+        retry_after_ms,
+    }
+}
+
+/// One key's answer from its hit and (when denied) its companion's.
+fn result_of(k: &KeyPlan, own: HitOutcome, companion: HitOutcome) -> pb::ThrottleResult {
+    if own.admitted {
+        return pb::ThrottleResult {
+            limited: false,
+            limit: k.capacity,
+            remaining: own.remaining,
+            retry_after_ms: -1,
+            reset_after_ms: ms_up(own.reset_nanos),
+        };
+    }
+    let retry_after_ms = if k.never() {
+        -1
+    } else {
+        i64::try_from(ms_up(own.reset_nanos)).unwrap_or(i64::MAX)
+    };
+    pb::ThrottleResult {
+        limited: true,
+        limit: k.capacity,
+        remaining: companion.remaining,
+        retry_after_ms,
+        reset_after_ms: ms_up(companion.reset_nanos),
+    }
+}
+
+/// Nanoseconds in whole milliseconds, rounded up (waiting that long is always enough).
+fn ms_up(nanos: u64) -> u64 {
+    nanos.div_ceil(1_000_000)
+}
+
+#[tonic::async_trait]
+impl throttle_server::Throttle for Throttler {
+    async fn throttle(
+        &self,
+        request: tonic::Request<pb::ThrottleRequest>,
+    ) -> Result<tonic::Response<pb::ThrottleResponse>, tonic::Status> {
+        Throttler::throttle(self, request.get_ref())
+            .await
+            .map(tonic::Response::new)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::{ManualClock, MemoryLimiter};
+    use crate::proto::sluice::v1::throttle_key::Id;
+
+    const SEC: u64 = 1_000_000_000;
+
+    fn request(quantity: i64) -> pb::ThrottleRequest {
+        pb::ThrottleRequest {
+            keys: vec![pb::ThrottleKey {
+                id: Some(Id::Key("user123".to_owned())),
+                max_burst: 15,
+                count: 30,
+                period_ms: 60_000,
+                quantity: Some(quantity),
+                ..Default::default()
+            }],
+            name: "email".to_owned(),
+        }
+    }
+
+    fn numbers(r: &pb::ThrottleResponse) -> (bool, u64, u64, i64, u64) {
+        let k = &r.results[0];
+        (
+            k.limited,
+            k.limit,
+            k.remaining,
+            k.retry_after_ms,
+            k.reset_after_ms,
+        )
+    }
+
+    #[tokio::test]
+    async fn the_readme_example_of_cl_throttle() {
+        let clock = ManualClock::at(SEC);
+        let limiter = Arc::new(MemoryLimiter::with_clock(1000, clock.clone()));
+        let t = Throttler::new(limiter, InputSettings::default());
+        let first = t.throttle(&request(1)).await.expect("answer");
+        assert_eq!(numbers(&first), (false, 16, 15, -1, 2000));
+        let rest = t.throttle(&request(15)).await.expect("answer");
+        assert_eq!(numbers(&rest), (false, 16, 0, -1, 32_000));
+        let over = t.throttle(&request(1)).await.expect("answer");
+        assert_eq!(numbers(&over), (true, 16, 0, 2000, 32_000));
+        assert_eq!(over.retry_after_ms, 2000);
+        clock.advance(2 * SEC);
+        let again = t.throttle(&request(1)).await.expect("answer");
+        assert_eq!(numbers(&again), (false, 16, 0, -1, 32_000));
+    }
+}
