@@ -140,13 +140,14 @@ impl Engine {
         let outcome = self.limiter.check(batch).await?;
         if outcome.hits.len() != batch.hits.len() {
             return Err(LimiterError {
-                kind: self.limiter.name(),
+                backend: self.limiter.name(),
                 message: format!(
                     "answered {} hits for a batch of {}",
                     outcome.hits.len(),
                     batch.hits.len()
                 ),
                 transient: false,
+                source: None,
             });
         }
         Ok(outcome)
