@@ -275,7 +275,12 @@ impl Session {
             .await
             .is_some_and(|o| o.hits.iter().all(|h| h.admitted));
         if out_of_debt {
-            return self.assign(key, limited, true).await;
+            // Only what changes is pushed (a zero quota stays denied: nothing new to say).
+            let before = self.buckets.get(key)?.sent;
+            let action = self.assign(key, limited, true).await;
+            return (self.buckets.get(key)?.sent != before)
+                .then_some(action)
+                .flatten();
         }
         let held = self.buckets.get_mut(key)?;
         held.deny_until = Some(now + Duration::from_millis(500));
