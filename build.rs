@@ -8,6 +8,9 @@ const PROTOS: &[&str] = &[
     "envoy/extensions/common/ratelimit/v3/ratelimit.proto",
     "envoy/config/core/v3/base.proto",
     "envoy/type/v3/ratelimit_unit.proto",
+    // Rules over xDS (src/xds/).
+    "envoy/service/discovery/v3/ads.proto",
+    "ratelimit/config/ratelimit/v3/rls_conf.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -106,7 +106,11 @@ async fn metrics(State(a): State<Admin>) -> Response {
 }
 
 async fn rlconfig(State(a): State<Admin>) -> String {
-    rlconfig::dump(&a.rules.load_full(), &a.rules.status())
+    let dump = rlconfig::dump(&a.rules.load_full(), &a.rules.status());
+    match a.rules.source_version() {
+        Some(version) => format!("# xds version {version}\n{dump}"),
+        None => dump,
+    }
 }
 
 async fn json(State(a): State<Admin>, body: Bytes) -> Response {

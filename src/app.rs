@@ -85,6 +85,7 @@ pub struct App {
     rules: Arc<ActiveRules>,
     metrics: Arc<Metrics>,
     backend_probe: Option<Arc<dyn BackendProbe>>,
+    rules_source: Option<Arc<dyn BackendProbe>>,
     housekeeping: Option<(Arc<dyn Housekeeping>, Duration)>,
     reload_trigger: ReloadTrigger,
     reload_requests: mpsc::Receiver<()>,
@@ -151,6 +152,7 @@ impl App {
             rules,
             metrics,
             backend_probe: None,
+            rules_source: None,
             housekeeping: None,
             reload_trigger,
             reload_requests,
@@ -189,6 +191,18 @@ impl App {
     /// Asks the running app to reload its rules (what SIGHUP does).
     pub fn reload_trigger(&self) -> ReloadTrigger {
         self.reload_trigger.clone()
+    }
+
+    /// The active rules and their history (for a rules source other than files).
+    pub fn active_rules(&self) -> Arc<ActiveRules> {
+        self.rules.clone()
+    }
+
+    /// Rules come from `source` (xDS) from now on: reloads from files stop, and readiness asks
+    /// `source` whether rules are loaded.
+    pub fn set_rules_source(&mut self, source: Arc<dyn BackendProbe>) {
+        self.rules.set_external();
+        self.rules_source = Some(source);
     }
 
     /// Makes readiness depend on the backend (without one, the backend is always ready).

@@ -31,6 +31,8 @@ pub enum NotReady {
     NoRules,
     #[error("backend not ready: {0}")]
     Backend(String),
+    #[error("rules not ready: {0}")]
+    RulesSource(String),
 }
 
 /// The readiness latch and its inputs.
@@ -38,6 +40,9 @@ pub struct Readiness {
     draining: AtomicBool,
     rules: Arc<ArcSwap<RuleSet>>,
     backend: Option<Arc<dyn BackendProbe>>,
+    /// Where the rules come from when not from files (xDS): it decides whether rules are
+    /// loaded (a set received, even empty) instead of "at least one domain".
+    rules_source: Option<Arc<dyn BackendProbe>>,
 }
 
 impl Readiness {
@@ -46,7 +51,14 @@ impl Readiness {
             draining: AtomicBool::new(false),
             rules,
             backend,
+            rules_source: None,
         }
+    }
+
+    /// Rules are loaded when `source` says so (see the field).
+    pub fn with_rules_source(mut self, source: Option<Arc<dyn BackendProbe>>) -> Self {
+        self.rules_source = source;
+        self
     }
 
     /// From now on the service is not ready; never undone.
@@ -63,8 +75,10 @@ impl Readiness {
         if self.is_draining() {
             return Err(NotReady::Draining);
         }
-        if self.rules.load().is_empty() {
-            return Err(NotReady::NoRules);
+        match &self.rules_source {
+            Some(source) => source.ready().map_err(NotReady::RulesSource)?,
+            None if self.rules.load().is_empty() => return Err(NotReady::NoRules),
+            None => {}
         }
         match &self.backend {
             Some(probe) => probe.ready().map_err(NotReady::Backend),

@@ -21,6 +21,7 @@
 //! | [`tls`] | TLS and mTLS on the gRPC port, certificates reloaded from files |
 //! | [`telemetry`] | logs to stderr, and spans over OTLP (feature `otel`) |
 //! | [`app`] | serving: listeners, tasks, the ordered drain |
+//! | [`xds`] | rules over xDS: the ADS client for envoyproxy/ratelimit's `RateLimitConfig` |
 //! | [`bench`] | `sluice bench`: a load generator for any RLS server, and a no-op server |
 
 #![forbid(unsafe_code)]
@@ -43,3 +44,4 @@ pub mod telemetry;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
 pub mod tls;
+pub mod xds;

@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand};
 use sluice::config::rules::{self, LoadOptions};
 use sluice::config::settings::{Backend, LogFormat, Overrides, Settings};
 use sluice::rules::RuleSet;
+use sluice::xds::XdsClient;
 use tokio_util::sync::CancellationToken;
 
 const EX_USAGE: u8 = 64;
@@ -148,7 +149,7 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EX_USAGE);
         }
     };
-    let loaded = match load_rules(&settings.rules.paths, (&settings.limits).into()) {
+    let loaded = match initial_rules(&settings) {
         Ok(l) => l,
         Err(errors) => {
             for e in &errors.0 {
@@ -158,14 +159,21 @@ fn serve(args: ServeArgs) -> ExitCode {
         }
     };
     tracing::info!(domains = loaded.domains, "rules loaded");
-    let app = match sluice::app::App::build(&settings, loaded.set) {
+    let mut app = match sluice::app::App::build(&settings, loaded.set) {
         Ok(app) => app,
         Err(e) => {
             tracing::error!("{e:#}");
             return ExitCode::from(EX_USAGE);
         }
     };
-    let done = runtime.block_on(run(app, &settings));
+    let xds = match xds_client(&settings, &mut app) {
+        Ok(xds) => xds,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    let done = runtime.block_on(run(app, &settings, xds));
     telemetry.shutdown();
     match done {
         Ok(()) => ExitCode::SUCCESS,
@@ -176,13 +184,60 @@ fn serve(args: ServeArgs) -> ExitCode {
     }
 }
 
-async fn run(app: sluice::app::App, settings: &Settings) -> anyhow::Result<()> {
+/// The rules at start: from files, or none yet when they come over xDS.
+fn initial_rules(settings: &Settings) -> Result<Loaded, rules::RuleErrors> {
+    if settings.xds.enabled() {
+        let empty = rules::from_sources_with(&[], (&settings.limits).into())?;
+        return Ok(Loaded {
+            domains: 0,
+            set: RuleSet::compile(empty),
+        });
+    }
+    load_rules(&settings.rules.paths, (&settings.limits).into())
+}
+
+/// The xDS rules client, when rules come over xDS; the app's rules follow it from now on.
+fn xds_client(
+    settings: &Settings,
+    app: &mut sluice::app::App,
+) -> anyhow::Result<Option<(XdsClient, tonic::transport::Endpoint)>> {
+    if !settings.xds.enabled() {
+        return Ok(None);
+    }
+    let metrics = app.metrics();
+    let client = XdsClient::new(
+        &settings.xds,
+        app.active_rules(),
+        (&settings.limits).into(),
+        Box::new(move |outcome| metrics.reloaded(outcome)),
+    );
+    let endpoint = client.endpoint()?;
+    app.set_rules_source(client.state());
+    Ok(Some((client, endpoint)))
+}
+
+async fn run(
+    app: sluice::app::App,
+    settings: &Settings,
+    xds: Option<(XdsClient, tonic::transport::Endpoint)>,
+) -> anyhow::Result<()> {
+    let stop = CancellationToken::new();
+    if let Some((client, endpoint)) = xds {
+        let state = client.state();
+        tokio::spawn(client.run(endpoint, stop.clone()));
+        if !settings.xds.start_without_rules {
+            tracing::info!(server = %settings.xds.server, "waiting for the first rules over xDS");
+            tokio::select! {
+                () = state.first_rules() => {}
+                () = sluice::signal::shutdown() => return Ok(()),
+            }
+        }
+    }
     let listeners = sluice::app::Listeners {
         grpc: bind(settings.server.grpc_listen).await?,
         admin: Some(bind(settings.server.admin_listen).await?),
     };
     let reload = app.reload_trigger();
-    let stop = CancellationToken::new();
     let running = app.run(listeners, stop.clone().cancelled_owned());
     tokio::pin!(running);
     tokio::select! {

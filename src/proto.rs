@@ -9,6 +9,12 @@ pub mod envoy {
                 tonic::include_proto!("envoy.service.ratelimit.v3");
             }
         }
+        /// The xDS discovery messages and ADS (rules over xDS, `src/xds/`).
+        pub mod discovery {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.discovery.v3");
+            }
+        }
     }
     pub mod extensions {
         pub mod common {
@@ -30,6 +36,24 @@ pub mod envoy {
         pub mod v3 {
             tonic::include_proto!("envoy.r#type.v3");
         }
+    }
+}
+
+/// Rules over xDS: envoyproxy/ratelimit's `RateLimitConfig` (see `src/xds/`).
+pub mod ratelimit {
+    pub mod config {
+        pub mod ratelimit {
+            pub mod v3 {
+                tonic::include_proto!("ratelimit.config.ratelimit.v3");
+            }
+        }
+    }
+}
+
+/// `google.rpc.Status` (an xDS NACK's `error_detail`).
+pub mod google {
+    pub mod rpc {
+        tonic::include_proto!("google.rpc");
     }
 }
 

@@ -15,6 +15,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
@@ -81,6 +82,10 @@ pub struct ActiveRules {
     paths: Vec<PathBuf>,
     options: LoadOptions,
     state: Mutex<State>,
+    /// The rules come from outside (xDS): reloads from files keep them.
+    external: AtomicBool,
+    /// The version the outside source gave the active rules (xDS `version_info`).
+    source_version: Mutex<Option<String>>,
 }
 
 impl ActiveRules {
@@ -100,6 +105,45 @@ impl ActiveRules {
                 },
                 fingerprint,
             }),
+            external: AtomicBool::new(false),
+            source_version: Mutex::new(None),
+        }
+    }
+
+    /// From now on the rules come from outside through [`ActiveRules::apply`]: reloads
+    /// (SIGHUP, file changes) change nothing.
+    pub fn set_external(&self) {
+        self.external.store(true, Ordering::SeqCst);
+    }
+
+    /// The version the outside source gave the active rules, if they came from one.
+    pub fn source_version(&self) -> Option<String> {
+        self.source_version.lock().clone()
+    }
+
+    /// Swaps in rules validated elsewhere (xDS), under the source's `version`: the same
+    /// compilation, fingerprint and version history as a reload from files. Errors keep the
+    /// last good rules.
+    pub fn apply(&self, loaded: Result<RulesModel, RuleErrors>, version: &str) -> Reloaded {
+        let mut state = self.state.lock();
+        let set = match loaded {
+            Ok(model) => RuleSet::compile(model),
+            Err(errors) => {
+                state.status.last_failure = Some((SystemTime::now(), errors.0.len()));
+                return Reloaded::Failed(errors);
+            }
+        };
+        *self.source_version.lock() = Some(version.to_owned());
+        let fingerprint = fingerprint(&set);
+        if fingerprint == state.fingerprint {
+            return Reloaded::Unchanged;
+        }
+        self.current.store(Arc::new(set));
+        state.fingerprint = fingerprint;
+        state.status.version += 1;
+        state.status.loaded_at = SystemTime::now();
+        Reloaded::Updated {
+            version: state.status.version,
         }
     }
 
@@ -125,6 +169,9 @@ impl ActiveRules {
     /// Loads, validates and compiles the rules paths, and swaps the result in if it is valid
     /// and different. Blocking (reads files); one reload at a time.
     pub fn reload(&self) -> Reloaded {
+        if self.external.load(Ordering::SeqCst) {
+            return Reloaded::Unchanged;
+        }
         let mut state = self.state.lock();
         let set = match load(&self.paths, self.options) {
             Ok(model) => RuleSet::compile(model),

@@ -70,10 +70,10 @@ pub(super) async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let readiness = Arc::new(Readiness::new(
-        app.rules.shared(),
-        app.backend_probe.clone(),
-    ));
+    let readiness = Arc::new(
+        Readiness::new(app.rules.shared(), app.backend_probe.clone())
+            .with_rules_source(app.rules_source.clone()),
+    );
     let engine = app.engine.clone();
     let drain_delay = app.ops.drain_delay;
     let max_streams = app.ops.max_concurrent_streams;

@@ -16,10 +16,12 @@ use super::model::Algorithm;
 mod input;
 mod ops;
 mod redis;
+mod xds;
 pub use input::InputSettings;
 pub use ops::{MetricsSettings, ReloadSettings, TlsSettings};
 use redis::check_userinfo;
 pub use redis::{OnError, RedisSettings, redacted_url};
+pub use xds::XdsSettings;
 
 /// All settings.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -37,6 +39,7 @@ pub struct Settings {
     pub metrics: MetricsSettings,
     pub reload: ReloadSettings,
     pub tls: TlsSettings,
+    pub xds: XdsSettings,
 }
 
 /// `[server]`: listeners and shutdown.
@@ -238,6 +241,9 @@ impl Settings {
             )));
         }
         self.input.check().map_err(config::ConfigError::Message)?;
+        self.xds
+            .check(&self.rules.paths)
+            .map_err(config::ConfigError::Message)?;
         if self.limiter.backend == Backend::Redis {
             check_userinfo(&self.redis.url).map_err(config::ConfigError::Message)?;
         }
