@@ -96,6 +96,7 @@ async fn metrics(State(a): State<Admin>) -> Response {
     let name = a.engine.backend_name();
     a.metrics
         .refresh(&a.rules.status(), backend.as_ref().map(|b| (name, b)));
+    a.metrics.refresh_limits(&a.rules.load_full());
     match a.metrics.encode() {
         Ok(body) => ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], body).into_response(),
         Err(_) => text(
@@ -106,8 +107,13 @@ async fn metrics(State(a): State<Admin>) -> Response {
 }
 
 async fn rlconfig(State(a): State<Admin>) -> String {
-    let dump = rlconfig::dump(&a.rules.load_full(), &a.rules.status());
-    match a.rules.source_version() {
+    rlconfig_text(&a.rules)
+}
+
+/// The `/rlconfig` dump of `rules`, headed by the xDS version when they came over xDS.
+pub fn rlconfig_text(rules: &ActiveRules) -> String {
+    let dump = rlconfig::dump(&rules.load_full(), &rules.status());
+    match rules.source_version() {
         Some(version) => format!("# xds version {version}\n{dump}"),
         None => dump,
     }

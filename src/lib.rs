@@ -21,6 +21,7 @@
 //! | [`tls`] | TLS and mTLS on the gRPC port, certificates reloaded from files |
 //! | [`telemetry`] | logs to stderr, and spans over OTLP (feature `otel`) |
 //! | [`app`] | serving: listeners, tasks, the ordered drain |
+//! | [`compat`] | drop-in for envoyproxy/ratelimit: its environment, stat names, debug port |
 //! | [`xds`] | rules over xDS: the ADS client for envoyproxy/ratelimit's `RateLimitConfig` |
 //! | [`bench`] | `sluice bench`: a load generator for any RLS server, and a no-op server |
 
@@ -29,6 +30,7 @@
 pub mod admin;
 pub mod app;
 pub mod bench;
+pub mod compat;
 pub mod config;
 pub mod engine;
 pub mod grpc;

@@ -6,6 +6,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -66,6 +67,9 @@ struct ServeArgs {
 }
 
 fn main() -> ExitCode {
+    if let Some(code) = as_ratelimit() {
+        return code;
+    }
     match Cli::parse().command {
         Command::Check { rules } => check(&rules),
         Command::Serve(args) => serve(args),
@@ -116,6 +120,28 @@ fn load_rules(paths: &[PathBuf], options: LoadOptions) -> Result<Loaded, rules::
     })
 }
 
+/// Started as `ratelimit` (argv[0]'s file name) or with `--ratelimit-env`: serves with
+/// envoyproxy/ratelimit's environment (see `sluice::compat::env`), other arguments ignored.
+fn as_ratelimit() -> Option<ExitCode> {
+    let mut args = std::env::args_os();
+    let argv0 = args.next()?;
+    let named = std::path::Path::new(&argv0)
+        .file_name()
+        .is_some_and(|name| name == "ratelimit");
+    if !named && !args.any(|a| a == "--ratelimit-env") {
+        return None;
+    }
+    let env = std::env::vars().collect();
+    let (settings, translation) = match sluice::compat::env::settings(&env) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("sluice (as ratelimit): {e}");
+            return Some(ExitCode::from(EX_USAGE));
+        }
+    };
+    Some(serve_with(settings, &translation.ignored))
+}
+
 fn serve(args: ServeArgs) -> ExitCode {
     let overrides = Overrides {
         rules: args.rules,
@@ -133,6 +159,12 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EX_USAGE);
         }
     };
+    serve_with(settings, &[])
+}
+
+/// Serves with `settings`; `ignored` are envoyproxy/ratelimit variables read and ignored
+/// (logged once).
+fn serve_with(settings: Settings, ignored: &[(String, String)]) -> ExitCode {
     // The runtime first: an OTLP exporter lives in it.
     let runtime = match sluice::runtime::build(settings.server.worker_threads) {
         Ok(r) => r,
@@ -149,6 +181,9 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EX_USAGE);
         }
     };
+    for (name, why) in ignored {
+        tracing::info!("envoyproxy/ratelimit setting ignored: {name}={why}");
+    }
     let loaded = match initial_rules(&settings) {
         Ok(l) => l,
         Err(errors) => {
@@ -237,6 +272,7 @@ async fn run(
         grpc: bind(settings.server.grpc_listen).await?,
         admin: Some(bind(settings.server.admin_listen).await?),
     };
+    drop_in_listeners(&app, settings, &stop).await?;
     let reload = app.reload_trigger();
     let running = app.run(listeners, stop.clone().cancelled_owned());
     tokio::pin!(running);
@@ -254,6 +290,63 @@ async fn run(
             Ok(())
         }
     }
+}
+
+/// envoyproxy/ratelimit's stats (statsd, Prometheus series under its names) and debug port,
+/// when asked for; they stop with `stop`.
+async fn drop_in_listeners(
+    app: &sluice::app::App,
+    settings: &Settings,
+    stop: &CancellationToken,
+) -> anyhow::Result<()> {
+    use sluice::compat::{serve, stats::RatelimitStats, statsd};
+    let wanted = settings.statsd.enabled()
+        || settings.ratelimit_metrics.listen.is_some()
+        || settings.debug.listen.is_some();
+    let stats = wanted.then(|| {
+        let stats = Arc::new(RatelimitStats::new(
+            settings.metrics.near_limit_ratio,
+            settings.metrics.max_value_label_sets,
+        ));
+        app.metrics().count_ratelimit_stats(stats.clone());
+        stats
+    });
+    if let Some(stats) = &stats
+        && settings.statsd.enabled()
+    {
+        let sink = statsd::run(stats.clone(), settings.statsd.clone(), stop.clone());
+        tokio::spawn(async move {
+            if let Err(e) = sink.await {
+                tracing::error!("statsd sink stopped: {e}");
+            }
+        });
+    }
+    if let (Some(stats), Some(addr)) = (&stats, settings.ratelimit_metrics.listen) {
+        let listener = bind(addr).await?;
+        tracing::info!(%addr, path = %settings.ratelimit_metrics.path, "serving envoyproxy/ratelimit's metric names");
+        let serving = serve::metrics(
+            listener,
+            settings.ratelimit_metrics.path.clone(),
+            stats.clone(),
+            stop.clone(),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = serving.await {
+                tracing::error!("metrics listener stopped: {e}");
+            }
+        });
+    }
+    if let Some(addr) = settings.debug.listen {
+        let listener = bind(addr).await?;
+        tracing::info!(%addr, "serving the debug endpoints");
+        let serving = serve::debug(listener, app.active_rules(), stats, stop.clone());
+        tokio::spawn(async move {
+            if let Err(e) = serving.await {
+                tracing::error!("debug listener stopped: {e}");
+            }
+        });
+    }
+    Ok(())
 }
 
 async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {

@@ -5,9 +5,10 @@
 //! and how their label sets are bounded are in [`rules`].
 
 mod latency;
+mod limits;
 pub mod rules;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -90,12 +91,16 @@ pub struct Metrics {
     reloads: Family<OutcomeLabels, Counter>,
     config_version: Gauge,
     config_loaded: Gauge,
+    limits: limits::RuleLimits,
+    /// envoyproxy/ratelimit's stats, when asked for (statsd, `[ratelimit_metrics]`).
+    ratelimit: OnceLock<Arc<crate::compat::stats::RatelimitStats>>,
 }
 
 impl Metrics {
     pub fn new(options: MetricsOptions) -> Arc<Metrics> {
         let mut registry = Registry::with_prefix("sluice");
         let rules = RuleCounters::new(options, &mut registry);
+        let limits = limits::RuleLimits::new(&mut registry);
         let m = Metrics {
             rules,
             requests: Family::default(),
@@ -107,6 +112,8 @@ impl Metrics {
             reloads: Family::default(),
             config_version: Gauge::default(),
             config_loaded: Gauge::default(),
+            limits,
+            ratelimit: OnceLock::new(),
             registry: Registry::default(),
         };
         registry.register(
@@ -163,8 +170,21 @@ impl Metrics {
         })
     }
 
+    /// From now on, also counts envoyproxy/ratelimit's stats into `stats` (once).
+    pub fn count_ratelimit_stats(&self, stats: Arc<crate::compat::stats::RatelimitStats>) {
+        let _ = self.ratelimit.set(stats);
+    }
+
+    /// Sets the rule limit gauges from the active rules (at scrape time).
+    pub fn refresh_limits(&self, rules: &Arc<crate::rules::RuleSet>) {
+        self.limits.refresh(rules);
+    }
+
     /// Counts a reload.
     pub fn reloaded(&self, outcome: &Reloaded) {
+        if let Some(stats) = self.ratelimit.get() {
+            stats.reloaded(outcome);
+        }
         let outcome = outcome.label();
         self.reloads.get_or_create(&OutcomeLabels { outcome }).inc();
     }
@@ -205,9 +225,15 @@ impl Metrics {
 impl Observer for Metrics {
     fn descriptor(&self, report: &DescriptorReport<'_>) {
         self.rules.record(report);
+        if let Some(stats) = self.ratelimit.get() {
+            stats.descriptor(report);
+        }
     }
 
     fn request(&self, result: RequestResult<'_>, elapsed: Duration) {
+        if let Some(stats) = self.ratelimit.get() {
+            stats.request(result, elapsed);
+        }
         let index = match result {
             RequestResult::Ok => 0,
             RequestResult::OverLimit => 1,

@@ -13,10 +13,12 @@ use serde::Deserialize;
 
 use super::model::Algorithm;
 
+mod dropin;
 mod input;
 mod ops;
 mod redis;
 mod xds;
+pub use dropin::{DebugSettings, RatelimitMetricsSettings, StatsdSettings};
 pub use input::InputSettings;
 pub use ops::{MetricsSettings, ReloadSettings, TlsSettings};
 use redis::check_userinfo;
@@ -40,6 +42,9 @@ pub struct Settings {
     pub reload: ReloadSettings,
     pub tls: TlsSettings,
     pub xds: XdsSettings,
+    pub statsd: StatsdSettings,
+    pub ratelimit_metrics: RatelimitMetricsSettings,
+    pub debug: DebugSettings,
 }
 
 /// `[server]`: listeners and shutdown.
@@ -244,6 +249,7 @@ impl Settings {
         self.xds
             .check(&self.rules.paths)
             .map_err(config::ConfigError::Message)?;
+        self.statsd.check().map_err(config::ConfigError::Message)?;
         if self.limiter.backend == Backend::Redis {
             check_userinfo(&self.redis.url).map_err(config::ConfigError::Message)?;
         }
