@@ -42,31 +42,82 @@ pub enum CompatError {
 /// Variables read for their value only, never honoured, with why ignoring them is safe.
 const IGNORED: &[(&str, &str)] = &[
     ("GRPC_MAX_CONNECTION_AGE", "connections are not aged out"),
-    ("GRPC_MAX_CONNECTION_AGE_GRACE", "connections are not aged out"),
+    (
+        "GRPC_MAX_CONNECTION_AGE_GRACE",
+        "connections are not aged out",
+    ),
     (
         "GRPC_SERVER_TLS_CA_CERT",
         "not a setting of envoyproxy/ratelimit either (client certificates are checked with GRPC_CLIENT_TLS_CACERT)",
     ),
-    ("REDIS_POOL_SIZE", "sluice multiplexes its Redis connections"),
+    (
+        "REDIS_POOL_SIZE",
+        "sluice multiplexes its Redis connections",
+    ),
     ("REDIS_PIPELINE_WINDOW", "sluice batches Redis calls itself"),
     ("REDIS_PIPELINE_LIMIT", "sluice batches Redis calls itself"),
-    ("REDIS_CLUSTER_PIPELINE_PARALLELISM", "sluice batches Redis calls itself"),
-    ("REDIS_POOL_ON_EMPTY_BEHAVIOR", "sluice multiplexes its Redis connections"),
-    ("REDIS_POOL_ON_EMPTY_WAIT_DURATION", "sluice multiplexes its Redis connections"),
-    ("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "readiness always follows Redis (redis.on_error=error)"),
-    ("REDIS_STARTUP_INITIAL_INTERVAL", "sluice starts at once and connects in the background"),
-    ("REDIS_STARTUP_MAX_INTERVAL", "sluice starts at once and connects in the background"),
-    ("REDIS_STARTUP_MAX_ELAPSED_TIME", "sluice starts at once and connects in the background"),
-    ("EXPIRATION_JITTER_MAX_SECONDS", "sluice's keys expire when their state is spent"),
-    ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "sluice never counts denied requests"),
-    ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "readiness always waits for rules"),
+    (
+        "REDIS_CLUSTER_PIPELINE_PARALLELISM",
+        "sluice batches Redis calls itself",
+    ),
+    (
+        "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+        "sluice multiplexes its Redis connections",
+    ),
+    (
+        "REDIS_POOL_ON_EMPTY_WAIT_DURATION",
+        "sluice multiplexes its Redis connections",
+    ),
+    (
+        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+        "readiness always follows Redis (redis.on_error=error)",
+    ),
+    (
+        "REDIS_STARTUP_INITIAL_INTERVAL",
+        "sluice starts at once and connects in the background",
+    ),
+    (
+        "REDIS_STARTUP_MAX_INTERVAL",
+        "sluice starts at once and connects in the background",
+    ),
+    (
+        "REDIS_STARTUP_MAX_ELAPSED_TIME",
+        "sluice starts at once and connects in the background",
+    ),
+    (
+        "EXPIRATION_JITTER_MAX_SECONDS",
+        "sluice's keys expire when their state is spent",
+    ),
+    (
+        "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+        "sluice never counts denied requests",
+    ),
+    (
+        "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+        "readiness always waits for rules",
+    ),
     ("RUNTIME_IGNOREDOTFILES", "dot-files are always ignored"),
-    ("RUNTIME_WATCH_ROOT", "the rules directory is always watched, symlink swaps included"),
-    ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "one backoff (XDS_CLIENT_BACKOFF_*) covers reconnections"),
-    ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "the backoff always has jitter"),
+    (
+        "RUNTIME_WATCH_ROOT",
+        "the rules directory is always watched, symlink swaps included",
+    ),
+    (
+        "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+        "one backoff (XDS_CLIENT_BACKOFF_*) covers reconnections",
+    ),
+    (
+        "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+        "the backoff always has jitter",
+    ),
     ("XDS_CLIENT_BACKOFF_JITTER", "the backoff always has jitter"),
-    ("PROMETHEUS_MAPPER_YAML", "series are named as Envoy Gateway's default mapping names them"),
-    ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "response time is in seconds"),
+    (
+        "PROMETHEUS_MAPPER_YAML",
+        "series are named as Envoy Gateway's default mapping names them",
+    ),
+    (
+        "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+        "response time is in seconds",
+    ),
     ("TRACING_SERVICE_NAME", "spans are named by sluice"),
     ("TRACING_SERVICE_NAMESPACE", "spans are named by sluice"),
     ("TRACING_SERVICE_INSTANCE_ID", "spans are named by sluice"),
@@ -91,7 +142,9 @@ pub fn translate(env: &HashMap<String, String>) -> Result<Translation, Unsupport
     t.tracing()?;
     for (name, why) in IGNORED {
         if let Some(v) = env.get(*name) {
-            t.out.ignored.push(((*name).to_owned(), format!("{v}: {why}")));
+            t.out
+                .ignored
+                .push(((*name).to_owned(), format!("{v}: {why}")));
         }
     }
     t.out.ignored.sort();
@@ -117,7 +170,10 @@ struct Reader<'a> {
 impl Reader<'_> {
     /// A variable's value, absent when unset or empty.
     fn get(&self, name: &str) -> Option<&str> {
-        self.env.get(name).map(String::as_str).filter(|v| !v.trim().is_empty())
+        self.env
+            .get(name)
+            .map(String::as_str)
+            .filter(|v| !v.trim().is_empty())
     }
 
     fn or<'s>(&'s self, name: &str, default: &'s str) -> &'s str {
@@ -125,7 +181,9 @@ impl Reader<'_> {
     }
 
     fn set(&mut self, key: &str, value: impl Into<String>) {
-        self.out.settings.push((format!("SLUICE_{key}"), value.into()));
+        self.out
+            .settings
+            .push((format!("SLUICE_{key}"), value.into()));
     }
 
     fn unsupported(&self, name: &str, why: &str) -> Unsupported {
@@ -148,7 +206,11 @@ impl Reader<'_> {
 
     fn duration_ms(&self, name: &str) -> Result<Option<u64>, Unsupported> {
         self.get(name)
-            .map(|v| go_duration_ms(v).ok_or_else(|| self.unsupported(name, "expected a duration such as 10s or 500ms")))
+            .map(|v| {
+                go_duration_ms(v).ok_or_else(|| {
+                    self.unsupported(name, "expected a duration such as 10s or 500ms")
+                })
+            })
             .transpose()
     }
 
@@ -165,9 +227,21 @@ impl Reader<'_> {
     fn listeners(&mut self) -> Result<(), Unsupported> {
         self.refuse("GRPC_UDS", "sluice serves gRPC on TCP only")?;
         for (host, port, dh, dp, key) in [
-            ("GRPC_HOST", "GRPC_PORT", "0.0.0.0", "8081", "SERVER__GRPC_LISTEN"),
+            (
+                "GRPC_HOST",
+                "GRPC_PORT",
+                "0.0.0.0",
+                "8081",
+                "SERVER__GRPC_LISTEN",
+            ),
             ("HOST", "PORT", "0.0.0.0", "8080", "SERVER__ADMIN_LISTEN"),
-            ("DEBUG_HOST", "DEBUG_PORT", "0.0.0.0", "6070", "DEBUG__LISTEN"),
+            (
+                "DEBUG_HOST",
+                "DEBUG_PORT",
+                "0.0.0.0",
+                "6070",
+                "DEBUG__LISTEN",
+            ),
         ] {
             let addr = self.address(host, port, dh, dp)?;
             self.set(key, addr);
@@ -177,8 +251,9 @@ impl Reader<'_> {
 
     /// `host` and `port` as a socket address (`localhost` is 127.0.0.1).
     fn address(&self, host: &str, port: &str, dh: &str, dp: &str) -> Result<String, Unsupported> {
-        let ip = ip(self.or(host, dh))
-            .ok_or_else(|| self.unsupported(host, "sluice listens on an IP address (or localhost)"))?;
+        let ip = ip(self.or(host, dh)).ok_or_else(|| {
+            self.unsupported(host, "sluice listens on an IP address (or localhost)")
+        })?;
         let p: u16 = self
             .or(port, dp)
             .parse()
@@ -193,7 +268,12 @@ impl Reader<'_> {
             "info" => "info",
             "warn" | "warning" => "warn",
             "error" | "fatal" | "panic" => "error",
-            _ => return Err(self.unsupported("LOG_LEVEL", "expected trace, debug, info, warn, error, fatal or panic")),
+            _ => {
+                return Err(self.unsupported(
+                    "LOG_LEVEL",
+                    "expected trace, debug, info, warn, error, fatal or panic",
+                ));
+            }
         };
         self.set("LOG__LEVEL", level);
         match self.or("LOG_FORMAT", "text") {
@@ -227,10 +307,15 @@ impl Reader<'_> {
     }
 
     fn rules(&mut self) -> Result<(), Unsupported> {
-        self.refuse("MERGE_DOMAIN_CONFIG", "sluice refuses a domain defined twice")?;
+        self.refuse(
+            "MERGE_DOMAIN_CONFIG",
+            "sluice refuses a domain defined twice",
+        )?;
         match self.or("CONFIG_TYPE", "FILE").to_ascii_uppercase().as_str() {
             "FILE" => {
-                let root = self.or("RUNTIME_ROOT", "/srv/runtime_data/current").to_owned();
+                let root = self
+                    .or("RUNTIME_ROOT", "/srv/runtime_data/current")
+                    .to_owned();
                 let sub = self.or("RUNTIME_SUBDIRECTORY", "").to_owned();
                 let app = self.or("RUNTIME_APPDIRECTORY", "config").to_owned();
                 let mut path = std::path::PathBuf::from(root);
@@ -248,7 +333,9 @@ impl Reader<'_> {
     }
 
     fn xds(&mut self) -> Result<(), Unsupported> {
-        let server = self.or("CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000").to_owned();
+        let server = self
+            .or("CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000")
+            .to_owned();
         self.set("XDS__SERVER", server);
         let node = self.or("CONFIG_GRPC_XDS_NODE_ID", "default").to_owned();
         self.set("XDS__NODE_ID", node);
@@ -283,17 +370,37 @@ impl Reader<'_> {
     fn backend(&mut self) -> Result<(), Unsupported> {
         match self.or("BACKEND_TYPE", "redis") {
             "redis" => {}
-            _ => return Err(self.unsupported("BACKEND_TYPE", "sluice's backends are memory and Redis, not Memcached")),
+            _ => {
+                return Err(self.unsupported(
+                    "BACKEND_TYPE",
+                    "sluice's backends are memory and Redis, not Memcached",
+                ));
+            }
         }
         for name in ["MEMCACHE_HOST_PORT", "MEMCACHE_SRV", "MEMCACHE_TLS"] {
             self.refuse(name, "no Memcached backend")?;
         }
         self.refuse("REDIS_PERSECOND", "sluice keeps every limit in one Redis")?;
-        self.refuse("REDIS_SENTINEL_AUTH", "sluice authenticates to the master only, not to the sentinels")?;
-        self.refuse("REDIS_TLS_CACERT", "sluice checks Redis's certificate against the system's CAs only")?;
-        self.refuse("REDIS_TLS_CLIENT_CERT", "sluice presents no client certificate to Redis")?;
-        self.refuse("REDIS_TLS_CLIENT_KEY", "sluice presents no client certificate to Redis")?;
-        self.refuse("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "sluice always verifies Redis's certificate")?;
+        self.refuse(
+            "REDIS_SENTINEL_AUTH",
+            "sluice authenticates to the master only, not to the sentinels",
+        )?;
+        self.refuse(
+            "REDIS_TLS_CACERT",
+            "sluice checks Redis's certificate against the system's CAs only",
+        )?;
+        self.refuse(
+            "REDIS_TLS_CLIENT_CERT",
+            "sluice presents no client certificate to Redis",
+        )?;
+        self.refuse(
+            "REDIS_TLS_CLIENT_KEY",
+            "sluice presents no client certificate to Redis",
+        )?;
+        self.refuse(
+            "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+            "sluice always verifies Redis's certificate",
+        )?;
         self.set("LIMITER__BACKEND", "redis");
         let url = self.redis_url()?;
         self.set("REDIS__URL", url);
@@ -321,9 +428,15 @@ impl Reader<'_> {
         let kind = self.or("REDIS_TYPE", "SINGLE").to_ascii_lowercase();
         match kind.as_str() {
             "single" => {
-                if self.or("REDIS_SOCKET_TYPE", "unix").eq_ignore_ascii_case("unix") {
+                if self
+                    .or("REDIS_SOCKET_TYPE", "unix")
+                    .eq_ignore_ascii_case("unix")
+                {
                     if tls || !auth.is_empty() {
-                        return Err(self.unsupported("REDIS_SOCKET_TYPE", "sluice takes no TLS or password over a Unix socket"));
+                        return Err(self.unsupported(
+                            "REDIS_SOCKET_TYPE",
+                            "sluice takes no TLS or password over a Unix socket",
+                        ));
                     }
                     return Ok(format!("unix://{url}"));
                 }
@@ -334,9 +447,15 @@ impl Reader<'_> {
                 let master = parts.next().unwrap_or_default();
                 let sentinels: Vec<&str> = parts.collect();
                 if master.is_empty() || sentinels.is_empty() {
-                    return Err(self.unsupported("REDIS_URL", "with REDIS_TYPE=sentinel: <master name>,<sentinel1>,...,<sentinelN>"));
+                    return Err(self.unsupported(
+                        "REDIS_URL",
+                        "with REDIS_TYPE=sentinel: <master name>,<sentinel1>,...,<sentinelN>",
+                    ));
                 }
-                Ok(format!("redis{s}+sentinel://{auth}{}/{master}", sentinels.join(",")))
+                Ok(format!(
+                    "redis{s}+sentinel://{auth}{}/{master}",
+                    sentinels.join(",")
+                ))
             }
             "cluster" => Ok(format!("redis{s}+cluster://{auth}{url}")),
             _ => Err(self.unsupported("REDIS_TYPE", "expected single, sentinel or cluster")),
@@ -371,9 +490,9 @@ impl Reader<'_> {
             self.set("METRICS__NEAR_LIMIT_RATIO", ratio);
         }
         if let Some(bytes) = self.get("LOCAL_CACHE_SIZE_IN_BYTES") {
-            let bytes: u64 = bytes
-                .parse()
-                .map_err(|_| self.unsupported("LOCAL_CACHE_SIZE_IN_BYTES", "expected a number of bytes"))?;
+            let bytes: u64 = bytes.parse().map_err(|_| {
+                self.unsupported("LOCAL_CACHE_SIZE_IN_BYTES", "expected a number of bytes")
+            })?;
             if bytes > 0 {
                 // sluice's deny cache holds entries, not bytes: one per 128 bytes asked for.
                 self.set("REDIS__DENY_CACHE_SIZE", (bytes / 128).max(1).to_string());
@@ -390,7 +509,11 @@ impl Reader<'_> {
         let dog = self.flag("USE_DOG_STATSD", false)?;
         let prometheus = self.flag("USE_PROMETHEUS", false)?;
         if [statsd, dog, prometheus].iter().filter(|on| **on).count() > 1 {
-            let name = if prometheus { "USE_PROMETHEUS" } else { "USE_DOG_STATSD" };
+            let name = if prometheus {
+                "USE_PROMETHEUS"
+            } else {
+                "USE_DOG_STATSD"
+            };
             return Err(self.unsupported(
                 name,
                 "only one of USE_STATSD (on by default), USE_DOG_STATSD and USE_PROMETHEUS may be on, as in envoyproxy/ratelimit",
@@ -433,7 +556,9 @@ impl Reader<'_> {
         if !self.flag("TRACING_ENABLED", false)? {
             return Ok(());
         }
-        let protocol = self.or("TRACING_EXPORTER_PROTOCOL", "http").to_ascii_lowercase();
+        let protocol = self
+            .or("TRACING_EXPORTER_PROTOCOL", "http")
+            .to_ascii_lowercase();
         if protocol != "grpc" {
             self.out.ignored.push((
                 "TRACING_ENABLED".to_owned(),
@@ -484,7 +609,9 @@ fn go_duration_ms(text: &str) -> Option<u64> {
         let digits = rest.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
         let (number, tail) = rest.split_at(digits);
         let n: f64 = number.parse().ok()?;
-        let unit_len = tail.find(|c: char| c.is_ascii_digit()).unwrap_or(tail.len());
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(tail.len());
         let (unit, tail) = tail.split_at(unit_len);
         let ms = match unit {
             "ns" => 1e-6,

@@ -36,7 +36,12 @@ pub fn render(stats: &RatelimitStats) -> String {
     }
     for (name, series) in RULE_STATS.iter().zip(&per_stat) {
         let metric = format!("ratelimit_service_rate_limit_{name}");
-        head(&mut out, &metric, "counter", &format!("envoyproxy/ratelimit's {name}, per domain and first two descriptor keys"));
+        head(
+            &mut out,
+            &metric,
+            "counter",
+            &format!("envoyproxy/ratelimit's {name}, per domain and first two descriptor keys"),
+        );
         for (labels, n) in series {
             line(&mut out, &metric, labels, &n.to_string());
         }
@@ -44,8 +49,18 @@ pub fn render(stats: &RatelimitStats) -> String {
     let service = stats.service();
     let m = "ratelimit_service_should_rate_limit_error";
     head(&mut out, m, "counter", "ShouldRateLimit errors by type");
-    line(&mut out, m, &[("err_type", "redis_error".into())], &service[2].to_string());
-    line(&mut out, m, &[("err_type", "service_error".into())], &service[3].to_string());
+    line(
+        &mut out,
+        m,
+        &[("err_type", "redis_error".into())],
+        &service[2].to_string(),
+    );
+    line(
+        &mut out,
+        m,
+        &[("err_type", "service_error".into())],
+        &service[3].to_string(),
+    );
     let method = [("grpc_method", "ShouldRateLimit".to_owned())];
     let m = "ratelimit_service_total_requests";
     head(&mut out, m, "counter", "ShouldRateLimit requests");
@@ -56,23 +71,46 @@ pub fn render(stats: &RatelimitStats) -> String {
     let mut cumulative = 0;
     for (i, n) in buckets.iter().enumerate() {
         cumulative += n;
-        let le = LATENCY_BUCKETS.get(i).map_or("+Inf".to_owned(), |b| b.to_string());
+        let le = LATENCY_BUCKETS
+            .get(i)
+            .map_or("+Inf".to_owned(), |b| b.to_string());
         let labels = [method[0].clone(), ("le", le)];
-        line(&mut out, &format!("{m}_bucket"), &labels, &cumulative.to_string());
+        line(
+            &mut out,
+            &format!("{m}_bucket"),
+            &labels,
+            &cumulative.to_string(),
+        );
     }
     line(&mut out, &format!("{m}_sum"), &method, &sum.to_string());
     line(&mut out, &format!("{m}_count"), &method, &count.to_string());
     for (m, i, help) in [
-        ("ratelimit_service_config_load_success", 0, "Rules loads that succeeded"),
-        ("ratelimit_service_config_load_error", 1, "Rules loads that failed"),
+        (
+            "ratelimit_service_config_load_success",
+            0,
+            "Rules loads that succeeded",
+        ),
+        (
+            "ratelimit_service_config_load_error",
+            1,
+            "Rules loads that failed",
+        ),
     ] {
         head(&mut out, m, "counter", help);
         line(&mut out, m, &[], &service[i].to_string());
     }
     let (rss, vsz) = process_memory();
     for (m, v, help) in [
-        ("process_resident_memory_bytes", rss, "Resident memory size in bytes"),
-        ("process_virtual_memory_bytes", vsz, "Virtual memory size in bytes"),
+        (
+            "process_resident_memory_bytes",
+            rss,
+            "Resident memory size in bytes",
+        ),
+        (
+            "process_virtual_memory_bytes",
+            vsz,
+            "Virtual memory size in bytes",
+        ),
     ] {
         if let Some(v) = v {
             head(&mut out, m, "gauge", help);
@@ -80,7 +118,12 @@ pub fn render(stats: &RatelimitStats) -> String {
         }
     }
     let m = "go_memstats_gc_cpu_fraction";
-    head(&mut out, m, "gauge", "Always 0: sluice has no garbage collector (kept for dashboards built for envoyproxy/ratelimit)");
+    head(
+        &mut out,
+        m,
+        "gauge",
+        "Always 0: sluice has no garbage collector (kept for dashboards built for envoyproxy/ratelimit)",
+    );
     line(&mut out, m, &[], "0");
     out
 }
@@ -119,7 +162,9 @@ fn line(out: &mut String, name: &str, labels: &[(&'static str, String)], value: 
 }
 
 fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 /// Resident and virtual memory, in bytes, from `/proc/self/status` (Linux; `None` elsewhere).
@@ -142,10 +187,17 @@ mod tests {
 
     #[test]
     fn keys_split_into_domain_key1_key2_as_the_mapping_does() {
-        assert_eq!(labels("d.k"), vec![("domain", "d".into()), ("key1", "k".into())]);
+        assert_eq!(
+            labels("d.k"),
+            vec![("domain", "d".into()), ("key1", "k".into())]
+        );
         assert_eq!(
             labels("d.a_b.c.e"),
-            vec![("domain", "d".into()), ("key1", "a_b".into()), ("key2", "c".into())]
+            vec![
+                ("domain", "d".into()),
+                ("key1", "a_b".into()),
+                ("key2", "c".into())
+            ]
         );
         let mut out = String::new();
         line(&mut out, "m", &[("k", "a\"b\\c".into())], "1");

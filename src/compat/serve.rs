@@ -63,7 +63,10 @@ pub async fn debug(
             "/rlconfig",
             get(|State(d): State<Debug>| async move { crate::admin::rlconfig_text(&d.rules) }),
         )
-        .route("/stats", get(|State(d): State<Debug>| async move { stats_text(d.stats.as_deref()) }))
+        .route(
+            "/stats",
+            get(|State(d): State<Debug>| async move { stats_text(d.stats.as_deref()) }),
+        )
         .with_state(Debug { rules, stats });
     axum::serve(listener, router)
         .with_graceful_shutdown(stop.cancelled_owned())

@@ -115,7 +115,12 @@ impl RatelimitStats {
         let rules = self.rules.read();
         let mut all: Vec<(String, [u64; 5])> = rules
             .iter()
-            .map(|(k, s)| (k.clone(), s.counts.each_ref().map(|c| c.load(Ordering::Relaxed))))
+            .map(|(k, s)| {
+                (
+                    k.clone(),
+                    s.counts.each_ref().map(|c| c.load(Ordering::Relaxed)),
+                )
+            })
             .collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
         all
@@ -279,7 +284,10 @@ mod tests {
 
     #[test]
     fn sanitizing_matches_envoyproxy_ratelimit() {
-        assert_eq!(sanitize("d.remote_address_10.0.0.1"), "d.remote_address_10_0_0_1");
+        assert_eq!(
+            sanitize("d.remote_address_10.0.0.1"),
+            "d.remote_address_10_0_0_1"
+        );
         assert_eq!(
             sanitize("eg.masked_remote_address_0.0.0.0/0"),
             "eg.masked_remote_address_0_0_0_0/0"

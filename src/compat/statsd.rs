@@ -101,7 +101,9 @@ fn lines(stats: &RatelimitStats, sent: &mut Sent, suffix: &Suffix) -> Vec<String
         for (i, stat) in RULE_STATS.iter().enumerate() {
             let delta = counts[i].saturating_sub(before[i]);
             if delta > 0 {
-                out.push(suffix.counter(&format!("ratelimit.service.rate_limit.{key}.{stat}"), delta));
+                out.push(
+                    suffix.counter(&format!("ratelimit.service.rate_limit.{key}.{stat}"), delta),
+                );
             }
         }
         *before = counts;
@@ -154,9 +156,15 @@ mod tests {
             tags: "env:prod, team:a".into(),
             ..StatsdSettings::default()
         };
-        assert_eq!(Suffix::new(&s).counter("x.y", 2), "x.y.__env=prod.__team=a:2|c");
+        assert_eq!(
+            Suffix::new(&s).counter("x.y", 2),
+            "x.y.__env=prod.__team=a:2|c"
+        );
         s.dogstatsd = true;
-        assert_eq!(Suffix::new(&s).counter("x.y", 2), "x.y:2|c|#env:prod,team:a");
+        assert_eq!(
+            Suffix::new(&s).counter("x.y", 2),
+            "x.y:2|c|#env:prod,team:a"
+        );
         s.tags.clear();
         assert_eq!(Suffix::new(&s).counter("x.y", 2), "x.y:2|c");
     }
