@@ -20,6 +20,8 @@ mod http_client;
 mod redis_support;
 #[path = "support/stack.rs"]
 mod stack;
+#[path = "support/yaml.rs"]
+mod yaml;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -888,4 +890,61 @@ fn what_sluice_cannot_honour_stops_the_start_with_64_naming_it() {
         .expect("run sluice --ratelimit-env");
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("BACKEND_TYPE=memcache"));
+}
+
+/// The Deployment Envoy Gateway renders, with sluice's image, is valid Kubernetes
+/// (kubernetes-validate --strict), and is the one the test above starts: same command, env,
+/// ports and probes.
+#[test]
+fn envoy_gateways_deployment_with_sluices_image_validates() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let file = root.join("deploy/envoy-gateway/ratelimit-deployment.yaml");
+    let validate = root.join(".venv/bin/kubernetes-validate");
+    assert!(
+        validate.is_file(),
+        "{} is missing; install it: python3 -m venv .venv && .venv/bin/pip install kubernetes-validate==1.37.0",
+        validate.display()
+    );
+    let out = Command::new(&validate)
+        .args(["--strict", "--quiet"])
+        .arg(&file)
+        .output()
+        .expect("run kubernetes-validate");
+    assert!(
+        out.status.success(),
+        "kubernetes-validate --strict failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&file).unwrap();
+    let docs = yaml::documents(&text);
+    let c = yaml::at(&docs[0].yaml, "spec.template.spec.containers.0");
+    assert!(yaml::str_at(c, "image").starts_with("sluice:"));
+    assert_eq!(yaml::str_at(c, "command.0"), "/bin/ratelimit");
+    let env: Vec<(String, String)> = yaml::seq_at(c, "env")
+        .iter()
+        .map(|e| {
+            (
+                yaml::str_at(e, "name").to_owned(),
+                yaml::str_at(e, "value").to_owned(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, String)> = ENVOY_GATEWAY
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    assert_eq!(env, expected);
+    for probe in ["livenessProbe", "readinessProbe", "startupProbe"] {
+        assert_eq!(
+            yaml::str_at(c, &format!("{probe}.httpGet.path")),
+            "/healthcheck"
+        );
+        assert_eq!(yaml::int_at(c, &format!("{probe}.httpGet.port")), 8080);
+    }
+    let ports: Vec<i64> = yaml::seq_at(c, "ports")
+        .iter()
+        .map(|p| yaml::int_at(p, "containerPort"))
+        .collect();
+    assert_eq!(ports, [8081, 19001]);
 }

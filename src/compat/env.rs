@@ -5,7 +5,8 @@
 //! variables mean (with envoyproxy/ratelimit's defaults for those not set, e.g. its ports),
 //! the variables it read but can safely ignore (each with why, logged once at start), or the
 //! first variable whose behaviour sluice cannot honour (the start stops with exit 64, naming
-//! it). [`settings`] layers the result under the real `SLUICE_*` variables, which still win.
+//! it). [`settings`] layers the result with the real `SLUICE_*` variables: a ratelimit
+//! variable that is set wins, a `SLUICE_*` one sets the rest (ratelimit's defaults included).
 //! The full table is docs/ratelimit-compat.md.
 
 use std::collections::HashMap;
@@ -151,12 +152,19 @@ pub fn translate(env: &HashMap<String, String>) -> Result<Translation, Unsupport
     Ok(t.out)
 }
 
-/// The settings of the environment: the translation under the real `SLUICE_*` variables.
+/// The settings of the environment. A setting that an envoyproxy/ratelimit variable set
+/// gives wins over the same `SLUICE_*` variable (the image's own `SLUICE_SERVER__*` defaults
+/// must not undo `GRPC_PORT`); one that only comes from its defaults yields to it.
 pub fn settings(env: &HashMap<String, String>) -> Result<(Settings, Translation), CompatError> {
     let translation = translate(env)?;
+    let defaults = translate(&HashMap::new())?.settings;
     let mut layered = env.clone();
     for (k, v) in &translation.settings {
-        layered.entry(k.clone()).or_insert_with(|| v.clone());
+        if defaults.iter().any(|(dk, dv)| dk == k && dv == v) {
+            layered.entry(k.clone()).or_insert_with(|| v.clone());
+        } else {
+            layered.insert(k.clone(), v.clone());
+        }
     }
     let settings = Settings::load(None, layered, &Overrides::default())?;
     Ok((settings, translation))

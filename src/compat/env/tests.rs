@@ -398,11 +398,19 @@ fn what_can_be_ignored_is_listed_with_why() {
 }
 
 #[test]
-fn real_sluice_variables_still_win() {
+fn set_ratelimit_variables_win_and_sluice_variables_set_the_rest() {
     let mut e = env(ISTIO);
+    // The image's own defaults.
+    e.insert("SLUICE_SERVER__GRPC_LISTEN".into(), "0.0.0.0:8081".into());
+    e.insert("SLUICE_LOG__FORMAT".into(), "json".into());
+    e.insert("GRPC_PORT".into(), "9081".into());
     e.insert("SLUICE_REDIS__URL".into(), "redis://other:1".into());
+    e.insert("SLUICE_MEMORY__MAX_KEYS".into(), "5".into());
     let (s, _) = settings(&e).unwrap();
-    assert_eq!(s.redis.url, "redis://other:1");
+    assert_eq!(s.server.grpc_listen.to_string(), "0.0.0.0:9081");
+    assert_eq!(s.redis.url, "redis://redis:6379");
+    assert_eq!(s.log.format, LogFormat::Json);
+    assert_eq!(s.memory.max_keys, 5);
 }
 
 #[test]
