@@ -280,7 +280,57 @@ fn ipv4_at(s: &[u8], start: usize) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
+    use arc_swap::ArcSwap;
+    use futures_util::FutureExt as _;
+
     use super::*;
+    use crate::config::rules::from_sources;
+    use crate::engine::{Descriptor, Engine, Options, Request};
+    use crate::limiter::MemoryLimiter;
+    use crate::rules::{Entry, RuleSet};
+
+    fn ask(engine: &Engine, key: &str, value: &str) {
+        let request = Request {
+            domain: "d".to_owned(),
+            descriptors: vec![Descriptor {
+                entries: vec![Entry::new(key, value)],
+                ..Default::default()
+            }],
+            hits_addend: 0,
+        };
+        let answer = engine.should_rate_limit(&request).now_or_never();
+        assert!(matches!(answer, Some(Ok(_))), "{answer:?}");
+    }
+
+    #[test]
+    fn keys_from_request_values_are_capped_as_sluices_labels() {
+        let rules = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 2}\n  \
+                     - key: ip\n    detailed_metric: true\n    rate_limit: {unit: hour, requests_per_unit: 9}\n";
+        let model = from_sources(&[(PathBuf::from("r.yaml"), rules.to_owned())]).unwrap();
+        let stats = Arc::new(RatelimitStats::new(0.5, 2));
+        let engine = Engine::new(
+            Arc::new(ArcSwap::from_pointee(RuleSet::compile(model))),
+            Arc::new(MemoryLimiter::new(1000)),
+            Options::default(),
+        )
+        .with_observer(stats.clone());
+        for _ in 0..3 {
+            ask(&engine, "user", "alice");
+        }
+        for ip in ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"] {
+            ask(&engine, "ip", ip);
+        }
+        let rules: HashMap<String, [u64; 5]> = stats.rules().into_iter().collect();
+        // total_hits, over_limit, near_limit, within_limit, shadow_mode
+        assert_eq!(rules["d.user"], [3, 1, 1, 2, 0]);
+        assert_eq!(rules["d.ip_10_0_0_1"], [1, 0, 0, 1, 0]);
+        assert_eq!(rules["d.ip_10_0_0_2"], [1, 0, 0, 1, 0]);
+        assert_eq!(rules["d.__other__"], [2, 0, 0, 2, 0]);
+        assert_eq!(rules.len(), 4);
+        assert_eq!(stats.service()[4], 7, "total_requests");
+    }
 
     #[test]
     fn sanitizing_matches_envoyproxy_ratelimit() {
