@@ -119,4 +119,29 @@ mod tests {
         r.start_draining();
         assert_eq!(r.check(), Err(NotReady::Draining));
     }
+
+    #[test]
+    fn a_rules_source_decides_whether_rules_are_loaded() {
+        struct Waiting;
+        impl BackendProbe for Waiting {
+            fn ready(&self) -> Result<(), String> {
+                Err("waiting for xDS".to_owned())
+            }
+        }
+        struct Received;
+        impl BackendProbe for Received {
+            fn ready(&self) -> Result<(), String> {
+                Ok(())
+            }
+        }
+        let some = rules("domain: d\n");
+        let r = Readiness::new(some, None).with_rules_source(Some(Arc::new(Waiting)));
+        assert_eq!(
+            r.check().unwrap_err().to_string(),
+            "rules not ready: waiting for xDS"
+        );
+        // An accepted empty set is ready: the source has nothing to limit yet.
+        let r = Readiness::new(rules(""), None).with_rules_source(Some(Arc::new(Received)));
+        assert_eq!(r.check(), Ok(()));
+    }
 }

@@ -116,9 +116,12 @@ fn defaults_are_envoyproxy_ratelimits() {
     assert_eq!(s.log.level, "warn");
 }
 
+/// Variables, the `SLUICE_*` setting they give, and its value.
+type Case = (&'static [(&'static str, &'static str)], &'static str, &'static str);
+
 #[test]
 fn each_setting_maps() {
-    let cases: &[(&[(&str, &str)], &str, &str)] = &[
+    let cases: &[Case] = &[
         (
             &[("GRPC_HOST", "127.0.0.1"), ("GRPC_PORT", "9")],
             "SLUICE_SERVER__GRPC_LISTEN",
