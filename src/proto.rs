@@ -57,8 +57,8 @@ pub mod google {
     }
 }
 
-/// The encoded file descriptor set of every proto above (and the well-known types they
-/// import), for server reflection.
+/// The encoded file descriptor set of the protos the server answers (and the well-known types
+/// they import), for server reflection; the xDS client's are not in it.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/sluice_descriptor.bin"));
 

@@ -117,7 +117,11 @@ fn defaults_are_envoyproxy_ratelimits() {
 }
 
 /// Variables, the `SLUICE_*` setting they give, and its value.
-type Case = (&'static [(&'static str, &'static str)], &'static str, &'static str);
+type Case = (
+    &'static [(&'static str, &'static str)],
+    &'static str,
+    &'static str,
+);
 
 #[test]
 fn each_setting_maps() {
