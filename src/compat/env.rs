@@ -271,8 +271,9 @@ impl Reader<'_> {
 
     fn log(&mut self) -> Result<(), Unsupported> {
         let level = match self.or("LOG_LEVEL", "WARN").to_ascii_lowercase().as_str() {
-            "trace" => "trace",
-            "debug" => "debug",
+            // sluice's own debug lines, not those of every library (HTTP/2 frames...).
+            "trace" => "info,sluice=trace",
+            "debug" => "info,sluice=debug",
             "info" => "info",
             "warn" | "warning" => "warn",
             "error" | "fatal" | "panic" => "error",

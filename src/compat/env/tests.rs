@@ -96,7 +96,7 @@ fn istio_sample_env_gives_files_and_redis() {
     assert!(!s.xds.enabled());
     assert_eq!(s.redis.url, "redis://redis:6379");
     assert_eq!(s.limiter.backend, Backend::Redis);
-    assert_eq!(s.log.level, "debug");
+    assert_eq!(s.log.level, "info,sluice=debug");
     assert_eq!(s.log.format, LogFormat::Text);
     assert!(!s.statsd.enabled());
     assert_eq!(s.ratelimit_metrics.listen, None);
