@@ -272,7 +272,19 @@ async fn rules_arrive_update_refuse_and_survive_a_lost_server() {
         ready.body
     );
 
-    // The first set: answered within 1 s, ACKed, ready.
+    // A broken first set: NACKed, and readiness says why.
+    push.send_replace(Some(snapshot("0", &[rules(1, RateLimitUnit::Unknown)])));
+    let nack = next(&mut requests).await;
+    assert!(nack.error_detail.is_some() && nack.version_info.is_empty());
+    let ready = get(admin, "/readyz").await;
+    assert_eq!(ready.status, 503);
+    assert!(
+        ready.body.contains("set version 0 refused (1 error(s))"),
+        "{}",
+        ready.body
+    );
+
+    // The first good set: answered within 1 s, ACKed, ready.
     let pushed = Instant::now();
     push.send_replace(Some(snapshot_of("1", 2)));
     eventually(WITHIN, "the first set answers", || async {

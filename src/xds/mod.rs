@@ -239,6 +239,15 @@ impl XdsClient {
         match outcome {
             Reloaded::Failed(errors) => {
                 tracing::error!(%version, "xDS rules refused (NACK); the last good rules stay active:\n{errors}");
+                let first = errors
+                    .0
+                    .first()
+                    .map(ToString::to_string)
+                    .unwrap_or_default();
+                self.state.failed(format!(
+                    "set version {version} refused ({} error(s)), first: {first}",
+                    errors.0.len()
+                ));
                 let previous = self.state.acked_version().unwrap_or_default();
                 self.request(
                     previous,
