@@ -746,6 +746,16 @@ async fn istio_sample_env_starts_as_intended_and_envoy_gets_answers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statsd_lines_carry_envoyproxy_ratelimits_names() {
+    statsd_lines(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dogstatsd_lines_carry_the_same_names_and_tags() {
+    statsd_lines(true).await;
+}
+
+/// The stats of a few requests, as statsd (tags in the name) or DogStatsD (`|#` tags) lines.
+async fn statsd_lines(dog: bool) {
     let dir = tempfile::tempdir().unwrap();
     let link = ratelimit_link(dir.path());
     let redis = RedisServer::start();
@@ -765,10 +775,12 @@ async fn statsd_lines_carry_envoyproxy_ratelimits_names() {
             ("REDIS_SOCKET_TYPE", "tcp"),
             ("REDIS_URL", "redis:6379"),
             ("RUNTIME_ROOT", "/data"),
-            ("USE_STATSD", "true"),
+            ("USE_STATSD", if dog { "false" } else { "true" }),
+            ("USE_DOG_STATSD", if dog { "true" } else { "false" }),
             ("STATSD_HOST", "localhost"),
             ("STATSD_PORT", "8125"),
             ("STATS_FLUSH_INTERVAL", "100ms"),
+            ("EXTRA_TAGS", "env:test"),
         ],
         &[
             ("RUNTIME_ROOT", data.display().to_string()),
@@ -841,6 +853,15 @@ async fn statsd_lines_carry_envoyproxy_ratelimits_names() {
             panic!("statsd lines missing; got {totals:?}, {timers} timers");
         };
         for line in String::from_utf8_lossy(&buf[..n]).lines() {
+            // Every line carries the tag, in the name or after `|#`.
+            let line = if dog {
+                line.strip_suffix("|#env:test")
+                    .unwrap_or_else(|| panic!("no DogStatsD tag: {line}"))
+                    .to_owned()
+            } else {
+                assert!(line.contains(".__env=test:"), "no tag in the name: {line}");
+                line.replacen(".__env=test", "", 1)
+            };
             if let Some((name, rest)) = line.split_once(':') {
                 if let Some(count) = rest.strip_suffix("|c") {
                     *totals.entry(name.to_owned()).or_default() += count.parse::<u64>().unwrap();
