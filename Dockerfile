@@ -19,16 +19,21 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bin sluice \
-    && install -D -m 0755 target/release/sluice /out/sluice
+    && install -D -m 0755 target/release/sluice /out/sluice \
+    && mkdir -p /out/bin && ln -s /usr/local/bin/sluice /out/bin/ratelimit
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /out/sluice /usr/local/bin/sluice
+# /bin/ratelimit, the command Envoy Gateway and Istio's sample run: started under that name,
+# sluice reads envoyproxy/ratelimit's environment (docs/ratelimit-compat.md).
+COPY --from=build /out/bin/ /bin/
 COPY examples/rules/demo.yaml /etc/sluice/rules/demo.yaml
 # Inside a container, listen on every interface (sluice's own default is loopback).
 ENV SLUICE_SERVER__GRPC_LISTEN=0.0.0.0:8081 \
     SLUICE_SERVER__ADMIN_LISTEN=0.0.0.0:8080 \
     SLUICE_LOG__FORMAT=json
-# gRPC (Envoy's rate_limit_service), admin HTTP (/healthz, /readyz, /metrics, ...).
+# gRPC (Envoy's rate_limit_service), admin HTTP (/healthz, /readyz, /metrics, ...); as
+# /bin/ratelimit also the debug port 6070.
 EXPOSE 8081 8080
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/sluice"]

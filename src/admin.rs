@@ -97,6 +97,7 @@ async fn metrics(State(a): State<Admin>) -> Response {
     };
     a.metrics
         .refresh(&a.rules.status(), Some((a.backend.name(), &backend)));
+    a.metrics.refresh_limits(&a.rules.load_full());
     match a.metrics.encode() {
         Ok(body) => ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], body).into_response(),
         Err(_) => text(
@@ -107,7 +108,16 @@ async fn metrics(State(a): State<Admin>) -> Response {
 }
 
 async fn rlconfig(State(a): State<Admin>) -> String {
-    rlconfig::dump(&a.rules.load_full(), &a.rules.status())
+    rlconfig_text(&a.rules)
+}
+
+/// The `/rlconfig` dump of `rules`, headed by the xDS version when they came over xDS.
+pub fn rlconfig_text(rules: &ActiveRules) -> String {
+    let dump = rlconfig::dump(&rules.load_full(), &rules.status());
+    match rules.source_version() {
+        Some(version) => format!("# xds version {version}\n{dump}"),
+        None => dump,
+    }
 }
 
 async fn json(State(a): State<Admin>, body: Bytes) -> Response {

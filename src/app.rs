@@ -19,6 +19,7 @@ use tokio::sync::mpsc;
 
 use crate::config::settings::{Backend, Settings};
 use crate::engine::{Engine, HeaderNames, Options};
+use crate::health::RulesProbe;
 use crate::limiter::{Limiter, MemoryLimiter, RedisLimiter};
 use crate::metrics::{Metrics, MetricsOptions};
 use crate::reload::{ActiveRules, ReloadTrigger};
@@ -35,6 +36,8 @@ pub struct App {
     /// The one backend: the engine decides with it; housekeeping, readiness and metrics ask
     /// it through the provided methods of [`Limiter`].
     limiter: Arc<dyn Limiter>,
+    /// Where rules come from when not from files (xDS); readiness asks it.
+    rules_source: Option<Arc<dyn RulesProbe>>,
     /// How often the backend is swept (and probed); none: no housekeeping task.
     housekeeping: Option<Duration>,
     reload_trigger: ReloadTrigger,
@@ -103,6 +106,7 @@ impl App {
             rules,
             metrics,
             limiter,
+            rules_source: None,
             housekeeping: None,
             reload_trigger,
             reload_requests,
@@ -147,6 +151,18 @@ impl App {
     /// Asks the running app to reload its rules (what SIGHUP does).
     pub fn reload_trigger(&self) -> ReloadTrigger {
         self.reload_trigger.clone()
+    }
+
+    /// The active rules and their history (for a rules source other than files).
+    pub fn active_rules(&self) -> Arc<ActiveRules> {
+        self.rules.clone()
+    }
+
+    /// Rules come from `source` (xDS) from now on: reloads from files stop, and readiness asks
+    /// `source` whether rules are loaded.
+    pub fn set_rules_source(&mut self, source: Arc<dyn RulesProbe>) {
+        self.rules.set_external();
+        self.rules_source = Some(source);
     }
 
     /// Serves until `shutdown` resolves, then drains in order and returns. `listeners` is the

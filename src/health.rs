@@ -16,6 +16,12 @@ use arc_swap::ArcSwap;
 use crate::limiter::Limiter;
 use crate::rules::RuleSet;
 
+/// A source of rules other than files (xDS): whether it has delivered a set.
+pub trait RulesProbe: Send + Sync + 'static {
+    /// Ready, or why not.
+    fn ready(&self) -> Result<(), String>;
+}
+
 /// Why the service is not ready.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NotReady {
@@ -25,6 +31,8 @@ pub enum NotReady {
     NoRules,
     #[error("backend not ready: {0}")]
     Backend(String),
+    #[error("rules not ready: {0}")]
+    RulesSource(String),
 }
 
 /// The readiness latch and its inputs.
@@ -32,6 +40,9 @@ pub struct Readiness {
     draining: AtomicBool,
     rules: Arc<ArcSwap<RuleSet>>,
     backend: Arc<dyn Limiter>,
+    /// Where the rules come from when not from files (xDS): it decides whether rules are
+    /// loaded (a set received, even empty) instead of "at least one domain".
+    rules_source: Option<Arc<dyn RulesProbe>>,
 }
 
 impl Readiness {
@@ -40,7 +51,14 @@ impl Readiness {
             draining: AtomicBool::new(false),
             rules,
             backend,
+            rules_source: None,
         }
+    }
+
+    /// Rules are loaded when `source` says so (see the field).
+    pub fn with_rules_source(mut self, source: Option<Arc<dyn RulesProbe>>) -> Self {
+        self.rules_source = source;
+        self
     }
 
     /// From now on the service is not ready; never undone.
@@ -57,8 +75,10 @@ impl Readiness {
         if self.is_draining() {
             return Err(NotReady::Draining);
         }
-        if self.rules.load().is_empty() {
-            return Err(NotReady::NoRules);
+        match &self.rules_source {
+            Some(source) => source.ready().map_err(NotReady::RulesSource)?,
+            None if self.rules.load().is_empty() => return Err(NotReady::NoRules),
+            None => {}
         }
         self.backend.ready().map_err(NotReady::Backend)
     }
@@ -110,5 +130,30 @@ mod tests {
         );
         r.start_draining();
         assert_eq!(r.check(), Err(NotReady::Draining));
+    }
+
+    #[test]
+    fn a_rules_source_decides_whether_rules_are_loaded() {
+        struct Waiting;
+        impl RulesProbe for Waiting {
+            fn ready(&self) -> Result<(), String> {
+                Err("waiting for xDS".to_owned())
+            }
+        }
+        struct Received;
+        impl RulesProbe for Received {
+            fn ready(&self) -> Result<(), String> {
+                Ok(())
+            }
+        }
+        let some = rules("domain: d\n");
+        let r = Readiness::new(some, Arc::new(MemoryLimiter::new(1))).with_rules_source(Some(Arc::new(Waiting)));
+        assert_eq!(
+            r.check().unwrap_err().to_string(),
+            "rules not ready: waiting for xDS"
+        );
+        // An accepted empty set is ready: the source has nothing to limit yet.
+        let r = Readiness::new(rules(""), Arc::new(MemoryLimiter::new(1))).with_rules_source(Some(Arc::new(Received)));
+        assert_eq!(r.check(), Ok(()));
     }
 }

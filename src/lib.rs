@@ -26,6 +26,8 @@
 //! | [`app`] | serving: listeners, tasks, the ordered drain |
 //! | [`runtime`] | the tokio runtime and gRPC server settings shared by `serve` and the no-op server |
 //! | [`signal`] | SIGTERM/SIGINT (shutdown) and SIGHUP (reload), for the binary |
+//! | [`compat`] | drop-in for envoyproxy/ratelimit: its environment, stat names, debug port |
+//! | [`xds`] | rules over xDS: the ADS client for envoyproxy/ratelimit's `RateLimitConfig` |
 //! | [`bench`] | `sluice bench`: a load generator for any RLS server, and a no-op server |
 //! | `testing` | test helpers (feature `test-util`): a real server on loopback ports, on a manual clock |
 //!
@@ -37,6 +39,7 @@
 pub mod admin;
 pub mod app;
 pub mod bench;
+pub mod compat;
 pub mod config;
 pub mod engine;
 pub mod grpc;
@@ -54,3 +57,4 @@ pub mod telemetry;
 pub mod testing;
 pub mod throttle;
 pub mod tls;
+pub mod xds;

@@ -10,6 +10,7 @@ mod cli;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -18,11 +19,15 @@ use cli::{CheckArgs, Cli, Command, ServeArgs};
 use sluice::config::rules::{self, LoadOptions};
 use sluice::config::settings::{Overrides, Settings};
 use sluice::rules::RuleSet;
+use sluice::xds::XdsClient;
 use tokio_util::sync::CancellationToken;
 
 const EX_USAGE: u8 = 64;
 
 fn main() -> ExitCode {
+    if let Some(code) = as_ratelimit() {
+        return code;
+    }
     match Cli::parse().command {
         Command::Check(args) => check(&args),
         Command::Serve(args) => serve(args),
@@ -82,11 +87,39 @@ fn load_rules(
     })
 }
 
+/// Started as `ratelimit` (argv[0]'s file name) or with `--ratelimit-env`: serves with
+/// envoyproxy/ratelimit's environment (see `sluice::compat::env`), other arguments ignored.
+fn as_ratelimit() -> Option<ExitCode> {
+    let mut args = std::env::args_os();
+    let argv0 = args.next()?;
+    let named = std::path::Path::new(&argv0)
+        .file_name()
+        .is_some_and(|name| name == "ratelimit");
+    if !named && !args.any(|a| a == "--ratelimit-env") {
+        return None;
+    }
+    let env = std::env::vars().collect();
+    let (settings, translation) = match sluice::compat::env::settings(&env) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("sluice (as ratelimit): {e}");
+            return Some(ExitCode::from(EX_USAGE));
+        }
+    };
+    Some(serve_with(settings, &translation.ignored))
+}
+
 fn serve(args: ServeArgs) -> ExitCode {
     let settings = match settings(args.config.as_deref(), &args.overrides()) {
         Ok(s) => s,
         Err(code) => return code,
     };
+    serve_with(settings, &[])
+}
+
+/// Serves with `settings`; `ignored` are envoyproxy/ratelimit variables read and ignored
+/// (logged once).
+fn serve_with(settings: Settings, ignored: &[(String, String)]) -> ExitCode {
     // The runtime first: an OTLP exporter lives in it.
     let runtime = match sluice::runtime::build(settings.server.worker_threads) {
         Ok(r) => r,
@@ -103,7 +136,10 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EX_USAGE);
         }
     };
-    let loaded = match load_rules(&settings.rules.paths, (&settings.limits).into()) {
+    for (name, why) in ignored {
+        tracing::info!("envoyproxy/ratelimit setting ignored: {name}={why}");
+    }
+    let loaded = match initial_rules(&settings) {
         Ok(l) => l,
         Err(errors) => {
             for e in &errors.0 {
@@ -113,14 +149,21 @@ fn serve(args: ServeArgs) -> ExitCode {
         }
     };
     tracing::info!(domains = loaded.domains, "rules loaded");
-    let app = match sluice::app::App::build(&settings, loaded.set) {
+    let mut app = match sluice::app::App::build(&settings, loaded.set) {
         Ok(app) => app,
         Err(e) => {
             tracing::error!("{e:#}");
             return ExitCode::from(EX_USAGE);
         }
     };
-    let done = runtime.block_on(run(app, &settings));
+    let xds = match xds_client(&settings, &mut app) {
+        Ok(xds) => xds,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    let done = runtime.block_on(run(app, &settings, xds));
     telemetry.shutdown();
     match done {
         Ok(()) => ExitCode::SUCCESS,
@@ -131,13 +174,61 @@ fn serve(args: ServeArgs) -> ExitCode {
     }
 }
 
-async fn run(app: sluice::app::App, settings: &Settings) -> anyhow::Result<()> {
+/// The rules at start: from files, or none yet when they come over xDS.
+fn initial_rules(settings: &Settings) -> Result<Loaded, rules::RuleErrors> {
+    if settings.xds.enabled() {
+        let empty = rules::from_sources_with(&[], (&settings.limits).into())?;
+        return Ok(Loaded {
+            domains: 0,
+            set: RuleSet::compile(empty),
+        });
+    }
+    load_rules(&settings.rules.paths, (&settings.limits).into())
+}
+
+/// The xDS rules client, when rules come over xDS; the app's rules follow it from now on.
+fn xds_client(
+    settings: &Settings,
+    app: &mut sluice::app::App,
+) -> anyhow::Result<Option<(XdsClient, tonic::transport::Endpoint)>> {
+    if !settings.xds.enabled() {
+        return Ok(None);
+    }
+    let metrics = app.metrics();
+    let client = XdsClient::new(
+        &settings.xds,
+        app.active_rules(),
+        (&settings.limits).into(),
+        Box::new(move |outcome| metrics.reloaded(outcome)),
+    );
+    let endpoint = client.endpoint()?;
+    app.set_rules_source(client.state());
+    Ok(Some((client, endpoint)))
+}
+
+async fn run(
+    app: sluice::app::App,
+    settings: &Settings,
+    xds: Option<(XdsClient, tonic::transport::Endpoint)>,
+) -> anyhow::Result<()> {
+    let stop = CancellationToken::new();
+    if let Some((client, endpoint)) = xds {
+        let state = client.state();
+        tokio::spawn(client.run(endpoint, stop.clone()));
+        if !settings.xds.start_without_rules {
+            tracing::info!(server = %settings.xds.server, "waiting for the first rules over xDS");
+            tokio::select! {
+                () = state.first_rules() => {}
+                () = sluice::signal::shutdown() => return Ok(()),
+            }
+        }
+    }
     let listeners = sluice::app::Listeners {
         grpc: bind(settings.server.grpc_listen).await?,
         admin: Some(bind(settings.server.admin_listen).await?),
     };
+    drop_in_listeners(&app, settings, &stop).await?;
     let reload = app.reload_trigger();
-    let stop = CancellationToken::new();
     let running = app.run(listeners, stop.clone().cancelled_owned());
     tokio::pin!(running);
     tokio::select! {
@@ -154,6 +245,63 @@ async fn run(app: sluice::app::App, settings: &Settings) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// envoyproxy/ratelimit's stats (statsd, Prometheus series under its names) and debug port,
+/// when asked for; they stop with `stop`.
+async fn drop_in_listeners(
+    app: &sluice::app::App,
+    settings: &Settings,
+    stop: &CancellationToken,
+) -> anyhow::Result<()> {
+    use sluice::compat::{serve, stats::RatelimitStats, statsd};
+    let wanted = settings.statsd.enabled()
+        || settings.ratelimit_metrics.listen.is_some()
+        || settings.debug.listen.is_some();
+    let stats = wanted.then(|| {
+        let stats = Arc::new(RatelimitStats::new(
+            settings.metrics.near_limit_ratio,
+            settings.metrics.max_value_label_sets,
+        ));
+        app.metrics().count_ratelimit_stats(stats.clone());
+        stats
+    });
+    if let Some(stats) = &stats
+        && settings.statsd.enabled()
+    {
+        let sink = statsd::run(stats.clone(), settings.statsd.clone(), stop.clone());
+        tokio::spawn(async move {
+            if let Err(e) = sink.await {
+                tracing::error!("statsd sink stopped: {e}");
+            }
+        });
+    }
+    if let (Some(stats), Some(addr)) = (&stats, settings.ratelimit_metrics.listen) {
+        let listener = bind(addr).await?;
+        tracing::info!(%addr, path = %settings.ratelimit_metrics.path, "serving envoyproxy/ratelimit's metric names");
+        let serving = serve::metrics(
+            listener,
+            settings.ratelimit_metrics.path.clone(),
+            stats.clone(),
+            stop.clone(),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = serving.await {
+                tracing::error!("metrics listener stopped: {e}");
+            }
+        });
+    }
+    if let Some(addr) = settings.debug.listen {
+        let listener = bind(addr).await?;
+        tracing::info!(%addr, "serving the debug endpoints");
+        let serving = serve::debug(listener, app.active_rules(), stats, stop.clone());
+        tokio::spawn(async move {
+            if let Err(e) = serving.await {
+                tracing::error!("debug listener stopped: {e}");
+            }
+        });
+    }
+    Ok(())
 }
 
 async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {

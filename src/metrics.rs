@@ -6,10 +6,11 @@
 
 mod latency;
 pub mod rlqs;
+mod limits;
 pub mod rules;
 mod throttle;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -95,6 +96,9 @@ pub struct Metrics {
     config_version: Gauge,
     config_loaded: Gauge,
     rlqs: rlqs::RlqsMetrics,
+    limits: limits::RuleLimits,
+    /// envoyproxy/ratelimit's stats, when asked for (statsd, `[ratelimit_metrics]`).
+    ratelimit: OnceLock<Arc<crate::compat::stats::RatelimitStats>>,
 }
 
 impl Metrics {
@@ -103,6 +107,7 @@ impl Metrics {
         let rules = RuleCounters::new(options, &mut registry);
         let rlqs = rlqs::RlqsMetrics::new(&mut registry);
         let throttle = ThrottleCounters::new(options.max_value_label_sets, &mut registry);
+        let limits = limits::RuleLimits::new(&mut registry);
         let m = Metrics {
             rules,
             throttle,
@@ -116,6 +121,8 @@ impl Metrics {
             config_version: Gauge::default(),
             config_loaded: Gauge::default(),
             rlqs,
+            limits,
+            ratelimit: OnceLock::new(),
             registry: Registry::default(),
         };
         registry.register(
@@ -177,8 +184,21 @@ impl Metrics {
         &self.rlqs
     }
 
+    /// From now on, also counts envoyproxy/ratelimit's stats into `stats` (once).
+    pub fn count_ratelimit_stats(&self, stats: Arc<crate::compat::stats::RatelimitStats>) {
+        let _ = self.ratelimit.set(stats);
+    }
+
+    /// Sets the rule limit gauges from the active rules (at scrape time).
+    pub fn refresh_limits(&self, rules: &Arc<crate::rules::RuleSet>) {
+        self.limits.refresh(rules);
+    }
+
     /// Counts a reload.
     pub fn reloaded(&self, outcome: &Reloaded) {
+        if let Some(stats) = self.ratelimit.get() {
+            stats.reloaded(outcome);
+        }
         let outcome = outcome.label();
         self.reloads.get_or_create(&OutcomeLabels { outcome }).inc();
     }
@@ -219,9 +239,15 @@ impl Metrics {
 impl Observer for Metrics {
     fn descriptor(&self, report: &DescriptorReport<'_>) {
         self.rules.record(report);
+        if let Some(stats) = self.ratelimit.get() {
+            stats.descriptor(report);
+        }
     }
 
     fn request(&self, result: RequestResult<'_>, elapsed: Duration) {
+        if let Some(stats) = self.ratelimit.get() {
+            stats.request(result, elapsed);
+        }
         let index = match result {
             RequestResult::Ok => 0,
             RequestResult::OverLimit => 1,

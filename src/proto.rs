@@ -14,6 +14,12 @@ pub mod envoy {
                 tonic::include_proto!("envoy.service.rate_limit_quota.v3");
             }
         }
+        /// The xDS discovery messages and ADS (rules over xDS, `src/xds/`).
+        pub mod discovery {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.discovery.v3");
+            }
+        }
     }
     pub mod extensions {
         pub mod common {
@@ -44,8 +50,26 @@ pub mod sluice {
     }
 }
 
-/// The encoded file descriptor set of every proto above (and the well-known types they
-/// import), for server reflection.
+/// Rules over xDS: envoyproxy/ratelimit's `RateLimitConfig` (see `src/xds/`).
+pub mod ratelimit {
+    pub mod config {
+        pub mod ratelimit {
+            pub mod v3 {
+                tonic::include_proto!("ratelimit.config.ratelimit.v3");
+            }
+        }
+    }
+}
+
+/// `google.rpc.Status` (an xDS NACK's `error_detail`).
+pub mod google {
+    pub mod rpc {
+        tonic::include_proto!("google.rpc");
+    }
+}
+
+/// The encoded file descriptor set of the protos the server answers (and the well-known types
+/// they import), for server reflection; the xDS client's are not in it.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/sluice_descriptor.bin"));
 

@@ -15,6 +15,7 @@ pub(crate) mod watch;
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
@@ -76,6 +77,10 @@ pub struct ActiveRules {
     paths: Vec<PathBuf>,
     options: LoadOptions,
     status: Mutex<ConfigStatus>,
+    /// The rules come from outside (xDS): reloads from files keep them.
+    external: AtomicBool,
+    /// The version the outside source gave the active rules (xDS `version_info`).
+    source_version: Mutex<Option<String>>,
 }
 
 impl ActiveRules {
@@ -91,6 +96,36 @@ impl ActiveRules {
                 loaded_at: SystemTime::now(),
                 last_failure: None,
             }),
+            external: AtomicBool::new(false),
+            source_version: Mutex::new(None),
+        }
+    }
+
+    /// From now on the rules come from outside through [`ActiveRules::apply`]: reloads
+    /// (SIGHUP, file changes) change nothing.
+    pub fn set_external(&self) {
+        self.external.store(true, Ordering::SeqCst);
+    }
+
+    /// The version the outside source gave the active rules, if they came from one.
+    pub fn source_version(&self) -> Option<String> {
+        self.source_version.lock().clone()
+    }
+
+    /// Swaps in rules validated elsewhere (xDS), under the source's `version`: the same
+    /// compilation, comparison by value and version history as a reload from files. Errors
+    /// keep the last good rules.
+    pub fn apply(&self, loaded: Result<RulesModel, RuleErrors>, version: &str) -> Reloaded {
+        let mut status = self.status.lock();
+        match loaded {
+            Ok(model) => {
+                *self.source_version.lock() = Some(version.to_owned());
+                swap(&self.current, &mut status, RuleSet::compile(model))
+            }
+            Err(errors) => {
+                status.last_failure = Some((SystemTime::now(), errors.0.len()));
+                Reloaded::Failed(errors)
+            }
         }
     }
 
@@ -116,6 +151,9 @@ impl ActiveRules {
     /// Loads, validates and compiles the rules paths, and swaps the result in if it is valid
     /// and different. Blocking (reads files); one reload at a time.
     pub fn reload(&self) -> Reloaded {
+        if self.external.load(Ordering::SeqCst) {
+            return Reloaded::Unchanged;
+        }
         let mut status = self.status.lock();
         match load(&self.paths, self.options) {
             Ok(model) => swap(&self.current, &mut status, RuleSet::compile(model)),

@@ -71,7 +71,10 @@ pub(super) async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let readiness = Arc::new(Readiness::new(app.rules.shared(), app.limiter.clone()));
+    let readiness = Arc::new(
+        Readiness::new(app.rules.shared(), app.limiter.clone())
+            .with_rules_source(app.rules_source.clone()),
+    );
     let engine = app.engine.clone();
     let rlqs = app.rlqs.clone();
     let drain_delay = app.ops.drain_delay;

@@ -13,15 +13,19 @@ use serde::Deserialize;
 
 use super::model::Algorithm;
 
+mod dropin;
 mod input;
 mod ops;
 mod redis;
 mod rlqs;
+mod xds;
+pub use dropin::{DebugSettings, RatelimitMetricsSettings, StatsdSettings};
 pub use input::InputSettings;
 pub use ops::{MetricsSettings, ReloadSettings, TlsSettings};
 use redis::check_userinfo;
 pub use redis::{OnError, RedisSettings, redacted_url};
 pub use rlqs::RlqsSettings;
+pub use xds::XdsSettings;
 
 /// All settings.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -40,6 +44,10 @@ pub struct Settings {
     pub reload: ReloadSettings,
     pub tls: TlsSettings,
     pub rlqs: RlqsSettings,
+    pub xds: XdsSettings,
+    pub statsd: StatsdSettings,
+    pub ratelimit_metrics: RatelimitMetricsSettings,
+    pub debug: DebugSettings,
 }
 
 /// `[server]`: listeners and shutdown.
@@ -242,6 +250,10 @@ impl Settings {
         }
         self.input.check().map_err(config::ConfigError::Message)?;
         self.rlqs.check().map_err(config::ConfigError::Message)?;
+        self.xds
+            .check(&self.rules.paths)
+            .map_err(config::ConfigError::Message)?;
+        self.statsd.check().map_err(config::ConfigError::Message)?;
         if self.limiter.backend == Backend::Redis {
             check_userinfo(&self.redis.url).map_err(config::ConfigError::Message)?;
         }

@@ -41,8 +41,8 @@ pub const OTHER: &str = "__other__";
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct RuleLabels {
-    domain: String,
-    rule: String,
+    pub(super) domain: String,
+    pub(super) rule: String,
 }
 
 /// The five per-rule counters, in the order of [`RuleCounters::families`].
@@ -196,14 +196,14 @@ impl RuleCounters {
 }
 
 /// The `rule` label of a client's limit override: the request's `key_value` segments.
-fn value_segments(entries: &[crate::rules::Entry]) -> String {
+pub(crate) fn value_segments(entries: &[crate::rules::Entry]) -> String {
     let segments = entries.iter().map(|e| format!("{}_{}", e.key, e.value));
     segments.collect::<Vec<_>>().join(".")
 }
 
 /// The `rule` label of a match, and whether it holds request values (taken from `entries`,
 /// one per level; with no entries, only whether it would).
-fn rule_label(m: &Match<'_>, entries: &[crate::rules::Entry]) -> (String, bool) {
+pub(crate) fn rule_label(m: &Match<'_>, entries: &[crate::rules::Entry]) -> (String, bool) {
     let detailed = m.rule().detailed_metric;
     let mut from_values = false;
     let mut segments = Vec::with_capacity(m.path().len());

@@ -1,0 +1,436 @@
+use std::path::PathBuf;
+
+use super::*;
+use crate::config::settings::{Backend, LogFormat};
+
+fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// Envoy Gateway's rate-limit Deployment env (internal/infrastructure/kubernetes/ratelimit).
+pub(crate) const ENVOY_GATEWAY: &[(&str, &str)] = &[
+    ("RUNTIME_ROOT", "/data"),
+    ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+    ("RUNTIME_IGNOREDOTFILES", "true"),
+    ("RUNTIME_WATCH_ROOT", "false"),
+    ("LOG_LEVEL", "info"),
+    ("USE_STATSD", "false"),
+    ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+    ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
+    ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+    ("GRPC_SERVER_USE_TLS", "true"),
+    ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+    ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+    ("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"),
+    ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+    ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
+    ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
+    ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
+    ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+    ("REDIS_SOCKET_TYPE", "tcp"),
+    ("REDIS_URL", "redis.redis.svc:6379"),
+    ("USE_PROMETHEUS", "true"),
+    ("PROMETHEUS_ADDR", ":19001"),
+    ("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml"),
+];
+
+/// Istio's sample (samples/ratelimit/rate-limit-service.yaml).
+pub(crate) const ISTIO: &[(&str, &str)] = &[
+    ("LOG_LEVEL", "debug"),
+    ("REDIS_SOCKET_TYPE", "tcp"),
+    ("REDIS_URL", "redis:6379"),
+    ("USE_STATSD", "false"),
+    ("RUNTIME_ROOT", "/data"),
+    ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+    ("RUNTIME_WATCH_ROOT", "false"),
+    ("RUNTIME_IGNOREDOTFILES", "true"),
+];
+
+#[test]
+fn envoy_gateway_env_gives_xds_tls_redis_and_its_prometheus_port() {
+    let (s, t) = settings(&env(ENVOY_GATEWAY)).unwrap();
+    assert_eq!(s.server.grpc_listen.to_string(), "0.0.0.0:8081");
+    assert_eq!(s.server.admin_listen.to_string(), "0.0.0.0:8080");
+    assert_eq!(
+        s.debug.listen.map(|a| a.to_string()).as_deref(),
+        Some("0.0.0.0:6070")
+    );
+    assert_eq!(s.log.level, "info");
+    assert!(s.rules.paths.is_empty());
+    assert_eq!(s.xds.server, "envoy-gateway:18001");
+    assert_eq!(s.xds.node_id, "envoy-ratelimit");
+    assert!(s.xds.tls && s.xds.start_without_rules);
+    assert_eq!(s.xds.ca_file, Some(PathBuf::from("/certs/ca.crt")));
+    assert_eq!(s.xds.cert_file, Some(PathBuf::from("/certs/tls.crt")));
+    assert_eq!(s.xds.key_file, Some(PathBuf::from("/certs/tls.key")));
+    assert_eq!(s.tls.cert_file, Some(PathBuf::from("/certs/tls.crt")));
+    assert_eq!(s.tls.key_file, Some(PathBuf::from("/certs/tls.key")));
+    assert_eq!(s.tls.client_ca_file, None);
+    assert_eq!(s.limiter.backend, Backend::Redis);
+    assert_eq!(s.redis.url, "redis://redis.redis.svc:6379");
+    assert!(!s.statsd.enabled());
+    assert_eq!(
+        s.ratelimit_metrics.listen.map(|a| a.to_string()).as_deref(),
+        Some("0.0.0.0:19001")
+    );
+    assert_eq!(s.ratelimit_metrics.path, "/metrics");
+    let ignored: Vec<&str> = t.ignored.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        ignored,
+        [
+            "GRPC_SERVER_TLS_CA_CERT",
+            "PROMETHEUS_MAPPER_YAML",
+            "RUNTIME_IGNOREDOTFILES",
+            "RUNTIME_WATCH_ROOT"
+        ]
+    );
+}
+
+#[test]
+fn istio_sample_env_gives_files_and_redis() {
+    let (s, t) = settings(&env(ISTIO)).unwrap();
+    assert_eq!(s.rules.paths, vec![PathBuf::from("/data/ratelimit/config")]);
+    assert!(!s.xds.enabled());
+    assert_eq!(s.redis.url, "redis://redis:6379");
+    assert_eq!(s.limiter.backend, Backend::Redis);
+    assert_eq!(s.log.level, "info,sluice=debug");
+    assert_eq!(s.log.format, LogFormat::Text);
+    assert!(!s.statsd.enabled());
+    assert_eq!(s.ratelimit_metrics.listen, None);
+    assert_eq!(s.tls.cert_file, None);
+    assert_eq!(t.ignored.len(), 2);
+}
+
+#[test]
+fn defaults_are_envoyproxy_ratelimits() {
+    let (s, _) = settings(&HashMap::new()).unwrap();
+    assert_eq!(
+        s.rules.paths,
+        vec![PathBuf::from("/srv/runtime_data/current/config")]
+    );
+    assert_eq!(s.redis.url, "unix:///var/run/nutcracker/ratelimit.sock");
+    assert_eq!(s.statsd.address, "localhost:8125");
+    assert_eq!(s.log.level, "warn");
+}
+
+/// Variables, the `SLUICE_*` setting they give, and its value.
+type Case = (
+    &'static [(&'static str, &'static str)],
+    &'static str,
+    &'static str,
+);
+
+#[test]
+fn each_setting_maps() {
+    let cases: &[Case] = &[
+        (
+            &[("GRPC_HOST", "127.0.0.1"), ("GRPC_PORT", "9")],
+            "SLUICE_SERVER__GRPC_LISTEN",
+            "127.0.0.1:9",
+        ),
+        (
+            &[("HOST", "localhost"), ("PORT", "81")],
+            "SLUICE_SERVER__ADMIN_LISTEN",
+            "127.0.0.1:81",
+        ),
+        (
+            &[("DEBUG_HOST", "::1"), ("DEBUG_PORT", "7")],
+            "SLUICE_DEBUG__LISTEN",
+            "[::1]:7",
+        ),
+        (&[("LOG_FORMAT", "json")], "SLUICE_LOG__FORMAT", "json"),
+        (&[("LOG_LEVEL", "FATAL")], "SLUICE_LOG__LEVEL", "error"),
+        (
+            &[
+                ("REDIS_SOCKET_TYPE", "tcp"),
+                ("REDIS_URL", "r:1"),
+                ("REDIS_AUTH", "p@ss"),
+            ],
+            "SLUICE_REDIS__URL",
+            "redis://:p%40ss@r:1",
+        ),
+        (
+            &[
+                ("REDIS_SOCKET_TYPE", "tcp"),
+                ("REDIS_URL", "r:1"),
+                ("REDIS_AUTH", "u:pw"),
+                ("REDIS_TLS", "true"),
+            ],
+            "SLUICE_REDIS__URL",
+            "rediss://u:pw@r:1",
+        ),
+        (
+            &[
+                ("REDIS_TYPE", "sentinel"),
+                ("REDIS_URL", "mymaster,s1:26379,s2:26379"),
+            ],
+            "SLUICE_REDIS__URL",
+            "redis+sentinel://s1:26379,s2:26379/mymaster",
+        ),
+        (
+            &[("REDIS_TYPE", "CLUSTER"), ("REDIS_URL", "n1:1,n2:2")],
+            "SLUICE_REDIS__URL",
+            "redis+cluster://n1:1,n2:2",
+        ),
+        (
+            &[("REDIS_TIMEOUT", "1m30s")],
+            "SLUICE_REDIS__CONNECT_TIMEOUT_MS",
+            "90000",
+        ),
+        (
+            &[("CACHE_KEY_PREFIX", "rl:")],
+            "SLUICE_REDIS__PREFIX",
+            "rl:",
+        ),
+        (
+            &[("SHADOW_MODE", "true")],
+            "SLUICE_RULES__SHADOW_MODE",
+            "true",
+        ),
+        (&[("QUOTA_MODE", "1")], "SLUICE_LIMITS__QUOTA_MODE", "true"),
+        (
+            &[("RESPONSE_DYNAMIC_METADATA", "true")],
+            "SLUICE_RESPONSE__DYNAMIC_METADATA",
+            "true",
+        ),
+        (
+            &[("LIMIT_RESPONSE_HEADERS_ENABLED", "true")],
+            "SLUICE_RESPONSE__RETRY_AFTER",
+            "false",
+        ),
+        (
+            &[
+                ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+                ("LIMIT_RESET_HEADER", "X-Reset"),
+            ],
+            "SLUICE_RESPONSE__RESET_HEADER",
+            "X-Reset",
+        ),
+        (
+            &[("NEAR_LIMIT_RATIO", "0.9")],
+            "SLUICE_METRICS__NEAR_LIMIT_RATIO",
+            "0.9",
+        ),
+        (
+            &[("LOCAL_CACHE_SIZE_IN_BYTES", "1048576")],
+            "SLUICE_REDIS__DENY_CACHE_SIZE",
+            "8192",
+        ),
+        (
+            &[("STATSD_HOST", "sd"), ("STATSD_PORT", "9125")],
+            "SLUICE_STATSD__ADDRESS",
+            "sd:9125",
+        ),
+        (&[("EXTRA_TAGS", "a:b")], "SLUICE_STATSD__TAGS", "a:b"),
+        (
+            &[("STATS_FLUSH_INTERVAL", "1s")],
+            "SLUICE_STATSD__FLUSH_INTERVAL_MS",
+            "1000",
+        ),
+        (
+            &[("USE_STATSD", "false"), ("USE_DOG_STATSD", "true")],
+            "SLUICE_STATSD__DOGSTATSD",
+            "true",
+        ),
+        (
+            &[
+                ("USE_STATSD", "false"),
+                ("USE_PROMETHEUS", "true"),
+                ("PROMETHEUS_ADDR", "127.0.0.1:9"),
+            ],
+            "SLUICE_RATELIMIT_METRICS__LISTEN",
+            "127.0.0.1:9",
+        ),
+        (
+            &[
+                ("USE_STATSD", "false"),
+                ("USE_PROMETHEUS", "true"),
+                ("PROMETHEUS_PATH", "/m"),
+            ],
+            "SLUICE_RATELIMIT_METRICS__PATH",
+            "/m",
+        ),
+        (
+            &[
+                ("GRPC_SERVER_USE_TLS", "true"),
+                ("GRPC_SERVER_TLS_CERT", "c"),
+                ("GRPC_SERVER_TLS_KEY", "k"),
+                ("GRPC_CLIENT_TLS_CACERT", "ca"),
+            ],
+            "SLUICE_TLS__CLIENT_CA_FILE",
+            "ca",
+        ),
+        (
+            &[("CONFIG_TYPE", "GRPC_XDS_SOTW")],
+            "SLUICE_XDS__SERVER",
+            "localhost:18000",
+        ),
+        (
+            &[("CONFIG_TYPE", "GRPC_XDS_SOTW")],
+            "SLUICE_XDS__NODE_ID",
+            "default",
+        ),
+        (
+            &[
+                ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+                ("CONFIG_GRPC_XDS_NODE_METADATA", "a=b"),
+            ],
+            "SLUICE_XDS__NODE_METADATA",
+            "a=b",
+        ),
+        (
+            &[
+                ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+                ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "a:b"),
+            ],
+            "SLUICE_XDS__HEADERS",
+            "a:b",
+        ),
+        (
+            &[
+                ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+                ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "eg"),
+            ],
+            "SLUICE_XDS__SERVER_NAME",
+            "eg",
+        ),
+        (
+            &[
+                ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+                ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "250ms"),
+            ],
+            "SLUICE_XDS__RETRY_INITIAL_MS",
+            "250",
+        ),
+        (
+            &[
+                ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+                ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "2m"),
+            ],
+            "SLUICE_XDS__RETRY_MAX_MS",
+            "120000",
+        ),
+        (
+            &[
+                ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+                ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "100"),
+            ],
+            "SLUICE_XDS__MAX_MESSAGE_BYTES",
+            "100",
+        ),
+        (
+            &[("RUNTIME_APPDIRECTORY", "rules")],
+            "SLUICE_RULES__PATHS",
+            "/srv/runtime_data/current/rules",
+        ),
+        (
+            &[
+                ("TRACING_ENABLED", "true"),
+                ("TRACING_EXPORTER_PROTOCOL", "grpc"),
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
+            ],
+            "SLUICE_LOG__OTLP_ENDPOINT",
+            "http://c:4317",
+        ),
+    ];
+    for (vars, key, want) in cases {
+        let t = translate(&env(vars)).unwrap_or_else(|e| panic!("{vars:?}: {e}"));
+        let got = t
+            .settings
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str());
+        assert_eq!(got, Some(*want), "{vars:?} -> {key}");
+    }
+}
+
+#[test]
+fn what_sluice_cannot_honour_stops_naming_the_variable() {
+    let cases: &[&[(&str, &str)]] = &[
+        &[("BACKEND_TYPE", "memcache")],
+        &[("MEMCACHE_HOST_PORT", "m:11211")],
+        &[("GRPC_UDS", "/tmp/rl.sock")],
+        &[("REDIS_PERSECOND", "true")],
+        &[("REDIS_TLS_CACERT", "/ca")],
+        &[("REDIS_TLS_CLIENT_CERT", "/c")],
+        &[("REDIS_SENTINEL_AUTH", "x")],
+        &[("MERGE_DOMAIN_CONFIG", "true")],
+        &[("CONFIG_TYPE", "GRPC_XDS_DELTA")],
+        &[("USE_PROMETHEUS", "true")],
+        &[
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "c"),
+            ("GRPC_SERVER_TLS_KEY", "k"),
+            ("GRPC_CLIENT_TLS_SAN", "x"),
+        ],
+        &[("USE_DOG_STATSD_MOGRIFIERS", "A")],
+        &[("HOST", "example.com")],
+        &[("SHADOW_MODE", "maybe")],
+        &[("REDIS_TIMEOUT", "soon")],
+    ];
+    for vars in cases {
+        let err = translate(&env(vars)).expect_err(&format!("{vars:?} must stop the start"));
+        assert!(
+            vars.iter().any(|(name, _)| *name == err.name),
+            "{vars:?}: {err}"
+        );
+    }
+    // And a setting the translation gives but sluice refuses stops too.
+    let err = settings(&env(&[("NEAR_LIMIT_RATIO", "2")])).unwrap_err();
+    assert!(err.to_string().contains("near_limit_ratio"), "{err}");
+}
+
+#[test]
+fn what_can_be_ignored_is_listed_with_why() {
+    let t = translate(&env(&[
+        ("REDIS_POOL_SIZE", "20"),
+        ("EXPIRATION_JITTER_MAX_SECONDS", "300"),
+        ("TRACING_ENABLED", "true"),
+    ]))
+    .unwrap();
+    let names: Vec<&str> = t.ignored.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "EXPIRATION_JITTER_MAX_SECONDS",
+            "REDIS_POOL_SIZE",
+            "TRACING_ENABLED"
+        ]
+    );
+    assert!(t.ignored.iter().all(|(_, why)| why.contains(": ")));
+}
+
+#[test]
+fn set_ratelimit_variables_win_and_sluice_variables_set_the_rest() {
+    let mut e = env(ISTIO);
+    // The image's own defaults.
+    e.insert("SLUICE_SERVER__GRPC_LISTEN".into(), "0.0.0.0:8081".into());
+    e.insert("SLUICE_LOG__FORMAT".into(), "json".into());
+    e.insert("GRPC_PORT".into(), "9081".into());
+    e.insert("SLUICE_REDIS__URL".into(), "redis://other:1".into());
+    e.insert("SLUICE_MEMORY__MAX_KEYS".into(), "5".into());
+    let (s, _) = settings(&e).unwrap();
+    assert_eq!(s.server.grpc_listen.to_string(), "0.0.0.0:9081");
+    assert_eq!(s.redis.url, "redis://redis:6379");
+    assert_eq!(s.log.format, LogFormat::Json);
+    assert_eq!(s.memory.max_keys, 5);
+}
+
+#[test]
+fn go_durations() {
+    for (text, ms) in [
+        ("10s", 10_000),
+        ("500ms", 500),
+        ("1h", 3_600_000),
+        ("1m30s", 90_000),
+        ("3", 3000),
+        ("1.5s", 1500),
+    ] {
+        assert_eq!(go_duration_ms(text), Some(ms), "{text}");
+    }
+    assert_eq!(go_duration_ms("10x"), None);
+}

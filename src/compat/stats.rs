@@ -1,0 +1,350 @@
+//! envoyproxy/ratelimit's stats, counted under its names: per rule
+//! `ratelimit.service.rate_limit.<domain>.<rule>.{total_hits,over_limit,near_limit,within_limit,shadow_mode}`,
+//! and the service's `ratelimit.service.config_load_{success,error}`,
+//! `ratelimit.service.call.should_rate_limit.{redis_error,service_error}`,
+//! `ratelimit_server.ShouldRateLimit.{total_requests,response_time}`.
+//!
+//! `<domain>.<rule>` is the stats key: the domain and sluice's `rule` label (the same path
+//! segments as envoyproxy/ratelimit's stats key: `key`, `key_value`, `key_pattern`, request
+//! values for `detailed_metric`/`value_to_metric`, `key_value` segments for overrides), with
+//! its sanitizing: `:` and `|` become `_`, and so do the dots of anything shaped like an IPv4
+//! address. The counts are sluice's (the same as `sluice_rule_*_total`). Keys built from
+//! request values are capped by `metrics.max_value_label_sets`, as sluice's own labels: past
+//! the cap they count under `<domain>.__other__`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::engine::{DescriptorReport, Observer, RequestResult};
+use crate::metrics::rules::{OTHER, rule_label, value_segments};
+use crate::reload::Reloaded;
+
+/// The per-rule stats, in this order.
+pub const RULE_STATS: [&str; 5] = [
+    "total_hits",
+    "over_limit",
+    "near_limit",
+    "within_limit",
+    "shadow_mode",
+];
+
+const HITS: usize = 0;
+const OVER: usize = 1;
+const NEAR: usize = 2;
+const WITHIN: usize = 3;
+const SHADOW: usize = 4;
+
+/// The service-level counters, in this order, with their statsd names.
+pub const SERVICE_STATS: [&str; 5] = [
+    "ratelimit.service.config_load_success",
+    "ratelimit.service.config_load_error",
+    "ratelimit.service.call.should_rate_limit.redis_error",
+    "ratelimit.service.call.should_rate_limit.service_error",
+    "ratelimit_server.ShouldRateLimit.total_requests",
+];
+
+const LOAD_SUCCESS: usize = 0;
+const LOAD_ERROR: usize = 1;
+const REDIS_ERROR: usize = 2;
+const SERVICE_ERROR: usize = 3;
+const TOTAL_REQUESTS: usize = 4;
+
+/// The upper bounds of the response-time histogram (seconds), statsd_exporter's defaults.
+pub const LATENCY_BUCKETS: [f64; 11] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// At most this many response times are kept between two statsd flushes.
+const MAX_SAMPLES: usize = 1000;
+
+/// The counters of one stats key.
+#[derive(Debug, Default)]
+pub struct RuleStat {
+    pub counts: [AtomicU64; 5],
+}
+
+/// The response-time histogram, and the samples not yet sent to statsd.
+#[derive(Debug, Default)]
+pub struct Latency {
+    /// Per bucket of [`LATENCY_BUCKETS`], then +Inf (not cumulative).
+    pub buckets: [u64; 12],
+    pub sum_seconds: f64,
+    pub count: u64,
+    pub samples: Vec<Duration>,
+}
+
+/// Every stat, counted as requests are decided.
+#[derive(Debug)]
+pub struct RatelimitStats {
+    near_ratio: f64,
+    max_value_keys: usize,
+    value_keys: AtomicUsize,
+    rules: RwLock<HashMap<String, Arc<RuleStat>>>,
+    service: [AtomicU64; 5],
+    latency: Mutex<Latency>,
+}
+
+impl RatelimitStats {
+    /// Stats with sluice's near-limit ratio and cap on keys built from request values.
+    pub fn new(near_ratio: f64, max_value_keys: usize) -> RatelimitStats {
+        RatelimitStats {
+            near_ratio,
+            max_value_keys,
+            value_keys: AtomicUsize::new(0),
+            rules: RwLock::new(HashMap::new()),
+            service: Default::default(),
+            latency: Mutex::new(Latency::default()),
+        }
+    }
+
+    /// Counts a rules load (files or xDS).
+    pub fn reloaded(&self, outcome: &Reloaded) {
+        let i = match outcome {
+            Reloaded::Failed(_) => LOAD_ERROR,
+            Reloaded::Updated { .. } | Reloaded::Unchanged => LOAD_SUCCESS,
+        };
+        self.service[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Every stats key and its counters, sorted by key.
+    pub fn rules(&self) -> Vec<(String, [u64; 5])> {
+        let rules = self.rules.read();
+        let mut all: Vec<(String, [u64; 5])> = rules
+            .iter()
+            .map(|(k, s)| {
+                (
+                    k.clone(),
+                    s.counts.each_ref().map(|c| c.load(Ordering::Relaxed)),
+                )
+            })
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
+    /// The service counters, in the order of [`SERVICE_STATS`].
+    pub fn service(&self) -> [u64; 5] {
+        self.service.each_ref().map(|c| c.load(Ordering::Relaxed))
+    }
+
+    /// The response-time histogram (buckets, sum, count).
+    pub fn latency(&self) -> ([u64; 12], f64, u64) {
+        let l = self.latency.lock();
+        (l.buckets, l.sum_seconds, l.count)
+    }
+
+    /// The response times observed since the last call (at most [`MAX_SAMPLES`]).
+    pub fn take_samples(&self) -> Vec<Duration> {
+        std::mem::take(&mut self.latency.lock().samples)
+    }
+
+    fn stat(&self, key: String, from_values: bool, domain: &str) -> Arc<RuleStat> {
+        if let Some(s) = self.rules.read().get(&key) {
+            return s.clone();
+        }
+        let mut rules = self.rules.write();
+        if let Some(s) = rules.get(&key) {
+            return s.clone();
+        }
+        let key = if from_values
+            && self.value_keys.fetch_add(1, Ordering::Relaxed) >= self.max_value_keys
+        {
+            self.value_keys.fetch_sub(1, Ordering::Relaxed);
+            format!("{}.{OTHER}", sanitize(domain))
+        } else {
+            key
+        };
+        rules.entry(key).or_default().clone()
+    }
+}
+
+impl Observer for RatelimitStats {
+    fn descriptor(&self, r: &DescriptorReport<'_>) {
+        let (rule, from_values) = match r.matched {
+            Some(m) => rule_label(m, r.entries),
+            None => (value_segments(r.entries), true),
+        };
+        let key = sanitize(&format!("{}.{rule}", r.domain));
+        let stat = self.stat(key, from_values, r.domain);
+        let add = |i: usize, n: u64| {
+            stat.counts[i].fetch_add(n, Ordering::Relaxed);
+        };
+        add(HITS, r.cost);
+        if r.over {
+            add(OVER, r.cost);
+            if r.shadow {
+                add(SHADOW, r.cost);
+            }
+            return;
+        }
+        add(WITHIN, r.cost);
+        if !r.refund {
+            let near = near_part(r, self.near_ratio);
+            if near > 0 {
+                add(NEAR, near);
+            }
+        }
+    }
+
+    fn request(&self, result: RequestResult<'_>, elapsed: Duration) {
+        self.service[TOTAL_REQUESTS].fetch_add(1, Ordering::Relaxed);
+        match result {
+            RequestResult::Invalid => {
+                self.service[SERVICE_ERROR].fetch_add(1, Ordering::Relaxed);
+            }
+            RequestResult::Unavailable(_) => {
+                self.service[REDIS_ERROR].fetch_add(1, Ordering::Relaxed);
+            }
+            RequestResult::Ok | RequestResult::OverLimit => {}
+        }
+        let seconds = elapsed.as_secs_f64();
+        let bucket = LATENCY_BUCKETS
+            .iter()
+            .position(|le| seconds <= *le)
+            .unwrap_or(LATENCY_BUCKETS.len());
+        let mut l = self.latency.lock();
+        l.buckets[bucket] += 1;
+        l.sum_seconds += seconds;
+        l.count += 1;
+        if l.samples.len() < MAX_SAMPLES {
+            l.samples.push(elapsed);
+        }
+    }
+}
+
+/// The part of the cost that used capacity beyond `ratio` of it (as sluice's own counter).
+fn near_part(r: &DescriptorReport<'_>, ratio: f64) -> u64 {
+    // Metrics only: a float threshold is fine here.
+    let threshold = (r.capacity as f64 * ratio).floor() as u64;
+    let used_after = r.capacity.saturating_sub(r.remaining);
+    let used_before = used_after.saturating_sub(r.cost);
+    if used_after <= threshold {
+        0
+    } else {
+        used_after - used_before.max(threshold)
+    }
+}
+
+/// A stats key as envoyproxy/ratelimit writes it: `:` and `|` as `_`, and the dots of
+/// anything shaped like an IPv4 address (four groups of 1 to 3 digits) as `_`.
+pub fn sanitize(key: &str) -> String {
+    let mut out: Vec<u8> = key
+        .bytes()
+        .map(|b| if b == b':' || b == b'|' { b'_' } else { b })
+        .collect();
+    let mut i = 0;
+    while i < out.len() {
+        match ipv4_at(&out, i) {
+            Some(end) => {
+                for b in &mut out[i..end] {
+                    if *b == b'.' {
+                        *b = b'_';
+                    }
+                }
+                i = end;
+            }
+            None => i += 1,
+        }
+    }
+    // Only ASCII bytes were replaced by ASCII bytes: still UTF-8.
+    String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// The end of an IPv4-shaped run starting at `start` (leftmost, greedy digits as a regex
+/// `\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}` would take them).
+fn ipv4_at(s: &[u8], start: usize) -> Option<usize> {
+    let mut i = start;
+    for group in 0..4 {
+        if group > 0 {
+            if s.get(i) != Some(&b'.') {
+                return None;
+            }
+            i += 1;
+        }
+        let digits = s[i.min(s.len())..]
+            .iter()
+            .take(3)
+            .take_while(|b| b.is_ascii_digit())
+            .count();
+        if digits == 0 {
+            return None;
+        }
+        i += digits;
+    }
+    Some(i)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use arc_swap::ArcSwap;
+    use futures_util::FutureExt as _;
+
+    use super::*;
+    use crate::config::rules::from_sources;
+    use crate::engine::{Descriptor, Engine, Options, Request};
+    use crate::limiter::MemoryLimiter;
+    use crate::rules::{Entry, RuleSet};
+
+    fn ask(engine: &Engine, key: &str, value: &str) {
+        let request = Request {
+            domain: "d".to_owned(),
+            descriptors: vec![Descriptor {
+                entries: vec![Entry::new(key, value)],
+                ..Default::default()
+            }],
+            hits_addend: 0,
+        };
+        let answer = engine.should_rate_limit(&request).now_or_never();
+        assert!(matches!(answer, Some(Ok(_))), "{answer:?}");
+    }
+
+    #[test]
+    fn keys_from_request_values_are_capped_as_sluices_labels() {
+        let rules = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 2}\n  \
+                     - key: ip\n    detailed_metric: true\n    rate_limit: {unit: hour, requests_per_unit: 9}\n";
+        let model = from_sources(&[(PathBuf::from("r.yaml"), rules.to_owned())]).unwrap();
+        let stats = Arc::new(RatelimitStats::new(0.5, 2));
+        let engine = Engine::new(
+            Arc::new(ArcSwap::from_pointee(RuleSet::compile(model))),
+            Arc::new(MemoryLimiter::new(1000)),
+            Options::default(),
+        )
+        .with_observer(stats.clone());
+        for _ in 0..3 {
+            ask(&engine, "user", "alice");
+        }
+        for ip in ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"] {
+            ask(&engine, "ip", ip);
+        }
+        let rules: HashMap<String, [u64; 5]> = stats.rules().into_iter().collect();
+        // total_hits, over_limit, near_limit, within_limit, shadow_mode
+        assert_eq!(rules["d.user"], [3, 1, 1, 2, 0]);
+        assert_eq!(rules["d.ip_10_0_0_1"], [1, 0, 0, 1, 0]);
+        assert_eq!(rules["d.ip_10_0_0_2"], [1, 0, 0, 1, 0]);
+        assert_eq!(rules["d.__other__"], [2, 0, 0, 2, 0]);
+        assert_eq!(rules.len(), 4);
+        assert_eq!(stats.service()[4], 7, "total_requests");
+    }
+
+    #[test]
+    fn sanitizing_matches_envoyproxy_ratelimit() {
+        assert_eq!(
+            sanitize("d.remote_address_10.0.0.1"),
+            "d.remote_address_10_0_0_1"
+        );
+        assert_eq!(
+            sanitize("eg.masked_remote_address_0.0.0.0/0"),
+            "eg.masked_remote_address_0_0_0_0/0"
+        );
+        assert_eq!(sanitize("d.k_a:b|c"), "d.k_a_b_c");
+        assert_eq!(sanitize("d.version_1.2.3"), "d.version_1.2.3");
+        assert_eq!(sanitize("d.x_1234.5.6.7"), "d.x_1234_5_6_7");
+        assert_eq!(sanitize("d.k_é.1.2.3.4"), "d.k_é.1_2_3_4");
+    }
+}

@@ -1,0 +1,91 @@
+//! The drop-in sections: `[statsd]` (envoyproxy/ratelimit's stat names over UDP),
+//! `[ratelimit_metrics]` (its Prometheus series, named as Envoy Gateway's mapping renders
+//! them) and `[debug]` (a second HTTP listener for the admin endpoints, as its debug port).
+
+use std::net::SocketAddr;
+
+use serde::Deserialize;
+
+/// `[statsd]`: off while `address` is empty.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct StatsdSettings {
+    /// `host:port` of a statsd server (UDP).
+    pub address: String,
+    /// DogStatsD tags (`|#k:v`) instead of plain statsd (tags in the name, `.__k=v`).
+    pub dogstatsd: bool,
+    /// Tags on every stat, `k1:v1,k2:v2`.
+    pub tags: String,
+    /// How often counters are sent.
+    pub flush_interval_ms: u64,
+}
+
+impl Default for StatsdSettings {
+    fn default() -> Self {
+        StatsdSettings {
+            address: String::new(),
+            dogstatsd: false,
+            tags: String::new(),
+            flush_interval_ms: 10_000,
+        }
+    }
+}
+
+impl StatsdSettings {
+    pub fn enabled(&self) -> bool {
+        !self.address.trim().is_empty()
+    }
+
+    /// `tags` as pairs.
+    pub fn tag_pairs(&self) -> Vec<(String, String)> {
+        self.tags
+            .split(',')
+            .filter_map(|t| t.split_once(':'))
+            .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+            .filter(|(k, _)| !k.is_empty())
+            .collect()
+    }
+
+    pub(super) fn check(&self) -> Result<(), String> {
+        if self.enabled() && self.flush_interval_ms == 0 {
+            return Err("statsd.flush_interval_ms must be at least 1".to_owned());
+        }
+        if let Some(bad) = self
+            .tags
+            .split(',')
+            .map(str::trim)
+            .find(|t| !t.is_empty() && !t.contains(':'))
+        {
+            return Err(format!("statsd.tags: expected key:value, got '{bad}'"));
+        }
+        Ok(())
+    }
+}
+
+/// `[ratelimit_metrics]`: off while `listen` is unset.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct RatelimitMetricsSettings {
+    /// Where to serve them (Envoy Gateway: `0.0.0.0:19001`).
+    pub listen: Option<SocketAddr>,
+    /// The path they are served on.
+    pub path: String,
+}
+
+impl Default for RatelimitMetricsSettings {
+    fn default() -> Self {
+        RatelimitMetricsSettings {
+            listen: None,
+            path: "/metrics".to_owned(),
+        }
+    }
+}
+
+/// `[debug]`: off while `listen` is unset.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct DebugSettings {
+    /// A second listener for the admin endpoints (`/rlconfig`, `/metrics`, ...), as
+    /// envoyproxy/ratelimit's debug port (6070).
+    pub listen: Option<SocketAddr>,
+}

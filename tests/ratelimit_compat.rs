@@ -1,0 +1,971 @@
+//! sluice as a drop-in for envoyproxy/ratelimit, on the real binary started through a symlink
+//! named `ratelimit` (as Envoy Gateway's and Istio's Deployments run `/bin/ratelimit`), with
+//! no other environment than each deployment's:
+//!
+//! - Envoy Gateway's exact env set (rules over xDS with mTLS from an ADS server started here,
+//!   TLS on the gRPC port, Redis, Prometheus on its metrics port), and Istio's sample env set
+//!   (rules files under RUNTIME_ROOT, Redis): each starts with the intended settings (ports,
+//!   TLS, rules source, metrics) and a real Envoy gets correct answers through it;
+//! - every metric name Envoy Gateway's Grafana dashboard queries is in its `/metrics`;
+//! - the statsd sink sends envoyproxy/ratelimit's stat names to a UDP listener here;
+//! - a variable sluice cannot honour stops the start with exit 64, naming it.
+//!
+//! Needs `redis-server` and `.venv/bin/envoy`; a missing one FAILS with the set-up command.
+
+#[path = "support/envoy.rs"]
+mod envoy;
+#[path = "support/http_client.rs"]
+mod http_client;
+#[path = "support/redis.rs"]
+mod redis_support;
+#[path = "support/stack.rs"]
+mod stack;
+#[path = "support/yaml.rs"]
+mod yaml;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use envoy::EnvoyProcess;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor as WireDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use http_client::{Answer, get, try_get};
+use prost::Message as _;
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType, IsCa, KeyPair,
+};
+use redis_support::RedisServer;
+use sluice::proto::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use sluice::proto::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use sluice::proto::ratelimit::config::ratelimit::v3::{
+    RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
+};
+use sluice::xds::TYPE_URL;
+use stack::{Upstream, free_port, loopback};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity, Server, ServerTlsConfig};
+
+const WITHIN: Duration = Duration::from_secs(20);
+
+/// Envoy Gateway's rate-limit container env, as its resource.go renders it (default
+/// settings, Redis at `redis.redis.svc:6379`); the addresses, ports and file paths are
+/// swapped for the test's by [`swap`].
+const ENVOY_GATEWAY: &[(&str, &str)] = &[
+    ("RUNTIME_ROOT", "/data"),
+    ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+    ("RUNTIME_IGNOREDOTFILES", "true"),
+    ("RUNTIME_WATCH_ROOT", "false"),
+    ("LOG_LEVEL", "info"),
+    ("USE_STATSD", "false"),
+    ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+    ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
+    ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+    ("GRPC_SERVER_USE_TLS", "true"),
+    ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+    ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+    ("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"),
+    ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+    ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
+    ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
+    ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
+    ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+    ("REDIS_SOCKET_TYPE", "tcp"),
+    ("REDIS_URL", "redis.redis.svc:6379"),
+    ("USE_PROMETHEUS", "true"),
+    ("PROMETHEUS_ADDR", ":19001"),
+    ("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml"),
+];
+
+/// Istio's sample (samples/ratelimit/rate-limit-service.yaml), Redis at `redis:6379`.
+const ISTIO: &[(&str, &str)] = &[
+    ("LOG_LEVEL", "debug"),
+    ("REDIS_SOCKET_TYPE", "tcp"),
+    ("REDIS_URL", "redis:6379"),
+    ("USE_STATSD", "false"),
+    ("RUNTIME_ROOT", "/data"),
+    ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+    ("RUNTIME_WATCH_ROOT", "false"),
+    ("RUNTIME_IGNOREDOTFILES", "true"),
+];
+
+/// Istio's sample rules (its `ratelimit-config` ConfigMap), at `config.yaml`.
+const ISTIO_RULES: &str = "\
+domain: ratelimit
+descriptors:
+  - key: PATH
+    value: \"/productpage\"
+    rate_limit:
+      unit: minute
+      requests_per_unit: 1
+  - key: PATH
+    rate_limit:
+      unit: minute
+      requests_per_unit: 100
+";
+
+/// What Envoy Gateway's translator emits for an HTTPRoute `default/http-ratelimit` with one
+/// rule of 3 per minute on a header match (the dashboard's example).
+const EG_DOMAIN: &str = "default/eg/http";
+const EG_ROUTE: &str = "httproute/default/http-ratelimit/rule/0/match/0/ratelimit_example";
+const EG_RULE: &str = "rule-0-match-0";
+
+/// Every metric name Envoy Gateway's rate-limit Grafana dashboard
+/// (charts/gateway-addons-helm/dashboards/global-ratelimit.json) queries.
+const DASHBOARD_NAMES: &[&str] = &[
+    "go_memstats_gc_cpu_fraction",
+    "process_resident_memory_bytes",
+    "process_virtual_memory_bytes",
+    "ratelimit_service_rate_limit_total_hits",
+    "ratelimit_service_rate_limit_near_limit",
+    "ratelimit_service_rate_limit_over_limit",
+];
+
+/// The other names Envoy Gateway's statsd-exporter mapping (statsd_conf.yaml) renders.
+const MAPPING_NAMES: &[&str] = &[
+    "ratelimit_service_rate_limit_within_limit",
+    "ratelimit_service_rate_limit_shadow_mode",
+    "ratelimit_service_should_rate_limit_error",
+    "ratelimit_service_total_requests",
+    "ratelimit_service_response_time_seconds_bucket",
+    "ratelimit_service_response_time_seconds_count",
+    "ratelimit_service_config_load_success",
+    "ratelimit_service_config_load_error",
+];
+
+// ---------------------------------------------------------------------------------------
+// The binary as `ratelimit`.
+
+/// A symlink named `ratelimit` to the sluice binary, in `dir`.
+fn ratelimit_link(dir: &Path) -> PathBuf {
+    let link = dir.join("ratelimit");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &link).expect("symlink");
+    link
+}
+
+/// `ratelimit` with exactly `env` (nothing inherited), killed when dropped.
+struct Ratelimit(Child);
+
+impl Ratelimit {
+    fn start(link: &Path, env: &HashMap<String, String>) -> Ratelimit {
+        let child = Command::new(link)
+            .env_clear()
+            .envs(env)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start ratelimit");
+        Ratelimit(child)
+    }
+}
+
+impl Drop for Ratelimit {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The ports given to one instance (envoyproxy/ratelimit's 8081, 8080, 6070, and the
+/// Prometheus one), free ones here.
+struct Ports {
+    grpc: u16,
+    http: u16,
+    debug: u16,
+    prometheus: u16,
+}
+
+impl Ports {
+    fn new() -> Ports {
+        Ports {
+            grpc: free_port(),
+            http: free_port(),
+            debug: free_port(),
+            prometheus: free_port(),
+        }
+    }
+}
+
+/// `base` with the test's addresses: values swapped by `swaps`, plus the listeners on
+/// loopback free ports (the same variables, so still envoyproxy/ratelimit's).
+fn swap(base: &[(&str, &str)], swaps: &[(&str, String)], ports: &Ports) -> HashMap<String, String> {
+    let mut env: HashMap<String, String> = base
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    for (k, v) in swaps {
+        assert!(
+            env.contains_key(*k) || k.ends_with("HOST") || k.ends_with("PORT"),
+            "{k}"
+        );
+        env.insert((*k).to_owned(), v.clone());
+    }
+    for (k, v) in [
+        ("GRPC_HOST", "127.0.0.1".to_owned()),
+        ("GRPC_PORT", ports.grpc.to_string()),
+        ("HOST", "127.0.0.1".to_owned()),
+        ("PORT", ports.http.to_string()),
+        ("DEBUG_HOST", "127.0.0.1".to_owned()),
+        ("DEBUG_PORT", ports.debug.to_string()),
+    ] {
+        env.insert(k.to_owned(), v);
+    }
+    if env.contains_key("PROMETHEUS_ADDR") {
+        env.insert(
+            "PROMETHEUS_ADDR".into(),
+            format!("127.0.0.1:{}", ports.prometheus),
+        );
+    }
+    env
+}
+
+/// Waits until `GET /healthcheck` on the HTTP port answers 200.
+async fn healthy(ports: &Ports) {
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        let answer = try_get(loopback(ports.http), "/healthcheck", &[]).await;
+        if answer.as_ref().is_some_and(|a| a.status == 200) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/healthcheck never answered 200: {answer:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn listening(port: u16) -> bool {
+    std::net::TcpStream::connect(loopback(port)).is_ok()
+}
+
+// ---------------------------------------------------------------------------------------
+// Certificates.
+
+struct Ca(CertifiedIssuer<'static, KeyPair>);
+
+impl Ca {
+    fn new() -> Ca {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        // Names of their own: a leaf whose issuer reads like its subject looks self-signed
+        // to Envoy's BoringSSL.
+        params.distinguished_name = DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "ratelimit test CA");
+        Ca(CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap())
+    }
+
+    fn leaf(&self, names: &[&str]) -> (String, String) {
+        let key = KeyPair::generate().unwrap();
+        let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        let mut params = CertificateParams::new(names.clone()).unwrap();
+        params.distinguished_name = DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, names[0].as_str());
+        let cert = params.signed_by(&key, &self.0).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+// ---------------------------------------------------------------------------------------
+// The management server (Envoy Gateway's role).
+
+#[derive(Clone)]
+struct Ads {
+    snapshot: watch::Receiver<Option<DiscoveryResponse>>,
+    nodes: mpsc::UnboundedSender<String>,
+}
+
+type Responses =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<DiscoveryResponse, tonic::Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Ads {
+    type StreamAggregatedResourcesStream = Responses;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: tonic::Request<tonic::Streaming<DiscoveryRequest>>,
+    ) -> Result<tonic::Response<Responses>, tonic::Status> {
+        let mut incoming = request.into_inner();
+        let (tx, rx) = mpsc::channel(4);
+        let mut snapshot = self.snapshot.clone();
+        let nodes = self.nodes.clone();
+        tokio::spawn(async move {
+            let read = async {
+                while let Ok(Some(r)) = incoming.message().await {
+                    let _ = nodes.send(r.node.map(|n| n.id).unwrap_or_default());
+                }
+            };
+            let write = async {
+                snapshot.mark_changed();
+                while snapshot.changed().await.is_ok() {
+                    let current = snapshot.borrow_and_update().clone();
+                    if let Some(s) = current
+                        && tx.send(Ok(s)).await.is_err()
+                    {
+                        return;
+                    }
+                }
+            };
+            tokio::select! {
+                () = read => {}
+                () = write => {}
+            }
+        });
+        Ok(tonic::Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// Envoy Gateway's xDS server: mTLS (client certificates from `ca`), on a free port.
+async fn ads_server(
+    server_cert: &(String, String),
+    ca: &str,
+    snapshot: watch::Receiver<Option<DiscoveryResponse>>,
+) -> (SocketAddr, mpsc::UnboundedReceiver<String>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (nodes_tx, nodes) = mpsc::unbounded_channel();
+    let config = ServerTlsConfig::new()
+        .identity(Identity::from_pem(&server_cert.0, &server_cert.1))
+        .client_ca_root(Certificate::from_pem(ca));
+    let ads = Ads {
+        snapshot,
+        nodes: nodes_tx,
+    };
+    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    tokio::spawn(async move {
+        Server::builder()
+            .tls_config(config)
+            .unwrap()
+            .add_service(AggregatedDiscoveryServiceServer::new(ads))
+            .serve_with_incoming(incoming)
+            .await
+            .unwrap();
+    });
+    (addr, nodes)
+}
+
+fn eg_rules(requests_per_unit: u32) -> DiscoveryResponse {
+    let config = RateLimitConfig {
+        name: EG_DOMAIN.into(),
+        domain: EG_DOMAIN.into(),
+        descriptors: vec![RateLimitDescriptor {
+            key: EG_ROUTE.into(),
+            value: EG_ROUTE.into(),
+            descriptors: vec![RateLimitDescriptor {
+                key: EG_RULE.into(),
+                value: EG_RULE.into(),
+                rate_limit: Some(RateLimitPolicy {
+                    unit: RateLimitUnit::Minute as i32,
+                    requests_per_unit,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    };
+    DiscoveryResponse {
+        version_info: "eg-1".into(),
+        resources: vec![prost_types::Any {
+            type_url: TYPE_URL.into(),
+            value: config.encode_to_vec(),
+        }],
+        type_url: TYPE_URL.into(),
+        nonce: "n1".into(),
+        ..Default::default()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Envoy.
+
+/// Envoy with a rate-limit filter for `domain` whose route sends `actions`, asking the RLS
+/// on `rls` (over TLS trusting `ca` when given) with `failure_mode_deny: true`, so an RLS it
+/// cannot reach answers 500, never a silent 200.
+async fn envoy(
+    domain: &str,
+    actions: &str,
+    rls: u16,
+    ca: Option<&str>,
+    upstream: u16,
+) -> (EnvoyProcess, u16) {
+    let (port, admin) = (free_port(), free_port());
+    let tls = ca.map_or(String::new(), |ca| {
+        format!(
+            "
+      transport_socket:
+        name: envoy.transport_sockets.tls
+        typed_config:
+          \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+          sni: localhost
+          common_tls_context:
+            validation_context:
+              trusted_ca: {{ filename: \"{ca}\" }}"
+        )
+    });
+    let config = format!(
+        "
+admin:
+  address: {{ socket_address: {{ address: 127.0.0.1, port_value: {admin} }} }}
+static_resources:
+  listeners:
+    - name: main
+      address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }}
+      filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                \"@type\": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                stat_prefix: ingress
+                route_config:
+                  virtual_hosts:
+                    - name: all
+                      domains: [\"*\"]
+                      routes:
+                        - match: {{ prefix: \"/\" }}
+                          route:
+                            cluster: upstream
+                            rate_limits:
+                              - actions: {actions}
+                http_filters:
+                  - name: envoy.filters.http.ratelimit
+                    typed_config:
+                      \"@type\": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+                      domain: \"{domain}\"
+                      failure_mode_deny: true
+                      timeout: 5s
+                      rate_limit_service:
+                        transport_api_version: V3
+                        grpc_service: {{ envoy_grpc: {{ cluster_name: ratelimit }} }}
+                  - name: envoy.filters.http.router
+                    typed_config:
+                      \"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+    - name: upstream
+      type: STATIC
+      load_assignment:
+        cluster_name: upstream
+        endpoints: [{{ lb_endpoints: [{{ endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {upstream} }} }} }} }}] }}]
+    - name: ratelimit
+      type: STATIC
+      typed_extension_protocol_options:
+        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+          \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+          explicit_http_config: {{ http2_protocol_options: {{}} }}
+      load_assignment:
+        cluster_name: ratelimit
+        endpoints: [{{ lb_endpoints: [{{ endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {rls} }} }} }} }}] }}]{tls}
+"
+    );
+    (EnvoyProcess::start(&config, admin).await, port)
+}
+
+async fn through(port: u16, path: &str) -> Answer {
+    get(loopback(port), path, &[]).await
+}
+
+// ---------------------------------------------------------------------------------------
+// The table.
+
+/// What one deployment's env must give.
+struct Expect {
+    /// gRPC is served over TLS (trusting this CA) rather than plain.
+    tls_ca: Option<String>,
+    /// `/rlconfig` on the debug port holds this.
+    rlconfig: &'static str,
+    /// The Prometheus port serves envoyproxy/ratelimit's names.
+    prometheus: bool,
+}
+
+/// Checks the listeners and the rules source a started instance shows.
+async fn check_settings(ports: &Ports, expect: &Expect, domain: &str, entries: &[(&str, &str)]) {
+    healthy(ports).await;
+    let dump = get(loopback(ports.debug), "/rlconfig", &[]).await;
+    assert_eq!(dump.status, 200);
+    assert!(dump.body.contains(expect.rlconfig), "{}", dump.body);
+    assert_eq!(
+        listening(ports.prometheus),
+        expect.prometheus,
+        "Prometheus port"
+    );
+    // gRPC: over TLS exactly when asked.
+    let request = RateLimitRequest {
+        domain: domain.into(),
+        descriptors: vec![WireDescriptor {
+            entries: entries
+                .iter()
+                .map(|(k, v)| Entry {
+                    key: (*k).into(),
+                    value: (*v).into(),
+                })
+                .collect(),
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    };
+    let plain = format!("http://127.0.0.1:{}", ports.grpc);
+    let plain_answer = async {
+        let channel = Channel::from_shared(plain).unwrap().connect().await.ok()?;
+        RateLimitServiceClient::new(channel)
+            .should_rate_limit(request.clone())
+            .await
+            .ok()
+    }
+    .await;
+    match &expect.tls_ca {
+        None => assert!(plain_answer.is_some(), "plain gRPC must answer"),
+        Some(ca) => {
+            assert!(
+                plain_answer.is_none(),
+                "plain gRPC must be refused under TLS"
+            );
+            let tls = ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(ca))
+                .domain_name("localhost");
+            let channel = Channel::from_shared(format!("https://127.0.0.1:{}", ports.grpc))
+                .unwrap()
+                .tls_config(tls)
+                .unwrap()
+                .connect()
+                .await
+                .expect("TLS connection");
+            RateLimitServiceClient::new(channel)
+                .should_rate_limit(request)
+                .await
+                .expect("gRPC over TLS answers");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_gateway_env_starts_as_intended_and_envoy_gets_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = ratelimit_link(dir.path());
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    // Envoy Gateway's certificates: one CA, the xDS server's, and the rate-limit's own (used
+    // both for its gRPC port and as its xDS client certificate).
+    let ca = Ca::new();
+    let ca_pem = ca.0.pem();
+    let control_plane = ca.leaf(&["localhost", "envoy-gateway"]);
+    let (cert, key) = ca.leaf(&["localhost", "envoy-ratelimit"]);
+    let ca_file = write(dir.path(), "ca.crt", &ca_pem);
+    let cert_file = write(dir.path(), "tls.crt", &cert);
+    let key_file = write(dir.path(), "tls.key", &key);
+    let (push, snapshot) = watch::channel(Some(eg_rules(3)));
+    let (xds, mut nodes) = ads_server(&control_plane, &ca_pem, snapshot).await;
+
+    let ports = Ports::new();
+    let env = swap(
+        ENVOY_GATEWAY,
+        &[
+            (
+                "CONFIG_GRPC_XDS_SERVER_URL",
+                format!("localhost:{}", xds.port()),
+            ),
+            ("GRPC_SERVER_TLS_CERT", cert_file.clone()),
+            ("GRPC_SERVER_TLS_KEY", key_file.clone()),
+            ("GRPC_SERVER_TLS_CA_CERT", ca_file.clone()),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", cert_file),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", key_file),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", ca_file.clone()),
+            ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+            (
+                "PROMETHEUS_MAPPER_YAML",
+                dir.path().join("absent.yaml").display().to_string(),
+            ),
+        ],
+        &ports,
+    );
+    let _rl = Ratelimit::start(&link, &env);
+    let expect = Expect {
+        tls_ca: Some(ca_pem.clone()),
+        rlconfig: "# xds version eg-1",
+        prometheus: true,
+    };
+    check_settings(
+        &ports,
+        &expect,
+        EG_DOMAIN,
+        &[(EG_ROUTE, EG_ROUTE), (EG_RULE, EG_RULE)],
+    )
+    .await;
+    let node = tokio::time::timeout(WITHIN, nodes.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(node, "envoy-ratelimit");
+
+    // Envoy, as Envoy Gateway configures it: generic keys for the route and the rule, over
+    // TLS to the rate-limit service.
+    let actions = format!(
+        "[{{ generic_key: {{ descriptor_key: \"{EG_ROUTE}\", descriptor_value: \"{EG_ROUTE}\" }} }}, \
+           {{ generic_key: {{ descriptor_key: \"{EG_RULE}\", descriptor_value: \"{EG_RULE}\" }} }}]"
+    );
+    let (proxy, port) = envoy(
+        EG_DOMAIN,
+        &actions,
+        ports.grpc,
+        Some(&ca_file),
+        upstream.port,
+    )
+    .await;
+    // The gRPC check above took one of the 3.
+    for i in 0..2 {
+        let answer = through(port, "/").await;
+        assert_eq!(
+            answer.status,
+            200,
+            "request {i}: {answer:?}\n{}",
+            proxy.log()
+        );
+    }
+    let over = through(port, "/").await;
+    assert_eq!(over.status, 429, "{over:?}");
+    assert_eq!(over.header("x-envoy-ratelimited"), Some("true"));
+
+    // The dashboard's queries, with its exact labels.
+    let metrics = get(loopback(ports.prometheus), "/metrics", &[]).await;
+    assert_eq!(metrics.status, 200);
+    let names: Vec<&str> = metrics
+        .body
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect();
+    for name in DASHBOARD_NAMES.iter().chain(MAPPING_NAMES) {
+        assert!(
+            names.contains(name),
+            "{name} missing from /metrics:\n{}",
+            metrics.body
+        );
+    }
+    let labels = format!(
+        "{{domain=\"{EG_DOMAIN}\",key1=\"{EG_ROUTE}_{EG_ROUTE}\",key2=\"{EG_RULE}_{EG_RULE}\"}}"
+    );
+    for (name, value) in [
+        ("total_hits", 4),
+        ("over_limit", 1),
+        ("within_limit", 3),
+        ("near_limit", 1),
+    ] {
+        let series = format!("ratelimit_service_rate_limit_{name}{labels} {value}");
+        assert!(
+            metrics.body.lines().any(|l| l == series),
+            "no `{series}` in:\n{}",
+            metrics.body
+        );
+    }
+    assert!(
+        metrics
+            .body
+            .contains("ratelimit_service_config_load_success 1"),
+        "{}",
+        metrics.body
+    );
+    assert!(
+        metrics
+            .body
+            .contains("ratelimit_service_total_requests{grpc_method=\"ShouldRateLimit\"} 4")
+    );
+    // The limit gauge, in sluice's names, on the HTTP port's /metrics.
+    let own = get(loopback(ports.http), "/metrics", &[]).await.body;
+    let gauge = format!(
+        "sluice_rule_limit{{domain=\"{EG_DOMAIN}\",rule=\"{EG_ROUTE}_{EG_ROUTE}.{EG_RULE}_{EG_RULE}\"}} 3"
+    );
+    assert!(own.contains(&gauge), "no `{gauge}` in:\n{own}");
+    assert!(own.contains("sluice_rule_period_seconds{"), "{own}");
+    drop(push);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn istio_sample_env_starts_as_intended_and_envoy_gets_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = ratelimit_link(dir.path());
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let data = dir.path().join("data");
+    let config = data.join("ratelimit/config");
+    std::fs::create_dir_all(&config).unwrap();
+    write(&config, "config.yaml", ISTIO_RULES);
+    // A ConfigMap's internals: dot-files that must be ignored.
+    write(&config, "..2026_11_24.yaml", "not: [rules");
+
+    let ports = Ports::new();
+    let env = swap(
+        ISTIO,
+        &[
+            ("RUNTIME_ROOT", data.display().to_string()),
+            ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+        ],
+        &ports,
+    );
+    let _rl = Ratelimit::start(&link, &env);
+    let expect = Expect {
+        tls_ca: None,
+        rlconfig: "ratelimit.PATH_/productpage: ",
+        prometheus: false,
+    };
+    check_settings(&ports, &expect, "ratelimit", &[("PATH", "/other")]).await;
+    let dump = get(loopback(ports.debug), "/rlconfig", &[]).await.body;
+    assert!(!dump.contains("xds version"), "{dump}");
+
+    // Envoy, as Istio's sample configures it: the path as descriptor PATH.
+    let actions = "[{ request_headers: { header_name: \":path\", descriptor_key: PATH } }]";
+    let (_envoy, port) = envoy("ratelimit", actions, ports.grpc, None, upstream.port).await;
+    let first = through(port, "/productpage").await;
+    assert_eq!(first.status, 200, "{first:?}");
+    assert_eq!(first.body, "upstream");
+    let second = through(port, "/productpage").await;
+    assert_eq!(second.status, 429, "{second:?}");
+    for i in 0..5 {
+        let answer = through(port, "/reviews").await;
+        assert_eq!(answer.status, 200, "request {i} to /reviews: {answer:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statsd_lines_carry_envoyproxy_ratelimits_names() {
+    statsd_lines(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dogstatsd_lines_carry_the_same_names_and_tags() {
+    statsd_lines(true).await;
+}
+
+/// The stats of a few requests, as statsd (tags in the name) or DogStatsD (`|#` tags) lines.
+async fn statsd_lines(dog: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let link = ratelimit_link(dir.path());
+    let redis = RedisServer::start();
+    let udp = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let data = dir.path().join("data");
+    let config = data.join("config");
+    std::fs::create_dir_all(&config).unwrap();
+    write(
+        &config,
+        "rules.yaml",
+        "domain: rl\ndescriptors:\n  - key: user\n    value: alice\n    rate_limit: {unit: minute, requests_per_unit: 5}\n  \
+         - key: ip\n    rate_limit: {unit: minute, requests_per_unit: 1}\n    shadow_mode: true\n",
+    );
+    let ports = Ports::new();
+    let env = swap(
+        &[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "redis:6379"),
+            ("RUNTIME_ROOT", "/data"),
+            ("USE_STATSD", if dog { "false" } else { "true" }),
+            ("USE_DOG_STATSD", if dog { "true" } else { "false" }),
+            ("STATSD_HOST", "localhost"),
+            ("STATSD_PORT", "8125"),
+            ("STATS_FLUSH_INTERVAL", "100ms"),
+            ("EXTRA_TAGS", "env:test"),
+        ],
+        &[
+            ("RUNTIME_ROOT", data.display().to_string()),
+            ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+            ("STATSD_HOST", "127.0.0.1".into()),
+            ("STATSD_PORT", udp.local_addr().unwrap().port().to_string()),
+        ],
+        &ports,
+    );
+    let _rl = Ratelimit::start(&link, &env);
+    healthy(&ports).await;
+    let channel = Channel::from_shared(format!("http://127.0.0.1:{}", ports.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = RateLimitServiceClient::new(channel);
+    let ask = |key: &str, value: &str| RateLimitRequest {
+        domain: "rl".into(),
+        descriptors: vec![WireDescriptor {
+            entries: vec![Entry {
+                key: key.into(),
+                value: value.into(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    };
+    for _ in 0..5 {
+        client
+            .should_rate_limit(ask("user", "alice"))
+            .await
+            .unwrap();
+    }
+    for _ in 0..3 {
+        client
+            .should_rate_limit(ask("ip", "10.0.0.1"))
+            .await
+            .unwrap();
+    }
+    client
+        .should_rate_limit(RateLimitRequest::default())
+        .await
+        .unwrap_err();
+
+    // Sum what arrives until every expected total is there.
+    let want: &[(&str, u64)] = &[
+        ("ratelimit.service.rate_limit.rl.user_alice.total_hits", 5),
+        ("ratelimit.service.rate_limit.rl.user_alice.within_limit", 5),
+        ("ratelimit.service.rate_limit.rl.user_alice.near_limit", 1),
+        ("ratelimit.service.rate_limit.rl.ip.total_hits", 3),
+        ("ratelimit.service.rate_limit.rl.ip.over_limit", 2),
+        ("ratelimit.service.rate_limit.rl.ip.within_limit", 1),
+        ("ratelimit.service.rate_limit.rl.ip.shadow_mode", 2),
+        ("ratelimit.service.call.should_rate_limit.service_error", 1),
+        ("ratelimit.service.config_load_success", 0),
+        ("ratelimit_server.ShouldRateLimit.total_requests", 9),
+    ];
+    let mut totals: HashMap<String, u64> = HashMap::new();
+    let mut timers = 0;
+    let deadline = Instant::now() + WITHIN;
+    let mut buf = vec![0u8; 65536];
+    while !want
+        .iter()
+        .all(|(n, v)| totals.get(*n).copied().unwrap_or(0) >= *v)
+        || timers < 9
+    {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok(Ok(n)) = tokio::time::timeout(left, udp.recv(&mut buf)).await else {
+            panic!("statsd lines missing; got {totals:?}, {timers} timers");
+        };
+        for line in String::from_utf8_lossy(&buf[..n]).lines() {
+            // Every line carries the tag, in the name or after `|#`.
+            let line = if dog {
+                line.strip_suffix("|#env:test")
+                    .unwrap_or_else(|| panic!("no DogStatsD tag: {line}"))
+                    .to_owned()
+            } else {
+                assert!(line.contains(".__env=test:"), "no tag in the name: {line}");
+                line.replacen(".__env=test", "", 1)
+            };
+            if let Some((name, rest)) = line.split_once(':') {
+                if let Some(count) = rest.strip_suffix("|c") {
+                    *totals.entry(name.to_owned()).or_default() += count.parse::<u64>().unwrap();
+                } else if rest.ends_with("|ms")
+                    && name == "ratelimit_server.ShouldRateLimit.response_time"
+                {
+                    timers += 1;
+                } else {
+                    panic!("unexpected statsd line {line}");
+                }
+            }
+        }
+    }
+    for (name, value) in want {
+        assert_eq!(
+            totals.get(*name).copied().unwrap_or(0),
+            *value,
+            "{name} in {totals:?}"
+        );
+    }
+}
+
+#[test]
+fn what_sluice_cannot_honour_stops_the_start_with_64_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = ratelimit_link(dir.path());
+    for (var, value) in [
+        ("BACKEND_TYPE", "memcache"),
+        ("REDIS_PERSECOND", "true"),
+        ("GRPC_UDS", "/tmp/x.sock"),
+    ] {
+        let out = Command::new(&link)
+            .env_clear()
+            .env(var, value)
+            .output()
+            .expect("run ratelimit");
+        assert_eq!(out.status.code(), Some(64), "{var}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&format!("{var}={value}")), "{err}");
+    }
+    // The flag does the same for a binary with another name.
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("--ratelimit-env")
+        .env_clear()
+        .env("BACKEND_TYPE", "memcache")
+        .output()
+        .expect("run sluice --ratelimit-env");
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("BACKEND_TYPE=memcache"));
+}
+
+/// The Deployment Envoy Gateway renders, with sluice's image, is valid Kubernetes
+/// (kubernetes-validate --strict), and is the one the test above starts: same command, env,
+/// ports and probes.
+#[test]
+fn envoy_gateways_deployment_with_sluices_image_validates() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let file = root.join("deploy/envoy-gateway/ratelimit-deployment.yaml");
+    let validate = root.join(".venv/bin/kubernetes-validate");
+    assert!(
+        validate.is_file(),
+        "{} is missing; install it: python3 -m venv .venv && .venv/bin/pip install kubernetes-validate==1.37.0",
+        validate.display()
+    );
+    let out = Command::new(&validate)
+        .args(["--strict", "--quiet"])
+        .arg(&file)
+        .output()
+        .expect("run kubernetes-validate");
+    assert!(
+        out.status.success(),
+        "kubernetes-validate --strict failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&file).unwrap();
+    let docs = yaml::documents(&text);
+    let c = yaml::at(&docs[0].yaml, "spec.template.spec.containers.0");
+    assert!(yaml::str_at(c, "image").starts_with("sluice:"));
+    assert_eq!(yaml::str_at(c, "command.0"), "/bin/ratelimit");
+    let env: Vec<(String, String)> = yaml::seq_at(c, "env")
+        .iter()
+        .map(|e| {
+            (
+                yaml::str_at(e, "name").to_owned(),
+                yaml::str_at(e, "value").to_owned(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, String)> = ENVOY_GATEWAY
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    assert_eq!(env, expected);
+    for probe in ["livenessProbe", "readinessProbe", "startupProbe"] {
+        assert_eq!(
+            yaml::str_at(c, &format!("{probe}.httpGet.path")),
+            "/healthcheck"
+        );
+        assert_eq!(yaml::int_at(c, &format!("{probe}.httpGet.port")), 8080);
+    }
+    let ports: Vec<i64> = yaml::seq_at(c, "ports")
+        .iter()
+        .map(|p| yaml::int_at(p, "containerPort"))
+        .collect();
+    assert_eq!(ports, [8081, 19001]);
+}

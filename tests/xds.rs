@@ -1,0 +1,441 @@
+//! Rules over xDS, end to end: an ADS server started here (tonic, built from sluice's own
+//! protos, mTLS with certificates generated here) pushes `RateLimitConfig` sets to the real
+//! `sluice` binary: the first set, an update (answers change within 1 s), a broken set
+//! (NACKed with its errors, answers unchanged), then the server goes away and comes back
+//! (answers unchanged meanwhile, the client reconnects and follows the new set).
+
+mod common;
+#[path = "support/eventually.rs"]
+mod eventually;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::http::get;
+use common::*;
+use eventually::eventually;
+use prost::Message as _;
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+use sluice::proto::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use sluice::proto::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use sluice::proto::ratelimit::config::ratelimit::v3::{
+    RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
+};
+use sluice::xds::TYPE_URL;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+
+const WITHIN: Duration = Duration::from_secs(10);
+
+struct Ca(CertifiedIssuer<'static, KeyPair>);
+
+impl Ca {
+    fn new() -> Ca {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        Ca(CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap())
+    }
+
+    /// A leaf for `names`, as (certificate, key) PEM.
+    fn leaf(&self, names: &[&str]) -> (String, String) {
+        let key = KeyPair::generate().unwrap();
+        let names = names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
+        let cert = CertificateParams::new(names)
+            .unwrap()
+            .signed_by(&key, &self.0)
+            .unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// The rules of domain `d`: key `k` with `n` per minute (unit UNKNOWN: a broken set).
+fn rules(n: u32, unit: RateLimitUnit) -> RateLimitConfig {
+    RateLimitConfig {
+        name: "d".into(),
+        domain: "d".into(),
+        descriptors: vec![RateLimitDescriptor {
+            key: "k".into(),
+            rate_limit: Some(RateLimitPolicy {
+                unit: unit as i32,
+                requests_per_unit: n,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+    }
+}
+
+fn snapshot(version: &str, configs: &[RateLimitConfig]) -> DiscoveryResponse {
+    DiscoveryResponse {
+        version_info: version.into(),
+        resources: configs
+            .iter()
+            .map(|c| prost_types::Any {
+                type_url: TYPE_URL.into(),
+                value: c.encode_to_vec(),
+            })
+            .collect(),
+        type_url: TYPE_URL.into(),
+        nonce: format!("nonce-{version}"),
+        ..Default::default()
+    }
+}
+
+/// The test's management server: every stream gets the current snapshot, and each later one;
+/// every request received is recorded.
+#[derive(Clone)]
+struct Ads {
+    snapshot: watch::Receiver<Option<DiscoveryResponse>>,
+    requests: mpsc::UnboundedSender<DiscoveryRequest>,
+    kill: CancellationToken,
+}
+
+type Responses =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<DiscoveryResponse, tonic::Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Ads {
+    type StreamAggregatedResourcesStream = Responses;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: tonic::Request<tonic::Streaming<DiscoveryRequest>>,
+    ) -> Result<tonic::Response<Responses>, tonic::Status> {
+        let mut incoming = request.into_inner();
+        let (tx, rx) = mpsc::channel(4);
+        let mut snapshot = self.snapshot.clone();
+        let requests = self.requests.clone();
+        let kill = self.kill.clone();
+        tokio::spawn(async move {
+            let read = async {
+                while let Ok(Some(r)) = incoming.message().await {
+                    let _ = requests.send(r);
+                }
+            };
+            let write = async {
+                snapshot.mark_changed();
+                while snapshot.changed().await.is_ok() {
+                    let current = snapshot.borrow_and_update().clone();
+                    if let Some(s) = current
+                        && tx.send(Ok(s)).await.is_err()
+                    {
+                        return;
+                    }
+                }
+            };
+            tokio::select! {
+                () = read => {}
+                () = write => {}
+                () = kill.cancelled() => {}
+            }
+        });
+        Ok(tonic::Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// A running management server on `addr`, stopped (streams and listener) by `stop`.
+struct Running {
+    kill: CancellationToken,
+    serving: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    async fn stop(self) {
+        self.kill.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.serving).await;
+    }
+}
+
+struct Tls {
+    server: (String, String),
+    ca: String,
+}
+
+async fn serve(
+    addr: SocketAddr,
+    tls: &Tls,
+    snapshot: watch::Receiver<Option<DiscoveryResponse>>,
+    requests: mpsc::UnboundedSender<DiscoveryRequest>,
+) -> Running {
+    let kill = CancellationToken::new();
+    let ads = Ads {
+        snapshot,
+        requests,
+        kill: kill.clone(),
+    };
+    let config = ServerTlsConfig::new()
+        .identity(Identity::from_pem(&tls.server.0, &tls.server.1))
+        .client_ca_root(Certificate::from_pem(&tls.ca));
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    let signal = kill.clone().cancelled_owned();
+    let serving = tokio::spawn(async move {
+        Server::builder()
+            .tls_config(config)
+            .unwrap()
+            .add_service(AggregatedDiscoveryServiceServer::new(ads))
+            .serve_with_incoming_shutdown(incoming, signal)
+            .await
+            .unwrap();
+    });
+    Running { kill, serving }
+}
+
+/// The limit sluice answers for `k` in domain `d` (None: no limit, or no answer).
+async fn limit(url: &str) -> Option<u32> {
+    let mut c = RateLimitServiceClient::connect(url.to_owned()).await.ok()?;
+    let answer = c
+        .should_rate_limit(req("d", vec![desc(&[("k", "v")])]))
+        .await
+        .ok()?
+        .into_inner();
+    answer.statuses.first().and_then(limit_of).map(|l| l.0)
+}
+
+/// The next request the server received, within `WITHIN`.
+async fn next(requests: &mut mpsc::UnboundedReceiver<DiscoveryRequest>) -> DiscoveryRequest {
+    tokio::time::timeout(WITHIN, requests.recv())
+        .await
+        .expect("a request from sluice in time")
+        .expect("the request channel is open")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_arrive_update_refuse_and_survive_a_lost_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new();
+    let tls = Tls {
+        server: ca.leaf(&["localhost", "127.0.0.1"]),
+        ca: ca.0.pem(),
+    };
+    let (client_cert, client_key) = ca.leaf(&["envoy-ratelimit"]);
+    let ca_file = write(dir.path(), "ca.crt", &tls.ca);
+    let cert_file = write(dir.path(), "tls.crt", &client_cert);
+    let key_file = write(dir.path(), "tls.key", &client_key);
+
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let (push, snapshots) = watch::channel(None);
+    let (requests_tx, mut requests) = mpsc::unbounded_channel();
+    let server = serve(addr, &tls, snapshots.clone(), requests_tx.clone()).await;
+
+    let (grpc, admin) = (free_port(), free_port());
+    let child = sluice_command(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--grpc-listen", &format!("127.0.0.1:{grpc}")])
+        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+        .env("SLUICE_XDS__SERVER", addr.to_string())
+        .env("SLUICE_XDS__NODE_ID", "envoy-ratelimit")
+        .env("SLUICE_XDS__CA_FILE", &ca_file)
+        .env("SLUICE_XDS__CERT_FILE", &cert_file)
+        .env("SLUICE_XDS__KEY_FILE", &key_file)
+        .env("SLUICE_XDS__SERVER_NAME", "localhost")
+        .env("SLUICE_XDS__START_WITHOUT_RULES", "true")
+        .env("SLUICE_XDS__RETRY_INITIAL_MS", "100")
+        .env("SLUICE_XDS__RETRY_MAX_MS", "400")
+        .env("SLUICE_LOG__LEVEL", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start sluice");
+    let _served = Served(child);
+    let url = format!("http://127.0.0.1:{grpc}");
+    wait_listening(admin);
+    let admin: SocketAddr = format!("127.0.0.1:{admin}").parse().unwrap();
+
+    // Started without rules: not ready, and says why.
+    let first = next(&mut requests).await;
+    assert_eq!(first.type_url, TYPE_URL);
+    assert_eq!(
+        first.node.as_ref().map(|n| n.id.as_str()),
+        Some("envoy-ratelimit")
+    );
+    assert!(first.version_info.is_empty() && first.response_nonce.is_empty());
+    let ready = get(admin, "/readyz").await;
+    assert_eq!(ready.status, 503, "{}", ready.body);
+    assert!(
+        ready
+            .body
+            .contains("waiting for the first rules from xDS server"),
+        "{}",
+        ready.body
+    );
+
+    // A broken first set: NACKed, and readiness says why.
+    push.send_replace(Some(snapshot("0", &[rules(1, RateLimitUnit::Unknown)])));
+    let nack = next(&mut requests).await;
+    assert!(nack.error_detail.is_some() && nack.version_info.is_empty());
+    let ready = get(admin, "/readyz").await;
+    assert_eq!(ready.status, 503);
+    assert!(
+        ready.body.contains("set version 0 refused (1 error(s))"),
+        "{}",
+        ready.body
+    );
+
+    // The first good set: answered within 1 s, ACKed, ready.
+    let pushed = Instant::now();
+    push.send_replace(Some(snapshot_of("1", 2)));
+    eventually(WITHIN, "the first set answers", || async {
+        limit(&url).await == Some(2)
+    })
+    .await;
+    assert!(
+        pushed.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        pushed.elapsed()
+    );
+    let ack = next(&mut requests).await;
+    assert_eq!(
+        (ack.version_info.as_str(), ack.response_nonce.as_str()),
+        ("1", "nonce-1")
+    );
+    assert!(ack.error_detail.is_none());
+    eventually(WITHIN, "ready after the first set", || async {
+        get(admin, "/readyz").await.status == 200
+    })
+    .await;
+
+    // An update: answers change within 1 s.
+    let pushed = Instant::now();
+    push.send_replace(Some(snapshot_of("2", 5)));
+    eventually(WITHIN, "the update answers", || async {
+        limit(&url).await == Some(5)
+    })
+    .await;
+    assert!(
+        pushed.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        pushed.elapsed()
+    );
+    let ack = next(&mut requests).await;
+    assert_eq!(ack.version_info, "2");
+    assert!(ack.error_detail.is_none());
+
+    // A broken set: NACKed with its errors, the last good rules still answer.
+    push.send_replace(Some(snapshot("3", &[rules(9, RateLimitUnit::Unknown)])));
+    let nack = next(&mut requests).await;
+    assert_eq!(nack.response_nonce, "nonce-3");
+    assert_eq!(
+        nack.version_info, "2",
+        "a NACK carries the last accepted version"
+    );
+    let error = nack.error_detail.expect("a NACK carries the errors");
+    assert_eq!(error.code, 3);
+    assert!(error.message.contains("xds:d:"), "{}", error.message);
+    assert!(error.message.contains("missing unit"), "{}", error.message);
+    assert_eq!(limit(&url).await, Some(5));
+    let dump = get(admin, "/rlconfig").await.body;
+    assert!(dump.starts_with("# xds version 2\n"), "{dump}");
+    assert!(dump.contains("last failed reload"), "{dump}");
+
+    // The server goes away: nothing changes meanwhile.
+    server.stop().await;
+    for _ in 0..10 {
+        assert_eq!(limit(&url).await, Some(5));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(get(admin, "/readyz").await.status, 200);
+
+    // It comes back with a new set: sluice reconnects, says what it has, follows.
+    push.send_replace(Some(snapshot_of("4", 7)));
+    let server = serve(addr, &tls, snapshots, requests_tx).await;
+    let hello = loop {
+        let r = next(&mut requests).await;
+        if r.response_nonce.is_empty() {
+            break r;
+        }
+    };
+    assert_eq!(
+        hello.version_info, "2",
+        "the reconnection says the accepted version"
+    );
+    eventually(WITHIN, "the set after reconnection answers", || async {
+        limit(&url).await == Some(7)
+    })
+    .await;
+    let ack = next(&mut requests).await;
+    assert_eq!(ack.version_info, "4");
+    assert!(
+        get(admin, "/rlconfig")
+            .await
+            .body
+            .starts_with("# xds version 4\n")
+    );
+    server.stop().await;
+}
+
+fn snapshot_of(version: &str, n: u32) -> DiscoveryResponse {
+    snapshot(version, &[rules(n, RateLimitUnit::Minute)])
+}
+
+/// Without `start_without_rules`, sluice listens only once the first set arrived; a client
+/// with no certificate trusted by the server never gets one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_start_without_rules_it_listens_after_the_first_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new();
+    let tls = Tls {
+        server: ca.leaf(&["localhost"]),
+        ca: ca.0.pem(),
+    };
+    let stranger = Ca::new();
+    let (cert, key) = stranger.leaf(&["intruder"]);
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let (push, snapshot) = watch::channel(Some(snapshot_of("7", 3)));
+    let (requests_tx, mut requests) = mpsc::unbounded_channel();
+    let server = serve(addr, &tls, snapshot, requests_tx).await;
+    let start = |cert: &str, key: &str, name: &str| {
+        let grpc = free_port();
+        let child = sluice_command(env!("CARGO_BIN_EXE_sluice"))
+            .args(["serve", "--grpc-listen", &format!("127.0.0.1:{grpc}")])
+            .args(["--admin-listen", &format!("127.0.0.1:{}", free_port())])
+            .env(
+                "SLUICE_XDS__SERVER",
+                format!("https://localhost:{}", addr.port()),
+            )
+            .env("SLUICE_XDS__CA_FILE", write(dir.path(), "ca.crt", &tls.ca))
+            .env(
+                "SLUICE_XDS__CERT_FILE",
+                write(dir.path(), &format!("{name}.crt"), cert),
+            )
+            .env(
+                "SLUICE_XDS__KEY_FILE",
+                write(dir.path(), &format!("{name}.key"), key),
+            )
+            .env("SLUICE_XDS__RETRY_INITIAL_MS", "100")
+            .env("SLUICE_XDS__RETRY_MAX_MS", "200")
+            .env("SLUICE_LOG__LEVEL", "error")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start sluice");
+        (Served(child), grpc)
+    };
+    // Refused by the server: never gets rules, never listens.
+    let (_refused, refused_port) = start(&cert, &key, "stranger");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(std::net::TcpStream::connect(("127.0.0.1", refused_port)).is_err());
+    assert!(
+        requests.try_recv().is_err(),
+        "a client without a trusted certificate got through"
+    );
+    // Trusted: listens once the set is in, and answers from it.
+    let (good_cert, good_key) = ca.leaf(&["envoy-ratelimit"]);
+    let (_served, port) = start(&good_cert, &good_key, "good");
+    wait_listening(port);
+    assert_eq!(limit(&format!("http://127.0.0.1:{port}")).await, Some(3));
+    drop(push);
+    server.stop().await;
+}
