@@ -506,6 +506,16 @@ impl Store {
         self.keys = new;
     }
 
+    /// Calls `f` with every held key and a copy of its state, in no order.
+    pub(super) fn each(&self, f: &mut dyn FnMut(&[u8], State)) {
+        for kind in Kind::ALL {
+            let keys = &self.keys;
+            self.tables
+                .get(kind)
+                .each(&mut |key, state| f(keys.get(key), state));
+        }
+    }
+
     /// Every held key with its state, in no order.
     #[cfg(any(test, feature = "test-util"))]
     pub(super) fn snapshot(&self) -> Vec<(Vec<u8>, State)> {
