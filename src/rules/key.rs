@@ -194,7 +194,9 @@ pub fn decode(key: &[u8]) -> Result<Decoded, DecodeError> {
     let mut fields = part.split('|');
     let domain = unescape(fields.next().unwrap_or_default())?;
     let levels = fields.map(level).collect::<Result<Vec<_>, _>>()?;
-    let tail = tail.strip_prefix(':').ok_or(DecodeError("no ':' after '}'"))?;
+    let tail = tail
+        .strip_prefix(':')
+        .ok_or(DecodeError("no ':' after '}'"))?;
     let (algorithm, period) = tail.split_once(':').ok_or(DecodeError("no period"))?;
     let algorithm = Algorithm::parse(algorithm).ok_or(DecodeError("unknown algorithm"))?;
     Ok(Decoded {
@@ -206,7 +208,9 @@ pub fn decode(key: &[u8]) -> Result<Decoded, DecodeError> {
 }
 
 fn level(text: &str) -> Result<Level, DecodeError> {
-    let at = text.find(['=', '~']).ok_or(DecodeError("a level without '=' or '~'"))?;
+    let at = text
+        .find(['=', '~'])
+        .ok_or(DecodeError("a level without '=' or '~'"))?;
     Ok(Level {
         key: unescape(&text[..at])?,
         value: unescape(&text[at + 1..])?,

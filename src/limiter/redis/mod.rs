@@ -26,6 +26,7 @@ mod breaker;
 mod cluster;
 pub mod connection;
 mod deny_cache;
+mod scan;
 pub mod script;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -331,6 +332,17 @@ impl Limiter for RedisLimiter {
 
     fn name(&self) -> &'static str {
         "redis"
+    }
+
+    fn counters<'a>(
+        &'a self,
+        query: &'a super::counters::CounterQuery<'a>,
+    ) -> BoxFuture<'a, Result<super::counters::CounterPage, LimiterError>> {
+        Box::pin(scan::page(self, query))
+    }
+
+    fn status(&self) -> super::counters::BackendStatus {
+        scan::status(self)
     }
 }
 
