@@ -4,8 +4,11 @@
 //! Every metric is listed, with its labels, in README.md ("Metrics"). The per-rule counters
 //! and how their label sets are bounded are in [`rules`].
 
+pub mod history;
 mod latency;
+pub mod live;
 pub mod rules;
+pub mod top;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -18,6 +21,7 @@ use prometheus_client::registry::Registry;
 
 use crate::engine::{DescriptorReport, Observer, RequestResult};
 use crate::reload::{ConfigStatus, Reloaded};
+use crate::rules::RuleSet;
 use latency::Latency;
 use rules::RuleCounters;
 
@@ -90,13 +94,23 @@ pub struct Metrics {
     reloads: Family<OutcomeLabels, Counter>,
     config_version: Gauge,
     config_loaded: Gauge,
+    live: live::LiveRules,
+    top: top::TopDenied,
+    history: history::History,
+    /// The errors of the last failed reload, and when.
+    last_reload_error: parking_lot::Mutex<Option<(SystemTime, String)>>,
 }
 
 impl Metrics {
     pub fn new(options: MetricsOptions) -> Arc<Metrics> {
         let mut registry = Registry::with_prefix("sluice");
         let rules = RuleCounters::new(options, &mut registry);
+        let live = live::LiveRules::new(&mut registry);
         let m = Metrics {
+            live,
+            top: top::TopDenied::default(),
+            history: history::History::default(),
+            last_reload_error: parking_lot::Mutex::new(None),
             rules,
             requests: Family::default(),
             by_result: Default::default(),
@@ -165,6 +179,9 @@ impl Metrics {
 
     /// Counts a reload.
     pub fn reloaded(&self, outcome: &Reloaded) {
+        if let Reloaded::Failed(errors) = outcome {
+            *self.last_reload_error.lock() = Some((SystemTime::now(), errors.to_string()));
+        }
         let outcome = outcome.label();
         self.reloads.get_or_create(&OutcomeLabels { outcome }).inc();
     }
@@ -194,6 +211,33 @@ impl Metrics {
         }
     }
 
+    /// Sets the gauges read from the active rules (limits, periods, the busiest key's share
+    /// since the last call) and forgets the top denied keys of domains no longer configured.
+    pub fn refresh_rules(&self, rules: &RuleSet) {
+        self.live.refresh(rules);
+        self.top.retain(|name| rules.domain(name).is_some());
+    }
+
+    /// Takes one sample of every rule's rates for the admin page ([`history`]).
+    pub fn sample(&self, rules: &RuleSet) {
+        self.history.sample(rules, &self.live);
+    }
+
+    /// The sampled rates.
+    pub fn history(&self) -> &history::History {
+        &self.history
+    }
+
+    /// The keys denied most.
+    pub fn top_denied(&self) -> &top::TopDenied {
+        &self.top
+    }
+
+    /// When the last failed reload was, and its errors.
+    pub fn last_reload_error(&self) -> Option<(SystemTime, String)> {
+        self.last_reload_error.lock().clone()
+    }
+
     /// Every metric in the OpenMetrics text format (which Prometheus reads).
     pub fn encode(&self) -> Result<String, std::fmt::Error> {
         let mut out = String::new();
@@ -205,6 +249,8 @@ impl Metrics {
 impl Observer for Metrics {
     fn descriptor(&self, report: &DescriptorReport<'_>) {
         self.rules.record(report);
+        self.live.record(report, self.rules.near_part(report));
+        self.top.record(report);
     }
 
     fn request(&self, result: RequestResult<'_>, elapsed: Duration) {
