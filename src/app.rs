@@ -90,6 +90,8 @@ pub struct App {
     reload_requests: mpsc::Receiver<()>,
     ops: OpsSettings,
     tls: Option<(TlsFiles, ActiveTls)>,
+    /// The admin token (`admin.token`; `build` also reads `admin.token_file`).
+    access: crate::admin::access::Access,
 }
 
 /// The operations settings `run` needs.
@@ -125,6 +127,8 @@ impl App {
         let mut app = App::from_parts(settings, rules, limiter);
         app.housekeeping = Some((state, every));
         app.backend_probe = probe;
+        let token = settings.admin.resolve_token().map_err(anyhow::Error::msg)?;
+        app.access = crate::admin::access::Access::new(token, settings.admin.token_metrics);
         if let Some(files) = settings.tls.files() {
             app = app.with_tls(files)?;
         }
@@ -161,6 +165,10 @@ impl App {
                 max_concurrent_streams: settings.input.max_concurrent_streams,
             },
             tls: None,
+            access: crate::admin::access::Access::new(
+                settings.admin.token.clone(),
+                settings.admin.token_metrics,
+            ),
         }
     }
 

@@ -183,6 +183,7 @@ fn spawn_tasks(
             readiness: readiness.clone(),
             metrics: app.metrics.clone(),
             backend,
+            access: app.access.clone(),
         };
         let serve = admin::serve(listener, admin, stop.clone());
         guarded(tasks, failed, async {

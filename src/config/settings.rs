@@ -13,9 +13,11 @@ use serde::Deserialize;
 
 use super::model::Algorithm;
 
+mod admin;
 mod input;
 mod ops;
 mod redis;
+pub use admin::AdminSettings;
 pub use input::InputSettings;
 pub use ops::{MetricsSettings, ReloadSettings, TlsSettings};
 use redis::check_userinfo;
@@ -37,6 +39,7 @@ pub struct Settings {
     pub metrics: MetricsSettings,
     pub reload: ReloadSettings,
     pub tls: TlsSettings,
+    pub admin: AdminSettings,
 }
 
 /// `[server]`: listeners and shutdown.
@@ -238,6 +241,7 @@ impl Settings {
             )));
         }
         self.input.check().map_err(config::ConfigError::Message)?;
+        self.admin.check().map_err(config::ConfigError::Message)?;
         if self.limiter.backend == Backend::Redis {
             check_userinfo(&self.redis.url).map_err(config::ConfigError::Message)?;
         }
