@@ -265,7 +265,13 @@ pub(super) fn top_json(a: &Admin, domains: &[String], window: Window, n: usize) 
             })
         })
         .collect();
-    json!({ "window": window.as_str(), "domains": domains })
+    let sketch_state = json!({
+        "counters_held": sketch.counters_held(),
+        "domains": sketch.domains().len(),
+        "max_counters_per_domain": crate::metrics::top::TopDenied::max_counters(),
+        "dropped": sketch.dropped(),
+    });
+    json!({ "window": window.as_str(), "domains": domains, "sketch": sketch_state })
 }
 
 fn top_text(body: &Value) -> String {
