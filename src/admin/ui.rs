@@ -69,7 +69,12 @@ pub async fn data(State(a): State<Admin>) -> Response {
             "keys_held": backend.keys_held,
         },
         "rules": tree,
-        "series": { "every_seconds": crate::metrics::history::EVERY.as_secs(), "times": times, "rules": series },
+        "series": {
+            "every_seconds": crate::metrics::history::EVERY.as_secs(),
+            "kept": crate::metrics::history::KEPT,
+            "times": times,
+            "rules": series,
+        },
         "top": top_json(&a, &domains, Window::Minute, TOP_KEYS),
     }))
 }

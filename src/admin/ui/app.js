@@ -50,10 +50,11 @@
   }
 
   var SVG = "http://www.w3.org/2000/svg";
-  function line(values, max, color, w, h) {
-    var n = values.length, pts = [];
+  // The newest value at the right edge, the oldest kept one at the left: the chart scrolls.
+  function line(values, max, color, w, h, kept) {
+    var n = values.length, pts = [], step = w / Math.max(kept - 1, 1);
     for (var i = 0; i < n; i++) {
-      var x = n > 1 ? (i * w) / (n - 1) : w;
+      var x = w - (n - 1 - i) * step;
       var y = h - 2 - (max > 0 ? (values[i] / max) * (h - 4) : 0);
       pts.push(x.toFixed(1) + "," + y.toFixed(1));
     }
@@ -66,7 +67,7 @@
     return p;
   }
 
-  function chart(s) {
+  function chart(s, kept) {
     var w = 300, h = 70, all = s.requests.concat(s.denied, s.near);
     var max = Math.max.apply(null, all.concat([1]));
     var svg = document.createElementNS(SVG, "svg");
@@ -74,9 +75,15 @@
     svg.setAttribute("preserveAspectRatio", "none");
     svg.setAttribute("role", "img");
     svg.setAttribute("aria-label", "rates of " + s.rule);
+    var base = document.createElementNS(SVG, "line");
+    [["x1", 0], ["y1", h - 1], ["x2", w], ["y2", h - 1], ["stroke", "#d5d9de"], ["stroke-width", "1"]].forEach(function (a) {
+      base.setAttribute(a[0], a[1]);
+    });
+    base.setAttribute("vector-effect", "non-scaling-stroke");
+    svg.appendChild(base);
     var css = getComputedStyle(document.documentElement);
     [["requests", "--req"], ["near", "--near"], ["denied", "--den"]].forEach(function (k) {
-      svg.appendChild(line(s[k[0]], max, css.getPropertyValue(k[1]).trim(), w, h));
+      svg.appendChild(line(s[k[0]], max, css.getPropertyValue(k[1]).trim(), w, h, kept));
     });
     var last = function (v) { return v.length ? v[v.length - 1] : 0; };
     var now = "now " + fmt(last(s.requests)) + " req/s, " + fmt(last(s.denied)) + " denied/s, " +
@@ -91,7 +98,7 @@
   function charts(d) {
     var list = d.series.rules;
     if (!list.length) return;
-    replace("charts", list.map(chart));
+    replace("charts", list.map(function (s) { return chart(s, d.series.kept); }));
   }
 
   function top(d) {
