@@ -141,7 +141,7 @@ fn load(addr: SocketAddr, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<()> 
         let mut i = 0u64;
         while !stop.load(Ordering::Relaxed) {
             let user = format!("u{}", i % 7);
-            let blocked = if i % 10 == 0 {
+            let blocked = if i.is_multiple_of(10) {
                 format!("other{}", i % 3)
             } else {
                 "bad-actor".to_owned()
@@ -152,7 +152,7 @@ fn load(addr: SocketAddr, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<()> 
             post(addr, &body).await;
             i += 1;
             // Fast for a second, slow for the next, so the rates move.
-            let pause = if (i / 40) % 2 == 0 { 5 } else { 40 };
+            let pause = if (i / 40).is_multiple_of(2) { 5 } else { 40 };
             tokio::time::sleep(Duration::from_millis(pause)).await;
         }
     })

@@ -28,7 +28,6 @@
 //! engine reports no other); a domain gone from the rules is dropped at the next scrape.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -138,9 +137,7 @@ impl TopDenied {
         if !r.over || r.refund {
             return;
         }
-        let mut h = self.hasher.build_hasher();
-        r.entries.hash(&mut h);
-        let hash = h.finish();
+        let hash = self.hasher.hash_one(r.entries);
         let now = self.start.elapsed().as_secs();
         let Some(domain) = self.domain(r.domain) else {
             return;
