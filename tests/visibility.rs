@@ -398,6 +398,30 @@ async fn gauges(server: &TestServer) {
     );
 }
 
+/// What the page reads: the rules, the backend's health, the rules version, the top keys.
+async fn ui_data(server: &TestServer, backend: &str) {
+    let answer = http(server.admin_addr, "GET", "/ui/data", "", None).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let d = answer.json();
+    assert_eq!(d["version"], json!(1));
+    assert_eq!(d["last_reload_error"], Value::Null);
+    assert_eq!(d["backend"]["name"], json!(backend));
+    let domains: Vec<&Value> = d["rules"].as_array().expect("rules").iter().map(|r| &r["domain"]).collect();
+    assert_eq!(domains, [&json!("vis"), &json!("other")]);
+    let route = &d["rules"][0]["rules"][2]["children"][0];
+    assert_eq!(route["segment"], json!("route"), "{d}");
+    assert_eq!(route["limits"][1]["algorithm"], json!("fixed_window"), "{d}");
+    assert_eq!(d["top"]["domains"][0]["keys"][0]["key"], json!("flood=h0"), "{d}");
+    if backend == "redis" {
+        assert_eq!(d["backend"]["reachable"], json!(true), "{d}");
+        assert_eq!(d["backend"]["breaker_open"], json!(false), "{d}");
+        assert!(d["backend"]["deny_cache"].is_u64(), "{d}");
+    } else {
+        assert_eq!(d["backend"]["reachable"], Value::Null, "{d}");
+        assert_eq!(d["backend"]["keys_held"], json!(6), "{d}");
+    }
+}
+
 async fn redis_server_and_limiter() -> (RedisServer, Arc<RedisLimiter>) {
     let redis = RedisServer::start();
     let limiter = RedisLimiter::new(&redis.settings(), 1000).expect("valid Redis settings");
@@ -410,6 +434,7 @@ async fn memory_counters_top_and_gauges() {
     lists_exactly_the_keys(&server, true).await;
     ranks_heavy_keys_first(&server).await;
     gauges(&server).await;
+    ui_data(&server, "memory").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -419,6 +444,7 @@ async fn redis_counters_top_and_gauges() {
     lists_exactly_the_keys(&server, false).await;
     ranks_heavy_keys_first(&server).await;
     gauges(&server).await;
+    ui_data(&server, "redis").await;
 }
 
 async fn token_guards(server: &TestServer, metrics_guarded: bool) {

@@ -128,3 +128,28 @@ impl Series {
         self.last = counts;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_are_differences_per_second_and_a_reload_counts_from_zero() {
+        let mut s = Series::default();
+        s.push([10, 0, 0], None, 0);
+        assert!(s.requests.is_empty());
+        s.push([30, 4, 2], Some(2.0), 0);
+        s.push([5, 4, 2], Some(1.0), 1);
+        assert_eq!(s.requests, [10.0, 5.0]);
+        assert_eq!(s.denied, [2.0, 0.0]);
+        assert_eq!(s.near, [1.0, 0.0]);
+        for _ in 0..2 * KEPT {
+            s.push([5, 4, 2], Some(1.0), 0);
+        }
+        assert_eq!(s.requests.len(), KEPT);
+        // A rule that appears later starts padded to the others' length.
+        let mut late = Series::default();
+        late.push([7, 0, 0], Some(1.0), 3);
+        assert_eq!(late.requests, [0.0, 0.0, 0.0, 0.0]);
+    }
+}
