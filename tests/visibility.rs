@@ -406,12 +406,25 @@ async fn ui_data(server: &TestServer, backend: &str) {
     assert_eq!(d["version"], json!(1));
     assert_eq!(d["last_reload_error"], Value::Null);
     assert_eq!(d["backend"]["name"], json!(backend));
-    let domains: Vec<&Value> = d["rules"].as_array().expect("rules").iter().map(|r| &r["domain"]).collect();
+    let domains: Vec<&Value> = d["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .map(|r| &r["domain"])
+        .collect();
     assert_eq!(domains, [&json!("vis"), &json!("other")]);
     let route = &d["rules"][0]["rules"][2]["children"][0];
     assert_eq!(route["segment"], json!("route"), "{d}");
-    assert_eq!(route["limits"][1]["algorithm"], json!("fixed_window"), "{d}");
-    assert_eq!(d["top"]["domains"][0]["keys"][0]["key"], json!("flood=h0"), "{d}");
+    assert_eq!(
+        route["limits"][1]["algorithm"],
+        json!("fixed_window"),
+        "{d}"
+    );
+    assert_eq!(
+        d["top"]["domains"][0]["keys"][0]["key"],
+        json!("flood=h0"),
+        "{d}"
+    );
     if backend == "redis" {
         assert_eq!(d["backend"]["reachable"], json!(true), "{d}");
         assert_eq!(d["backend"]["breaker_open"], json!(false), "{d}");
