@@ -8,13 +8,22 @@
 //! | `GET /healthcheck` | the same as `/readyz` (envoyproxy/ratelimit's name for it) |
 //! | `GET /metrics` | every metric, OpenMetrics text format |
 //! | `GET /rlconfig` | the active rules, one line per limit, with their version and load time |
+//! | `GET /counters` | the live state of keys, filtered and paginated (see `counters.rs`) |
+//! | `GET /counters/top` | the keys denied most per domain, last minute or hour |
+//! | `GET /ui` | a live page for people; `GET /ui/data` is what it polls |
 //! | `POST /json` | a proto3-JSON `RateLimitRequest` in, the JSON `RateLimitResponse` out: 200 OK, 429 over the limit; 400 bad JSON or invalid request; 413 body over `input.max_request_bytes`; 503 backend unavailable |
+//!
+//! With `admin.token`, `/json`, `/counters*` and `/ui*` (and `/metrics` with
+//! `admin.token_metrics`) need it (see `access.rs`).
 //!
 //! The server keeps answering while the service drains (so that probes see `/readyz` fail)
 //! and stops once the gRPC server has.
 
+pub mod access;
+mod counters;
 pub mod json;
 mod rlconfig;
+mod ui;
 
 use std::sync::Arc;
 
@@ -22,8 +31,11 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, header};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use std::future::IntoFuture as _;
+
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -43,6 +55,8 @@ pub struct Admin {
     pub metrics: Arc<Metrics>,
     /// The limiter backend, for its metrics (keys held, events).
     pub backend: Arc<dyn Limiter>,
+    /// Who may read the guarded endpoints.
+    pub access: access::Access,
 }
 
 const INDEX: &str = "\
@@ -53,19 +67,35 @@ const INDEX: &str = "\
 /metrics     Prometheus metrics
 /rlconfig    the active rules
 /json        POST a JSON RateLimitRequest, get the RateLimitResponse
+/counters    the live state of keys (?domain= &rule= &prefix= &count= &cursor= &format=text)
+/counters/top the keys denied most (?domain= &window=minute|hour &n=)
+/ui          a live page
 ";
 
 /// The routes.
 pub fn router(admin: Admin) -> Router {
     let max_body = admin.engine.input_limits().max_request_bytes;
+    let guard = middleware::from_fn_with_state(admin.access.clone(), access::guard);
+    let guarded = Router::new()
+        .route("/json", post(json).layer(DefaultBodyLimit::max(max_body)))
+        .route("/counters", get(counters::counters))
+        .route("/counters/top", get(counters::top))
+        .route("/ui", get(ui::page))
+        .route("/ui/data", get(ui::data));
+    let metrics_route = Router::new().route("/metrics", get(metrics));
+    let metrics_route = if admin.access.metrics {
+        metrics_route.layer(guard.clone())
+    } else {
+        metrics_route
+    };
     Router::new()
         .route("/", get(|| async { INDEX }))
         .route("/healthz", get(|| async { "OK\n" }))
         .route("/readyz", get(readyz))
         .route("/healthcheck", get(readyz))
-        .route("/metrics", get(metrics))
         .route("/rlconfig", get(rlconfig))
-        .route("/json", post(json).layer(DefaultBodyLimit::max(max_body)))
+        .merge(guarded.layer(guard))
+        .merge(metrics_route)
         .with_state(admin)
 }
 
@@ -75,9 +105,23 @@ pub async fn serve(
     admin: Admin,
     stop: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(admin))
-        .with_graceful_shutdown(stop.cancelled_owned())
-        .await
+    let sampling = sample(admin.clone(), stop.clone());
+    let serving =
+        axum::serve(listener, router(admin)).with_graceful_shutdown(stop.cancelled_owned());
+    let (served, ()) = tokio::join!(serving.into_future(), sampling);
+    served
+}
+
+/// Samples every rule's rates for the page until `stop`.
+async fn sample(admin: Admin, stop: CancellationToken) {
+    let mut every = tokio::time::interval(metrics::history::EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = every.tick() => admin.metrics.sample(&admin.rules.load_full()),
+        }
+    }
 }
 
 async fn readyz(State(a): State<Admin>) -> Response {
@@ -95,9 +139,9 @@ async fn metrics(State(a): State<Admin>) -> Response {
         keys_held: a.backend.held(),
         events: a.backend.events(),
     };
+    a.metrics.refresh_rules(&a.rules.load_full());
     a.metrics
         .refresh(&a.rules.status(), Some((a.backend.name(), &backend)));
-    a.metrics.refresh_limits(&a.rules.load_full());
     match a.metrics.encode() {
         Ok(body) => ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], body).into_response(),
         Err(_) => text(

@@ -45,6 +45,8 @@ pub struct App {
     ops: OpsSettings,
     tls: Option<(TlsFiles, ActiveTls)>,
     rlqs: Arc<crate::rlqs::Rlqs>,
+    /// The admin token (`admin.token`; `build` also reads `admin.token_file`).
+    access: crate::admin::access::Access,
 }
 
 /// The operations settings `run` needs.
@@ -72,6 +74,8 @@ impl App {
         app.housekeeping = Some(Duration::from_secs(
             settings.memory.sweep_interval_secs.max(1),
         ));
+        let token = settings.admin.resolve_token().map_err(anyhow::Error::msg)?;
+        app.access = crate::admin::access::Access::new(token, settings.admin.token_metrics);
         if let Some(files) = TlsFiles::from_settings(&settings.tls) {
             app = app.with_tls(files)?;
         }
@@ -118,6 +122,10 @@ impl App {
             },
             tls: None,
             rlqs,
+            access: crate::admin::access::Access::new(
+                settings.admin.token.clone(),
+                settings.admin.token_metrics,
+            ),
         }
     }
 

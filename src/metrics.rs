@@ -4,11 +4,13 @@
 //! Every metric is listed, with its labels, in README.md ("Metrics"). The per-rule counters
 //! and how their label sets are bounded are in [`rules`].
 
+pub mod history;
 mod latency;
+pub mod live;
 pub mod rlqs;
-mod limits;
 pub mod rules;
 mod throttle;
+pub mod top;
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
@@ -21,6 +23,7 @@ use prometheus_client::registry::Registry;
 
 use crate::engine::{DescriptorReport, Observer, RequestResult};
 use crate::reload::{ConfigStatus, Reloaded};
+use crate::rules::RuleSet;
 use latency::Latency;
 use rules::RuleCounters;
 use throttle::ThrottleCounters;
@@ -96,9 +99,13 @@ pub struct Metrics {
     config_version: Gauge,
     config_loaded: Gauge,
     rlqs: rlqs::RlqsMetrics,
-    limits: limits::RuleLimits,
     /// envoyproxy/ratelimit's stats, when asked for (statsd, `[ratelimit_metrics]`).
     ratelimit: OnceLock<Arc<crate::compat::stats::RatelimitStats>>,
+    live: live::LiveRules,
+    top: top::TopDenied,
+    history: history::History,
+    /// The errors of the last failed reload, and when.
+    last_reload_error: parking_lot::Mutex<Option<(SystemTime, String)>>,
 }
 
 impl Metrics {
@@ -107,8 +114,12 @@ impl Metrics {
         let rules = RuleCounters::new(options, &mut registry);
         let rlqs = rlqs::RlqsMetrics::new(&mut registry);
         let throttle = ThrottleCounters::new(options.max_value_label_sets, &mut registry);
-        let limits = limits::RuleLimits::new(&mut registry);
+        let live = live::LiveRules::new(&mut registry);
         let m = Metrics {
+            live,
+            top: top::TopDenied::default(),
+            history: history::History::default(),
+            last_reload_error: parking_lot::Mutex::new(None),
             rules,
             throttle,
             requests: Family::default(),
@@ -121,7 +132,6 @@ impl Metrics {
             config_version: Gauge::default(),
             config_loaded: Gauge::default(),
             rlqs,
-            limits,
             ratelimit: OnceLock::new(),
             registry: Registry::default(),
         };
@@ -189,15 +199,13 @@ impl Metrics {
         let _ = self.ratelimit.set(stats);
     }
 
-    /// Sets the rule limit gauges from the active rules (at scrape time).
-    pub fn refresh_limits(&self, rules: &Arc<crate::rules::RuleSet>) {
-        self.limits.refresh(rules);
-    }
-
     /// Counts a reload.
     pub fn reloaded(&self, outcome: &Reloaded) {
         if let Some(stats) = self.ratelimit.get() {
             stats.reloaded(outcome);
+        }
+        if let Reloaded::Failed(errors) = outcome {
+            *self.last_reload_error.lock() = Some((SystemTime::now(), errors.to_string()));
         }
         let outcome = outcome.label();
         self.reloads.get_or_create(&OutcomeLabels { outcome }).inc();
@@ -228,6 +236,33 @@ impl Metrics {
         }
     }
 
+    /// Sets the gauges read from the active rules (limits, periods, the busiest key's share
+    /// since the last call) and forgets the top denied keys of domains no longer configured.
+    pub fn refresh_rules(&self, rules: &RuleSet) {
+        self.live.refresh(rules);
+        self.top.retain(|name| rules.domain(name).is_some());
+    }
+
+    /// Takes one sample of every rule's rates for the admin page ([`history`]).
+    pub fn sample(&self, rules: &RuleSet) {
+        self.history.sample(rules, &self.live);
+    }
+
+    /// The sampled rates.
+    pub fn history(&self) -> &history::History {
+        &self.history
+    }
+
+    /// The keys denied most.
+    pub fn top_denied(&self) -> &top::TopDenied {
+        &self.top
+    }
+
+    /// When the last failed reload was, and its errors.
+    pub fn last_reload_error(&self) -> Option<(SystemTime, String)> {
+        self.last_reload_error.lock().clone()
+    }
+
     /// Every metric in the OpenMetrics text format (which Prometheus reads).
     pub fn encode(&self) -> Result<String, std::fmt::Error> {
         let mut out = String::new();
@@ -242,6 +277,8 @@ impl Observer for Metrics {
         if let Some(stats) = self.ratelimit.get() {
             stats.descriptor(report);
         }
+        self.live.record(report, self.rules.near_part(report));
+        self.top.record(report);
     }
 
     fn request(&self, result: RequestResult<'_>, elapsed: Duration) {

@@ -184,6 +184,7 @@ fn spawn_tasks(
             readiness: readiness.clone(),
             metrics: app.metrics.clone(),
             backend: app.limiter.clone(),
+            access: app.access.clone(),
         };
         let serve = admin::serve(listener, admin, stop.clone());
         guarded(tasks, failed, async {

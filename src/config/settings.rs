@@ -13,12 +13,14 @@ use serde::Deserialize;
 
 use super::model::Algorithm;
 
+mod admin;
 mod dropin;
 mod input;
 mod ops;
 mod redis;
 mod rlqs;
 mod xds;
+pub use admin::AdminSettings;
 pub use dropin::{DebugSettings, RatelimitMetricsSettings, StatsdSettings};
 pub use input::InputSettings;
 pub use ops::{MetricsSettings, ReloadSettings, TlsSettings};
@@ -48,6 +50,7 @@ pub struct Settings {
     pub statsd: StatsdSettings,
     pub ratelimit_metrics: RatelimitMetricsSettings,
     pub debug: DebugSettings,
+    pub admin: AdminSettings,
 }
 
 /// `[server]`: listeners and shutdown.
@@ -254,6 +257,7 @@ impl Settings {
             .check(&self.rules.paths)
             .map_err(config::ConfigError::Message)?;
         self.statsd.check().map_err(config::ConfigError::Message)?;
+        self.admin.check().map_err(config::ConfigError::Message)?;
         if self.limiter.backend == Backend::Redis {
             check_userinfo(&self.redis.url).map_err(config::ConfigError::Message)?;
         }

@@ -108,6 +108,11 @@ impl Engine {
         }
     }
 
+    /// The limiter the engine asks (admin `/counters` reads it too).
+    pub fn limiter(&self) -> &Arc<dyn Limiter> {
+        &self.limiter
+    }
+
     /// The same engine, reporting what it decides to `observer`.
     pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Self {
         self.observer = observer;

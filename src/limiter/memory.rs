@@ -54,8 +54,10 @@ mod decide;
 mod keys;
 mod shards;
 mod store;
+mod walk;
 
 use super::algorithm::State;
+use super::counters::{BackendStatus, CounterPage, CounterQuery};
 use super::{Batch, BatchOutcome, BoxFuture, Clock, Hit, Limiter, LimiterError, MonotonicClock};
 use decide::{Scratch, Slots, Write};
 use shards::{Locked, Shards};
@@ -256,6 +258,21 @@ impl<C: Clock> Limiter for MemoryLimiter<C> {
 
     fn held(&self) -> usize {
         self.len()
+    }
+
+    fn counters<'a>(
+        &'a self,
+        query: &'a CounterQuery<'a>,
+    ) -> BoxFuture<'a, Result<CounterPage, LimiterError>> {
+        let page = walk::page(&self.shards, query, || self.clock.now_nanos());
+        Box::pin(std::future::ready(page))
+    }
+
+    fn status(&self) -> BackendStatus {
+        BackendStatus {
+            keys_held: Some(self.len()),
+            ..BackendStatus::default()
+        }
     }
 }
 

@@ -12,6 +12,7 @@
 
 pub mod algorithm;
 pub mod clock;
+pub mod counters;
 pub mod fixed_window;
 pub mod funnel;
 pub mod memory;
@@ -157,6 +158,20 @@ pub trait Limiter: Send + Sync + 'static {
     /// Running totals of backend events (`(event, count)`), exported as metrics.
     fn events(&self) -> Vec<(&'static str, u64)> {
         Vec::new()
+    }
+
+    /// One page of the keys held and their state, read as a check-only request would see
+    /// them, changing nothing (admin `/counters`). By default, none.
+    fn counters<'a>(
+        &'a self,
+        _query: &'a counters::CounterQuery<'a>,
+    ) -> BoxFuture<'a, Result<counters::CounterPage, LimiterError>> {
+        Box::pin(std::future::ready(Ok(counters::CounterPage::default())))
+    }
+
+    /// What the backend says of its health, for people (the admin page). By default, nothing.
+    fn status(&self) -> counters::BackendStatus {
+        counters::BackendStatus::default()
     }
 }
 

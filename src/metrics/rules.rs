@@ -163,7 +163,10 @@ impl RuleCounters {
     }
 
     /// The part of the cost that used capacity beyond `near_ratio` of it.
-    fn near_part(&self, r: &DescriptorReport<'_>) -> u64 {
+    pub(super) fn near_part(&self, r: &DescriptorReport<'_>) -> u64 {
+        if r.over || r.refund {
+            return 0;
+        }
         // Metrics only: a float threshold is fine here (decisions never use floats).
         let threshold = (r.capacity as f64 * self.near_ratio).floor() as u64;
         let used_after = r.capacity.saturating_sub(r.remaining);

@@ -113,6 +113,150 @@ pub fn hash_tag(key: &[u8]) -> &[u8] {
     }
 }
 
+/// One level of a decoded state key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Level {
+    pub key: String,
+    /// The request's value, or the shared pattern when `shared`.
+    pub value: String,
+    /// Written `key~pattern`: a `share_threshold` level, whose value is the rule's pattern.
+    pub shared: bool,
+}
+
+/// A state key read back: what [`descriptor_part`] and [`state_key`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decoded {
+    pub domain: String,
+    pub levels: Vec<Level>,
+    pub algorithm: Algorithm,
+    pub period_nanos: u64,
+}
+
+impl Decoded {
+    /// The levels as request entries (a shared level gives its pattern as the value, which
+    /// the pattern's own wildcard matches).
+    pub fn entries(&self) -> Vec<Entry> {
+        let entries = self.levels.iter();
+        entries.map(|l| Entry::new(&*l.key, &*l.value)).collect()
+    }
+
+    /// The state key these fields make.
+    pub fn encode(&self) -> Arc<[u8]> {
+        let mut part = String::from("{");
+        escape_into(&mut part, &self.domain);
+        if !self.levels.is_empty() {
+            part.push('|');
+            part.push_str(&self.descriptor());
+        }
+        part.push('}');
+        state_key(&part, self.algorithm, self.period_nanos)
+    }
+
+    /// The descriptor part without its domain, for people: `k1=v1|k2~pattern`, escaped as in
+    /// the key.
+    pub fn descriptor(&self) -> String {
+        let mut out = String::new();
+        for (i, level) in self.levels.iter().enumerate() {
+            if i > 0 {
+                out.push('|');
+            }
+            escape_into(&mut out, &level.key);
+            out.push(if level.shared { '~' } else { '=' });
+            escape_into(&mut out, &level.value);
+        }
+        out
+    }
+}
+
+/// Why a key is not one of sluice's state keys.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not a sluice state key: {0}")]
+pub struct DecodeError(&'static str);
+
+/// Reads a state key back (without the Redis prefix): the inverse of [`state_key`].
+///
+/// ```
+/// use sluice::config::model::Algorithm;
+/// use sluice::rules::key::decode;
+///
+/// let key = decode(b"{api|user=a%7Cb|path~/files/*}:funnel:60").unwrap();
+/// assert_eq!(key.domain, "api");
+/// assert_eq!(key.levels[0].value, "a|b");
+/// assert!(key.levels[1].shared);
+/// assert_eq!(key.algorithm, Algorithm::Funnel);
+/// assert_eq!(key.period_nanos, 60_000_000_000);
+/// ```
+pub fn decode(key: &[u8]) -> Result<Decoded, DecodeError> {
+    let key = std::str::from_utf8(key).map_err(|_| DecodeError("not UTF-8"))?;
+    let rest = key.strip_prefix('{').ok_or(DecodeError("no '{'"))?;
+    let close = rest.find('}').ok_or(DecodeError("no '}'"))?;
+    let (part, tail) = (&rest[..close], &rest[close + 1..]);
+    let mut fields = part.split('|');
+    let domain = unescape(fields.next().unwrap_or_default())?;
+    let levels = fields.map(level).collect::<Result<Vec<_>, _>>()?;
+    let tail = tail
+        .strip_prefix(':')
+        .ok_or(DecodeError("no ':' after '}'"))?;
+    let (algorithm, period) = tail.split_once(':').ok_or(DecodeError("no period"))?;
+    let algorithm = Algorithm::parse(algorithm).ok_or(DecodeError("unknown algorithm"))?;
+    Ok(Decoded {
+        domain,
+        levels,
+        algorithm,
+        period_nanos: period_of(period)?,
+    })
+}
+
+fn level(text: &str) -> Result<Level, DecodeError> {
+    let at = text
+        .find(['=', '~'])
+        .ok_or(DecodeError("a level without '=' or '~'"))?;
+    Ok(Level {
+        key: unescape(&text[..at])?,
+        value: unescape(&text[at + 1..])?,
+        shared: text.as_bytes().get(at) == Some(&b'~'),
+    })
+}
+
+fn period_of(text: &str) -> Result<u64, DecodeError> {
+    let bad = DecodeError("a bad period");
+    let canonical = |digits: &str| digits == "0" || !digits.starts_with('0');
+    if let Some(nanos) = text.strip_suffix("ns") {
+        let n: u64 = nanos.parse().map_err(|_| bad.clone())?;
+        // The encoder writes whole seconds without the suffix.
+        return (canonical(nanos) && !n.is_multiple_of(NANOS_PER_SECOND))
+            .then_some(n)
+            .ok_or(bad);
+    }
+    let seconds: u64 = text.parse().map_err(|_| bad.clone())?;
+    if !canonical(text) || text.starts_with('+') {
+        return Err(bad);
+    }
+    seconds.checked_mul(NANOS_PER_SECOND).ok_or(bad)
+}
+
+/// The inverse of [`escape_into`]: only the escapes it writes are accepted, and no separator
+/// may appear unescaped.
+fn unescape(text: &str) -> Result<String, DecodeError> {
+    if !text.contains(['%', '{', '}', '|', '=', '~', ':']) {
+        return Ok(text.to_owned());
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(['%', '{', '}', '|', '=', '~', ':']) {
+        out.push_str(&rest[..at]);
+        let code = rest.get(at..at + 3).ok_or(DecodeError("a cut escape"))?;
+        let c = ['%', ':', '=', '{', '|', '}', '~']
+            .into_iter()
+            .find(|&c| escaped(c) == Some(code))
+            .ok_or(DecodeError("an unknown escape or a bare separator"))?;
+        out.push(c);
+        rest = &rest[at + 3..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
 /// Appends `text` with every separator character escaped.
 fn escape_into(out: &mut String, text: &str) {
     if !text.contains(|c| escaped(c).is_some()) {
@@ -213,5 +357,74 @@ mod tests {
         assert_eq!(hash_tag(b"{}x"), b"{}x");
         assert_eq!(hash_tag(b"{open"), b"{open");
         assert_eq!(hash_tag(b"a{b}c}"), b"b");
+    }
+    #[test]
+    fn decoding_rejects_what_the_encoder_never_writes() {
+        for bad in [
+            "api:funnel:1",
+            "{api}funnel:1",
+            "{api}:funnel",
+            "{api}:gcra:1",
+            "{api|k}:funnel:1",
+            "{api|k=%7}:funnel:1",
+            "{api|k=%41}:funnel:1",
+            "{api|k=a:b}:funnel:1",
+            "{api}:funnel:01",
+            "{api}:funnel:1000000000ns",
+            "{api}:funnel:x",
+        ] {
+            assert!(decode(bad.as_bytes()).is_err(), "{bad}");
+        }
+    }
+
+    fn text() -> impl proptest::strategy::Strategy<Value = String> {
+        proptest::string::string_regex("[a-z%{}|=~:_ é€]{0,8}").expect("a valid regex")
+    }
+
+    fn period() -> impl proptest::strategy::Strategy<Value = u64> {
+        use proptest::strategy::Strategy as _;
+        proptest::prop_oneof![
+            (0u64..100_000).prop_map(|s| s * NANOS_PER_SECOND),
+            proptest::num::u64::ANY,
+        ]
+    }
+
+    fn fail(e: DecodeError) -> proptest::test_runner::TestCaseError {
+        proptest::test_runner::TestCaseError::fail(e.to_string())
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn decode_inverts_the_encoder(
+            domain in text(),
+            levels in proptest::collection::vec((text(), text()), 0..5),
+            algorithm in proptest::sample::select(Algorithm::ALL.to_vec()),
+            period in period(),
+        ) {
+            let entries: Vec<Entry> = levels.into_iter().map(|(k, v)| Entry::new(k, v)).collect();
+            let key = state_key(&descriptor_part(&domain, &entries, None), algorithm, period);
+            let decoded = decode(&key).map_err(fail)?;
+            proptest::prop_assert_eq!(&decoded.domain, &domain);
+            proptest::prop_assert_eq!(decoded.entries(), entries);
+            proptest::prop_assert!(decoded.levels.iter().all(|l| !l.shared));
+            proptest::prop_assert_eq!(decoded.algorithm, algorithm);
+            proptest::prop_assert_eq!(decoded.period_nanos, period);
+            proptest::prop_assert_eq!(decoded.encode(), key);
+        }
+
+        #[test]
+        fn encode_and_decode_are_inverse_with_shared_levels(
+            domain in text(),
+            levels in proptest::collection::vec((text(), text(), proptest::bool::ANY), 0..5),
+            algorithm in proptest::sample::select(Algorithm::ALL.to_vec()),
+            period_nanos in period(),
+        ) {
+            let levels = levels
+                .into_iter()
+                .map(|(key, value, shared)| Level { key, value, shared })
+                .collect();
+            let key = Decoded { domain, levels, algorithm, period_nanos };
+            proptest::prop_assert_eq!(decode(&key.encode()).map_err(fail)?, key);
+        }
     }
 }

@@ -215,6 +215,8 @@ pub struct Rule {
     /// What an observer derives from this rule once, kept for the life of the compiled rule
     /// set (the metrics keep the rule's counters here: see [`RuleSlot`]).
     pub slot: RuleSlot,
+    /// A second slot, for what the admin page follows per rule (`metrics::live`).
+    pub live: RuleSlot,
     children: Level,
 }
 
@@ -232,6 +234,7 @@ impl Rule {
             metadata: rule.metadata.map(Arc::new),
             location: rule.location,
             slot: RuleSlot::default(),
+            live: RuleSlot::default(),
             children: Level::compile(rule.children),
         }
     }

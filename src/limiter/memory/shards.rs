@@ -65,6 +65,16 @@ impl Shards {
         locked
     }
 
+    /// The number of shards.
+    pub(super) fn count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Runs `f` on one shard's store, holding its lock only meanwhile.
+    pub(super) fn with_shard<T>(&self, shard: usize, f: impl FnOnce(&Store) -> T) -> Option<T> {
+        self.shards.get(shard).map(|s| f(&s.lock()))
+    }
+
     /// The number of keys held (shard by shard, so only a snapshot under concurrent use).
     pub(super) fn len(&self) -> usize {
         self.shards.iter().map(|s| s.lock().len()).sum()

@@ -210,7 +210,7 @@ trait AnyTable {
     /// Every entry's time of becoming fresh, with its index.
     fn each_fresh_at(&self, f: &mut dyn FnMut(u64, usize));
     fn each_key(&mut self, f: &mut dyn FnMut(&mut Span));
-    #[cfg(any(test, feature = "test-util"))]
+    /// Every entry's key and a copy of its state.
     fn each(&self, f: &mut dyn FnMut(Span, State));
 }
 
@@ -286,7 +286,6 @@ impl<V: Value> AnyTable for Table<V> {
         self.map.iter_mut().for_each(|e| f(&mut e.key));
     }
 
-    #[cfg(any(test, feature = "test-util"))]
     fn each(&self, f: &mut dyn FnMut(Span, State)) {
         self.map.iter().for_each(|e| f(e.key, e.value.peek()));
     }
@@ -487,6 +486,16 @@ impl Store {
             });
         }
         self.keys = new;
+    }
+
+    /// Calls `f` with every held key and a copy of its state, in no order.
+    pub(super) fn each(&self, f: &mut dyn FnMut(&[u8], State)) {
+        for kind in Kind::ALL {
+            let keys = &self.keys;
+            self.tables
+                .get(kind)
+                .each(&mut |key, state| f(keys.get(key), state));
+        }
     }
 
     /// Every held key with its state, in no order.

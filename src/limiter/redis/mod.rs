@@ -30,6 +30,7 @@ mod cluster;
 pub mod connection;
 mod deny_cache;
 mod group_commit;
+mod scan;
 pub mod script;
 
 use std::sync::Arc;
@@ -405,6 +406,17 @@ impl Limiter for RedisLimiter {
 
     fn events(&self) -> Vec<(&'static str, u64)> {
         RedisLimiter::events(self)
+    }
+
+    fn counters<'a>(
+        &'a self,
+        query: &'a super::counters::CounterQuery<'a>,
+    ) -> BoxFuture<'a, Result<super::counters::CounterPage, LimiterError>> {
+        Box::pin(scan::page(self, query))
+    }
+
+    fn status(&self) -> super::counters::BackendStatus {
+        scan::status(self)
     }
 }
 

@@ -1,0 +1,196 @@
+//! Listing the keys in Redis for `/counters`: `SCAN` with `MATCH <prefix><key prefix>*` and a
+//! `COUNT`, never `KEYS` (which blocks Redis for the whole keyspace), then each listed key's
+//! state read as a check-only request (cost 0, through the same script as every request, so
+//! nothing is written and the answer is the one a request would get).
+//!
+//! The cursor is Redis's own `SCAN` cursor: a key present during the whole walk is listed at
+//! least once (Redis may return a key twice across pages, the caller removes nothing). A page
+//! runs `SCAN` until it has about `count` keys or the walk ends, at most
+//! [`MAX_SCANS_PER_PAGE`] times. Redis Cluster is not walked (each master would need its own
+//! walk): the request is refused with a clear error.
+
+use std::time::Duration;
+
+use redis::RedisResult;
+
+use super::RedisLimiter;
+use super::connection::Conn;
+use crate::limiter::counters::{
+    BackendStatus, CounterEntry, CounterPage, CounterQuery, KeyState, Resolved,
+};
+use crate::limiter::{Batch, Hit, LimitParams, Limiter as _, LimiterError, Role};
+
+/// `SCAN` calls one page may make (with a selective pattern most return nothing).
+const MAX_SCANS_PER_PAGE: usize = 64;
+
+/// The least time one admin read may wait for Redis.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// One page of the keys under the prefix.
+pub(super) async fn page(
+    limiter: &RedisLimiter,
+    query: &CounterQuery<'_>,
+) -> Result<CounterPage, LimiterError> {
+    if limiter.connector.is_cluster() {
+        return Err(refused("/counters cannot walk a Redis Cluster"));
+    }
+    let mut cursor: u64 = match query.cursor.filter(|c| !c.is_empty()) {
+        Some(text) => text
+            .parse()
+            .map_err(|_| refused(&format!("invalid cursor {text:?}")))?,
+        None => 0,
+    };
+    let pattern = pattern(limiter.prefix(), query.prefix);
+    let count = query.count.max(1);
+    let mut keys = Vec::new();
+    for _ in 0..MAX_SCANS_PER_PAGE {
+        let (next, found) = scan(limiter, cursor, &pattern, count).await?;
+        keys.extend(found);
+        cursor = next;
+        if cursor == 0 || keys.len() >= count {
+            break;
+        }
+    }
+    let entries = read(limiter, keys, query).await?;
+    let next = (cursor != 0).then(|| cursor.to_string());
+    Ok(CounterPage { entries, next })
+}
+
+/// The entries of listed keys (Redis prefix included): resolved, and read when known.
+async fn read(
+    limiter: &RedisLimiter,
+    keys: Vec<Vec<u8>>,
+    query: &CounterQuery<'_>,
+) -> Result<Vec<CounterEntry>, LimiterError> {
+    let prefix = limiter.prefix();
+    let mut entries = Vec::with_capacity(keys.len());
+    let mut hits = Vec::new();
+    for full in keys {
+        let Some(key) = full.strip_prefix(prefix) else {
+            continue;
+        };
+        match (query.resolve)(key) {
+            Resolved::Skip => {}
+            Resolved::Unknown => entries.push(CounterEntry {
+                key: key.to_vec(),
+                limit: None,
+                state: None,
+            }),
+            Resolved::Limit(limit) => {
+                hits.push(check_only(key, limit, hits.len()));
+                entries.push(CounterEntry {
+                    key: key.to_vec(),
+                    limit: Some(limit),
+                    state: None,
+                });
+            }
+        }
+    }
+    if hits.is_empty() {
+        return Ok(entries);
+    }
+    let batch = Batch { hits };
+    let outcome = limiter.check(&batch).await?;
+    let mut states = outcome.hits.into_iter();
+    for entry in entries.iter_mut().filter(|e| e.limit.is_some()) {
+        entry.state = states.next().map(|h| KeyState {
+            admitted: h.admitted,
+            remaining: h.remaining,
+            reset_nanos: h.reset_nanos,
+        });
+    }
+    // A key that expired between SCAN and the read reads as fresh: it is no longer held.
+    entries.retain(|e| match (e.limit, e.state) {
+        (Some(limit), Some(state)) => !is_fresh(&limit, &state),
+        _ => true,
+    });
+    Ok(entries)
+}
+
+/// A cost-0 hit on `key`, one descriptor group of its own.
+fn check_only(key: &[u8], limit: LimitParams, group: usize) -> Hit {
+    Hit {
+        key: key.into(),
+        limit,
+        cost: 0,
+        refund: false,
+        group,
+        role: Role::Enforced,
+    }
+}
+
+/// Whether a read state is the fresh one: a full quota, nothing to wait for.
+fn is_fresh(limit: &LimitParams, state: &KeyState) -> bool {
+    state.admitted
+        && state.reset_nanos == 0
+        && state.remaining >= u64::from(limit.burst.max(limit.quota))
+}
+
+async fn scan(
+    limiter: &RedisLimiter,
+    cursor: u64,
+    pattern: &[u8],
+    count: usize,
+) -> Result<(u64, Vec<Vec<u8>>), LimiterError> {
+    let mut cmd = redis::cmd("SCAN");
+    cmd.arg(cursor)
+        .arg("MATCH")
+        .arg(pattern)
+        .arg("COUNT")
+        .arg(count);
+    let call = async {
+        let reply: RedisResult<(u64, Vec<Vec<u8>>)> = match limiter.connector.get().await {
+            Ok(Conn::Single(mut c)) => cmd.query_async(&mut c).await,
+            Ok(Conn::Sentinel(mut c)) => cmd.query_async(&mut c).await,
+            Ok(Conn::Cluster(_)) => return Err(refused("/counters cannot walk a Redis Cluster")),
+            Err(e) => Err(e),
+        };
+        reply.map_err(super::limiter_error)
+    };
+    let wait = limiter.timeout.max(ADMIN_TIMEOUT);
+    tokio::time::timeout(wait, call)
+        .await
+        .map_err(|_| super::unavailable(&format!("SCAN: no answer within {wait:?}")))?
+}
+
+/// `<redis prefix><key prefix>*`, glob characters escaped.
+fn pattern(redis_prefix: &[u8], key_prefix: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(redis_prefix.len() + key_prefix.len() + 8);
+    for &b in redis_prefix.iter().chain(key_prefix) {
+        if matches!(b, b'*' | b'?' | b'[' | b']' | b'\\') {
+            out.push(b'\\');
+        }
+        out.push(b);
+    }
+    out.push(b'*');
+    out
+}
+
+/// What the Redis backend says of its health.
+pub(super) fn status(limiter: &RedisLimiter) -> BackendStatus {
+    BackendStatus {
+        reachable: Some(limiter.health()),
+        breaker_open: Some(limiter.breaker.is_open()),
+        deny_cache: Some(limiter.deny.len()),
+        keys_held: Some(limiter.held()),
+    }
+}
+
+fn refused(message: &str) -> LimiterError {
+    LimiterError {
+        kind: "redis",
+        message: message.to_owned(),
+        transient: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_escape_glob_characters() {
+        assert_eq!(pattern(b"sluice:", b"{api|"), b"sluice:{api|*");
+        assert_eq!(pattern(b"p*", b"{a?[b]\\"), b"p\\*{a\\?\\[b\\]\\\\*");
+    }
+}

@@ -1,0 +1,275 @@
+//! The admin page in a real headless Chromium (Debian's `chromium`), opened with the admin
+//! token in its address: it loads with no console message, shows the rules, the top denied
+//! key and a chart per rule, and the chart moves while a load runs (two screenshots a few
+//! seconds apart differ in the chart's colours). Screenshots at a laptop and a phone width
+//! are left in `target/ui-shots/` for a person to look at.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+use sluice::config::settings::Settings;
+use sluice::testing::TestServer;
+
+const INSTALL: &str = "command -v chromium || (apt-get update && apt-get install -y chromium)";
+const TOKEN: &str = "page-t0ken";
+
+const RULES: &str = "\
+domain: shop
+descriptors:
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 20}
+  - key: blocked
+    rate_limit: {unit: hour, requests_per_unit: 0}
+  - key: tenant
+    descriptors:
+      - key: route
+        value: /api/*
+        rate_limit: {unit: minute, requests_per_unit: 100, algorithm: sliding_window}
+";
+
+/// The Chromium program, or a failure naming the command that installs it.
+fn chromium() -> PathBuf {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join("chromium"))
+            .find(|p| p.is_file())
+    });
+    found.unwrap_or_else(|| panic!("chromium is not installed; run: {INSTALL}"))
+}
+
+/// Runs headless Chromium on `url` with `args`, in a fresh profile.
+fn browse(url: &str, args: &[&str]) -> Output {
+    let profile = tempfile::tempdir().expect("a profile directory");
+    let out = Command::new(chromium())
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            "--enable-logging=stderr",
+            "--v=0",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .args(args)
+        .arg(url)
+        .output()
+        .unwrap_or_else(|e| panic!("run chromium ({INSTALL}): {e}"));
+    assert!(
+        out.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The page's console messages (Chromium logs them as `CONSOLE` lines).
+fn console(out: &Output) -> Vec<String> {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    stderr
+        .lines()
+        .filter(|l| l.contains(":CONSOLE"))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn screenshot(url: &str, size: &str, file: &Path) -> Vec<u8> {
+    let _ = std::fs::remove_file(file);
+    let out = browse(
+        url,
+        &[
+            &format!("--window-size={size}"),
+            "--hide-scrollbars",
+            "--virtual-time-budget=3000",
+            &format!("--screenshot={}", file.display()),
+        ],
+    );
+    assert!(
+        console(&out).is_empty(),
+        "console messages: {:?}",
+        console(&out)
+    );
+    std::fs::read(file).unwrap_or_else(|e| panic!("no screenshot {}: {e}", file.display()))
+}
+
+/// RGB pixels of a PNG, with its width and height.
+fn pixels(png_bytes: &[u8]) -> (Vec<[u8; 3]>, u32, u32) {
+    let decoder = png::Decoder::new(std::io::Cursor::new(png_bytes));
+    let mut reader = decoder.read_info().expect("a PNG");
+    let mut buf = vec![0; reader.output_buffer_size().expect("a size")];
+    let info = reader.next_frame(&mut buf).expect("a frame");
+    let channels = info.color_type.samples();
+    let px = buf[..info.buffer_size()]
+        .chunks(channels)
+        .map(|c| [c[0], c[1], c[2]])
+        .collect();
+    (px, info.width, info.height)
+}
+
+/// Whether a pixel has one of the charts' line colours (requests, denied, near).
+fn chart_colour(p: [u8; 3]) -> bool {
+    let near = |c: [u8; 3]| p.iter().zip(c).all(|(a, b)| a.abs_diff(b) <= 40);
+    near([0x2f, 0x6f, 0xde]) || near([0xd2, 0x3c, 0x3c]) || near([0xe5, 0x9a, 0x1a])
+}
+
+/// One `/json` request with the token.
+async fn post(addr: SocketAddr, body: &str) {
+    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+        return;
+    };
+    let head = format!(
+        "POST /json HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAuthorization: Bearer {TOKEN}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = s.write_all(head.as_bytes()).await;
+    let mut sink = Vec::new();
+    let _ = s.read_to_end(&mut sink).await;
+}
+
+/// A load whose rate changes every second, with one key denied far more than the others.
+fn load(addr: SocketAddr, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut i = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let user = format!("u{}", i % 7);
+            let blocked = if i.is_multiple_of(10) {
+                format!("other{}", i % 3)
+            } else {
+                "bad-actor".to_owned()
+            };
+            let body = format!(
+                r#"{{"domain":"shop","descriptors":[{{"entries":[{{"key":"user","value":"{user}"}}]}},{{"entries":[{{"key":"blocked","value":"{blocked}"}}]}},{{"entries":[{{"key":"tenant","value":"t"}},{{"key":"route","value":"/api/x"}}]}}]}}"#
+            );
+            post(addr, &body).await;
+            i += 1;
+            // Fast for a second, slow for the next, so the rates move.
+            let pause = if (i / 40).is_multiple_of(2) { 5 } else { 40 };
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+        }
+    })
+}
+
+fn shots_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/ui-shots");
+    std::fs::create_dir_all(&dir).expect("a screenshots directory");
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_rules_top_keys_and_moving_charts_with_a_token() {
+    let mut settings = Settings::default();
+    settings.admin.token = Some(TOKEN.to_owned());
+    let server = TestServer::start_with(settings, RULES).await;
+    let addr = server.admin_addr;
+    let stop = Arc::new(AtomicBool::new(false));
+    let running = load(addr, stop.clone());
+    // A few samples (one every 2 s) before the page opens.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let url = format!("http://{addr}/ui?token={TOKEN}");
+
+    // The DOM after the page has polled: rules, top denied key, charts; no console message.
+    let dom = tokio::task::spawn_blocking({
+        let url = url.clone();
+        move || {
+            browse(
+                &url,
+                &[
+                    "--window-size=1280,900",
+                    "--virtual-time-budget=5000",
+                    "--dump-dom",
+                ],
+            )
+        }
+    })
+    .await
+    .expect("chromium ran");
+    assert!(
+        console(&dom).is_empty(),
+        "console messages: {:?}",
+        console(&dom)
+    );
+    let html = String::from_utf8_lossy(&dom.stdout).into_owned();
+    for rule in [
+        ">user<",
+        ">blocked<",
+        ">tenant<",
+        ">route_/api/*<",
+        "20 / second · funnel",
+        "100 / minute · sliding_window",
+    ] {
+        assert!(
+            html.contains(rule),
+            "the page lacks the rule {rule}:\n{html}"
+        );
+    }
+    assert!(
+        html.contains(r#"<td class="top-key">blocked=bad-actor</td>"#),
+        "no top denied key:\n{html}"
+    );
+    let first_row = html.split(r#"class="top-key">"#).nth(1).unwrap_or_default();
+    assert!(
+        first_row.starts_with("blocked=bad-actor<"),
+        "bad-actor is not first:\n{html}"
+    );
+    assert!(
+        html.contains(r#"data-rule="shop.user""#) && html.contains("<polyline"),
+        "no chart:\n{html}"
+    );
+    assert!(
+        !html.contains("token required"),
+        "the token was refused:\n{html}"
+    );
+
+    // Two screenshots a few seconds apart: the charts' lines moved.
+    let dir = shots_dir();
+    let before = tokio::task::spawn_blocking({
+        let (url, file) = (url.clone(), dir.join("laptop-1.png"));
+        move || screenshot(&url, "1280,900", &file)
+    })
+    .await
+    .expect("chromium ran");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let after = tokio::task::spawn_blocking({
+        let (url, file) = (url.clone(), dir.join("laptop-2.png"));
+        move || screenshot(&url, "1280,900", &file)
+    })
+    .await
+    .expect("chromium ran");
+    let phone = tokio::task::spawn_blocking({
+        let (url, file) = (url.clone(), dir.join("phone.png"));
+        move || screenshot(&url, "390,844", &file)
+    })
+    .await
+    .expect("chromium ran");
+    stop.store(true, Ordering::Relaxed);
+    running.await.expect("the load ran");
+
+    let (a, w, h) = pixels(&before);
+    let (b, w2, h2) = pixels(&after);
+    assert_eq!((w, h), (w2, h2));
+    let coloured = |px: &[[u8; 3]]| px.iter().filter(|p| chart_colour(**p)).count();
+    assert!(
+        coloured(&a) > 200 && coloured(&b) > 200,
+        "no chart lines drawn"
+    );
+    let moved = a
+        .iter()
+        .zip(&b)
+        .filter(|(x, y)| x != y && (chart_colour(**x) || chart_colour(**y)))
+        .count();
+    assert!(
+        moved > 50,
+        "the charts did not move ({moved} pixels of line colour changed)"
+    );
+    let (_, pw, _) = pixels(&phone);
+    assert_eq!(pw, 390);
+}
