@@ -147,13 +147,15 @@ mod tests {
             }
         }
         let some = rules("domain: d\n");
-        let r = Readiness::new(some, Arc::new(MemoryLimiter::new(1))).with_rules_source(Some(Arc::new(Waiting)));
+        let r = Readiness::new(some, Arc::new(MemoryLimiter::new(1)))
+            .with_rules_source(Some(Arc::new(Waiting)));
         assert_eq!(
             r.check().unwrap_err().to_string(),
             "rules not ready: waiting for xDS"
         );
         // An accepted empty set is ready: the source has nothing to limit yet.
-        let r = Readiness::new(rules(""), Arc::new(MemoryLimiter::new(1))).with_rules_source(Some(Arc::new(Received)));
+        let r = Readiness::new(rules(""), Arc::new(MemoryLimiter::new(1)))
+            .with_rules_source(Some(Arc::new(Received)));
         assert_eq!(r.check(), Ok(()));
     }
 }

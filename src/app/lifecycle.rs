@@ -84,9 +84,10 @@ pub(super) async fn run(
     let grpc_stop = CancellationToken::new();
     let mut tasks = Tasks::new();
     let addr = listeners.grpc.local_addr().ok();
-    let throttle = crate::throttle::Throttler::new(engine.limiter(), *engine.input_limits())
-        .with_observer(app.metrics.clone())
-        .into_service();
+    let throttle =
+        crate::throttle::Throttler::new(engine.limiter().clone(), *engine.input_limits())
+            .with_observer(app.metrics.clone())
+            .into_service();
     let incoming = incoming(&app, listeners.grpc, &mut tasks, &failed, &grpc_stop, &stop);
     spawn_tasks(&mut tasks, app, listeners.admin, &readiness, &stop, &failed);
     let (health, health_service) = tonic_health::server::health_reporter();

@@ -108,7 +108,8 @@ impl Engine {
         }
     }
 
-    /// The limiter the engine asks (admin `/counters` reads it too).
+    /// The limiter the engine asks (shared with the other services on the gRPC port; admin
+    /// `/counters` reads it too).
     pub fn limiter(&self) -> &Arc<dyn Limiter> {
         &self.limiter
     }
@@ -122,11 +123,6 @@ impl Engine {
     /// The bounds on requests this engine enforces.
     pub fn input_limits(&self) -> &InputSettings {
         &self.options.input
-    }
-
-    /// The limiter (shared with the other services on the gRPC port).
-    pub fn limiter(&self) -> Arc<dyn Limiter> {
-        self.limiter.clone()
     }
 
     /// The name of the limiter backend.

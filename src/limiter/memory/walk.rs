@@ -165,9 +165,10 @@ fn parse(cursor: Option<&str>) -> Result<Cursor, LimiterError> {
         });
     };
     let bad = || LimiterError {
-        kind: "memory",
+        backend: "memory",
         message: format!("invalid cursor {text:?}"),
         transient: false,
+        source: None,
     };
     let (shard, hex) = text.split_once('.').ok_or_else(bad)?;
     let shard = shard.parse().map_err(|_| bad())?;

@@ -31,7 +31,7 @@ pub(super) async fn page(
     limiter: &RedisLimiter,
     query: &CounterQuery<'_>,
 ) -> Result<CounterPage, LimiterError> {
-    if limiter.connector.is_cluster() {
+    if limiter.commit.shared().connector.is_cluster() {
         return Err(refused("/counters cannot walk a Redis Cluster"));
     }
     let mut cursor: u64 = match query.cursor.filter(|c| !c.is_empty()) {
@@ -139,12 +139,15 @@ async fn scan(
         .arg("COUNT")
         .arg(count);
     let call = async {
-        let reply: RedisResult<(u64, Vec<Vec<u8>>)> = match limiter.connector.get().await {
-            Ok(Conn::Single(mut c)) => cmd.query_async(&mut c).await,
-            Ok(Conn::Sentinel(mut c)) => cmd.query_async(&mut c).await,
-            Ok(Conn::Cluster(_)) => return Err(refused("/counters cannot walk a Redis Cluster")),
-            Err(e) => Err(e),
-        };
+        let reply: RedisResult<(u64, Vec<Vec<u8>>)> =
+            match limiter.commit.shared().connector.get(0).await {
+                Ok(Conn::Single(mut c)) => cmd.query_async(&mut c).await,
+                Ok(Conn::Sentinel(mut c)) => cmd.query_async(&mut c).await,
+                Ok(Conn::Cluster(_)) => {
+                    return Err(refused("/counters cannot walk a Redis Cluster"));
+                }
+                Err(e) => Err(e),
+            };
         reply.map_err(super::limiter_error)
     };
     let wait = limiter.timeout.max(ADMIN_TIMEOUT);
@@ -178,9 +181,10 @@ pub(super) fn status(limiter: &RedisLimiter) -> BackendStatus {
 
 fn refused(message: &str) -> LimiterError {
     LimiterError {
-        kind: "redis",
+        backend: "redis",
         message: message.to_owned(),
         transient: false,
+        source: None,
     }
 }
 
