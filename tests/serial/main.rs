@@ -12,8 +12,11 @@
 //! - Redis faults: answers within the Redis time-out (100 ms, with 400 ms of slack) while
 //!   Redis is down or hung; on two shared cores, another test's load beside them is what
 //!   would be measured.
+//! - The ordered drain (in process and of the real binary on SIGTERM): the drain delay kept,
+//!   the ports closed, within bounds that a load test beside them breaks.
 
 mod allocations;
+mod drain;
 mod memory_bounds;
 mod memory_footprint;
 mod redis_faults;

@@ -56,6 +56,7 @@ async fn readyz_until(admin: std::net::SocketAddr, status: u16) {
 
 #[tokio::test]
 async fn readiness_fails_first_and_the_request_in_flight_completes() {
+    let _serial = crate::serial_async().await;
     let model =
         sluice::config::rules::from_sources(&[("t.yaml".into(), RULES.to_owned())]).unwrap();
     let gate = Arc::new(Gate {
@@ -123,6 +124,7 @@ async fn readiness_fails_first_and_the_request_in_flight_completes() {
 
 #[tokio::test]
 async fn during_the_drain_delay_health_fails_but_requests_are_served() {
+    let _serial = crate::serial_async().await;
     let mut settings = Settings::default();
     settings.server.drain_delay_secs = 1;
     let server = TestServer::start_with(settings, RULES).await;
@@ -163,6 +165,7 @@ fn signal(pid: u32, name: &str) {
 
 #[tokio::test]
 async fn the_binary_reloads_on_sighup_and_drains_on_sigterm() {
+    let _serial = crate::serial_async().await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("rules.yaml");
     std::fs::write(&file, RULES).unwrap();
@@ -257,6 +260,7 @@ async fn hit_test(c: &mut Client) -> RateLimitResponse {
 /// the drain delay plus the grace period.
 #[tokio::test]
 async fn on_sigterm_the_binary_finishes_the_request_in_flight_and_exits_0() {
+    let _serial = crate::serial_async().await;
     let redis = RedisServer::start();
     let dir = tempfile::tempdir().unwrap();
     let rules = dir.path().join("rules.yaml");
