@@ -35,7 +35,8 @@ pub struct App {
     /// The one backend: the engine decides with it; housekeeping, readiness and metrics ask
     /// it through the provided methods of [`Limiter`].
     limiter: Arc<dyn Limiter>,
-    /// How often the backend is swept (and probed); none: no housekeeping task.
+    /// How often the backend is swept; none: no housekeeping task (neither the sweep nor the
+    /// readiness probe runs).
     housekeeping: Option<Duration>,
     reload_trigger: ReloadTrigger,
     reload_requests: mpsc::Receiver<()>,
