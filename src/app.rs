@@ -38,7 +38,8 @@ pub struct App {
     limiter: Arc<dyn Limiter>,
     /// Where rules come from when not from files (xDS); readiness asks it.
     rules_source: Option<Arc<dyn RulesProbe>>,
-    /// How often the backend is swept (and probed); none: no housekeeping task.
+    /// How often the backend is swept; none: no housekeeping task (neither the sweep nor the
+    /// readiness probe runs).
     housekeeping: Option<Duration>,
     reload_trigger: ReloadTrigger,
     reload_requests: mpsc::Receiver<()>,
