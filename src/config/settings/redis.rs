@@ -58,7 +58,7 @@ impl Default for RedisSettings {
             breaker_cooldown_ms: 500,
             deny_cache_size: 100_000,
             functions: false,
-            connections: 2,
+            connections: 1,
         }
     }
 }
