@@ -9,18 +9,23 @@
 //! | [`limits`] | limits and hits for driving a `Limiter` directly |
 //! | [`process`] | the real `sluice` binary as a child process, free ports, `/proc` readings |
 //! | [`redis`] | real `redis-server` processes (standalone, Sentinel, Cluster) |
+//! | [`rlqs`] | an in-process server with handles on its RLQS state, RLQS streams and reports |
 
 pub mod grpc;
 pub mod http;
 pub mod limits;
 pub mod process;
 pub mod redis;
+pub mod rlqs;
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::app::App;
@@ -44,6 +49,21 @@ pub struct TestServer {
 
 /// One second in the limiters' nanoseconds.
 pub const SECOND: u64 = 1_000_000_000;
+
+/// Polls `check` every 20 ms until it holds, for something that happens in the background (a
+/// reload, a certificate swap, a pushed rules set) without a fixed sleep; fails, naming
+/// `what`, after `within`.
+pub async fn eventually<F, Fut>(within: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < within, "not within {within:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
 
 impl TestServer {
     /// Serves `rules_yaml` with default settings.

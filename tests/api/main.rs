@@ -16,6 +16,7 @@ mod memory_limiter;
 mod metrics;
 mod reload;
 mod response_headers;
+mod rlqs;
 mod rules_validation;
 mod semantics;
 mod tls;

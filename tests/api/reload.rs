@@ -9,11 +9,11 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::support::eventually;
 use sluice::app::{App, Listeners};
 use sluice::config::settings::Settings;
 use sluice::limiter::{Limiter, MemoryLimiter};
 use sluice::reload::ReloadTrigger;
+use sluice::testing::eventually;
 use sluice::testing::grpc::*;
 use sluice::testing::http::{get, sample};
 use sluice::testing::process::{Served, free_port, sluice_command};

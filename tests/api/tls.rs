@@ -7,11 +7,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::eventually;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use sluice::app::{App, Listeners};
 use sluice::config::settings::Settings;
 use sluice::limiter::{Limiter, MemoryLimiter};
+use sluice::testing::eventually;
 use sluice::testing::grpc::*;
 use sluice::tls::TlsFiles;
 use tokio::task::JoinHandle;

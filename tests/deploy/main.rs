@@ -11,3 +11,7 @@ mod examples;
 mod helm;
 mod image;
 mod istio;
+mod ratelimit_compat;
+mod rlqs;
+mod ui_browser;
+mod xds;

@@ -11,7 +11,7 @@ use sluice::testing::process::*;
 const PAYLOAD: &str =
     r#"{"domain":"demo","descriptors":[{"entries":[{"key":"path","value":"/login"}]}]}"#;
 
-fn grpcurl() -> PathBuf {
+pub(crate) fn grpcurl() -> PathBuf {
     let local = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/grpcurl");
     if local.exists() {
         return local;

@@ -5,6 +5,8 @@
 
 mod bench_cli;
 mod chaos;
+mod check_config;
 mod cli;
 mod grpcurl;
 mod readme;
+mod throttle;

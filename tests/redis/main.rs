@@ -9,6 +9,7 @@
 mod support;
 
 mod algorithms;
+mod batching;
 mod cluster;
 mod footprint;
 mod replicas;
@@ -18,3 +19,4 @@ mod semantics;
 mod sentinel;
 mod sliding_log;
 mod tls;
+mod visibility;

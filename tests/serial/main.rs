@@ -21,6 +21,13 @@ mod memory_bounds;
 mod memory_footprint;
 mod redis_faults;
 mod request_tracing;
+mod rlqs_bounds;
+mod throttle_client;
+
+/// The service of the shipped client example, under test as it ships (the example is a
+/// program of the client crate, so its file is reached by path).
+#[path = "../../client/examples/axum_service/service.rs"]
+mod example;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;

@@ -4,9 +4,11 @@
 
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
+
+use sluice::testing::process::{Served, sluice_command};
 
 /// Passes with the default algorithm (funnel), fails under `sliding_log`, whose quota is
 /// capped at 10,000 (the limit on line 5 names no algorithm).
@@ -29,14 +31,7 @@ descriptors:
 
 /// The binary, with no `SLUICE_*` variable or `RUST_LOG` of the test's own environment.
 fn sluice() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
-    cmd.env_remove("RUST_LOG");
-    for (name, _) in std::env::vars() {
-        if name.starts_with("SLUICE_") {
-            cmd.env_remove(name);
-        }
-    }
-    cmd
+    sluice_command(env!("CARGO_BIN_EXE_sluice"))
 }
 
 fn run(cmd: &mut Command) -> Output {
@@ -156,16 +151,6 @@ fn check_refuses_a_bad_settings_file_with_exit_64() {
     assert_eq!(out.status.code(), Some(64), "{}", text(&out));
 }
 
-/// A `serve` child, killed when dropped.
-struct Serving(Child);
-
-impl Drop for Serving {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn rules_that_check_accepts_with_the_settings_file_are_served_with_it() {
     let files = Files::new();
@@ -186,7 +171,7 @@ fn rules_that_check_accepts_with_the_settings_file_are_served_with_it() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start sluice serve");
-    let mut serving = Serving(child);
+    let mut serving = Served(child);
     let logs = serving
         .0
         .stderr

@@ -12,17 +12,6 @@
 //!
 //! Needs `redis-server` and `.venv/bin/envoy`; a missing one FAILS with the set-up command.
 
-#[path = "support/envoy.rs"]
-mod envoy;
-#[path = "support/http_client.rs"]
-mod http_client;
-#[path = "support/redis.rs"]
-mod redis_support;
-#[path = "support/stack.rs"]
-mod stack;
-#[path = "support/yaml.rs"]
-mod yaml;
-
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -30,17 +19,14 @@ use std::pin::Pin;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use envoy::EnvoyProcess;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor as WireDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use http_client::{Answer, get, try_get};
 use prost::Message as _;
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType, IsCa, KeyPair,
 };
-use redis_support::RedisServer;
 use sluice::proto::envoy::service::discovery::v3::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
 };
@@ -48,12 +34,18 @@ use sluice::proto::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryRe
 use sluice::proto::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
 };
+use sluice::testing::http::{Answer, get, try_get};
+use sluice::testing::process::{free_port, loopback};
+use sluice::testing::redis::RedisServer;
 use sluice::xds::TYPE_URL;
-use stack::{Upstream, free_port, loopback};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity, Server, ServerTlsConfig};
+
+use crate::support::envoy::EnvoyProcess;
+use crate::support::upstream::Upstream;
+use crate::support::yaml;
 
 const WITHIN: Duration = Duration::from_secs(20);
 
@@ -232,7 +224,7 @@ fn swap(base: &[(&str, &str)], swaps: &[(&str, String)], ports: &Ports) -> HashM
 async fn healthy(ports: &Ports) {
     let deadline = Instant::now() + WITHIN;
     loop {
-        let answer = try_get(loopback(ports.http), "/healthcheck", &[]).await;
+        let answer = try_get(loopback(ports.http), "/healthcheck").await;
         if answer.as_ref().is_some_and(|a| a.status == 200) {
             return;
         }
@@ -481,7 +473,7 @@ static_resources:
 }
 
 async fn through(port: u16, path: &str) -> Answer {
-    get(loopback(port), path, &[]).await
+    get(loopback(port), path).await
 }
 
 // ---------------------------------------------------------------------------------------
@@ -500,7 +492,7 @@ struct Expect {
 /// Checks the listeners and the rules source a started instance shows.
 async fn check_settings(ports: &Ports, expect: &Expect, domain: &str, entries: &[(&str, &str)]) {
     healthy(ports).await;
-    let dump = get(loopback(ports.debug), "/rlconfig", &[]).await;
+    let dump = get(loopback(ports.debug), "/rlconfig").await;
     assert_eq!(dump.status, 200);
     assert!(dump.body.contains(expect.rlconfig), "{}", dump.body);
     assert_eq!(
@@ -645,7 +637,7 @@ async fn envoy_gateway_env_starts_as_intended_and_envoy_gets_answers() {
     assert_eq!(over.header("x-envoy-ratelimited"), Some("true"));
 
     // The dashboard's queries, with its exact labels.
-    let metrics = get(loopback(ports.prometheus), "/metrics", &[]).await;
+    let metrics = get(loopback(ports.prometheus), "/metrics").await;
     assert_eq!(metrics.status, 200);
     let names: Vec<&str> = metrics
         .body
@@ -689,7 +681,7 @@ async fn envoy_gateway_env_starts_as_intended_and_envoy_gets_answers() {
             .contains("ratelimit_service_total_requests{grpc_method=\"ShouldRateLimit\"} 4")
     );
     // The limit gauge, in sluice's names, on the HTTP port's /metrics.
-    let own = get(loopback(ports.http), "/metrics", &[]).await.body;
+    let own = get(loopback(ports.http), "/metrics").await.body;
     let gauge = format!(
         "sluice_rule_limit{{domain=\"{EG_DOMAIN}\",rule=\"{EG_ROUTE}_{EG_ROUTE}.{EG_RULE}_{EG_RULE}\",limit=\""
     );
@@ -731,7 +723,7 @@ async fn istio_sample_env_starts_as_intended_and_envoy_gets_answers() {
         prometheus: false,
     };
     check_settings(&ports, &expect, "ratelimit", &[("PATH", "/other")]).await;
-    let dump = get(loopback(ports.debug), "/rlconfig", &[]).await.body;
+    let dump = get(loopback(ports.debug), "/rlconfig").await.body;
     assert!(!dump.contains("xds version"), "{dump}");
 
     // Envoy, as Istio's sample configures it: the path as descriptor PATH.

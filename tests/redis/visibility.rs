@@ -4,20 +4,17 @@
 //! within the sketch's memory and error bounds; the limit gauges; and with `admin.token` set,
 //! every guarded endpoint answers 401 without it (revealing nothing) and 200 with it.
 
-#[path = "support/redis.rs"]
-mod redis_support;
-
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-use redis_support::RedisServer;
 use sluice::config::settings::Settings;
 use sluice::limiter::RedisLimiter;
 use sluice::testing::TestServer;
+use sluice::testing::http::{self, Answer};
+use sluice::testing::redis::RedisServer;
 
 const RULES: &str = "\
 domain: vis
@@ -45,20 +42,12 @@ descriptors:
 
 const TOKEN: &str = "s3cret-t0ken";
 
-/// An HTTP/1.1 answer.
-struct Answer {
-    status: u16,
-    headers: String,
-    body: String,
+/// An answer's body as JSON.
+fn json_of(answer: &Answer) -> Value {
+    serde_json::from_str(&answer.body).unwrap_or_else(|e| panic!("{e}: {}", answer.body))
 }
 
-impl Answer {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
-    }
-}
-
-/// One request on its own connection, with an optional bearer token.
+/// One request (a JSON body) on its own connection, with an optional bearer token.
 async fn http(
     addr: SocketAddr,
     method: &str,
@@ -66,53 +55,10 @@ async fn http(
     body: &str,
     token: Option<&str>,
 ) -> Answer {
-    let mut stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("connect to the admin port");
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{auth}\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await.expect("send");
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await.expect("read the answer");
-    let raw = String::from_utf8(raw).expect("UTF-8");
-    let (headers, body) = raw.split_once("\r\n\r\n").expect("a complete answer");
-    let status = headers
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("a status");
-    let body = if headers
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(body)
-    } else {
-        body.to_owned()
-    };
-    Answer {
-        status,
-        headers: headers.to_owned(),
-        body,
-    }
-}
-
-fn dechunk(mut rest: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, after)) = rest.split_once("\r\n") {
-        let size = usize::from_str_radix(size.trim(), 16).expect("a chunk size");
-        if size == 0 {
-            break;
-        }
-        out.push_str(&after[..size]);
-        rest = &after[size + 2..];
-    }
-    out
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let mut headers = vec![("content-type", "application/json")];
+    headers.extend(auth.as_deref().map(|a| ("authorization", a)));
+    http::request(addr, method, path, &headers, body).await
 }
 
 /// One `/json` request with these descriptors (each a list of `(key, value)`).
@@ -169,7 +115,7 @@ async fn walk(server: &TestServer, query: &str, token: Option<&str>) -> BTreeMap
         };
         let page = http(server.admin_addr, "GET", &path, "", token).await;
         assert_eq!(page.status, 200, "{}", page.body);
-        let page = page.json();
+        let page = json_of(&page);
         for k in page["keys"].as_array().expect("keys") {
             let key = k["key"].as_str().expect("a key").to_owned();
             assert!(all.insert(key, k.clone()).is_none(), "listed twice: {k}");
@@ -259,7 +205,8 @@ async fn lists_exactly_the_keys(server: &TestServer, exact_resets: bool) {
     )
     .await;
     assert_eq!(text.status, 200);
-    assert!(text.headers.contains("text/plain"), "{}", text.headers);
+    let content_type = text.header("content-type").unwrap_or_default();
+    assert!(content_type.contains("text/plain"), "{:?}", text.headers);
     assert!(
         text.body
             .lines()
@@ -314,7 +261,7 @@ async fn ranks_heavy_keys_first(server: &TestServer) {
         )
         .await;
         assert_eq!(top.status, 200, "{}", top.body);
-        let top = top.json();
+        let top = json_of(&top);
         let d = &top["domains"][0];
         assert_eq!(d["domain"], json!("vis"));
         assert_eq!(d["total_denied"], json!(total));
@@ -402,7 +349,7 @@ async fn gauges(server: &TestServer) {
 async fn ui_data(server: &TestServer, backend: &str) {
     let answer = http(server.admin_addr, "GET", "/ui/data", "", None).await;
     assert_eq!(answer.status, 200, "{}", answer.body);
-    let d = answer.json();
+    let d = json_of(&answer);
     assert_eq!(d["version"], json!(1));
     assert_eq!(d["last_reload_error"], Value::Null);
     assert_eq!(d["backend"]["name"], json!(backend));
@@ -482,9 +429,10 @@ async fn token_guards(server: &TestServer, metrics_guarded: bool) {
                 answer.body
             );
             assert!(
-                answer.headers.contains("www-authenticate: Bearer")
-                    || answer.headers.contains("WWW-Authenticate: Bearer"),
-                "{}",
+                answer
+                    .header("www-authenticate")
+                    .is_some_and(|v| v.starts_with("Bearer")),
+                "{:?}",
                 answer.headers
             );
             for secret in ["alice", "vis", "funnel", TOKEN] {

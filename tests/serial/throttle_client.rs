@@ -4,56 +4,22 @@
 //! timeout; `acquire` paces 50 callers on a 10/s key; TLS with a client certificate; the layer
 //! on a tonic server answers `RESOURCE_EXHAUSTED` with `Retry-After`.
 
-#[allow(dead_code)]
-#[path = "../client/examples/axum_service.rs"]
-mod example;
-#[path = "support/redis.rs"]
-mod redis_support;
-
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use redis_support::free_port;
+use sluice::testing::http::{self, Answer};
+use sluice::testing::process::SluiceProcess;
 use sluice_client::{Client, FailPolicy, Limit, RateLimit, Throttle};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::time::Instant;
 
-/// `sluice serve` (memory backend) on a free port, killed on drop.
-struct Sluice {
-    port: u16,
-    child: Child,
-}
+use crate::example;
+use crate::serial_async;
 
-impl Sluice {
-    fn start(env: &[(&str, String)]) -> Sluice {
-        let port = free_port();
-        let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["serve", "--grpc-listen", &format!("127.0.0.1:{port}")])
-            .args(["--admin-listen", &format!("127.0.0.1:{}", free_port())])
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .env("SLUICE_LOG__LEVEL", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start the sluice binary");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "sluice did not listen on {port}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Sluice { port, child }
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for Sluice {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `sluice serve` (memory backend, the demo rules it embeds) on free ports with `env`, killed
+/// on drop.
+fn start_sluice(env: &[(&str, &str)]) -> SluiceProcess {
+    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/rules/demo.yaml");
+    SluiceProcess::start(env!("CARGO_BIN_EXE_sluice"), demo.as_ref(), &[], env)
 }
 
 /// The example service on a free port, with `client`; stopped when the guard drops.
@@ -77,48 +43,17 @@ async fn serve_example(
     (addr, stop.drop_guard())
 }
 
-/// One HTTP/1.1 GET: status and headers (lower-cased names).
-async fn get(
-    addr: SocketAddr,
-    tenant: &str,
-    content_type: Option<&str>,
-) -> (u16, Vec<(String, String)>) {
-    let mut stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("connect to the example");
-    let extra = content_type
-        .map(|c| format!("content-type: {c}\r\n"))
-        .unwrap_or_default();
-    let request = format!(
-        "GET /work HTTP/1.1\r\nhost: x\r\nx-tenant: {tenant}\r\n{extra}connection: close\r\n\r\n"
-    );
-    stream.write_all(request.as_bytes()).await.expect("send");
-    let mut text = String::new();
-    stream.read_to_string(&mut text).await.expect("read");
-    let mut lines = text.split("\r\n");
-    let status = lines
-        .next()
-        .and_then(|l| l.split(' ').nth(1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("not HTTP: {text:?}"));
-    let headers = lines
-        .take_while(|l| !l.is_empty())
-        .filter_map(|l| l.split_once(": "))
-        .map(|(k, v)| (k.to_ascii_lowercase(), v.to_owned()))
-        .collect();
-    (status, headers)
-}
-
-fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    headers
-        .iter()
-        .find(|(k, _)| k == name)
-        .map(|(_, v)| v.as_str())
+/// `GET /work` as `tenant`, with a `content-type` if given.
+async fn get(addr: SocketAddr, tenant: &str, content_type: Option<&str>) -> Answer {
+    let mut headers = vec![("x-tenant", tenant)];
+    headers.extend(content_type.map(|c| ("content-type", c)));
+    http::get_with(addr, "/work", &headers).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_layer_admits_the_capacity_per_key_then_429_with_retry_after() {
-    let sluice = Sluice::start(&[]);
+    let _serial = serial_async().await;
+    let sluice = start_sluice(&[]);
     let client = Client::builder(sluice.url())
         .timeout(Duration::from_millis(500))
         .fail_policy(FailPolicy::Closed)
@@ -136,13 +71,14 @@ async fn the_layer_admits_the_capacity_per_key_then_429_with_retry_after() {
     }
     let mut per_tenant = std::collections::HashMap::<&str, (u32, u32)>::new();
     while let Some(done) = hammer.join_next().await {
-        let (tenant, (status, headers)) = done.expect("a request");
+        let (tenant, answer) = done.expect("a request");
         let counts = per_tenant.entry(tenant).or_default();
-        match status {
+        match answer.status {
             200 => counts.0 += 1,
             429 => {
                 counts.1 += 1;
-                let retry: u64 = header(&headers, "retry-after")
+                let retry: u64 = answer
+                    .header("retry-after")
                     .and_then(|v| v.parse().ok())
                     .expect("Retry-After");
                 let waited = started.elapsed().as_secs();
@@ -150,8 +86,8 @@ async fn the_layer_admits_the_capacity_per_key_then_429_with_retry_after() {
                     (12 - waited.min(11)..=12).contains(&retry),
                     "Retry-After {retry} after {waited} s"
                 );
-                assert_eq!(header(&headers, "ratelimit-limit"), Some("5"));
-                assert_eq!(header(&headers, "ratelimit-remaining"), Some("0"));
+                assert_eq!(answer.header("ratelimit-limit"), Some("5"));
+                assert_eq!(answer.header("ratelimit-remaining"), Some("0"));
             }
             other => panic!("{tenant}: status {other}"),
         }
@@ -160,14 +96,14 @@ async fn the_layer_admits_the_capacity_per_key_then_429_with_retry_after() {
         assert_eq!(per_tenant[tenant], (5, 15), "{tenant}: 200s and 429s");
     }
     // A gRPC request through the same layer is refused the gRPC way.
-    let (status, headers) = get(addr, "acme", Some("application/grpc")).await;
-    assert_eq!(status, 200);
+    let answer = get(addr, "acme", Some("application/grpc")).await;
+    assert_eq!(answer.status, 200);
     assert_eq!(
-        header(&headers, "grpc-status"),
+        answer.header("grpc-status"),
         Some("8"),
         "RESOURCE_EXHAUSTED"
     );
-    assert!(header(&headers, "retry-after").is_some());
+    assert!(answer.header("retry-after").is_some());
 }
 
 /// A port that accepts connections and never answers (a hung sluice).
@@ -179,8 +115,9 @@ fn black_hole() -> (std::net::TcpListener, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_sluice_the_fail_policy_answers_within_the_timeout() {
+    let _serial = serial_async().await;
     let timeout = Duration::from_millis(300);
-    let sluice = Sluice::start(&[]);
+    let sluice = start_sluice(&[]);
     let stopped = sluice.url();
     drop(sluice);
     let (_hole, hung) = black_hole();
@@ -193,7 +130,7 @@ async fn without_sluice_the_fail_policy_answers_within_the_timeout() {
                 .expect("a lazy client");
             let (addr, _stop) = serve_example(client, 5, Duration::from_secs(60)).await;
             let started = Instant::now();
-            let (status, _) = get(addr, "acme", None).await;
+            let status = get(addr, "acme", None).await.status;
             let took = started.elapsed();
             assert_eq!(status, want, "{url} with {policy:?}");
             assert!(
@@ -206,7 +143,8 @@ async fn without_sluice_the_fail_policy_answers_within_the_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_paces_fifty_callers_at_ten_per_second() {
-    let sluice = Sluice::start(&[]);
+    let _serial = serial_async().await;
+    let sluice = start_sluice(&[]);
     let client = Client::builder(sluice.url())
         .connect()
         .await
@@ -249,7 +187,8 @@ async fn acquire_paces_fifty_callers_at_ten_per_second() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_gives_up_at_the_deadline_and_on_never() {
-    let sluice = Sluice::start(&[]);
+    let _serial = serial_async().await;
+    let sluice = start_sluice(&[]);
     let client = Client::builder(sluice.url())
         .connect()
         .await
@@ -303,6 +242,7 @@ impl Ca {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_services_over_mtls() {
+    let _serial = serial_async().await;
     let dir = tempfile::tempdir().expect("a temporary directory");
     let (server_ca, client_ca) = (Ca::new(), Ca::new());
     let (cert, key) = server_ca.leaf("localhost");
@@ -319,7 +259,8 @@ async fn both_services_over_mtls() {
             write("client-ca.pem", &client_ca.issuer.pem()),
         ),
     ];
-    let sluice = Sluice::start(&env);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let sluice = start_sluice(&env);
     let url = format!("https://localhost:{}", sluice.port);
     let tls = sluice_client::ClientTlsConfig::new()
         .ca_certificate(sluice_client::Certificate::from_pem(server_ca.issuer.pem()))
@@ -365,10 +306,11 @@ async fn both_services_over_mtls() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_layer_limits_a_tonic_server_with_resource_exhausted() {
+    let _serial = serial_async().await;
     use tonic_health::pb::HealthCheckRequest;
     use tonic_health::pb::health_client::HealthClient;
 
-    let sluice = Sluice::start(&[]);
+    let sluice = start_sluice(&[]);
     let client = Client::builder(sluice.url())
         .connect()
         .await

