@@ -1,9 +1,12 @@
 //! The service in process, through its own interfaces: gRPC on loopback with the `envoy-types`
 //! client (the request semantics of DESIGN.md §4, input limits, garbage, TLS, the response
 //! headers), the admin server, metrics, reload and the lifecycle; the memory backend through
-//! the `Limiter` trait; and the rules loader's errors. (Request tracing is in tests/serial/.) Every server here is
-//! the memory backend on a manual clock (`sluice::testing::TestServer`) or a real `sluice`
-//! child process; nothing needs Redis or Envoy.
+//! the `Limiter` trait; the rules loader's errors; and the Rate Limit Quota Service in process
+//! (`rlqs`: assignments, the quota it shares with RLS, rebalancing, malformed reports, drain,
+//! reflection). (Request tracing and the RLQS bounds under stress are in tests/serial/; RLQS
+//! through Envoy in tests/deploy/.) Every server here is the memory backend on a manual clock
+//! (`sluice::testing::TestServer`, `sluice::testing::rlqs::Server`) or a real `sluice` child
+//! process; nothing needs Redis or Envoy.
 
 mod support;
 

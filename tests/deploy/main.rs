@@ -1,7 +1,11 @@
 //! What ships in `deploy/`, exercised with the real programs (docs/deploy.md): Envoy configs
 //! validated and run in a real Envoy in front of the real `sluice`, the Helm chart rendered,
-//! linted and validated, the Istio recipe, the Dockerfile, and the example rules. A missing
-//! Envoy, helm or kubernetes-validate fails these tests with the command that installs it.
+//! linted and validated, the Istio recipe, the Dockerfile, and the example rules; the Rate
+//! Limit Quota Service through Envoy on the shipped recipe (`rlqs`); rules pushed over xDS by
+//! an mTLS ADS server started here (`xds`); the binary as a drop-in for envoyproxy/ratelimit
+//! under Envoy Gateway's and Istio's env sets (`ratelimit_compat`); and the admin page in a
+//! real headless Chromium (`ui_browser`). A missing Envoy, helm, kubernetes-validate,
+//! redis-server or chromium fails these tests with the command that installs it.
 
 mod support;
 

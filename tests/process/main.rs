@@ -1,7 +1,10 @@
 //! The real `sluice` binary as an operator runs it: the CLI (`check`, `serve`, exit codes,
-//! signals), chaos under load (SIGHUP reloads, a Redis restarted under it), `sluice bench`,
-//! grpcurl against the server's reflection, and the README's settings table against the
-//! settings types. (The ordered drain, whose tests bound its timings, is in tests/serial/.)
+//! signals), `check --config` reading the settings `serve` would use (`check_config`), chaos
+//! under load (SIGHUP reloads, a Redis restarted under it), `sluice bench`, grpcurl against
+//! the server's reflection, `sluice.v1.Throttle` (redis-cell's semantics on both backends,
+//! Python stubs generated from the protos, invalid parameters, reflection and metrics:
+//! `throttle`), and the README's settings table against the settings types. (The ordered
+//! drain and the Rust client's timing tests, which bound times, are in tests/serial/.)
 
 mod bench_cli;
 mod chaos;

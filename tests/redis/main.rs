@@ -1,9 +1,11 @@
 //! The Redis backend over real `redis-server` processes on loopback ports (standalone,
 //! Sentinel, Cluster, TLS): the request semantics and every algorithm on both backends (the
 //! `scenario!` suite), the Lua script against the memory backend's decisions, round trips,
-//! footprint, and exactness across `sluice` replicas. A missing `redis-server` fails these
-//! tests with the command that installs it. (The fault tests, which bound answer times, are
-//! in tests/serial/.)
+//! footprint, exactness across `sluice` replicas; the deny cache and group commit against the
+//! plain Redis path (`batching`); and the admin's visibility on both backends (`/counters`,
+//! `/counters/top`, the limit gauges, `admin.token`: `visibility`). A missing `redis-server`
+//! fails these tests with the command that installs it. (The fault tests, which bound answer
+//! times, are in tests/serial/.)
 
 #[macro_use]
 mod support;

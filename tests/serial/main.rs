@@ -14,6 +14,11 @@
 //!   would be measured.
 //! - The ordered drain (in process and of the real binary on SIGTERM): the drain delay kept,
 //!   the ports closed, within bounds that a load test beside them breaks.
+//! - The RLQS bounds under stress (`rlqs_bounds`): thousands of buckets on dozens of streams,
+//!   within a bound on this process's resident growth.
+//! - The Rust client against the real binary (`throttle_client`): the shipped axum example
+//!   behind the tower layer, the fail policy within its time-out, `acquire` pacing 50 callers
+//!   at 10/s, mTLS, the layer on a tonic server; its time bounds need the machine to itself.
 
 mod allocations;
 mod drain;
