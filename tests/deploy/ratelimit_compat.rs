@@ -24,9 +24,6 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use prost::Message as _;
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType, IsCa, KeyPair,
-};
 use sluice::proto::envoy::service::discovery::v3::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
 };
@@ -43,6 +40,7 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity, Server, ServerTlsConfig};
 
+use crate::support::certs::Ca;
 use crate::support::envoy::EnvoyProcess;
 use crate::support::upstream::Upstream;
 use crate::support::yaml;
@@ -242,34 +240,6 @@ fn listening(port: u16) -> bool {
 
 // ---------------------------------------------------------------------------------------
 // Certificates.
-
-struct Ca(CertifiedIssuer<'static, KeyPair>);
-
-impl Ca {
-    fn new() -> Ca {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        // Names of their own: a leaf whose issuer reads like its subject looks self-signed
-        // to Envoy's BoringSSL.
-        params.distinguished_name = DistinguishedName::new();
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "ratelimit test CA");
-        Ca(CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap())
-    }
-
-    fn leaf(&self, names: &[&str]) -> (String, String) {
-        let key = KeyPair::generate().unwrap();
-        let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
-        let mut params = CertificateParams::new(names.clone()).unwrap();
-        params.distinguished_name = DistinguishedName::new();
-        params
-            .distinguished_name
-            .push(DnType::CommonName, names[0].as_str());
-        let cert = params.signed_by(&key, &self.0).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-}
 
 fn write(dir: &Path, name: &str, text: &str) -> String {
     let path = dir.join(name);

@@ -11,7 +11,6 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use prost::Message as _;
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use sluice::proto::envoy::service::discovery::v3::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
 };
@@ -30,28 +29,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
+use crate::support::certs::Ca;
+
 const WITHIN: Duration = Duration::from_secs(10);
-
-struct Ca(CertifiedIssuer<'static, KeyPair>);
-
-impl Ca {
-    fn new() -> Ca {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        Ca(CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap())
-    }
-
-    /// A leaf for `names`, as (certificate, key) PEM.
-    fn leaf(&self, names: &[&str]) -> (String, String) {
-        let key = KeyPair::generate().unwrap();
-        let names = names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
-        let cert = CertificateParams::new(names)
-            .unwrap()
-            .signed_by(&key, &self.0)
-            .unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-}
 
 fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     let path = dir.join(name);

@@ -1,10 +1,11 @@
-//! Helpers of the deployment tests: a real Envoy, YAML documents, an upstream stub, and the
-//! real `sluice` behind them.
+//! Helpers of the deployment tests: a real Envoy, YAML documents, an upstream stub, the real
+//! `sluice` behind them, and certificates for TLS.
 
 use std::path::Path;
 
 use sluice::testing::process::SluiceProcess;
 
+pub mod certs;
 pub mod envoy;
 pub mod upstream;
 pub mod yaml;
