@@ -3,9 +3,10 @@
 //! linted and validated, the Istio recipe, the Dockerfile, and the example rules; the Rate
 //! Limit Quota Service through Envoy on the shipped recipe (`rlqs`); rules pushed over xDS by
 //! an mTLS ADS server started here (`xds`); the binary as a drop-in for envoyproxy/ratelimit
-//! under Envoy Gateway's and Istio's env sets (`ratelimit_compat`); and the admin page in a
-//! real headless Chromium (`ui_browser`). A missing Envoy, helm, kubernetes-validate,
-//! redis-server or chromium fails these tests with the command that installs it.
+//! under Envoy Gateway's and Istio's env sets (`ratelimit_compat`). A missing Envoy, helm,
+//! kubernetes-validate or redis-server fails these tests with the command that installs it.
+//! (The admin page in a real Chromium, whose screenshots a load beside it delays, is in
+//! tests/serial/.)
 
 mod support;
 
@@ -17,5 +18,4 @@ mod image;
 mod istio;
 mod ratelimit_compat;
 mod rlqs;
-mod ui_browser;
 mod xds;

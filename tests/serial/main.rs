@@ -19,6 +19,9 @@
 //! - The Rust client against the real binary (`throttle_client`): the shipped axum example
 //!   behind the tower layer, the fail policy within its time-out, `acquire` pacing 50 callers
 //!   at 10/s, mTLS, the layer on a tonic server; its time bounds need the machine to itself.
+//! - The admin page in a real headless Chromium (`ui_browser`): its charts must be drawn, and
+//!   move, between screenshots a few seconds apart while a load runs; what they draw depends
+//!   on how many 2 s samples exist by then, which a load beside it delays.
 
 mod allocations;
 mod drain;
@@ -28,6 +31,7 @@ mod redis_faults;
 mod request_tracing;
 mod rlqs_bounds;
 mod throttle_client;
+mod ui_browser;
 
 /// The service of the shipped client example, under test as it ships (the example is a
 /// program of the client crate, so its file is reached by path).

@@ -15,6 +15,8 @@ use sluice::config::settings::Settings;
 use sluice::testing::TestServer;
 use sluice::testing::http;
 
+use crate::serial_async;
+
 const INSTALL: &str = "command -v chromium || (apt-get update && apt-get install -y chromium)";
 const TOKEN: &str = "page-t0ken";
 
@@ -160,6 +162,7 @@ fn shots_dir() -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_shows_rules_top_keys_and_moving_charts_with_a_token() {
+    let _serial = serial_async().await;
     let mut settings = Settings::default();
     settings.admin.token = Some(TOKEN.to_owned());
     let server = TestServer::start_with(settings, RULES).await;
