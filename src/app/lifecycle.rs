@@ -91,6 +91,9 @@ pub(super) async fn run(
     let incoming = incoming(&app, listeners.grpc, &mut tasks, &failed, &grpc_stop, &stop);
     spawn_tasks(&mut tasks, app, listeners.admin, &readiness, &stop, &failed);
     let (health, health_service) = tonic_health::server::health_reporter();
+    // Every name is registered before the first connection is served, so an early health
+    // check sees NOT_SERVING or SERVING, never "unknown service".
+    set_health(&health, serving_status(&readiness)).await;
     let follow = follow_readiness(health.clone(), readiness.clone(), stop.clone());
     guarded(&mut tasks, &failed, async {
         follow.await;
@@ -267,10 +270,7 @@ async fn follow_readiness(
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let status = match readiness.check() {
-            Ok(()) => ServingStatus::Serving,
-            Err(_) => ServingStatus::NotServing,
-        };
+        let status = serving_status(&readiness);
         if shown != Some(status) {
             set_health(&health, status).await;
             shown = Some(status);
@@ -279,6 +279,14 @@ async fn follow_readiness(
             set_health(&health, ServingStatus::NotServing).await;
             return;
         }
+    }
+}
+
+/// gRPC health's word for readiness now.
+fn serving_status(readiness: &Readiness) -> ServingStatus {
+    match readiness.check() {
+        Ok(()) => ServingStatus::Serving,
+        Err(_) => ServingStatus::NotServing,
     }
 }
 
