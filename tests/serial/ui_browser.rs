@@ -160,6 +160,29 @@ fn shots_dir() -> PathBuf {
     dir
 }
 
+/// History samples taken before the first screenshot.
+const MIN_SAMPLES: usize = 8;
+
+/// Waits (at most 60 s) until `/ui/data` holds `samples` history samples.
+async fn wait_for_samples(addr: SocketAddr, samples: usize) {
+    let auth = format!("Bearer {TOKEN}");
+    let start = std::time::Instant::now();
+    loop {
+        let answer = http::get_with(addr, "/ui/data", &[("authorization", &auth)]).await;
+        let data: serde_json::Value =
+            serde_json::from_str(&answer.body).expect("/ui/data answers JSON");
+        let taken = data["series"]["times"].as_array().map_or(0, Vec::len);
+        if taken >= samples {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "only {taken} history samples after 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_shows_rules_top_keys_and_moving_charts_with_a_token() {
     let _serial = serial_async().await;
@@ -169,8 +192,9 @@ async fn the_page_shows_rules_top_keys_and_moving_charts_with_a_token() {
     let addr = server.admin_addr;
     let stop = Arc::new(AtomicBool::new(false));
     let running = load(addr, stop.clone());
-    // A few samples (one every 2 s) before the page opens.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Enough samples (one every 2 s) before the page opens that each chart's line is long
+    // enough to count: the axis spans 5 minutes, so a few samples make only a few pixels.
+    wait_for_samples(addr, MIN_SAMPLES).await;
     let url = format!("http://{addr}/ui?token={TOKEN}");
 
     // The DOM after the page has polled: rules, top denied key, charts; no console message.
