@@ -166,7 +166,7 @@ const MIN_SAMPLES: usize = 8;
 /// Waits (at most 60 s) until `/ui/data` holds `samples` history samples.
 async fn wait_for_samples(addr: SocketAddr, samples: usize) {
     let auth = format!("Bearer {TOKEN}");
-    let start = std::time::Instant::now();
+    let start = tokio::time::Instant::now();
     loop {
         let answer = http::get_with(addr, "/ui/data", &[("authorization", &auth)]).await;
         let data: serde_json::Value =
