@@ -33,30 +33,45 @@ impl RateLimiter {
     /// `input.max_request_bytes` is refused before it is read, with `RESOURCE_EXHAUSTED`.
     pub fn into_service(self) -> RlsService {
         let max = self.engine.input_limits().max_request_bytes;
-        RlsService {
-            inner: RateLimitServiceServer::new(self).max_decoding_message_size(max),
-            max_request_bytes: max,
+        SizeLimited::new(
+            RateLimitServiceServer::new(self).max_decoding_message_size(max),
+            max,
+        )
+    }
+}
+
+/// The RLS service as served (see [`SizeLimited`]).
+pub type RlsService = SizeLimited<RateLimitServiceServer<RateLimiter>>;
+
+/// A gRPC service as served. tonic refuses a message over its decoding limit with
+/// `OUT_OF_RANGE`; sluice answers every input bound with `INVALID_ARGUMENT` or, for the size of
+/// a request, `RESOURCE_EXHAUSTED` naming the setting, so this wrapper rewrites that one answer.
+/// The wrapped services (`ShouldRateLimit`, `Throttle`) never answer `OUT_OF_RANGE` themselves,
+/// so nothing else is rewritten.
+#[derive(Clone)]
+pub struct SizeLimited<S> {
+    inner: S,
+    max_request_bytes: usize,
+}
+
+impl<S> SizeLimited<S> {
+    /// `inner` must already refuse messages over `max_request_bytes` (tonic's
+    /// `max_decoding_message_size`); this wrapper only rewrites the status of that refusal.
+    pub(crate) fn new(inner: S, max_request_bytes: usize) -> Self {
+        SizeLimited {
+            inner,
+            max_request_bytes,
         }
     }
 }
 
-/// The RLS service as served. tonic refuses a message over its decoding limit with
-/// `OUT_OF_RANGE`; sluice answers every input bound with `INVALID_ARGUMENT` or, for the size of
-/// a request, `RESOURCE_EXHAUSTED` naming the setting, so this wrapper rewrites that one answer.
-/// `ShouldRateLimit` itself never answers `OUT_OF_RANGE`, so nothing else is rewritten.
-#[derive(Clone)]
-pub struct RlsService {
-    inner: RateLimitServiceServer<RateLimiter>,
-    max_request_bytes: usize,
+impl<S: NamedService> NamedService for SizeLimited<S> {
+    const NAME: &'static str = S::NAME;
 }
 
-impl NamedService for RlsService {
-    const NAME: &'static str = <RateLimitServiceServer<RateLimiter> as NamedService>::NAME;
-}
-
-impl<B> Service<http::Request<B>> for RlsService
+impl<S, B> Service<http::Request<B>> for SizeLimited<S>
 where
-    RateLimitServiceServer<RateLimiter>: Service<
+    S: Service<
             http::Request<B>,
             Response = http::Response<tonic::body::Body>,
             Error = Infallible,
@@ -177,10 +192,7 @@ fn descriptor_from_proto(
         entries: d
             .entries
             .into_iter()
-            .map(|e| Entry {
-                key: e.key,
-                value: e.value,
-            })
+            .map(|e| Entry::new(e.key, e.value))
             .collect(),
         limit,
         hits_addend: d.hits_addend,

@@ -4,6 +4,14 @@
 //! Every metric is listed, with its labels, in README.md ("Metrics"). The per-rule counters
 //! and how their label sets are bounded are in [`rules`].
 
+/// Registers each `name, help, metric;` in `registry`, with a clone of the metric (the registry
+/// holds its own handle to the same values).
+macro_rules! register {
+    ($registry:expr, $($name:literal, $help:literal, $metric:expr;)+) => {
+        $($registry.register($name, $help, $metric.clone());)+
+    };
+}
+
 pub mod history;
 mod latency;
 pub mod live;
@@ -135,45 +143,16 @@ impl Metrics {
             ratelimit: OnceLock::new(),
             registry: Registry::default(),
         };
-        registry.register(
-            "requests",
-            "ShouldRateLimit requests by result",
-            m.requests.clone(),
-        );
-        registry.register(
-            "request_duration_seconds",
-            "Time the engine took to answer ShouldRateLimit",
-            m.latency.clone(),
-        );
-        registry.register(
-            "backend_errors",
-            "Limiter backend failures by backend and kind",
-            m.backend_errors.clone(),
-        );
-        registry.register(
-            "memory_keys",
-            "Limiter states held in process (memory backend; Redis: deny cache and local fallback)",
-            m.memory_keys.clone(),
-        );
-        registry.register(
-            "backend_events",
-            "Backend events by backend and event: Redis deny_cache_hit, breaker_open, failure, fallback",
-            m.backend_events.clone(),
-        );
-        registry.register(
-            "config_reloads",
-            "Rules reloads by outcome",
-            m.reloads.clone(),
-        );
-        registry.register(
-            "config_version",
-            "Version of the active rules",
-            m.config_version.clone(),
-        );
-        registry.register(
-            "config_loaded_timestamp_seconds",
-            "When the active rules were loaded (Unix time)",
-            m.config_loaded.clone(),
+        register!(
+            registry,
+            "requests", "ShouldRateLimit requests by result", m.requests;
+            "request_duration_seconds", "Time the engine took to answer ShouldRateLimit", m.latency;
+            "backend_errors", "Limiter backend failures by backend and kind", m.backend_errors;
+            "memory_keys", "Limiter states held in process (memory backend; Redis: deny cache and local fallback)", m.memory_keys;
+            "backend_events", "Backend events by backend and event: Redis deny_cache_hit, breaker_open, failure, fallback", m.backend_events;
+            "config_reloads", "Rules reloads by outcome", m.reloads;
+            "config_version", "Version of the active rules", m.config_version;
+            "config_loaded_timestamp_seconds", "When the active rules were loaded (Unix time)", m.config_loaded;
         );
         let by_result =
             RESULTS.map(|result| m.requests.get_or_create(&ResultLabels { result }).clone());

@@ -11,12 +11,7 @@
 pub mod key;
 pub mod params;
 
-use std::convert::Infallible;
 use std::sync::Arc;
-use std::task::{Context, Poll};
-
-use tonic::codegen::{BoxFuture, Service, http};
-use tonic::server::NamedService;
 
 use crate::config::settings::InputSettings;
 use crate::limiter::{Batch, BatchOutcome, Hit, HitOutcome, Limiter, LimiterError, Role};
@@ -87,10 +82,10 @@ impl Throttler {
     /// `RESOURCE_EXHAUSTED` naming the setting (as RLS does).
     pub fn into_service(self) -> ThrottleService {
         let max = self.input.max_request_bytes;
-        ThrottleService {
-            inner: ThrottleServer::new(self).max_decoding_message_size(max),
-            max_request_bytes: max,
-        }
+        ThrottleService::new(
+            ThrottleServer::new(self).max_decoding_message_size(max),
+            max,
+        )
     }
 
     /// Decides one request.
@@ -133,44 +128,8 @@ impl Throttler {
 }
 
 /// The Throttle service as served: tonic's `OUT_OF_RANGE` for a message over its decoding
-/// limit becomes `RESOURCE_EXHAUSTED` (see [`crate::grpc::RlsService`]).
-#[derive(Clone)]
-pub struct ThrottleService {
-    inner: ThrottleServer<Throttler>,
-    max_request_bytes: usize,
-}
-
-impl NamedService for ThrottleService {
-    const NAME: &'static str = <ThrottleServer<Throttler> as NamedService>::NAME;
-}
-
-impl<B> Service<http::Request<B>> for ThrottleService
-where
-    ThrottleServer<Throttler>: Service<
-            http::Request<B>,
-            Response = http::Response<tonic::body::Body>,
-            Error = Infallible,
-            Future = BoxFuture<http::Response<tonic::body::Body>, Infallible>,
-        >,
-{
-    type Response = http::Response<tonic::body::Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<Self::Response, Self::Error>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let answer = self.inner.call(request);
-        let max = self.max_request_bytes;
-        Box::pin(async move {
-            let mut response = answer.await?;
-            crate::grpc::too_large_is_resource_exhausted(response.headers_mut(), max);
-            Ok(response)
-        })
-    }
-}
+/// limit becomes `RESOURCE_EXHAUSTED` (see [`crate::grpc::SizeLimited`]).
+pub type ThrottleService = crate::grpc::SizeLimited<ThrottleServer<Throttler>>;
 
 /// A backend failure is `UNAVAILABLE` (the caller's fail policy decides), as for RLS.
 fn unavailable(e: &LimiterError) -> tonic::Status {

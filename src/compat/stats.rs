@@ -283,26 +283,13 @@ mod tests {
     use std::path::PathBuf;
 
     use arc_swap::ArcSwap;
-    use futures_util::FutureExt as _;
 
     use super::*;
     use crate::config::rules::from_sources;
-    use crate::engine::{Descriptor, Engine, Options, Request};
+    use crate::engine::{Engine, Options};
     use crate::limiter::MemoryLimiter;
-    use crate::rules::{Entry, RuleSet};
-
-    fn ask(engine: &Engine, key: &str, value: &str) {
-        let request = Request {
-            domain: "d".to_owned(),
-            descriptors: vec![Descriptor {
-                entries: vec![Entry::new(key, value)],
-                ..Default::default()
-            }],
-            hits_addend: 0,
-        };
-        let answer = engine.should_rate_limit(&request).now_or_never();
-        assert!(matches!(answer, Some(Ok(_))), "{answer:?}");
-    }
+    use crate::metrics::rules::tests::ask;
+    use crate::rules::RuleSet;
 
     #[test]
     fn keys_from_request_values_are_capped_as_sluices_labels() {

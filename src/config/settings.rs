@@ -25,6 +25,16 @@ pub use dropin::{DebugSettings, RatelimitMetricsSettings, StatsdSettings};
 pub use input::InputSettings;
 pub use ops::{MetricsSettings, ReloadSettings, TlsSettings};
 use redis::check_userinfo;
+
+/// The names of the settings in `values` that are 0, in order (for the "must be at least 1"
+/// checks of the bounded sections).
+fn zero_names<'a>(values: impl IntoIterator<Item = (&'a str, u64)>) -> Vec<&'a str> {
+    values
+        .into_iter()
+        .filter(|(_, v)| *v == 0)
+        .map(|(name, _)| name)
+        .collect()
+}
 pub use redis::{OnError, RedisSettings, redacted_url};
 pub use rlqs::RlqsSettings;
 pub use xds::XdsSettings;

@@ -193,3 +193,31 @@ impl LimitParams {
         funnel::Funnel::new(self.quota, self.period_nanos, self.burst, self.borrow)
     }
 }
+
+/// A funnel hit for unit tests: `quota` per `period_nanos` with a burst of `quota`, cost 1,
+/// not a refund.
+#[cfg(test)]
+pub(crate) fn funnel_hit(
+    key: &str,
+    group: usize,
+    role: Role,
+    charge: Charge,
+    quota: u32,
+    period_nanos: u64,
+) -> Hit {
+    Hit {
+        key: key.as_bytes().into(),
+        limit: LimitParams {
+            algorithm: Algorithm::Funnel,
+            quota,
+            period_nanos,
+            burst: quota,
+            charge,
+            borrow: false,
+        },
+        cost: 1,
+        refund: false,
+        group,
+        role,
+    }
+}

@@ -74,25 +74,9 @@ fn find(groups: &Groups, group: usize) -> Option<&(usize, Role, bool)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::model::Algorithm;
-    use crate::limiter::LimitParams;
 
     fn hit(group: usize, role: Role, charge: Charge) -> Hit {
-        Hit {
-            key: b"k".as_slice().into(),
-            limit: LimitParams {
-                algorithm: Algorithm::Funnel,
-                quota: 1,
-                period_nanos: 1,
-                burst: 1,
-                charge,
-                borrow: false,
-            },
-            cost: 1,
-            refund: false,
-            group,
-            role,
-        }
+        crate::limiter::funnel_hit("k", group, role, charge, 1, 1)
     }
 
     #[test]

@@ -76,20 +76,11 @@ impl LiveRules {
             period: Family::default(),
             used: Family::default(),
         };
-        registry.register(
-            "rule_limit",
-            "Configured requests_per_unit of each limit",
-            live.limit.clone(),
-        );
-        registry.register(
-            "rule_period_seconds",
-            "Configured period of each limit",
-            live.period.clone(),
-        );
-        registry.register(
-            "rule_capacity_used_ratio",
-            "Highest share of capacity in use of any key of the rule since the last scrape",
-            live.used.clone(),
+        register!(
+            registry,
+            "rule_limit", "Configured requests_per_unit of each limit", live.limit;
+            "rule_period_seconds", "Configured period of each limit", live.period;
+            "rule_capacity_used_ratio", "Highest share of capacity in use of any key of the rule since the last scrape", live.used;
         );
         live
     }

@@ -32,26 +32,13 @@ pub struct RlqsMetrics {
 impl RlqsMetrics {
     pub(super) fn new(registry: &mut Registry) -> RlqsMetrics {
         let m = RlqsMetrics::default();
-        registry.register(
-            "rlqs_reported_requests",
-            "Requests data planes reported over RLQS, by domain, rule and result (allowed, denied)",
-            m.reported.clone(),
-        );
-        registry.register("rlqs_streams", "RLQS streams open", m.streams.clone());
-        registry.register(
-            "rlqs_buckets",
-            "RLQS buckets held over all streams",
-            m.buckets.clone(),
-        );
-        registry.register(
-            "rlqs_assignments",
-            "RLQS bucket actions sent, by kind (token_bucket, deny_all, allow_all, abandon)",
-            m.assignments.clone(),
-        );
-        registry.register(
-            "rlqs_refused",
-            "RLQS streams and buckets refused at a bound, by kind (stream, bucket)",
-            m.refused.clone(),
+        register!(
+            registry,
+            "rlqs_reported_requests", "Requests data planes reported over RLQS, by domain, rule and result (allowed, denied)", m.reported;
+            "rlqs_streams", "RLQS streams open", m.streams;
+            "rlqs_buckets", "RLQS buckets held over all streams", m.buckets;
+            "rlqs_assignments", "RLQS bucket actions sent, by kind (token_bucket, deny_all, allow_all, abandon)", m.assignments;
+            "rlqs_refused", "RLQS streams and buckets refused at a bound, by kind (stream, bucket)", m.refused;
         );
         m
     }

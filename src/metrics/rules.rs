@@ -231,7 +231,7 @@ pub fn segment(rule: &Rule) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::path::PathBuf;
     use std::sync::Arc;
 
@@ -250,7 +250,8 @@ mod tests {
         RuleSet::compile(model)
     }
 
-    fn ask(engine: &Engine, key: &str, value: &str) {
+    /// Asks `engine` once for one descriptor `key=value` in domain `d`; the answer must be `Ok`.
+    pub(crate) fn ask(engine: &Engine, key: &str, value: &str) {
         let request = Request {
             domain: "d".to_owned(),
             descriptors: vec![Descriptor {

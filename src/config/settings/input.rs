@@ -41,22 +41,15 @@ impl Default for InputSettings {
 impl InputSettings {
     /// Names every bound that is 0 (a bound of 0 would refuse every request).
     pub fn check(&self) -> Result<(), String> {
-        let zero: Vec<&str> = [
-            ("max_descriptors", self.max_descriptors),
-            ("max_entries", self.max_entries),
-            ("max_domain_bytes", self.max_domain_bytes),
-            ("max_key_bytes", self.max_key_bytes),
-            ("max_value_bytes", self.max_value_bytes),
-            ("max_request_bytes", self.max_request_bytes),
-            (
-                "max_concurrent_streams",
-                self.max_concurrent_streams as usize,
-            ),
-        ]
-        .into_iter()
-        .filter(|(_, v)| *v == 0)
-        .map(|(name, _)| name)
-        .collect();
+        let zero = super::zero_names([
+            ("max_descriptors", self.max_descriptors as u64),
+            ("max_entries", self.max_entries as u64),
+            ("max_domain_bytes", self.max_domain_bytes as u64),
+            ("max_key_bytes", self.max_key_bytes as u64),
+            ("max_value_bytes", self.max_value_bytes as u64),
+            ("max_request_bytes", self.max_request_bytes as u64),
+            ("max_concurrent_streams", self.max_concurrent_streams as u64),
+        ]);
         if zero.is_empty() {
             Ok(())
         } else {

@@ -31,16 +31,12 @@ impl Default for RlqsSettings {
 impl RlqsSettings {
     /// Names every value that is 0.
     pub fn check(&self) -> Result<(), String> {
-        let zero: Vec<&str> = [
+        let zero = super::zero_names([
             ("max_streams", self.max_streams as u64),
             ("max_buckets_per_stream", self.max_buckets_per_stream as u64),
             ("max_buckets", self.max_buckets as u64),
             ("assignment_ttl_secs", self.assignment_ttl_secs),
-        ]
-        .into_iter()
-        .filter(|(_, v)| *v == 0)
-        .map(|(name, _)| name)
-        .collect();
+        ]);
         if zero.is_empty() {
             Ok(())
         } else {

@@ -246,8 +246,7 @@ fn plan_writes(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::model::Algorithm;
-    use crate::limiter::{LimitParams, Role};
+    use crate::limiter::Role;
 
     const SEC: u64 = 1_000_000_000;
 
@@ -264,19 +263,8 @@ mod tests {
 
     fn hit(key: &str, group: usize, cost: u64) -> Hit {
         Hit {
-            key: key.as_bytes().into(),
-            limit: LimitParams {
-                algorithm: Algorithm::Funnel,
-                quota: 4,
-                period_nanos: SEC,
-                burst: 4,
-                charge: Charge::Admitted,
-                borrow: false,
-            },
             cost,
-            refund: false,
-            group,
-            role: Role::Enforced,
+            ..crate::limiter::funnel_hit(key, group, Role::Enforced, Charge::Admitted, 4, SEC)
         }
     }
 

@@ -180,25 +180,10 @@ async fn give_back(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::model::Algorithm;
-    use crate::limiter::{LimitParams, Role};
+    use crate::limiter::Role;
 
     fn hit(key: &str, group: usize, charge: Charge) -> Hit {
-        Hit {
-            key: key.as_bytes().into(),
-            limit: LimitParams {
-                algorithm: Algorithm::Funnel,
-                quota: 1,
-                period_nanos: 1,
-                burst: 1,
-                charge,
-                borrow: false,
-            },
-            cost: 1,
-            refund: false,
-            group,
-            role: Role::Enforced,
-        }
+        crate::limiter::funnel_hit(key, group, Role::Enforced, charge, 1, 1)
     }
 
     #[test]

@@ -2,8 +2,9 @@
 //! reply. Generic over the connection, so any `ConnectionLike` works.
 //!
 //! The script is one Lua chunk made of the files of `lua/`: `prelude.lua` (the KEYS/ARGV
-//! contract, at its top, and integer helpers), one file per algorithm, and `main.lua`. One
-//! script serves every algorithm, so a request is one call whatever the mix of its limits.
+//! contract, at its top, integer helpers and the helpers the algorithms share), one file per
+//! algorithm, and `main.lua`. One script serves every algorithm, so a request is one call
+//! whatever the mix of its limits.
 //!
 //! It reaches Redis in one of two forms, each call one command:
 //!

@@ -26,8 +26,7 @@ MAKERS.w = MAKERS.w and function()
   end
 
   local function admits(w, s, now, cost)
-    if w.quota == 0 then return cost == 0 end
-    return sat_add(window_count(w, s, now), cost) <= w.quota
+    return count_admits(w.quota, window_count(w, s, now), cost)
   end
 
   local function take(w, s, now, cost)
@@ -66,9 +65,6 @@ MAKERS.w = MAKERS.w and function()
     store(key, fmt(s.start) .. ":" .. fmt(s.count), now, fresh_at)
   end
 
-  return {
-    params = params, load = load, admits = admits, take = take, give = give,
-    remaining = remaining, reset = reset, until_admitted = until_admitted, fresh_at = fresh_at,
-    save = save,
-  }
+  return algorithm(params, load, admits, take, give, remaining, reset, until_admitted, fresh_at,
+    save)
 end

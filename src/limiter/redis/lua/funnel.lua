@@ -79,9 +79,6 @@ MAKERS.f = MAKERS.f and function()
     store(key, fmt(tat), now, fresh_at)
   end
 
-  return {
-    params = params, load = load, admits = admits, take = take, give = give,
-    remaining = remaining, reset = reset, until_admitted = until_admitted, fresh_at = fresh_at,
-    save = save,
-  }
+  return algorithm(params, load, admits, take, give, remaining, reset, until_admitted, fresh_at,
+    save)
 end

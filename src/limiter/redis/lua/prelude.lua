@@ -124,11 +124,17 @@ local function fmt(n)
   return string.format("%d", n)
 end
 
+-- The TTL, in milliseconds (at least 1), of a state fresh again at `fresh_at`: the time from
+-- `now` rounded up to the millisecond.
+local function ttl_ms(now, fresh_at)
+  local ms = math.floor((fresh_at - now + 999) / 1000)
+  if ms < 1 then ms = 1 end
+  return ms
+end
+
 -- Stores a state's text with a TTL until `fresh_at`, rounded up to the millisecond.
 local function store(key, text, now, fresh_at)
-  local ttl_ms = math.floor((fresh_at - now + 999) / 1000)
-  if ttl_ms < 1 then ttl_ms = 1 end
-  redis.call("SET", key, text, "PX", fmt(ttl_ms))
+  redis.call("SET", key, text, "PX", fmt(ttl_ms(now, fresh_at)))
 end
 
 -- The numbers of a state stored as "n1:n2" (count 2) or "n1:n2:n3" (count 3), or nil when the
@@ -144,4 +150,28 @@ local function load_numbers(key, count)
   local a, b, c = string.match(text, "^([^:]+):([^:]+):([^:]+)$")
   if a == nil then return nil end
   return { clamp(a), clamp(b), clamp(c) }
+end
+
+-- When a state whose reset is `wait` from `now` is fresh again: nil (fresh now) for no wait.
+local function fresh_after(now, wait)
+  if wait > 0 then return sat_add(now, wait) end
+  return nil
+end
+
+-- Whether a window holding `count` admits `cost` more under `quota` (a quota of 0 admits only
+-- a cost of 0).
+local function count_admits(quota, count, cost)
+  if quota == 0 then return cost == 0 end
+  return sat_add(count, cost) <= quota
+end
+
+-- An algorithm's table of functions, as each maker returns it (see MAKERS above): one
+-- constructor, sized once. main.lua calls these by name.
+local function algorithm(params, load, admits, take, give, remaining, reset, until_admitted,
+                         fresh_at, save)
+  return {
+    params = params, load = load, admits = admits, take = take, give = give,
+    remaining = remaining, reset = reset, until_admitted = until_admitted, fresh_at = fresh_at,
+    save = save,
+  }
 end

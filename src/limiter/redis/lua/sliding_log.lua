@@ -91,8 +91,7 @@ MAKERS.l = MAKERS.l and function()
   end
 
   local function admits(l, v, now, cost)
-    if l.quota == 0 then return cost == 0 end
-    return sat_add(logged(v), cost) <= l.quota
+    return count_admits(l.quota, logged(v), cost)
   end
 
   local function take(l, v, now, cost)
@@ -189,9 +188,7 @@ MAKERS.l = MAKERS.l and function()
   end
 
   local function fresh_at(l, v, now)
-    local wait = reset(l, v, now)
-    if wait > 0 then return sat_add(now, wait) end
-    return nil
+    return fresh_after(now, reset(l, v, now))
   end
 
   local function save(key, l, v, now, fresh_at)
@@ -208,14 +205,9 @@ MAKERS.l = MAKERS.l and function()
       redis.call("ZADD", key, fmt(e[1]), member(e[1], e[2]))
     end
     redis.call("ZADD", key, fmt(-1 - logged(v)), "sum")
-    local ttl_ms = math.floor((fresh_at - now + 999) / 1000)
-    if ttl_ms < 1 then ttl_ms = 1 end
-    redis.call("PEXPIRE", key, fmt(ttl_ms))
+    redis.call("PEXPIRE", key, fmt(ttl_ms(now, fresh_at)))
   end
 
-  return {
-    params = params, load = load, admits = admits, take = take, give = give,
-    remaining = remaining, reset = reset, until_admitted = until_admitted, fresh_at = fresh_at,
-    save = save,
-  }
+  return algorithm(params, load, admits, take, give, remaining, reset, until_admitted, fresh_at,
+    save)
 end

@@ -53,8 +53,7 @@ MAKERS.s = MAKERS.s and function()
   end
 
   local function admits(w, c, now, cost)
-    if w.quota == 0 then return cost == 0 end
-    return sat_add(estimate(w, c, now), cost) <= w.quota
+    return count_admits(w.quota, estimate(w, c, now), cost)
   end
 
   local function take(w, c, now, cost)
@@ -121,18 +120,13 @@ MAKERS.s = MAKERS.s and function()
   end
 
   local function fresh_at(w, c, now)
-    local wait = reset(w, c, now)
-    if wait > 0 then return sat_add(now, wait) end
-    return nil
+    return fresh_after(now, reset(w, c, now))
   end
 
   local function save(key, w, c, now, fresh_at)
     store(key, fmt(c.start) .. ":" .. fmt(c.current) .. ":" .. fmt(c.previous), now, fresh_at)
   end
 
-  return {
-    params = params, load = load, admits = admits, take = take, give = give,
-    remaining = remaining, reset = reset, until_admitted = until_admitted, fresh_at = fresh_at,
-    save = save,
-  }
+  return algorithm(params, load, admits, take, give, remaining, reset, until_admitted, fresh_at,
+    save)
 end

@@ -86,18 +86,13 @@ MAKERS.b = MAKERS.b and function()
   end
 
   local function fresh_at(b, s, now)
-    local wait = reset(b, s, now)
-    if wait > 0 then return sat_add(now, wait) end
-    return nil
+    return fresh_after(now, reset(b, s, now))
   end
 
   local function save(key, b, s, now, fresh_at)
     store(key, fmt(s.used) .. ":" .. fmt(s.anchor), now, fresh_at)
   end
 
-  return {
-    params = params, load = load, admits = admits, take = take, give = give,
-    remaining = remaining, reset = reset, until_admitted = until_admitted, fresh_at = fresh_at,
-    save = save,
-  }
+  return algorithm(params, load, admits, take, give, remaining, reset, until_admitted, fresh_at,
+    save)
 end
