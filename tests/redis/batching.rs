@@ -10,6 +10,7 @@
 
 use std::sync::Arc;
 
+use crate::support::rng::Rng;
 use sluice::config::model::{Algorithm, Charge};
 use sluice::config::settings::{RedisSettings, Settings};
 use sluice::limiter::{
@@ -17,34 +18,6 @@ use sluice::limiter::{
 };
 use sluice::testing::grpc::*;
 use sluice::testing::redis::{RedisServer, wait_until};
-
-/// A small deterministic generator (xorshift64*), so every run replays the same sequences.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn pick<T: Copy>(&mut self, from: &[T]) -> T {
-        from[self.below(from.len() as u64) as usize]
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
 
 const MILLI: u64 = 1_000_000;
 
@@ -117,11 +90,7 @@ fn dc_hit(rng: &mut Rng, seed: u64, algorithms: &[Algorithm]) -> Hit {
             quota: rng.pick(&[1, 1, 2, 3]),
             period_nanos: period,
             burst: rng.pick(&[1, 2, 3]),
-            charge: if rng.chance(5) {
-                Charge::Always
-            } else {
-                Charge::Admitted
-            },
+            charge: rng.charge(5),
             borrow: rng.chance(10) && algorithm.has_capacity(),
         },
         cost: rng.pick(&[0, 1, 1, 1, 1, 2, 3]),
@@ -249,11 +218,7 @@ fn gc_hit(rng: &mut Rng, seed: u64) -> Hit {
             quota: keyed.pick(&[0, 1, 2, 3, 5, 7]),
             period_nanos: keyed.pick(&[500_000, 1_000_000, 3_000_000, 60_000_000]),
             burst: rng.pick(&[0, 1, 2, 3, 6]),
-            charge: if rng.chance(15) {
-                Charge::Always
-            } else {
-                Charge::Admitted
-            },
+            charge: rng.charge(15),
             borrow: rng.chance(15) && algorithm.has_capacity(),
         },
         cost: rng.pick(&[0, 1, 1, 1, 2, 3, 5]),
