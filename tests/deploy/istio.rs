@@ -8,9 +8,9 @@ use crate::support::envoy;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::support::start_sluice;
 use crate::support::upstream::Upstream;
 use crate::support::yaml::{self, Doc, at, int_at, named, seq_at, str_at, string_map, to_json};
+use crate::support::{sluice_check, start_sluice};
 use saphyr::Yaml;
 use serde_json::{Value, json};
 use sluice::testing::process::{free_port, loopback};
@@ -278,16 +278,7 @@ fn the_rules_config_map_is_valid() {
         String::from_utf8_lossy(&out.stdout)
     );
     let dir = Recipe::load().rules_dir();
-    let check = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["check", "--rules"])
-        .arg(dir.path())
-        .output()
-        .expect("run sluice check");
-    assert!(
-        check.status.success(),
-        "{}",
-        String::from_utf8_lossy(&check.stderr)
-    );
+    sluice_check(dir.path());
 }
 
 #[test]
