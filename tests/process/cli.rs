@@ -18,6 +18,14 @@ fn run(cmd: &mut Command) -> Output {
     cmd.output().expect("run the sluice binary")
 }
 
+/// `sluice serve` with `var=value` in its environment: it must exit 64 (a usage error); its
+/// standard error.
+fn serve_with_exits_64(var: &str, value: &str) -> String {
+    let out = run(sluice().arg("serve").env(var, value));
+    assert_eq!(out.status.code(), Some(64), "{var}={value}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 fn fixtures(dir: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/rules")
@@ -175,29 +183,19 @@ fn json_logs_are_one_object_per_line() {
 
 #[test]
 fn bad_settings_exit_64() {
-    let out = run(sluice()
-        .arg("serve")
-        .env("SLUICE_SERVER__GRPC_LISTN", "127.0.0.1:1"));
-    assert_eq!(out.status.code(), Some(64));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid settings"));
+    let stderr = serve_with_exits_64("SLUICE_SERVER__GRPC_LISTN", "127.0.0.1:1");
+    assert!(stderr.contains("invalid settings"), "{stderr}");
     let out = run(sluice().args(["serve", "--backend", "redis", "--redis-url", "http://nope"]));
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("redis"));
-    let out = run(sluice()
-        .arg("serve")
-        .env("SLUICE_METRICS__NEAR_LIMIT_RATIO", "0"));
-    assert_eq!(out.status.code(), Some(64));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("near_limit_ratio"));
+    let stderr = serve_with_exits_64("SLUICE_METRICS__NEAR_LIMIT_RATIO", "0");
+    assert!(stderr.contains("near_limit_ratio"), "{stderr}");
 }
 
 #[cfg(not(feature = "otel"))]
 #[test]
 fn an_otlp_endpoint_without_the_otel_feature_exits_64() {
-    let out = run(sluice()
-        .arg("serve")
-        .env("SLUICE_LOG__OTLP_ENDPOINT", "http://127.0.0.1:4317"));
-    assert_eq!(out.status.code(), Some(64));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = serve_with_exits_64("SLUICE_LOG__OTLP_ENDPOINT", "http://127.0.0.1:4317");
     assert!(stderr.contains("without the `otel` feature"), "{stderr}");
 }
 
@@ -216,11 +214,7 @@ fn bad_tls_files_exit_64_before_binding() {
 
 #[test]
 fn input_bounds_of_zero_exit_64() {
-    let out = run(sluice()
-        .arg("serve")
-        .env("SLUICE_INPUT__MAX_DESCRIPTORS", "0"));
-    assert_eq!(out.status.code(), Some(64));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = serve_with_exits_64("SLUICE_INPUT__MAX_DESCRIPTORS", "0");
     assert!(
         stderr.contains("input.max_descriptors must be at least 1"),
         "{stderr}"
