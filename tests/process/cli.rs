@@ -26,6 +26,19 @@ fn serve_with_exits_64(var: &str, value: &str) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// Spawns `cmd`, a `sluice serve` on gRPC `port` (standard error piped, for the test to
+/// read); the process, and a client connected to it.
+async fn serve_and_connect(cmd: &mut Command, port: u16) -> (Served, Client) {
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sluice serve");
+    let served = Served(child);
+    let c = connect_within(&format!("http://127.0.0.1:{port}"), Duration::from_secs(20)).await;
+    (served, c)
+}
+
 fn fixtures(dir: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/rules")
@@ -97,15 +110,13 @@ async fn serve_with_embedded_rules_then_stop_on_sigterm_or_sigint() {
 /// Serves, uses the demo's login limit, sends `signal`, and expects exit 0 with `logged`.
 async fn serve_then_stop_with(signal: &str, logged: &str) {
     let port = free_port();
-    let child = sluice()
-        .args(["serve", "--grpc-listen", &format!("127.0.0.1:{port}")])
-        .args(["--admin-listen", &format!("127.0.0.1:{}", free_port())])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut served = Served(child);
-    let mut c = connect_within(&format!("http://127.0.0.1:{port}"), Duration::from_secs(20)).await;
+    let (mut served, mut c) = serve_and_connect(
+        sluice()
+            .args(["serve", "--grpc-listen", &format!("127.0.0.1:{port}")])
+            .args(["--admin-listen", &format!("127.0.0.1:{}", free_port())]),
+        port,
+    )
+    .await;
     let login = || req("demo", vec![desc(&[("path", "/login")])]);
     for _ in 0..5 {
         assert_eq!(overall(&call(&mut c, login()).await), Code::Ok);
@@ -228,21 +239,19 @@ async fn the_redis_password_is_never_logged() {
     let secret = "s3cret-Pa55word";
     let port = free_port();
     let admin = free_port();
-    let child = sluice()
-        .args(["serve", "--backend", "redis"])
-        .args([
-            "--redis-url",
-            &format!("redis://:{secret}@127.0.0.1:{}", free_port()),
-        ])
-        .args(["--grpc-listen", &format!("127.0.0.1:{port}")])
-        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
-        .env("SLUICE_LOG__LEVEL", "debug")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut served = Served(child);
-    let mut c = connect_within(&format!("http://127.0.0.1:{port}"), Duration::from_secs(20)).await;
+    let (mut served, mut c) = serve_and_connect(
+        sluice()
+            .args(["serve", "--backend", "redis"])
+            .args([
+                "--redis-url",
+                &format!("redis://:{secret}@127.0.0.1:{}", free_port()),
+            ])
+            .args(["--grpc-listen", &format!("127.0.0.1:{port}")])
+            .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+            .env("SLUICE_LOG__LEVEL", "debug"),
+        port,
+    )
+    .await;
     let err = c
         .should_rate_limit(req("demo", vec![desc(&[("path", "/login")])]))
         .await
