@@ -13,7 +13,7 @@ use crate::support::yaml::{self, Doc, at, int_at, named, seq_at, str_at, string_
 use crate::support::{sluice_check, start_sluice};
 use saphyr::Yaml;
 use serde_json::{Value, json};
-use sluice::testing::process::{free_port, loopback};
+use sluice::testing::process::{free_port, loopback, run_ok};
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -228,17 +228,13 @@ fn the_cluster_points_at_the_charts_service_and_the_chart_mounts_the_rules() {
     // The chart installed as its values file says: the Service and the ConfigMap meet.
     let helm = root().join(".tools/helm/helm");
     assert!(helm.is_file(), "helm is missing: run ./tests/run");
-    let out = Command::new(helm)
-        .args(["template", "sluice", "--namespace", namespace])
-        .arg(root().join("deploy/helm/sluice"))
-        .arg("-f")
-        .arg(istio("sluice-values.yaml"))
-        .output()
-        .expect("run helm template");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        Command::new(helm)
+            .args(["template", "sluice", "--namespace", namespace])
+            .arg(root().join("deploy/helm/sluice"))
+            .arg("-f")
+            .arg(istio("sluice-values.yaml")),
+        "helm template",
     );
     let rendered = yaml::documents(&String::from_utf8(out.stdout).expect("UTF-8"));
     let find = |kind: &str| {
