@@ -153,6 +153,14 @@ impl TestServer {
         format!("http://{}", self.addr)
     }
 
+    /// Begins the shutdown (readiness fails, the drain) without waiting for it; [`stop`]
+    /// then waits for the end.
+    ///
+    /// [`stop`]: TestServer::stop
+    pub fn begin_stop(&self) {
+        self.stop.cancel();
+    }
+
     /// Stops the server and waits for it to finish; returns its result.
     pub async fn stop(mut self) -> anyhow::Result<()> {
         self.stop.cancel();

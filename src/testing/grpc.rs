@@ -192,3 +192,33 @@ pub async fn assert_ok_without_limit(c: &mut Client, r: RateLimitRequest) {
     assert_eq!(s.limit_remaining, 0, "{r:?}");
     assert_eq!(s.duration_until_reset, None, "{r:?}");
 }
+
+/// A request sent by [`send_in_background`].
+pub type InFlight =
+    tokio::task::JoinHandle<Result<tonic::Response<RateLimitResponse>, tonic::Status>>;
+
+/// A request for `k=v` in domain `test` from a new client of `url`, sent in the background (to
+/// be in flight while the server stops); the client is connected when this returns.
+pub async fn send_in_background(url: &str) -> InFlight {
+    let mut c = RateLimitServiceClient::connect(url.to_owned())
+        .await
+        .expect("connect to the server");
+    tokio::spawn(async move {
+        c.should_rate_limit(req("test", vec![desc(&[("k", "v")])]))
+            .await
+    })
+}
+
+/// Once the server is stopping ([`TestServer::begin_stop`]): the request in flight completes,
+/// `OK`, then the server stops within 5 s.
+pub async fn in_flight_completes_then_stops(server: TestServer, in_flight: InFlight) {
+    let answer = in_flight
+        .await
+        .expect("the in-flight request's task")
+        .expect("the in-flight request completes");
+    assert_eq!(overall(answer.get_ref()), Code::Ok);
+    tokio::time::timeout(Duration::from_secs(5), server.stop())
+        .await
+        .expect("the server stops once the request is done")
+        .expect("the server's result");
+}

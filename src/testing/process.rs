@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -40,6 +40,18 @@ pub fn sluice_command(path: &str) -> Command {
         }
     }
     cmd
+}
+
+/// Runs `cmd` to its end; it must succeed (else the test fails with its standard error,
+/// naming `what`). Its output.
+pub fn run_ok(cmd: &mut Command, what: &str) -> Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("run {what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
 }
 
 /// A child process, killed if the test ends before stopping it.

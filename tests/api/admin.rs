@@ -4,12 +4,10 @@
 use std::sync::Arc;
 
 use serde_json::{Value, json};
-use sluice::app::{App, Listeners};
 use sluice::config::settings::Settings;
 use sluice::limiter::{Batch, BatchOutcome, BoxFuture, Limiter, LimiterError};
 use sluice::testing::grpc::*;
 use sluice::testing::http::{get, post};
-use tokio_util::sync::CancellationToken;
 
 const RULES: &str = "\
 domain: test
@@ -199,24 +197,9 @@ impl Limiter for Down {
 
 #[tokio::test]
 async fn json_is_503_when_the_backend_is_unavailable() {
-    let model =
-        sluice::config::rules::from_sources(&[("t.yaml".into(), RULES.to_owned())]).unwrap();
     let limiter: Arc<dyn Limiter> = Arc::new(Down);
-    let app = App::from_parts(
-        &Settings::default(),
-        sluice::rules::RuleSet::compile(model),
-        limiter,
-    );
-    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin_addr = admin.local_addr().unwrap();
-    let stop = CancellationToken::new();
-    let _stop_on_drop = stop.clone().drop_guard();
-    let listeners = Listeners {
-        grpc,
-        admin: Some(admin),
-    };
-    let running = tokio::spawn(app.run(listeners, stop.clone().cancelled_owned()));
+    let server = TestServer::start_over(Settings::default(), RULES, limiter).await;
+    let admin_addr = server.admin_addr;
     let body = r#"{"domain":"test","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
     let answer = post(admin_addr, "/json", body).await;
     assert_eq!(answer.status, 503);
@@ -228,6 +211,5 @@ async fn json_is_503_when_the_backend_is_unavailable() {
         &[("backend", "down"), ("kind", "transient")],
     );
     assert_eq!(errors, Some(1.0), "{metrics}");
-    stop.cancel();
-    running.await.unwrap().unwrap();
+    server.stop().await.unwrap();
 }

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice::app::App;
 use sluice::config::settings::Settings;
 use sluice::limiter::{Batch, BatchOutcome, BoxFuture, Limiter, LimiterError, MemoryLimiter};
 use sluice::testing::grpc::*;
@@ -107,35 +106,13 @@ impl Limiter for Slow {
 
 #[tokio::test]
 async fn shutdown_lets_in_flight_requests_finish() {
-    let model =
-        sluice::config::rules::from_sources(&[("t.yaml".into(), RULES.to_owned())]).unwrap();
     let limiter: Arc<dyn Limiter> = Arc::new(Slow(MemoryLimiter::new(100)));
-    let app = App::from_parts(
-        &Settings::default(),
-        sluice::rules::RuleSet::compile(model),
-        limiter,
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let stop = tokio_util::sync::CancellationToken::new();
-    let running = tokio::spawn(app.run(listener, stop.clone().cancelled_owned()));
-    let mut c = RateLimitServiceClient::connect(url.clone()).await.unwrap();
-    let in_flight = tokio::spawn(async move {
-        c.should_rate_limit(req("test", vec![desc(&[("k", "v")])]))
-            .await
-    });
+    let server = TestServer::start_over(Settings::default(), RULES, limiter).await;
+    let url = server.url();
+    let in_flight = send_in_background(&url).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    stop.cancel();
-    let answer = in_flight
-        .await
-        .unwrap()
-        .expect("the in-flight request completes");
-    assert_eq!(overall(answer.get_ref()), Code::Ok);
-    tokio::time::timeout(Duration::from_secs(5), running)
-        .await
-        .expect("the server stops once the request is done")
-        .unwrap()
-        .unwrap();
+    server.begin_stop();
+    in_flight_completes_then_stops(server, in_flight).await;
     assert!(
         RateLimitServiceClient::connect(url).await.is_err(),
         "no new connections after shutdown"

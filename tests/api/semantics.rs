@@ -81,6 +81,18 @@ fn owned_pairs(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         .collect()
 }
 
+/// `r` is answered `OK`, its first descriptor with `remaining` left; the answer.
+async fn assert_ok_remaining(
+    c: &mut Client,
+    r: RateLimitRequest,
+    remaining: u32,
+) -> RateLimitResponse {
+    let answer = call(c, r).await;
+    assert_eq!(overall(&answer), Code::Ok);
+    assert_eq!(answer.statuses[0].limit_remaining, remaining);
+    answer
+}
+
 #[tokio::test]
 async fn time_drains_the_funnel_and_reset_rounds_up() {
     let (s, mut c) = setup().await;
@@ -92,9 +104,7 @@ async fn time_drains_the_funnel_and_reset_rounds_up() {
     assert_eq!(overall(&over), Code::OverLimit);
     assert_eq!(reset_secs(&over.statuses[0]), Some(1));
     s.clock.advance(SECOND / 2);
-    let r = hit(&mut c, "two_per_second", "x").await;
-    assert_eq!(overall(&r), Code::Ok);
-    assert_eq!(r.statuses[0].limit_remaining, 0);
+    assert_ok_remaining(&mut c, each(&[("two_per_second", "x")]), 0).await;
 }
 
 #[tokio::test]
@@ -120,9 +130,7 @@ async fn unknown_domain_no_match_and_empty_entries_are_ok_without_limit() {
 async fn unlimited_is_ok_with_max_remaining() {
     let (_s, mut c) = setup().await;
     for _ in 0..3 {
-        let r = hit(&mut c, "path", "/healthz").await;
-        assert_eq!(overall(&r), Code::Ok);
-        assert_eq!(r.statuses[0].limit_remaining, u32::MAX);
+        let r = assert_ok_remaining(&mut c, each(&[("path", "/healthz")]), u32::MAX).await;
         assert_eq!(r.statuses[0].current_limit, None);
     }
 }
@@ -177,9 +185,7 @@ async fn a_denied_request_consumes_nothing_anywhere() {
         "nothing consumed: still 1 left"
     );
     // Only one of two_per_second's two units was used.
-    let r = hit(&mut c, "two_per_second", "x").await;
-    assert_eq!(overall(&r), Code::Ok);
-    assert_eq!(r.statuses[0].limit_remaining, 0);
+    assert_ok_remaining(&mut c, each(&[("two_per_second", "x")]), 0).await;
 }
 
 #[tokio::test]
@@ -188,26 +194,18 @@ async fn cost_precedence_and_check_only() {
     // The request's hits_addend is the cost...
     let mut r = req("test", vec![desc(&[("two_per_second", "a")])]);
     r.hits_addend = 2;
-    let answer = call(&mut c, r).await;
-    assert_eq!(overall(&answer), Code::Ok);
-    assert_eq!(answer.statuses[0].limit_remaining, 0);
+    assert_ok_remaining(&mut c, r, 0).await;
     // ...but the descriptor's own wins.
     let mut r = costing("two_per_second", "b", 1);
     r.hits_addend = 5;
-    let answer = call(&mut c, r).await;
-    assert_eq!(overall(&answer), Code::Ok);
-    assert_eq!(answer.statuses[0].limit_remaining, 1);
+    assert_ok_remaining(&mut c, r, 1).await;
     // Cost 0 only checks.
     for _ in 0..3 {
-        let answer = call(&mut c, costing("two_per_second", "b", 0)).await;
-        assert_eq!(overall(&answer), Code::Ok);
-        assert_eq!(answer.statuses[0].limit_remaining, 1);
+        assert_ok_remaining(&mut c, costing("two_per_second", "b", 0), 1).await;
     }
     // A full (not indebted) limit still checks OK with nothing left.
     hit(&mut c, "two_per_second", "b").await;
-    let answer = call(&mut c, costing("two_per_second", "b", 0)).await;
-    assert_eq!(overall(&answer), Code::Ok);
-    assert_eq!(answer.statuses[0].limit_remaining, 0);
+    assert_ok_remaining(&mut c, costing("two_per_second", "b", 0), 0).await;
 }
 
 #[tokio::test]
@@ -219,9 +217,7 @@ async fn refunds_give_back() {
         hit_code(&mut c, "two_per_second", "r").await,
         Code::OverLimit
     );
-    let answer = call(&mut c, refund("two_per_second", "r", 1)).await;
-    assert_eq!(overall(&answer), Code::Ok);
-    assert_eq!(answer.statuses[0].limit_remaining, 1);
+    assert_ok_remaining(&mut c, refund("two_per_second", "r", 1), 1).await;
     assert_eq!(hit_code(&mut c, "two_per_second", "r").await, Code::Ok);
     assert_eq!(
         hit_code(&mut c, "two_per_second", "r").await,
@@ -292,30 +288,22 @@ async fn request_echo_and_rate_limit_headers_when_enabled() {
     settings.response.headers = true;
     settings.response.dynamic_metadata = true;
     let (_s, mut c) = serve_with(settings).await;
+    let used_up = [
+        ("RateLimit-Limit", "1"),
+        ("RateLimit-Remaining", "0"),
+        ("RateLimit-Reset", "60"),
+    ];
     let r = hit(&mut c, "one_per_minute", "h").await;
-    assert_eq!(
-        headers(&r),
-        owned_pairs(&[
-            ("RateLimit-Limit", "1"),
-            ("RateLimit-Remaining", "0"),
-            ("RateLimit-Reset", "60")
-        ])
-    );
+    assert_eq!(headers(&r), owned_pairs(&used_up));
     let md = format!("{:?}", r.dynamic_metadata.expect("echo"));
     assert!(
         md.contains("one_per_minute=h") && md.contains("\"test\""),
         "{md}"
     );
+    // Over the limit: the same, and Retry-After.
     let r = hit(&mut c, "one_per_minute", "h").await;
-    assert_eq!(
-        headers(&r),
-        owned_pairs(&[
-            ("RateLimit-Limit", "1"),
-            ("RateLimit-Remaining", "0"),
-            ("RateLimit-Reset", "60"),
-            ("Retry-After", "60")
-        ])
-    );
+    let over = [&used_up[..], &[("Retry-After", "60")]].concat();
+    assert_eq!(headers(&r), owned_pairs(&over));
 }
 
 #[tokio::test]

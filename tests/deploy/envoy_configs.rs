@@ -2,6 +2,7 @@
 //! 1.40), and its sluice rules pass `sluice check`.
 
 use crate::support::envoy;
+use crate::support::sluice_check;
 use std::path::{Path, PathBuf};
 
 fn deploy_dir() -> PathBuf {
@@ -50,19 +51,7 @@ fn every_envoy_config_in_deploy_passes_envoy_validate() {
 
 #[test]
 fn the_envoy_rules_pass_sluice_check() {
-    let rules = deploy_dir().join("envoy/rules.yaml");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("check")
-        .arg("--rules")
-        .arg(&rules)
-        .output()
-        .expect("run sluice check");
-    assert!(
-        out.status.success(),
-        "sluice check {}: {}",
-        rules.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    sluice_check(&deploy_dir().join("envoy/rules.yaml"));
 }
 
 #[test]

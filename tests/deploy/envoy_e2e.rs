@@ -6,20 +6,14 @@
 //! one sluice: one with `failure_mode_deny: true` (as shipped), one with `false`. The same
 //! scenario runs on the memory backend and on a real `redis-server`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::support::envoy::{self, EnvoyProcess};
-use crate::support::start_sluice;
 use crate::support::upstream::Upstream;
+use crate::support::{deploy_file, start_sluice};
 use sluice::testing::http::{Answer, get, get_with, sample};
 use sluice::testing::process::{SluiceProcess, free_port, loopback};
 use sluice::testing::redis::RedisServer;
-
-fn deploy_file(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("deploy/envoy")
-        .join(name)
-}
 
 /// An Envoy running the shipped config on loopback, and the port it listens on.
 struct Proxy {

@@ -2,28 +2,12 @@
 //! and the real `sluice` serving them answers as their comments say (through `POST /json`).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use crate::support::start_sluice;
+use crate::support::{sluice_check, start_sluice};
 use sluice::testing::process::{SluiceProcess, loopback};
 
 fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples")
-}
-
-fn check(path: &Path) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["check", "--rules"])
-        .arg(path)
-        .output()
-        .expect("run sluice check");
-    assert!(
-        out.status.success(),
-        "sluice check {}: {}",
-        path.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("UTF-8")
 }
 
 #[test]
@@ -47,7 +31,12 @@ fn every_example_passes_sluice_check_alone_and_together() {
         ]
     );
     for file in &files {
-        assert_eq!(check(file).trim(), "ok: 1 domain(s)", "{}", file.display());
+        assert_eq!(
+            sluice_check(file).trim(),
+            "ok: 1 domain(s)",
+            "{}",
+            file.display()
+        );
         // Each example says which Envoy actions produce its descriptors.
         let text = std::fs::read_to_string(file).expect("read");
         let domain = text
@@ -60,7 +49,7 @@ fn every_example_passes_sluice_check_alone_and_together() {
             file.display()
         );
     }
-    assert_eq!(check(&examples()).trim(), "ok: 4 domain(s)");
+    assert_eq!(sluice_check(&examples()).trim(), "ok: 4 domain(s)");
 }
 
 /// One descriptor of `(key, value)` entries with an optional cost, through `POST /json`:

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use crate::support::sluice_check;
 use crate::support::yaml::{
     self, Doc, at, bool_at, int_at, named, opt, seq_at, str_at, string_map,
 };
@@ -487,16 +488,7 @@ async fn run_like_the_pod(docs: &[Doc], redis_url: Option<&str>) {
     for (file, text) in string_map(only(docs, "ConfigMap"), "data") {
         std::fs::write(rules.path().join(file), text).expect("write a rules file");
     }
-    let check = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["check", "--rules"])
-        .arg(rules.path())
-        .output()
-        .expect("run sluice check");
-    assert!(
-        check.status.success(),
-        "{}",
-        String::from_utf8_lossy(&check.stderr)
-    );
+    sluice_check(rules.path());
 
     let c = container(docs);
     let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));

@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use crate::support::sluice_check;
 use crate::support::yaml::{self, int_at, str_at};
 
 fn root() -> &'static Path {
@@ -200,14 +201,5 @@ fn the_build_context_leaves_out_local_outputs() {
 
 #[test]
 fn the_images_demo_rules_pass_sluice_check() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["check", "--rules"])
-        .arg(root().join("examples/rules/demo.yaml"))
-        .output()
-        .expect("run sluice check");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    sluice_check(&root().join("examples/rules/demo.yaml"));
 }

@@ -8,12 +8,12 @@ use crate::support::envoy;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::support::start_sluice;
 use crate::support::upstream::Upstream;
 use crate::support::yaml::{self, Doc, at, int_at, named, seq_at, str_at, string_map, to_json};
+use crate::support::{sluice_check, start_sluice};
 use saphyr::Yaml;
 use serde_json::{Value, json};
-use sluice::testing::process::{free_port, loopback};
+use sluice::testing::process::{free_port, loopback, run_ok};
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -228,17 +228,13 @@ fn the_cluster_points_at_the_charts_service_and_the_chart_mounts_the_rules() {
     // The chart installed as its values file says: the Service and the ConfigMap meet.
     let helm = root().join(".tools/helm/helm");
     assert!(helm.is_file(), "helm is missing: run ./tests/run");
-    let out = Command::new(helm)
-        .args(["template", "sluice", "--namespace", namespace])
-        .arg(root().join("deploy/helm/sluice"))
-        .arg("-f")
-        .arg(istio("sluice-values.yaml"))
-        .output()
-        .expect("run helm template");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        Command::new(helm)
+            .args(["template", "sluice", "--namespace", namespace])
+            .arg(root().join("deploy/helm/sluice"))
+            .arg("-f")
+            .arg(istio("sluice-values.yaml")),
+        "helm template",
     );
     let rendered = yaml::documents(&String::from_utf8(out.stdout).expect("UTF-8"));
     let find = |kind: &str| {
@@ -278,16 +274,7 @@ fn the_rules_config_map_is_valid() {
         String::from_utf8_lossy(&out.stdout)
     );
     let dir = Recipe::load().rules_dir();
-    let check = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["check", "--rules"])
-        .arg(dir.path())
-        .output()
-        .expect("run sluice check");
-    assert!(
-        check.status.success(),
-        "{}",
-        String::from_utf8_lossy(&check.stderr)
-    );
+    sluice_check(dir.path());
 }
 
 #[test]

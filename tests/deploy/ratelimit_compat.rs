@@ -15,7 +15,6 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -24,9 +23,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use prost::Message as _;
-use sluice::proto::envoy::service::discovery::v3::aggregated_discovery_service_server::{
-    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
-};
+use sluice::proto::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
 use sluice::proto::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use sluice::proto::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
@@ -37,9 +34,10 @@ use sluice::testing::redis::RedisServer;
 use sluice::xds::TYPE_URL;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
-use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity, Server, ServerTlsConfig};
 
+use crate::support::ads::Ads;
 use crate::support::certs::Ca;
 use crate::support::envoy::EnvoyProcess;
 use crate::support::upstream::Upstream;
@@ -250,68 +248,22 @@ fn write(dir: &Path, name: &str, text: &str) -> String {
 // ---------------------------------------------------------------------------------------
 // The management server (Envoy Gateway's role).
 
-#[derive(Clone)]
-struct Ads {
-    snapshot: watch::Receiver<Option<DiscoveryResponse>>,
-    nodes: mpsc::UnboundedSender<String>,
-}
-
-type Responses =
-    Pin<Box<dyn tokio_stream::Stream<Item = Result<DiscoveryResponse, tonic::Status>> + Send>>;
-
-#[tonic::async_trait]
-impl AggregatedDiscoveryService for Ads {
-    type StreamAggregatedResourcesStream = Responses;
-
-    async fn stream_aggregated_resources(
-        &self,
-        request: tonic::Request<tonic::Streaming<DiscoveryRequest>>,
-    ) -> Result<tonic::Response<Responses>, tonic::Status> {
-        let mut incoming = request.into_inner();
-        let (tx, rx) = mpsc::channel(4);
-        let mut snapshot = self.snapshot.clone();
-        let nodes = self.nodes.clone();
-        tokio::spawn(async move {
-            let read = async {
-                while let Ok(Some(r)) = incoming.message().await {
-                    let _ = nodes.send(r.node.map(|n| n.id).unwrap_or_default());
-                }
-            };
-            let write = async {
-                snapshot.mark_changed();
-                while snapshot.changed().await.is_ok() {
-                    let current = snapshot.borrow_and_update().clone();
-                    if let Some(s) = current
-                        && tx.send(Ok(s)).await.is_err()
-                    {
-                        return;
-                    }
-                }
-            };
-            tokio::select! {
-                () = read => {}
-                () = write => {}
-            }
-        });
-        Ok(tonic::Response::new(Box::pin(ReceiverStream::new(rx))))
-    }
-}
-
 /// Envoy Gateway's xDS server: mTLS (client certificates from `ca`), on a free port.
 async fn ads_server(
     server_cert: &(String, String),
     ca: &str,
     snapshot: watch::Receiver<Option<DiscoveryResponse>>,
-) -> (SocketAddr, mpsc::UnboundedReceiver<String>) {
+) -> (SocketAddr, mpsc::UnboundedReceiver<DiscoveryRequest>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let (nodes_tx, nodes) = mpsc::unbounded_channel();
+    let (requests_tx, requests) = mpsc::unbounded_channel();
     let config = ServerTlsConfig::new()
         .identity(Identity::from_pem(&server_cert.0, &server_cert.1))
         .client_ca_root(Certificate::from_pem(ca));
     let ads = Ads {
         snapshot,
-        nodes: nodes_tx,
+        requests: requests_tx,
+        kill: CancellationToken::new(),
     };
     let incoming = tonic::transport::server::TcpIncoming::from(listener);
     tokio::spawn(async move {
@@ -323,7 +275,7 @@ async fn ads_server(
             .await
             .unwrap();
     });
-    (addr, nodes)
+    (addr, requests)
 }
 
 fn eg_rules(requests_per_unit: u32) -> DiscoveryResponse {
@@ -535,7 +487,7 @@ async fn envoy_gateway_env_starts_as_intended_and_envoy_gets_answers() {
     let cert_file = write(dir.path(), "tls.crt", &cert);
     let key_file = write(dir.path(), "tls.key", &key);
     let (push, snapshot) = watch::channel(Some(eg_rules(3)));
-    let (xds, mut nodes) = ads_server(&control_plane, &ca_pem, snapshot).await;
+    let (xds, mut requests) = ads_server(&control_plane, &ca_pem, snapshot).await;
 
     let ports = Ports::new();
     let env = swap(
@@ -572,10 +524,13 @@ async fn envoy_gateway_env_starts_as_intended_and_envoy_gets_answers() {
         &[(EG_ROUTE, EG_ROUTE), (EG_RULE, EG_RULE)],
     )
     .await;
-    let node = tokio::time::timeout(WITHIN, nodes.recv())
+    let node = tokio::time::timeout(WITHIN, requests.recv())
         .await
         .unwrap()
-        .unwrap();
+        .unwrap()
+        .node
+        .map(|n| n.id)
+        .unwrap_or_default();
     assert_eq!(node, "envoy-ratelimit");
 
     // Envoy, as Envoy Gateway configures it: generic keys for the route and the rule, over

@@ -3,7 +3,6 @@
 //! docs/rlqs.md, alone, with two Envoys, with the Redis backend and two replicas, and the
 //! fallbacks when sluice is gone. (The service in process is in tests/api/rlqs.rs.)
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use sluice::testing::SECOND;
@@ -12,14 +11,8 @@ use sluice::testing::process::{free_port, loopback};
 use sluice::testing::redis::RedisServer;
 
 use crate::support::envoy::{self, EnvoyProcess, replace_once};
-use crate::support::start_sluice;
 use crate::support::upstream::Upstream;
-
-fn deploy_file(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("deploy/envoy")
-        .join(name)
-}
+use crate::support::{deploy_file, start_sluice};
 
 /// An Envoy running `deploy/envoy/rlqs.yaml` on loopback ports.
 struct Proxy {
@@ -166,6 +159,19 @@ async fn one_envoy(upstream: u16) {
     );
 }
 
+/// The same load through two Envoys at once: each one's tally, and their sum.
+async fn load_both(a: u16, b: u16, label: &str) -> (Tally, Tally, Tally) {
+    let (ra, rb) = tokio::join!(load(a, "acme", 50, 10), load(b, "acme", 50, 10));
+    let (ta, tb) = (tally(&ra), tally(&rb));
+    eprintln!("{label}: {ta:?} {tb:?}");
+    let total = Tally {
+        ok: ta.ok + tb.ok,
+        denied: ta.denied + tb.denied,
+        other: ta.other + tb.other,
+    };
+    (ta, tb, total)
+}
+
 /// Two Envoys on one sluice share the bucket: the same bound in total.
 async fn two_envoys(upstream: u16) {
     let sluice = start_sluice(&deploy_file("rlqs-rules.yaml"), &[]).await;
@@ -173,14 +179,7 @@ async fn two_envoys(upstream: u16) {
         Proxy::start(upstream, sluice.port),
         Proxy::start(upstream, sluice.port),
     );
-    let (ra, rb) = tokio::join!(load(a.port, "acme", 50, 10), load(b.port, "acme", 50, 10));
-    let (ta, tb) = (tally(&ra), tally(&rb));
-    eprintln!("two Envoys: {ta:?} {tb:?}");
-    let total = Tally {
-        ok: ta.ok + tb.ok,
-        denied: ta.denied + tb.denied,
-        other: ta.other + tb.other,
-    };
+    let (ta, tb, total) = load_both(a.port, b.port, "two Envoys").await;
     assert_within_bound("two Envoys", total, 2, 1);
     assert!(
         ta.ok >= 15 && tb.ok >= 15,
@@ -254,14 +253,7 @@ async fn envoy_with_redis_and_two_replicas_shares_one_quota() {
         Proxy::start(upstream.port, r1.port),
         Proxy::start(upstream.port, r2.port),
     );
-    let (ra, rb) = tokio::join!(load(a.port, "acme", 50, 10), load(b.port, "acme", 50, 10));
-    let (ta, tb) = (tally(&ra), tally(&rb));
-    eprintln!("two replicas: {ta:?} {tb:?}");
-    let total = Tally {
-        ok: ta.ok + tb.ok,
-        denied: ta.denied + tb.denied,
-        other: ta.other + tb.other,
-    };
+    let (_, _, total) = load_both(a.port, b.port, "two replicas").await;
     assert_within_bound("two Envoys on two replicas (Redis)", total, 2, 2);
     let keys: Vec<String> = redis.cmd(&["KEYS", "sluice:*"]);
     assert!(

@@ -6,14 +6,11 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::process::Stdio;
 use std::time::Duration;
 
 use prost::Message as _;
-use sluice::proto::envoy::service::discovery::v3::aggregated_discovery_service_server::{
-    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
-};
+use sluice::proto::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
 use sluice::proto::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use sluice::proto::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
@@ -25,10 +22,10 @@ use sluice::testing::process::{Served, free_port, sluice_command, wait_listening
 use sluice::xds::TYPE_URL;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
+use crate::support::ads::Ads;
 use crate::support::certs::Ca;
 
 const WITHIN: Duration = Duration::from_secs(10);
@@ -69,58 +66,6 @@ fn snapshot(version: &str, configs: &[RateLimitConfig]) -> DiscoveryResponse {
         type_url: TYPE_URL.into(),
         nonce: format!("nonce-{version}"),
         ..Default::default()
-    }
-}
-
-/// The test's management server: every stream gets the current snapshot, and each later one;
-/// every request received is recorded.
-#[derive(Clone)]
-struct Ads {
-    snapshot: watch::Receiver<Option<DiscoveryResponse>>,
-    requests: mpsc::UnboundedSender<DiscoveryRequest>,
-    kill: CancellationToken,
-}
-
-type Responses =
-    Pin<Box<dyn tokio_stream::Stream<Item = Result<DiscoveryResponse, tonic::Status>> + Send>>;
-
-#[tonic::async_trait]
-impl AggregatedDiscoveryService for Ads {
-    type StreamAggregatedResourcesStream = Responses;
-
-    async fn stream_aggregated_resources(
-        &self,
-        request: tonic::Request<tonic::Streaming<DiscoveryRequest>>,
-    ) -> Result<tonic::Response<Responses>, tonic::Status> {
-        let mut incoming = request.into_inner();
-        let (tx, rx) = mpsc::channel(4);
-        let mut snapshot = self.snapshot.clone();
-        let requests = self.requests.clone();
-        let kill = self.kill.clone();
-        tokio::spawn(async move {
-            let read = async {
-                while let Ok(Some(r)) = incoming.message().await {
-                    let _ = requests.send(r);
-                }
-            };
-            let write = async {
-                snapshot.mark_changed();
-                while snapshot.changed().await.is_ok() {
-                    let current = snapshot.borrow_and_update().clone();
-                    if let Some(s) = current
-                        && tx.send(Ok(s)).await.is_err()
-                    {
-                        return;
-                    }
-                }
-            };
-            tokio::select! {
-                () = read => {}
-                () = write => {}
-                () = kill.cancelled() => {}
-            }
-        });
-        Ok(tonic::Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }
 
@@ -262,17 +207,7 @@ async fn rules_arrive_update_refuse_and_survive_a_lost_server() {
     );
 
     // The first good set: answered within 1 s, ACKed, ready.
-    let pushed = Instant::now();
-    push.send_replace(Some(snapshot_of("1", 2)));
-    eventually(WITHIN, "the first set answers", || async {
-        limit(&url).await == Some(2)
-    })
-    .await;
-    assert!(
-        pushed.elapsed() < Duration::from_secs(1),
-        "{:?}",
-        pushed.elapsed()
-    );
+    push_and_see(&push, snapshot_of("1", 2), &url, 2, "the first set answers").await;
     let ack = next(&mut requests).await;
     assert_eq!(
         (ack.version_info.as_str(), ack.response_nonce.as_str()),
@@ -285,17 +220,7 @@ async fn rules_arrive_update_refuse_and_survive_a_lost_server() {
     .await;
 
     // An update: answers change within 1 s.
-    let pushed = Instant::now();
-    push.send_replace(Some(snapshot_of("2", 5)));
-    eventually(WITHIN, "the update answers", || async {
-        limit(&url).await == Some(5)
-    })
-    .await;
-    assert!(
-        pushed.elapsed() < Duration::from_secs(1),
-        "{:?}",
-        pushed.elapsed()
-    );
+    push_and_see(&push, snapshot_of("2", 5), &url, 5, "the update answers").await;
     let ack = next(&mut requests).await;
     assert_eq!(ack.version_info, "2");
     assert!(ack.error_detail.is_none());
@@ -351,6 +276,27 @@ async fn rules_arrive_update_refuse_and_survive_a_lost_server() {
             .starts_with("# xds version 4\n")
     );
     server.stop().await;
+}
+
+/// Pushes `set`, then waits until the answers show `expected`: within 1 s of the push.
+async fn push_and_see(
+    push: &watch::Sender<Option<DiscoveryResponse>>,
+    set: DiscoveryResponse,
+    url: &str,
+    expected: u32,
+    what: &str,
+) {
+    let pushed = Instant::now();
+    push.send_replace(Some(set));
+    eventually(WITHIN, what, || async {
+        limit(url).await == Some(expected)
+    })
+    .await;
+    assert!(
+        pushed.elapsed() < Duration::from_secs(1),
+        "{what}: {:?}",
+        pushed.elapsed()
+    );
 }
 
 fn snapshot_of(version: &str, n: u32) -> DiscoveryResponse {

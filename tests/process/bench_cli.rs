@@ -74,16 +74,12 @@ fn sluice_server_with(rules: &Path, env: &[(&str, &str)]) -> (Served, String) {
 
 /// Runs `sluice bench --json` with `args`; its parsed result.
 fn bench(target: &str, args: &[&str]) -> Value {
-    let out = sluice()
-        .args(["bench", "--target", target, "--json", "--quiet"])
-        .args(["--warmup", "200ms", "--duration", "1s"])
-        .args(args)
-        .output()
-        .expect("run sluice bench");
-    assert!(
-        out.status.success(),
-        "sluice bench failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        sluice()
+            .args(["bench", "--target", target, "--json", "--quiet"])
+            .args(["--warmup", "200ms", "--duration", "1s"])
+            .args(args),
+        "sluice bench",
     );
     serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))

@@ -18,6 +18,27 @@ fn run(cmd: &mut Command) -> Output {
     cmd.output().expect("run the sluice binary")
 }
 
+/// `sluice serve` with `var=value` in its environment: it must exit 64 (a usage error); its
+/// standard error.
+fn serve_with_exits_64(var: &str, value: &str) -> String {
+    let out = run(sluice().arg("serve").env(var, value));
+    assert_eq!(out.status.code(), Some(64), "{var}={value}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Spawns `cmd`, a `sluice serve` on gRPC `port` (standard error piped, for the test to
+/// read); the process, and a client connected to it.
+async fn serve_and_connect(cmd: &mut Command, port: u16) -> (Served, Client) {
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sluice serve");
+    let served = Served(child);
+    let c = connect_within(&format!("http://127.0.0.1:{port}"), Duration::from_secs(20)).await;
+    (served, c)
+}
+
 fn fixtures(dir: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/rules")
@@ -89,15 +110,13 @@ async fn serve_with_embedded_rules_then_stop_on_sigterm_or_sigint() {
 /// Serves, uses the demo's login limit, sends `signal`, and expects exit 0 with `logged`.
 async fn serve_then_stop_with(signal: &str, logged: &str) {
     let port = free_port();
-    let child = sluice()
-        .args(["serve", "--grpc-listen", &format!("127.0.0.1:{port}")])
-        .args(["--admin-listen", &format!("127.0.0.1:{}", free_port())])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut served = Served(child);
-    let mut c = connect_within(&format!("http://127.0.0.1:{port}"), Duration::from_secs(20)).await;
+    let (mut served, mut c) = serve_and_connect(
+        sluice()
+            .args(["serve", "--grpc-listen", &format!("127.0.0.1:{port}")])
+            .args(["--admin-listen", &format!("127.0.0.1:{}", free_port())]),
+        port,
+    )
+    .await;
     let login = || req("demo", vec![desc(&[("path", "/login")])]);
     for _ in 0..5 {
         assert_eq!(overall(&call(&mut c, login()).await), Code::Ok);
@@ -175,29 +194,19 @@ fn json_logs_are_one_object_per_line() {
 
 #[test]
 fn bad_settings_exit_64() {
-    let out = run(sluice()
-        .arg("serve")
-        .env("SLUICE_SERVER__GRPC_LISTN", "127.0.0.1:1"));
-    assert_eq!(out.status.code(), Some(64));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid settings"));
+    let stderr = serve_with_exits_64("SLUICE_SERVER__GRPC_LISTN", "127.0.0.1:1");
+    assert!(stderr.contains("invalid settings"), "{stderr}");
     let out = run(sluice().args(["serve", "--backend", "redis", "--redis-url", "http://nope"]));
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("redis"));
-    let out = run(sluice()
-        .arg("serve")
-        .env("SLUICE_METRICS__NEAR_LIMIT_RATIO", "0"));
-    assert_eq!(out.status.code(), Some(64));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("near_limit_ratio"));
+    let stderr = serve_with_exits_64("SLUICE_METRICS__NEAR_LIMIT_RATIO", "0");
+    assert!(stderr.contains("near_limit_ratio"), "{stderr}");
 }
 
 #[cfg(not(feature = "otel"))]
 #[test]
 fn an_otlp_endpoint_without_the_otel_feature_exits_64() {
-    let out = run(sluice()
-        .arg("serve")
-        .env("SLUICE_LOG__OTLP_ENDPOINT", "http://127.0.0.1:4317"));
-    assert_eq!(out.status.code(), Some(64));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = serve_with_exits_64("SLUICE_LOG__OTLP_ENDPOINT", "http://127.0.0.1:4317");
     assert!(stderr.contains("without the `otel` feature"), "{stderr}");
 }
 
@@ -216,11 +225,7 @@ fn bad_tls_files_exit_64_before_binding() {
 
 #[test]
 fn input_bounds_of_zero_exit_64() {
-    let out = run(sluice()
-        .arg("serve")
-        .env("SLUICE_INPUT__MAX_DESCRIPTORS", "0"));
-    assert_eq!(out.status.code(), Some(64));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = serve_with_exits_64("SLUICE_INPUT__MAX_DESCRIPTORS", "0");
     assert!(
         stderr.contains("input.max_descriptors must be at least 1"),
         "{stderr}"
@@ -234,21 +239,19 @@ async fn the_redis_password_is_never_logged() {
     let secret = "s3cret-Pa55word";
     let port = free_port();
     let admin = free_port();
-    let child = sluice()
-        .args(["serve", "--backend", "redis"])
-        .args([
-            "--redis-url",
-            &format!("redis://:{secret}@127.0.0.1:{}", free_port()),
-        ])
-        .args(["--grpc-listen", &format!("127.0.0.1:{port}")])
-        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
-        .env("SLUICE_LOG__LEVEL", "debug")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut served = Served(child);
-    let mut c = connect_within(&format!("http://127.0.0.1:{port}"), Duration::from_secs(20)).await;
+    let (mut served, mut c) = serve_and_connect(
+        sluice()
+            .args(["serve", "--backend", "redis"])
+            .args([
+                "--redis-url",
+                &format!("redis://:{secret}@127.0.0.1:{}", free_port()),
+            ])
+            .args(["--grpc-listen", &format!("127.0.0.1:{port}")])
+            .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+            .env("SLUICE_LOG__LEVEL", "debug"),
+        port,
+    )
+    .await;
     let err = c
         .should_rate_limit(req("demo", vec![desc(&[("path", "/login")])]))
         .await

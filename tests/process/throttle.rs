@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use sluice::testing::http;
-use sluice::testing::process::SluiceProcess;
+use sluice::testing::process::{SluiceProcess, run_ok};
 use sluice::testing::redis::RedisServer;
 use sluice_client::pb::sluice::v1::throttle_client::ThrottleClient;
 use sluice_client::pb::sluice::v1::{ThrottleKey, ThrottleRequest, ThrottleResponse, throttle_key};
@@ -432,14 +432,9 @@ async fn python_stubs_generated_from_the_protos_get_the_same_answers() {
 
 /// grpcurl (see [`crate::grpcurl::grpcurl`]) with `args`; its output.
 fn grpcurl(args: &[&str]) -> String {
-    let output = Command::new(crate::grpcurl::grpcurl())
-        .args(args)
-        .output()
-        .expect("run grpcurl");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    let output = run_ok(
+        Command::new(crate::grpcurl::grpcurl()).args(args),
+        "grpcurl",
     );
     String::from_utf8_lossy(&output.stdout).into_owned()
 }

@@ -10,6 +10,7 @@
 
 use std::sync::Arc;
 
+use crate::support::rng::Rng;
 use sluice::config::model::{Algorithm, Charge};
 use sluice::config::settings::{RedisSettings, Settings};
 use sluice::limiter::{
@@ -17,34 +18,6 @@ use sluice::limiter::{
 };
 use sluice::testing::grpc::*;
 use sluice::testing::redis::{RedisServer, wait_until};
-
-/// A small deterministic generator (xorshift64*), so every run replays the same sequences.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn pick<T: Copy>(&mut self, from: &[T]) -> T {
-        from[self.below(from.len() as u64) as usize]
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
 
 const MILLI: u64 = 1_000_000;
 
@@ -93,6 +66,26 @@ async fn a_key_denied_when_named_twice_is_admitted_when_named_once() {
     }
 }
 
+/// A hit on `key` under `limit` in `group` (whose role is fixed by the group), with a cost
+/// drawn from `costs` and a refund with a chance of `refund_percent`.
+fn hit_of(
+    rng: &mut Rng,
+    key: String,
+    limit: LimitParams,
+    group: usize,
+    costs: &[u64],
+    refund_percent: u64,
+) -> Hit {
+    Hit {
+        key: key.into_bytes().into(),
+        limit,
+        cost: rng.pick(costs),
+        refund: rng.chance(refund_percent),
+        group,
+        role: [Role::Enforced, Role::Enforced, Role::Shadow, Role::Quota][group],
+    }
+}
+
 /// Key names per sequence; each names one algorithm and period, as real state keys do.
 const NAMES: [&str; 3] = ["a", "b", "c"];
 
@@ -104,31 +97,20 @@ fn dc_hit(rng: &mut Rng, seed: u64, algorithms: &[Algorithm]) -> Hit {
     let algorithm = keyed.pick(algorithms);
     let period = keyed.pick(&[SECOND, 2 * SECOND, 60 * SECOND, 3_600 * SECOND]);
     let group = rng.below(4) as usize;
-    Hit {
-        key: format!(
-            "{{dc|{seed}}}:{}:{}",
-            algorithm.as_str(),
-            NAMES[name as usize]
-        )
-        .into_bytes()
-        .into(),
-        limit: LimitParams {
-            algorithm,
-            quota: rng.pick(&[1, 1, 2, 3]),
-            period_nanos: period,
-            burst: rng.pick(&[1, 2, 3]),
-            charge: if rng.chance(5) {
-                Charge::Always
-            } else {
-                Charge::Admitted
-            },
-            borrow: rng.chance(10) && algorithm.has_capacity(),
-        },
-        cost: rng.pick(&[0, 1, 1, 1, 1, 2, 3]),
-        refund: rng.chance(5),
-        group,
-        role: [Role::Enforced, Role::Enforced, Role::Shadow, Role::Quota][group],
-    }
+    let key = format!(
+        "{{dc|{seed}}}:{}:{}",
+        algorithm.as_str(),
+        NAMES[name as usize]
+    );
+    let limit = LimitParams {
+        algorithm,
+        quota: rng.pick(&[1, 1, 2, 3]),
+        period_nanos: period,
+        burst: rng.pick(&[1, 2, 3]),
+        charge: rng.charge(5),
+        borrow: rng.chance(10) && algorithm.has_capacity(),
+    };
+    hit_of(rng, key, limit, group, &[0, 1, 1, 1, 1, 2, 3], 5)
 }
 
 /// A few request shapes per sequence, each sent again and again (so denials repeat, which is
@@ -240,27 +222,16 @@ fn gc_hit(rng: &mut Rng, seed: u64) -> Hit {
     let mut keyed = Rng::new(seed << 8 | name);
     let algorithm = keyed.pick(&Algorithm::ALL);
     let group = rng.below(4) as usize;
-    Hit {
-        key: format!("{{gc|{seed}}}:{}:{name}", algorithm.as_str())
-            .into_bytes()
-            .into(),
-        limit: LimitParams {
-            algorithm,
-            quota: keyed.pick(&[0, 1, 2, 3, 5, 7]),
-            period_nanos: keyed.pick(&[500_000, 1_000_000, 3_000_000, 60_000_000]),
-            burst: rng.pick(&[0, 1, 2, 3, 6]),
-            charge: if rng.chance(15) {
-                Charge::Always
-            } else {
-                Charge::Admitted
-            },
-            borrow: rng.chance(15) && algorithm.has_capacity(),
-        },
-        cost: rng.pick(&[0, 1, 1, 1, 2, 3, 5]),
-        refund: rng.chance(10),
-        group,
-        role: [Role::Enforced, Role::Enforced, Role::Shadow, Role::Quota][group],
-    }
+    let key = format!("{{gc|{seed}}}:{}:{name}", algorithm.as_str());
+    let limit = LimitParams {
+        algorithm,
+        quota: keyed.pick(&[0, 1, 2, 3, 5, 7]),
+        period_nanos: keyed.pick(&[500_000, 1_000_000, 3_000_000, 60_000_000]),
+        burst: rng.pick(&[0, 1, 2, 3, 6]),
+        charge: rng.charge(15),
+        borrow: rng.chance(15) && algorithm.has_capacity(),
+    };
+    hit_of(rng, key, limit, group, &[0, 1, 1, 1, 2, 3, 5], 10)
 }
 
 /// Random requests in batches of random size (1 to 29), each batch sent at once behind a

@@ -5,7 +5,8 @@
 
 use tokio::time::Instant;
 
-use sluice::config::model::{Algorithm, Charge};
+use crate::support::rng::Rng;
+use sluice::config::model::Algorithm;
 use sluice::config::settings::RedisSettings;
 use sluice::limiter::redis::script::Via;
 use sluice::limiter::{
@@ -13,30 +14,6 @@ use sluice::limiter::{
 };
 use sluice::testing::limits;
 use sluice::testing::redis::RedisServer;
-
-/// A small deterministic generator (xorshift64*), so every run replays the same sequences.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn pick<T: Copy>(&mut self, from: &[T]) -> T {
-        from[self.below(from.len() as u64) as usize]
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
 
 const SECOND_MICROS: u64 = 1_000_000;
 
@@ -55,11 +32,7 @@ fn random_hit(rng: &mut Rng, seed: u64) -> Hit {
             60 * SECOND_MICROS,
         ]),
         burst: rng.pick(&[0, 1, 2, 3, 6]),
-        charge: if rng.chance(15) {
-            Charge::Always
-        } else {
-            Charge::Admitted
-        },
+        charge: rng.charge(15),
         borrow: rng.chance(15),
     };
     Hit {

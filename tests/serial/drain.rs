@@ -7,7 +7,6 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice::app::{App, Listeners};
 use sluice::config::settings::Settings;
 use sluice::limiter::{Batch, BatchOutcome, BoxFuture, Limiter, LimiterError, MemoryLimiter};
 use sluice::testing::grpc::*;
@@ -16,7 +15,6 @@ use sluice::testing::process::*;
 use sluice::testing::redis::RedisServer;
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
@@ -57,41 +55,21 @@ async fn readyz_until(admin: std::net::SocketAddr, status: u16) {
 #[tokio::test]
 async fn readiness_fails_first_and_the_request_in_flight_completes() {
     let _serial = crate::serial_async().await;
-    let model =
-        sluice::config::rules::from_sources(&[("t.yaml".into(), RULES.to_owned())]).unwrap();
     let gate = Arc::new(Gate {
         inner: MemoryLimiter::new(100),
         entered: Notify::new(),
         release: Notify::new(),
     });
     let limiter: Arc<dyn Limiter> = gate.clone();
-    let app = App::from_parts(
-        &Settings::default(),
-        sluice::rules::RuleSet::compile(model),
-        limiter,
-    );
-    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", grpc.local_addr().unwrap());
-    let admin_addr = admin.local_addr().unwrap();
-    let stop = CancellationToken::new();
-    let _guard = stop.clone().drop_guard();
-    let listeners = Listeners {
-        grpc,
-        admin: Some(admin),
-    };
-    let running = tokio::spawn(app.run(listeners, stop.clone().cancelled_owned()));
+    let server = TestServer::start_over(Settings::default(), RULES, limiter).await;
+    let (url, admin_addr) = (server.url(), server.admin_addr);
 
-    let mut c = RateLimitServiceClient::connect(url.clone()).await.unwrap();
-    let in_flight = tokio::spawn(async move {
-        c.should_rate_limit(req("test", vec![desc(&[("k", "v")])]))
-            .await
-    });
+    let in_flight = send_in_background(&url).await;
     gate.entered.notified().await;
     assert_eq!(get(admin_addr, "/readyz").await.status, 200);
 
     let stopped_at = Instant::now();
-    stop.cancel();
+    server.begin_stop();
     readyz_until(admin_addr, 503).await;
     let body = get(admin_addr, "/readyz").await.body;
     assert_eq!(body, "not ready: draining: shutting down\n");
@@ -101,16 +79,7 @@ async fn readiness_fails_first_and_the_request_in_flight_completes() {
     );
 
     gate.release.notify_one();
-    let answer = in_flight
-        .await
-        .unwrap()
-        .expect("the in-flight request completes");
-    assert_eq!(overall(answer.get_ref()), Code::Ok);
-    tokio::time::timeout(Duration::from_secs(5), running)
-        .await
-        .expect("stops once the request is done")
-        .unwrap()
-        .unwrap();
+    in_flight_completes_then_stops(server, in_flight).await;
     assert!(stopped_at.elapsed() < Duration::from_secs(5));
     assert!(
         RateLimitServiceClient::connect(url).await.is_err(),

@@ -241,19 +241,15 @@ fn serve(dir: &std::path::Path, max_keys: usize) -> (Served, String, std::net::S
 
 /// `sluice bench` for `secs` on unique addresses starting at `first`; requests answered.
 fn bench_unique(target: &str, first: u64, secs: u32) -> u64 {
-    let out = sluice_command(env!("CARGO_BIN_EXE_sluice"))
-        .args(["bench", "--target", target, "--json", "--quiet"])
-        .args(["--warmup", "0s", "--duration", &format!("{secs}s")])
-        .args(["--domain", "edge", "--descriptor", "remote_address=x"])
-        .args(["--spread", "remote_address=1000000000", "--spread-order"])
-        .args(["sequential", "--seed", &first.to_string()])
-        .args(["--connections", "2", "--concurrency", "8", "--threads", "1"])
-        .output()
-        .expect("run sluice bench");
-    assert!(
-        out.status.success(),
-        "sluice bench failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        sluice_command(env!("CARGO_BIN_EXE_sluice"))
+            .args(["bench", "--target", target, "--json", "--quiet"])
+            .args(["--warmup", "0s", "--duration", &format!("{secs}s")])
+            .args(["--domain", "edge", "--descriptor", "remote_address=x"])
+            .args(["--spread", "remote_address=1000000000", "--spread-order"])
+            .args(["sequential", "--seed", &first.to_string()])
+            .args(["--connections", "2", "--concurrency", "8", "--threads", "1"]),
+        "sluice bench",
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bench JSON");
     assert_eq!(v["errors"].as_u64(), Some(0), "{v}");

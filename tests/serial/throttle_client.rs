@@ -22,6 +22,16 @@ fn start_sluice(env: &[(&str, &str)]) -> SluiceProcess {
     SluiceProcess::start(env!("CARGO_BIN_EXE_sluice"), demo.as_ref(), &[], env)
 }
 
+/// A sluice with no extra settings, and a client connected to it.
+async fn start_with_client() -> (SluiceProcess, Client) {
+    let sluice = start_sluice(&[]);
+    let client = Client::builder(sluice.url())
+        .connect()
+        .await
+        .expect("connect");
+    (sluice, client)
+}
+
 /// The example service on a free port, with `client`; stopped when the guard drops.
 async fn serve_example(
     client: Client,
@@ -144,11 +154,7 @@ async fn without_sluice_the_fail_policy_answers_within_the_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_paces_fifty_callers_at_ten_per_second() {
     let _serial = serial_async().await;
-    let sluice = start_sluice(&[]);
-    let client = Client::builder(sluice.url())
-        .connect()
-        .await
-        .expect("connect");
+    let (_sluice, client) = start_with_client().await;
     // 10 per second, one at a time (max_burst 0): one admission every 100 ms.
     let call = Throttle::key("pace", Limit::per_second(10));
     let started = Instant::now();
@@ -188,11 +194,7 @@ async fn acquire_paces_fifty_callers_at_ten_per_second() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_gives_up_at_the_deadline_and_on_never() {
     let _serial = serial_async().await;
-    let sluice = start_sluice(&[]);
-    let client = Client::builder(sluice.url())
-        .connect()
-        .await
-        .expect("connect");
+    let (_sluice, client) = start_with_client().await;
     let slow = Throttle::key("slow", Limit::per_minute(1));
     client
         .acquire(slow.clone(), Duration::from_secs(1))
@@ -310,11 +312,7 @@ async fn the_layer_limits_a_tonic_server_with_resource_exhausted() {
     use tonic_health::pb::HealthCheckRequest;
     use tonic_health::pb::health_client::HealthClient;
 
-    let sluice = start_sluice(&[]);
-    let client = Client::builder(sluice.url())
-        .connect()
-        .await
-        .expect("connect");
+    let (_sluice, client) = start_with_client().await;
     // Two calls at once, then one a minute.
     let layer = sluice_client::ThrottleLayer::new(
         client,

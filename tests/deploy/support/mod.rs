@@ -1,10 +1,11 @@
 //! Helpers of the deployment tests: a real Envoy, YAML documents, an upstream stub, the real
 //! `sluice` behind them, and certificates for TLS.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use sluice::testing::process::SluiceProcess;
 
+pub mod ads;
 pub mod certs;
 pub mod envoy;
 pub mod upstream;
@@ -15,4 +16,27 @@ pub async fn start_sluice(rules: &Path, args: &[&str]) -> SluiceProcess {
     SluiceProcess::start(env!("CARGO_BIN_EXE_sluice"), rules, args, &[])
         .ready()
         .await
+}
+
+/// A file of the shipped Envoy configs, `deploy/envoy/<name>`.
+pub fn deploy_file(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy/envoy")
+        .join(name)
+}
+
+/// `sluice check --rules <path>`, which must pass; its standard output.
+pub fn sluice_check(path: &Path) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["check", "--rules"])
+        .arg(path)
+        .output()
+        .expect("run sluice check");
+    assert!(
+        out.status.success(),
+        "sluice check {}: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8")
 }

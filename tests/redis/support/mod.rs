@@ -4,3 +4,4 @@
 #[macro_use]
 pub mod backends;
 pub mod load;
+pub mod rng;

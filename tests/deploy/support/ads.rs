@@ -1,0 +1,62 @@
+//! A management server for the xDS tests (sluice's `xds` source, and Envoy Gateway's role in
+//! the ratelimit compatibility test): every ADS stream gets the current snapshot, and each
+//! later one; every request received is passed on to the test.
+
+use std::pin::Pin;
+
+use sluice::proto::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryService;
+use sluice::proto::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Clone)]
+pub struct Ads {
+    pub snapshot: watch::Receiver<Option<DiscoveryResponse>>,
+    pub requests: mpsc::UnboundedSender<DiscoveryRequest>,
+    /// Ends every stream when cancelled.
+    pub kill: CancellationToken,
+}
+
+type Responses =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<DiscoveryResponse, tonic::Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Ads {
+    type StreamAggregatedResourcesStream = Responses;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: tonic::Request<tonic::Streaming<DiscoveryRequest>>,
+    ) -> Result<tonic::Response<Responses>, tonic::Status> {
+        let mut incoming = request.into_inner();
+        let (tx, rx) = mpsc::channel(4);
+        let mut snapshot = self.snapshot.clone();
+        let requests = self.requests.clone();
+        let kill = self.kill.clone();
+        tokio::spawn(async move {
+            let read = async {
+                while let Ok(Some(r)) = incoming.message().await {
+                    let _ = requests.send(r);
+                }
+            };
+            let write = async {
+                snapshot.mark_changed();
+                while snapshot.changed().await.is_ok() {
+                    let current = snapshot.borrow_and_update().clone();
+                    if let Some(s) = current
+                        && tx.send(Ok(s)).await.is_err()
+                    {
+                        return;
+                    }
+                }
+            };
+            tokio::select! {
+                () = read => {}
+                () = write => {}
+                () = kill.cancelled() => {}
+            }
+        });
+        Ok(tonic::Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
