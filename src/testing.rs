@@ -8,6 +8,7 @@
 //! | [`http`] | a minimal HTTP/1.1 client (admin server, Envoy), metrics samples |
 //! | [`limits`] | limits and hits for driving a `Limiter` directly |
 //! | [`process`] | the real `sluice` binary as a child process, free ports, `/proc` readings |
+//! | [`ratelimit_env`] | envoyproxy/ratelimit's container env in Envoy Gateway and Istio's sample |
 //! | [`redis`] | real `redis-server` processes (standalone, Sentinel, Cluster) |
 //! | [`rlqs`] | an in-process server with handles on its RLQS state, RLQS streams and reports |
 
@@ -15,6 +16,7 @@ pub mod grpc;
 pub mod http;
 pub mod limits;
 pub mod process;
+pub mod ratelimit_env;
 pub mod redis;
 pub mod rlqs;
 

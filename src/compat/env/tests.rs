@@ -2,6 +2,7 @@ use std::path::PathBuf;
 
 use super::*;
 use crate::config::settings::{Backend, LogFormat};
+use crate::testing::ratelimit_env::{ENVOY_GATEWAY, ISTIO};
 
 fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
     pairs
@@ -9,45 +10,6 @@ fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
         .collect()
 }
-
-/// Envoy Gateway's rate-limit Deployment env (internal/infrastructure/kubernetes/ratelimit).
-pub(crate) const ENVOY_GATEWAY: &[(&str, &str)] = &[
-    ("RUNTIME_ROOT", "/data"),
-    ("RUNTIME_SUBDIRECTORY", "ratelimit"),
-    ("RUNTIME_IGNOREDOTFILES", "true"),
-    ("RUNTIME_WATCH_ROOT", "false"),
-    ("LOG_LEVEL", "info"),
-    ("USE_STATSD", "false"),
-    ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
-    ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
-    ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
-    ("GRPC_SERVER_USE_TLS", "true"),
-    ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
-    ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
-    ("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"),
-    ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
-    ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
-    ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
-    ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
-    ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
-    ("REDIS_SOCKET_TYPE", "tcp"),
-    ("REDIS_URL", "redis.redis.svc:6379"),
-    ("USE_PROMETHEUS", "true"),
-    ("PROMETHEUS_ADDR", ":19001"),
-    ("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml"),
-];
-
-/// Istio's sample (samples/ratelimit/rate-limit-service.yaml).
-pub(crate) const ISTIO: &[(&str, &str)] = &[
-    ("LOG_LEVEL", "debug"),
-    ("REDIS_SOCKET_TYPE", "tcp"),
-    ("REDIS_URL", "redis:6379"),
-    ("USE_STATSD", "false"),
-    ("RUNTIME_ROOT", "/data"),
-    ("RUNTIME_SUBDIRECTORY", "ratelimit"),
-    ("RUNTIME_WATCH_ROOT", "false"),
-    ("RUNTIME_IGNOREDOTFILES", "true"),
-];
 
 #[test]
 fn envoy_gateway_env_gives_xds_tls_redis_and_its_prometheus_port() {
