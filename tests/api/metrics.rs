@@ -13,21 +13,7 @@ use sluice::rules::Entry;
 use sluice::testing::grpc::*;
 use sluice::testing::http::{get, sample};
 
-const RULES: &str = "\
-domain: test
-descriptors:
-  - key: k
-    rate_limit: {unit: second, requests_per_unit: 3}
-  - key: s
-    shadow_mode: true
-    rate_limit: {unit: second, requests_per_unit: 1}
-  - key: user
-    detailed_metric: true
-    rate_limit: {unit: second, requests_per_unit: 10}
-  - key: path
-    value: /api/*
-    rate_limit: {unit: second, requests_per_unit: 10}
-";
+const RULES: &str = include_str!("../fixtures/rules/suites/metrics.yaml");
 
 async fn metrics(server: &TestServer) -> String {
     let answer = get(server.admin_addr, "/metrics").await;

@@ -9,14 +9,11 @@ use serde_json::Value;
 use sluice::testing::process::*;
 use tokio::time::Instant;
 
-const RULES: &str = "
-domain: bench
-descriptors:
-  - key: user
-    rate_limit: {unit: hour, requests_per_unit: 1000000}
-  - key: tight
-    rate_limit: {unit: hour, requests_per_unit: 5}
-";
+/// The rules file, shared with the allocation tests.
+const RULES: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/rules/suites/bench.yaml"
+);
 
 fn sluice() -> Command {
     sluice_command(env!("CARGO_BIN_EXE_sluice"))
@@ -138,10 +135,8 @@ fn closed_loop_against_the_noop_server_is_all_ok() {
 
 #[test]
 fn against_sluice_a_tight_rule_is_over_limit() {
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let rules = dir.path().join("rules.yaml");
-    std::fs::write(&rules, RULES).expect("write the rules");
-    let (_server, url) = sluice_server(&rules);
+    let rules = Path::new(RULES);
+    let (_server, url) = sluice_server(rules);
     // Spread over many users: all within their limit.
     let wide = bench(
         &url,
@@ -161,6 +156,7 @@ fn against_sluice_a_tight_rule_is_over_limit() {
     assert_sane(&wide);
     assert_eq!(count(&wide, "ok"), count(&wide, "requests"), "{wide}");
     // One key of 5 per hour, from a request file: all but the first 5 are over the limit.
+    let dir = tempfile::tempdir().expect("a temporary directory");
     let request = dir.path().join("request.yaml");
     std::fs::write(
         &request,
@@ -241,13 +237,11 @@ fn workers(served: &Served) -> usize {
 
 #[test]
 fn worker_threads_are_set_for_sluice_and_the_noop_server_alike() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let rules = dir.path().join("rules.yaml");
-    std::fs::write(&rules, RULES).expect("write rules");
-    let (sluice, url) = sluice_server_with(&rules, &[("SLUICE_SERVER__WORKER_THREADS", "3")]);
+    let rules = Path::new(RULES);
+    let (sluice, url) = sluice_server_with(rules, &[("SLUICE_SERVER__WORKER_THREADS", "3")]);
     // By default one per CPU; tokio's own variable, which panics tokio on a bad value, plays
     // no part.
-    let (default, _) = sluice_server_with(&rules, &[("TOKIO_WORKER_THREADS", "not a number")]);
+    let (default, _) = sluice_server_with(rules, &[("TOKIO_WORKER_THREADS", "not a number")]);
     let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     assert_eq!(workers(&default), cpus);
     let port = free_port();

@@ -142,20 +142,7 @@ scenario!(sliding_log_admits_at_most_the_quota_in_any_hour, |c| {
 });
 
 /// Fixed windows of the long units, and fixed windows whose denials never fit.
-const WINDOWS: &str = r#"
-domain: test
-descriptors:
-  - key: week
-    rate_limit: {unit: week, requests_per_unit: 2, algorithm: fixed_window}
-  - key: month
-    rate_limit: {unit: month, requests_per_unit: 2, algorithm: fixed_window}
-  - key: year
-    rate_limit: {unit: year, requests_per_unit: 2, algorithm: fixed_window}
-  - key: blocked
-    rate_limit: {unit: minute, requests_per_unit: 0, algorithm: fixed_window}
-  - key: minute
-    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: fixed_window}
-"#;
+const WINDOWS: &str = include_str!("../fixtures/rules/suites/windows.yaml");
 
 /// 1970-01-12 13:46:40 UTC on the memory backend's clock: a time inside every long window,
 /// not at the start of any.

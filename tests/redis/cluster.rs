@@ -14,27 +14,10 @@ use sluice::testing::redis::RedisCluster;
 
 use crate::support::load;
 
-const RULES: &str = "
-domain: c
-descriptors:
-  - key: one
-    rate_limit: {unit: minute, requests_per_unit: 1}
-  - key: wide
-    rate_limit: {unit: minute, requests_per_unit: 1000}
-  - key: hot
-    rate_limit: {unit: second, requests_per_unit: 20, burst: 10}
-  - key: wide_bucket
-    rate_limit: {unit: minute, requests_per_unit: 1000, algorithm: token_bucket}
-  - key: wide_window
-    rate_limit: {unit: minute, requests_per_unit: 1000, algorithm: fixed_window}
-  - key: wide_sliding
-    rate_limit: {unit: minute, requests_per_unit: 1000, algorithm: sliding_window}
-  - key: wide_log
-    rate_limit: {unit: minute, requests_per_unit: 1000, algorithm: sliding_log}
-";
+const RULES: &str = include_str!("../fixtures/rules/suites/redis.yaml");
 
 fn slot(key: &str, value: &str, period: u32) -> Slot {
-    Slot::for_key(format!("sluice:{{c|{key}={value}}}:funnel:{period}"))
+    Slot::for_key(format!("sluice:{{redis|{key}={value}}}:funnel:{period}"))
 }
 
 /// A value of `wide` whose key is in another slot than `one=a`'s.
@@ -63,7 +46,12 @@ async fn a_request_across_slots_is_all_or_nothing() {
     let server = TestServer::start_over(Settings::default(), RULES, Arc::new(limiter)).await;
     let mut c = client(&server).await;
     let wide = other_slot_value();
-    let both = || req("c", vec![desc(&[("one", "a")]), desc(&[("wide", &wide)])]);
+    let both = || {
+        req(
+            "redis",
+            vec![desc(&[("one", "a")]), desc(&[("wide", &wide)])],
+        )
+    };
 
     let r = call(&mut c, both()).await;
     assert_eq!(overall(&r), Code::Ok);
@@ -76,7 +64,7 @@ async fn a_request_across_slots_is_all_or_nothing() {
         r.statuses[1].limit_remaining, 999,
         "given back: still 999 left"
     );
-    let r = call(&mut c, req("c", vec![desc(&[("wide", &wide)])])).await;
+    let r = call(&mut c, req("redis", vec![desc(&[("wide", &wide)])])).await;
     assert_eq!(
         r.statuses[1 - 1].limit_remaining,
         998,
@@ -85,11 +73,11 @@ async fn a_request_across_slots_is_all_or_nothing() {
     // Every algorithm gives back what a denied request took in another slot.
     for key in ["wide_bucket", "wide_window", "wide_sliding", "wide_log"] {
         let value = other_slot_value_of(key);
-        let both = req("c", vec![desc(&[("one", "a")]), desc(&[(key, &value)])]);
+        let both = req("redis", vec![desc(&[("one", "a")]), desc(&[(key, &value)])]);
         let r = call(&mut c, both).await;
         assert_eq!(overall(&r), Code::OverLimit, "{key}");
         assert_eq!(r.statuses[1].limit_remaining, 1000, "{key}: given back");
-        let r = call(&mut c, req("c", vec![desc(&[(key, &value)])])).await;
+        let r = call(&mut c, req("redis", vec![desc(&[(key, &value)])])).await;
         assert_eq!(
             r.statuses[0].limit_remaining, 999,
             "{key}: nothing was kept"
@@ -127,7 +115,10 @@ async fn one_descriptor_is_one_call_on_a_cluster() {
         for i in 0..30 {
             call(
                 &mut c,
-                req("c", vec![desc(&[("wide", &format!("warm{functions}{i}"))])]),
+                req(
+                    "redis",
+                    vec![desc(&[("wide", &format!("warm{functions}{i}"))])],
+                ),
             )
             .await;
         }
@@ -142,7 +133,7 @@ async fn one_descriptor_is_one_call_on_a_cluster() {
         }
         for i in 0..10 {
             let value = format!("v{functions}{i}");
-            call(&mut c, req("c", vec![desc(&[("wide", &value)])])).await;
+            call(&mut c, req("redis", vec![desc(&[("wide", &value)])])).await;
         }
         let command = if functions { "fcall" } else { "evalsha" };
         let calls: u64 = cluster.nodes.iter().map(|n| n.calls(command)).sum();
@@ -160,7 +151,7 @@ async fn three_sluice_processes_on_a_cluster_admit_no_more_than_the_limit() {
     // denials make the cluster give those back.
     let tally = load::hammer(&urls, 8, Duration::from_secs(4), |i| {
         req(
-            "c",
+            "redis",
             vec![
                 desc(&[("hot", "one")]),
                 desc(&[("wide", &format!("client{i}"))]),

@@ -9,14 +9,7 @@ use sluice::limiter::RedisLimiter;
 use sluice::testing::grpc::*;
 use sluice::testing::redis::RedisServer;
 
-const RULES: &str = "
-domain: rt
-descriptors:
-  - key: wide
-    rate_limit: {unit: minute, requests_per_unit: 1000}
-  - key: one
-    rate_limit: {unit: minute, requests_per_unit: 1}
-";
+const RULES: &str = include_str!("../fixtures/rules/suites/redis.yaml");
 
 async fn serve(settings: RedisSettings) -> (TestServer, Client) {
     let limiter = RedisLimiter::new(&settings, 1_000).expect("valid redis settings");
@@ -43,11 +36,11 @@ async fn one_script_call_per_request_for_1_and_for_10_descriptors() {
         let (_server, mut c) = serve(settings).await;
         // Warm up: the first call loads the code (NOSCRIPT then EVAL, or no function then
         // FUNCTION LOAD and FCALL again).
-        call(&mut c, req("rt", descriptors(1, 0))).await;
+        call(&mut c, req("redis", descriptors(1, 0))).await;
         for n in [1, 10] {
             let monitor = redis.monitor();
             for round in 1..=20 {
-                let r = call(&mut c, req("rt", descriptors(n, round))).await;
+                let r = call(&mut c, req("redis", descriptors(n, round))).await;
                 assert_eq!(overall(&r), Code::Ok);
                 assert_eq!(r.statuses.len(), n);
             }
@@ -84,7 +77,10 @@ async fn a_denied_key_is_answered_from_the_deny_cache_without_redis() {
     // Another key, or the same key with another descriptor beside it, still goes to Redis.
     let monitor = redis.monitor();
     assert_eq!(overall(&hit_rt(&mut c, "one", "cold").await), Code::Ok);
-    let both = req("rt", vec![desc(&[("one", "hot")]), desc(&[("wide", "x")])]);
+    let both = req(
+        "redis",
+        vec![desc(&[("one", "hot")]), desc(&[("wide", "x")])],
+    );
     assert_eq!(overall(&call(&mut c, both).await), Code::OverLimit);
     assert_eq!(monitor.client_commands(), ["evalsha"; 2]);
 }
@@ -109,5 +105,5 @@ async fn without_the_deny_cache_every_denial_is_a_round_trip() {
 }
 
 async fn hit_rt(c: &mut Client, key: &str, value: &str) -> RateLimitResponse {
-    call(c, req("rt", vec![desc(&[(key, value)])])).await
+    call(c, req("redis", vec![desc(&[(key, value)])])).await
 }

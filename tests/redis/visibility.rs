@@ -16,29 +16,7 @@ use sluice::testing::TestServer;
 use sluice::testing::http::{self, Answer};
 use sluice::testing::redis::RedisServer;
 
-const RULES: &str = "\
-domain: vis
-descriptors:
-  - key: user
-    rate_limit: {unit: minute, requests_per_unit: 5}
-  - key: path
-    value: /files/*
-    share_threshold: true
-    rate_limit: {unit: hour, requests_per_unit: 100}
-  - key: tenant
-    descriptors:
-      - key: route
-        rate_limits:
-          - {unit: minute, requests_per_unit: 10, algorithm: token_bucket}
-          - {unit: hour, requests_per_unit: 100, algorithm: fixed_window}
-  - key: flood
-    rate_limit: {unit: hour, requests_per_unit: 0}
----
-domain: other
-descriptors:
-  - key: user
-    rate_limit: {unit: minute, requests_per_unit: 3}
-";
+const RULES: &str = include_str!("../fixtures/rules/suites/visibility.yaml");
 
 const TOKEN: &str = "s3cret-t0ken";
 

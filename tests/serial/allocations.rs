@@ -20,17 +20,8 @@ use sluice::rules::RuleSet;
 
 use crate::{allocations, serial};
 
-const RULES: &str = "
-domain: bench
-descriptors:
-  - key: user
-    rate_limit: {unit: hour, requests_per_unit: 1000000}
-  - key: client
-    descriptors:
-      - key: route
-        value: /api/*
-        rate_limit: {unit: second, requests_per_unit: 1000000}
-";
+/// The rules `sluice bench` runs against in the process tests.
+const RULES: &str = include_str!("../fixtures/rules/suites/bench.yaml");
 
 fn engine() -> (Engine, Arc<Metrics>) {
     let model = rules::from_sources(&[(PathBuf::from("bench.yaml"), RULES.to_owned())])

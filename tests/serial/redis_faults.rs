@@ -19,14 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
-const RULES: &str = "
-domain: f
-descriptors:
-  - key: k
-    rate_limit: {unit: second, requests_per_unit: 1000000}
-  - key: small
-    rate_limit: {unit: minute, requests_per_unit: 5}
-";
+const RULES: &str = include_str!("../fixtures/rules/suites/faults.yaml");
 
 const TIMEOUT: Duration = Duration::from_millis(100);
 /// What a loaded 2-core machine may add to the time-out (gRPC on loopback, scheduling).

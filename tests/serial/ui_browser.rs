@@ -20,19 +20,7 @@ use crate::serial_async;
 const INSTALL: &str = "command -v chromium || (apt-get update && apt-get install -y chromium)";
 const TOKEN: &str = "page-t0ken";
 
-const RULES: &str = "\
-domain: shop
-descriptors:
-  - key: user
-    rate_limit: {unit: second, requests_per_unit: 20}
-  - key: blocked
-    rate_limit: {unit: hour, requests_per_unit: 0}
-  - key: tenant
-    descriptors:
-      - key: route
-        value: /api/*
-        rate_limit: {unit: minute, requests_per_unit: 100, algorithm: sliding_window}
-";
+const RULES: &str = include_str!("../fixtures/rules/suites/ui.yaml");
 
 /// The Chromium program, or a failure naming the command that installs it.
 fn chromium() -> PathBuf {
