@@ -3,15 +3,13 @@
 //! setting; the bound on concurrent streams holds a third call back while two are in flight.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use prost::Message as _;
 use sluice::config::settings::{InputSettings, Settings};
-use sluice::limiter::{Batch, BatchOutcome, BoxFuture, Limiter, LimiterError, MemoryLimiter};
 use sluice::testing::grpc::*;
 use sluice::testing::http::{post, sample};
-use tokio::sync::Semaphore;
+use sluice::testing::limits::Gate;
 use tonic::Code as GrpcCode;
 
 const RULES: &str = "domain: test\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1000}\n";
@@ -246,46 +244,12 @@ async fn bounds_are_configurable_and_refusals_are_counted() {
     assert_eq!(invalid, Some(4.0), "{text}");
 }
 
-/// A limiter that holds every call until the test releases it, and counts calls in flight.
-struct Gate {
-    inner: MemoryLimiter,
-    entered: AtomicUsize,
-    in_flight: AtomicUsize,
-    most_in_flight: AtomicUsize,
-    release: Semaphore,
-}
-
-impl Limiter for Gate {
-    fn check<'a>(&'a self, batch: &'a Batch) -> BoxFuture<'a, Result<BatchOutcome, LimiterError>> {
-        Box::pin(async move {
-            self.entered.fetch_add(1, Ordering::SeqCst);
-            let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-            self.most_in_flight.fetch_max(now, Ordering::SeqCst);
-            if let Ok(permit) = self.release.acquire().await {
-                permit.forget();
-            }
-            self.in_flight.fetch_sub(1, Ordering::SeqCst);
-            self.inner.check(batch).await
-        })
-    }
-
-    fn name(&self) -> &'static str {
-        "gate"
-    }
-}
-
 /// Starts three calls at once on ONE connection to a server allowing `streams`, holds them
 /// in the limiter for a while, then lets them all go. Returns the most calls that were in the
 /// limiter at once and how many calls were answered (the others must have been refused by
 /// HTTP/2 with REFUSED_STREAM, which tonic reports as UNAVAILABLE).
 async fn three_calls(streams: u32) -> (usize, usize) {
-    let gate = Arc::new(Gate {
-        inner: MemoryLimiter::new(100),
-        entered: AtomicUsize::new(0),
-        in_flight: AtomicUsize::new(0),
-        most_in_flight: AtomicUsize::new(0),
-        release: Semaphore::new(0),
-    });
+    let gate = Arc::new(Gate::new(100));
     let input = InputSettings {
         max_concurrent_streams: streams,
         ..InputSettings::default()
@@ -301,17 +265,15 @@ async fn three_calls(streams: u32) -> (usize, usize) {
             })
         })
         .collect();
-    let start = tokio::time::Instant::now();
-    while gate.entered.load(Ordering::SeqCst) < (streams as usize).min(3) {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "the calls never came"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        gate.entered((streams as usize).min(3)),
+    )
+    .await
+    .expect("the calls never came");
     // Time for any call that is not held back to reach the limiter too.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    gate.release.add_permits(3);
+    gate.release(3);
     let mut answered = 0;
     for call in calls {
         match call.await.expect("the call task") {
@@ -325,7 +287,7 @@ async fn three_calls(streams: u32) -> (usize, usize) {
             }
         }
     }
-    (gate.most_in_flight.load(Ordering::SeqCst), answered)
+    (gate.most_in_flight(), answered)
 }
 
 #[tokio::test]

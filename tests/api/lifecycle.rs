@@ -34,25 +34,34 @@ async fn grpc_health_reports_serving() {
     }
 }
 
+/// Asks the reflection service of `$server`, in version `$v` (`v1` or `v1alpha` of
+/// tonic-reflection's protos), the question `$question` (a `MessageRequest` of that version),
+/// and gives the answer's `message_response`.
+macro_rules! reflect {
+    ($v:ident, $server:expr, $question:expr) => {{
+        use tonic_reflection::pb::$v::ServerReflectionRequest;
+        use tonic_reflection::pb::$v::server_reflection_client::ServerReflectionClient;
+        let mut c = ServerReflectionClient::new(channel($server).await);
+        let ask = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some($question),
+        };
+        let mut answers = c
+            .server_reflection_info(tokio_stream::iter([ask]))
+            .await
+            .unwrap()
+            .into_inner();
+        answers.next().await.unwrap().unwrap().message_response
+    }};
+}
+
 #[tokio::test]
 async fn reflection_v1_lists_the_service() {
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
-    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
     let server = TestServer::start(RULES).await;
-    let mut c = ServerReflectionClient::new(channel(&server).await);
-    let ask = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    };
-    let mut answers = c
-        .server_reflection_info(tokio_stream::iter([ask]))
-        .await
-        .unwrap()
-        .into_inner();
-    let answer = answers.next().await.unwrap().unwrap();
-    let Some(MessageResponse::ListServicesResponse(list)) = answer.message_response else {
+    let answer = reflect!(v1, &server, MessageRequest::ListServices(String::new()));
+    let Some(MessageResponse::ListServicesResponse(list)) = answer else {
         panic!("unexpected reflection answer: {answer:?}");
     };
     let names: Vec<_> = list.service.into_iter().map(|s| s.name).collect();
@@ -64,25 +73,16 @@ async fn reflection_v1_lists_the_service() {
 
 #[tokio::test]
 async fn reflection_v1alpha_resolves_the_request_type() {
-    use tonic_reflection::pb::v1alpha::ServerReflectionRequest;
-    use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient;
     use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1alpha::server_reflection_response::MessageResponse;
     let server = TestServer::start(RULES).await;
-    let mut c = ServerReflectionClient::new(channel(&server).await);
-    let ask = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::FileContainingSymbol(
-            "envoy.service.ratelimit.v3.RateLimitRequest".to_owned(),
-        )),
-    };
-    let mut answers = c
-        .server_reflection_info(tokio_stream::iter([ask]))
-        .await
-        .unwrap()
-        .into_inner();
-    let answer = answers.next().await.unwrap().unwrap();
-    let Some(MessageResponse::FileDescriptorResponse(files)) = answer.message_response else {
+    let symbol = "envoy.service.ratelimit.v3.RateLimitRequest".to_owned();
+    let answer = reflect!(
+        v1alpha,
+        &server,
+        MessageRequest::FileContainingSymbol(symbol)
+    );
+    let Some(MessageResponse::FileDescriptorResponse(files)) = answer else {
         panic!("unexpected reflection answer: {answer:?}");
     };
     assert!(!files.file_descriptor_proto.is_empty());

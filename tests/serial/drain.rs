@@ -8,38 +8,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice::config::settings::Settings;
-use sluice::limiter::{Batch, BatchOutcome, BoxFuture, Limiter, LimiterError, MemoryLimiter};
+use sluice::limiter::Limiter;
 use sluice::testing::grpc::*;
 use sluice::testing::http::get;
+use sluice::testing::limits::Gate;
 use sluice::testing::process::*;
 use sluice::testing::redis::RedisServer;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
 const RULES: &str = "domain: test\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n";
-
-/// A memory limiter that holds each request until released.
-struct Gate {
-    inner: MemoryLimiter,
-    entered: Notify,
-    release: Notify,
-}
-
-impl Limiter for Gate {
-    fn check<'a>(&'a self, batch: &'a Batch) -> BoxFuture<'a, Result<BatchOutcome, LimiterError>> {
-        Box::pin(async move {
-            self.entered.notify_one();
-            self.release.notified().await;
-            self.inner.check(batch).await
-        })
-    }
-
-    fn name(&self) -> &'static str {
-        "gate"
-    }
-}
 
 async fn readyz_until(admin: std::net::SocketAddr, status: u16) {
     let start = Instant::now();
@@ -55,17 +34,13 @@ async fn readyz_until(admin: std::net::SocketAddr, status: u16) {
 #[tokio::test]
 async fn readiness_fails_first_and_the_request_in_flight_completes() {
     let _serial = crate::serial_async().await;
-    let gate = Arc::new(Gate {
-        inner: MemoryLimiter::new(100),
-        entered: Notify::new(),
-        release: Notify::new(),
-    });
+    let gate = Arc::new(Gate::new(100));
     let limiter: Arc<dyn Limiter> = gate.clone();
     let server = TestServer::start_over(Settings::default(), RULES, limiter).await;
     let (url, admin_addr) = (server.url(), server.admin_addr);
 
     let in_flight = send_in_background(&url).await;
-    gate.entered.notified().await;
+    gate.entered(1).await;
     assert_eq!(get(admin_addr, "/readyz").await.status, 200);
 
     let stopped_at = Instant::now();
@@ -78,7 +53,7 @@ async fn readiness_fails_first_and_the_request_in_flight_completes() {
         "readiness fails while the request is in flight"
     );
 
-    gate.release.notify_one();
+    gate.release(1);
     in_flight_completes_then_stops(server, in_flight).await;
     assert!(stopped_at.elapsed() < Duration::from_secs(5));
     assert!(
