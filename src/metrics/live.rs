@@ -202,6 +202,7 @@ mod tests {
             shadow: false,
             capacity,
             remaining,
+            local_cache: false,
         })
     }
 

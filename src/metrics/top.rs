@@ -394,6 +394,7 @@ mod tests {
             shadow: false,
             capacity: 1,
             remaining: 0,
+            local_cache: false,
         });
     }
 

@@ -168,6 +168,7 @@ fn every_family() -> Vec<String> {
             shadow: over,
             capacity: 1,
             remaining: 0,
+            local_cache: false,
         });
     }
     let down = LimiterError {
