@@ -139,6 +139,13 @@ fn serve_with(settings: Settings, ignored: &[(String, String)]) -> ExitCode {
     for (name, why) in ignored {
         tracing::info!("envoyproxy/ratelimit setting ignored: {name}={why}");
     }
+    let mapper = match sluice::compat::mapper::Mapper::for_settings(&settings.ratelimit_metrics) {
+        Ok(m) => Arc::new(m),
+        Err(e) => {
+            tracing::error!("ratelimit_metrics.mapper_file: {e}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
     let loaded = match initial_rules(&settings) {
         Ok(l) => l,
         Err(errors) => {
@@ -149,13 +156,6 @@ fn serve_with(settings: Settings, ignored: &[(String, String)]) -> ExitCode {
         }
     };
     tracing::info!(domains = loaded.domains, "rules loaded");
-    let mapper = match sluice::compat::mapper::Mapper::for_settings(&settings.ratelimit_metrics) {
-        Ok(m) => Arc::new(m),
-        Err(e) => {
-            tracing::error!("ratelimit_metrics.mapper_file: {e}");
-            return ExitCode::from(EX_USAGE);
-        }
-    };
     let mut app = match sluice::app::App::build(&settings, loaded.set) {
         Ok(app) => app,
         Err(e) => {
