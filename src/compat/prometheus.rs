@@ -199,6 +199,7 @@ mod tests {
             refund: false,
             over: true,
             shadow: false,
+            rule_shadow: false,
             capacity: 1,
             remaining: 0,
             local_cache: true,

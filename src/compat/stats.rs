@@ -274,7 +274,9 @@ impl Observer for RatelimitStats {
             if r.local_cache {
                 add(LOCAL_CACHE, r.cost);
             }
-            if r.shadow {
+            // As envoyproxy/ratelimit: only a rule in shadow mode counts here, not the
+            // global shadow mode (which counts `global_shadow_mode` per request).
+            if r.rule_shadow {
                 add(SHADOW, r.cost);
             }
             return;
@@ -498,6 +500,12 @@ mod tests {
             Some(2),
             "the first request was within the limit"
         );
+        let rules: HashMap<String, [u64; 6]> = stats.rules().into_iter().collect();
+        assert_eq!(
+            rules["d.user"],
+            [3, 2, 1, 1, 0, 0],
+            "over the limit, not the rule's shadow_mode"
+        );
         let off = Arc::new(RatelimitStats::new(0.8, 10));
         let plain = one_rule(&off, false);
         for _ in 0..3 {
@@ -521,6 +529,7 @@ mod tests {
             refund: false,
             over: true,
             shadow: false,
+            rule_shadow: false,
             capacity: 1,
             remaining: 0,
             local_cache: true,

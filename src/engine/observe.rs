@@ -48,6 +48,8 @@ pub struct DescriptorReport<'a> {
     pub over: bool,
     /// A denial here does not block the request: the rule's or the global shadow mode.
     pub shadow: bool,
+    /// The rule itself is in shadow mode (`shadow_mode: true`), not only the global mode.
+    pub rule_shadow: bool,
     /// The capacity (burst) of the limit reported: the one that denied, else the one with
     /// least left.
     pub capacity: u64,
@@ -104,6 +106,7 @@ pub(super) fn report(
             refund: d.refund,
             over: !hit.admitted,
             shadow: *role == Role::Shadow || options.shadow_mode,
+            rule_shadow: *role == Role::Shadow,
             capacity: u64::from(rule.burst),
             remaining: hit.remaining,
             local_cache: hit.from_local_cache,

@@ -200,6 +200,7 @@ mod tests {
             refund: false,
             over,
             shadow: false,
+            rule_shadow: false,
             capacity,
             remaining,
             local_cache: false,
