@@ -185,3 +185,47 @@ fn ignored_keys_are_noted_and_unsupported_ones_refused_with_file_line_and_key() 
         );
     }
 }
+
+#[test]
+fn envoy_gateways_file_shape_is_accepted() {
+    // Double-quoted regexes with escaped backslashes, timer_type on counters,
+    // match_metric_type: the constructs of the file Envoy Gateway mounts.
+    let yaml = r#"
+mappings:
+  - match: "ratelimit\\.service\\.rate_limit\\.([^\\.]*)\\.([^\\.]*)\\.([^\\.]*)(\\..*)?\\.over_limit"
+    match_type: regex
+    name: "ratelimit_service_rate_limit_over_limit"
+    timer_type: "histogram"
+    labels:
+      domain: "$1"
+      key1: "$2"
+      key2: "$3"
+  - match: "ratelimit.service.call.should_rate_limit.*"
+    name: "ratelimit_service_should_rate_limit_error"
+    match_metric_type: counter
+    labels:
+      err_type: "$1"
+"#;
+    let (m, notes) = parse(yaml, "conf.yaml").unwrap();
+    assert!(notes.is_empty(), "{notes:?}");
+    assert_eq!(
+        series(
+            &m,
+            "ratelimit.service.rate_limit.d.a.b.c.over_limit",
+            Kind::Counter
+        ),
+        (
+            "ratelimit_service_rate_limit_over_limit".into(),
+            pairs(&[("domain", "d"), ("key1", "a"), ("key2", "b")])
+        )
+    );
+    assert_eq!(
+        series(
+            &m,
+            "ratelimit.service.call.should_rate_limit.redis_error",
+            Kind::Counter
+        )
+        .1,
+        pairs(&[("err_type", "redis_error")])
+    );
+}
