@@ -139,6 +139,13 @@ fn serve_with(settings: Settings, ignored: &[(String, String)]) -> ExitCode {
     for (name, why) in ignored {
         tracing::info!("envoyproxy/ratelimit setting ignored: {name}={why}");
     }
+    let mapper = match sluice::compat::mapper::Mapper::for_settings(&settings.ratelimit_metrics) {
+        Ok(m) => Arc::new(m),
+        Err(e) => {
+            tracing::error!("ratelimit_metrics.mapper_file: {e}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
     let loaded = match initial_rules(&settings) {
         Ok(l) => l,
         Err(errors) => {
@@ -163,7 +170,7 @@ fn serve_with(settings: Settings, ignored: &[(String, String)]) -> ExitCode {
             return ExitCode::from(EX_USAGE);
         }
     };
-    let done = runtime.block_on(run(app, &settings, xds));
+    let done = runtime.block_on(run(app, &settings, xds, mapper));
     telemetry.shutdown();
     match done {
         Ok(()) => ExitCode::SUCCESS,
@@ -210,6 +217,7 @@ async fn run(
     app: sluice::app::App,
     settings: &Settings,
     xds: Option<(XdsClient, tonic::transport::Endpoint)>,
+    mapper: Arc<sluice::compat::mapper::Mapper>,
 ) -> anyhow::Result<()> {
     let stop = CancellationToken::new();
     if let Some((client, endpoint)) = xds {
@@ -227,7 +235,7 @@ async fn run(
         grpc: bind(settings.server.grpc_listen).await?,
         admin: Some(bind(settings.server.admin_listen).await?),
     };
-    drop_in_listeners(&app, settings, &stop).await?;
+    drop_in_listeners(&app, settings, &stop, mapper).await?;
     let reload = app.reload_trigger();
     let running = app.run(listeners, stop.clone().cancelled_owned());
     tokio::pin!(running);
@@ -253,6 +261,7 @@ async fn drop_in_listeners(
     app: &sluice::app::App,
     settings: &Settings,
     stop: &CancellationToken,
+    mapper: Arc<sluice::compat::mapper::Mapper>,
 ) -> anyhow::Result<()> {
     use sluice::compat::{serve, stats::RatelimitStats, statsd};
     let wanted = settings.statsd.enabled()
@@ -283,6 +292,7 @@ async fn drop_in_listeners(
             listener,
             settings.ratelimit_metrics.path.clone(),
             stats.clone(),
+            mapper.clone(),
             stop.clone(),
         );
         tokio::spawn(async move {

@@ -260,6 +260,18 @@ impl Observer for Metrics {
         self.top.record(report);
     }
 
+    fn unknown_domain(&self, domain: &str, descriptors: usize) {
+        if let Some(stats) = self.ratelimit.get() {
+            stats.unknown_domain(domain, descriptors);
+        }
+    }
+
+    fn global_shadow(&self) {
+        if let Some(stats) = self.ratelimit.get() {
+            stats.global_shadow();
+        }
+    }
+
     fn request(&self, result: RequestResult<'_>, elapsed: Duration) {
         if let Some(stats) = self.ratelimit.get() {
             stats.request(result, elapsed);

@@ -169,6 +169,7 @@ fn answer(keys: &[KeyPlan], first_hit: &[usize], outcome: &BatchOutcome) -> pb::
         admitted: true,
         remaining: 0,
         reset_nanos: 0,
+        from_local_cache: false,
     };
     let hit = |i: usize| outcome.hits.get(i).copied().unwrap_or(none);
     let results: Vec<pb::ThrottleResult> = keys

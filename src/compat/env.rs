@@ -112,10 +112,6 @@ const IGNORED: &[(&str, &str)] = &[
     ),
     ("XDS_CLIENT_BACKOFF_JITTER", "the backoff always has jitter"),
     (
-        "PROMETHEUS_MAPPER_YAML",
-        "series are named as Envoy Gateway's default mapping names them",
-    ),
-    (
         "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
         "response time is in seconds",
     ),
@@ -535,6 +531,9 @@ impl Reader<'_> {
             self.set("STATSD__ADDRESS", format!("{host}:{port}"));
             if dog {
                 self.set("STATSD__DOGSTATSD", "true");
+            } else {
+                // envoyproxy/ratelimit's plain statsd sink speaks TCP; DogStatsD, UDP.
+                self.set("STATSD__PROTOCOL", "tcp");
             }
             if let Some(tags) = self.get("EXTRA_TAGS").map(str::to_owned) {
                 self.set("STATSD__TAGS", tags);
@@ -557,6 +556,14 @@ impl Reader<'_> {
             if let Some(path) = self.get("PROMETHEUS_PATH").map(str::to_owned) {
                 self.set("RATELIMIT_METRICS__PATH", path);
             }
+            if let Some(file) = self.get("PROMETHEUS_MAPPER_YAML").map(str::to_owned) {
+                self.set("RATELIMIT_METRICS__MAPPER_FILE", file);
+            }
+        } else if let Some(file) = self.env.get("PROMETHEUS_MAPPER_YAML") {
+            self.out.ignored.push((
+                "PROMETHEUS_MAPPER_YAML".to_owned(),
+                format!("{file}: USE_PROMETHEUS is off"),
+            ));
         }
         Ok(())
     }

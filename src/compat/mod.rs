@@ -1,9 +1,11 @@
 //! Drop-in for envoyproxy/ratelimit where it runs today (Envoy Gateway, Istio's sample):
-//! its stats under its names ([`stats`], sent by [`statsd`], served by [`prometheus`]), its
+//! its stats under its names ([`stats`], sent by [`statsd`], served by [`prometheus`] as
+//! [`mapper`] names them), its
 //! debug port ([`serve`]), and its environment variables mapped onto sluice's settings
 //! ([`env`]). See docs/ratelimit-compat.md.
 
 pub mod env;
+pub mod mapper;
 pub mod prometheus;
 pub mod serve;
 pub mod stats;

@@ -1,6 +1,7 @@
-//! envoyproxy/ratelimit's stats as Prometheus series named as Envoy Gateway's
-//! statsd-exporter mapping renders them, in the Prometheus text format (0.0.4), so its
-//! dashboard and alerts keep working:
+//! envoyproxy/ratelimit's stats as Prometheus series, named by a statsd_exporter mapping
+//! ([`Mapper`]: the built-in one renders them as Envoy Gateway's statsd-exporter mapping
+//! does, so its dashboard and alerts keep working; an operator's file replaces it), in the
+//! Prometheus text format (0.0.4). With the built-in mapping:
 //!
 //! | series | from |
 //! |---|---|
@@ -10,63 +11,87 @@
 //! | `ratelimit_service_total_requests{grpc_method="ShouldRateLimit"}` | requests |
 //! | `ratelimit_service_response_time_seconds{grpc_method="ShouldRateLimit"}` | a histogram of the engine's time per request |
 //! | `ratelimit_service_config_load_success`, `ratelimit_service_config_load_error` | rules loads (files or xDS) |
-//! | `process_resident_memory_bytes`, `process_virtual_memory_bytes` | the process (Linux `/proc`) |
-//! | `go_memstats_gc_cpu_fraction` | always 0: sluice has no garbage collector; kept for the dashboard's panel |
+//! | default names (dots as `_`): `ratelimit_service_global_shadow_mode`, `ratelimit_service_rate_limit_<domain>_domain_not_found`, `ratelimit_service_rate_limit_<domain>_<key>_over_limit_with_local_cache` | the stats the mapping does not name |
 //!
-//! Counter names carry no `_total` suffix (statsd_exporter's do not).
+//! Always, whatever the mapping: `process_resident_memory_bytes`, `process_virtual_memory_bytes`
+//! (Linux `/proc`) and `go_memstats_gc_cpu_fraction` (always 0: sluice has no garbage
+//! collector; kept for the dashboard's panel).
+//!
+//! Counter names carry no `_total` suffix (statsd_exporter's do not). Every counter is
+//! rendered from the first request on, zeros included, except a rule's
+//! `over_limit_with_local_cache`, rendered once it counted (it would otherwise add a name
+//! per rule under the default naming). Series a mapping gives the same name and labels add
+//! up; a series whose name another kind (counter, histogram) already took is left out.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use super::stats::{LATENCY_BUCKETS, RULE_STATS, RatelimitStats};
+use super::mapper::{Kind, Mapper, Mapping};
+use super::stats::{LATENCY_BUCKETS, RESPONSE_TIME, RatelimitStats};
 
 /// The content type of [`render`]'s output.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
+type Labels = Vec<(String, String)>;
+
+/// One metric name's series.
+#[derive(Default)]
+struct Family {
+    kind: &'static str,
+    help: String,
+    series: BTreeMap<Labels, u64>,
+}
+
 /// Every series.
-pub fn render(stats: &RatelimitStats) -> String {
+pub fn render(stats: &RatelimitStats, mapper: &Mapper) -> String {
+    let mut families: BTreeMap<String, Family> = BTreeMap::new();
+    for (stat, n) in stats.counters() {
+        if n == 0 && stat.ends_with(".over_limit_with_local_cache") {
+            continue;
+        }
+        let Mapping::Series { name, labels, help } = mapper.map(&stat, Kind::Counter) else {
+            continue;
+        };
+        let family = families.entry(name).or_insert_with(|| Family {
+            kind: "counter",
+            help: help.map_or_else(|| format!("envoyproxy/ratelimit's {stat}"), str::to_owned),
+            series: BTreeMap::new(),
+        });
+        if family.kind == "counter" {
+            *family.series.entry(labels).or_default() += n;
+        }
+    }
     let mut out = String::new();
-    let mut per_stat: [BTreeMap<Vec<(&'static str, String)>, u64>; 5] = Default::default();
-    let rules = stats.rules();
-    for (key, counts) in &rules {
-        let labels = labels(key);
-        for (i, n) in counts.iter().enumerate() {
-            *per_stat[i].entry(labels.clone()).or_default() += n;
+    let timer = mapper.map(RESPONSE_TIME, Kind::Observer);
+    for (name, family) in &families {
+        head(&mut out, name, family.kind, &family.help);
+        for (labels, n) in &family.series {
+            line(&mut out, name, labels, &n.to_string());
         }
     }
-    for (name, series) in RULE_STATS.iter().zip(&per_stat) {
-        let metric = format!("ratelimit_service_rate_limit_{name}");
-        head(
-            &mut out,
-            &metric,
-            "counter",
-            &format!("envoyproxy/ratelimit's {name}, per domain and first two descriptor keys"),
-        );
-        for (labels, n) in series {
-            line(&mut out, &metric, labels, &n.to_string());
-        }
+    if let Mapping::Series { name, labels, help } = timer
+        && !families.contains_key(&name)
+    {
+        histogram(&mut out, stats, &name, &labels, help);
     }
-    let service = stats.service();
-    let m = "ratelimit_service_should_rate_limit_error";
-    head(&mut out, m, "counter", "ShouldRateLimit errors by type");
-    line(
-        &mut out,
-        m,
-        &[("err_type", "redis_error".into())],
-        &service[2].to_string(),
+    process(&mut out);
+    out
+}
+
+/// The response-time histogram under `name` and `labels`.
+fn histogram(
+    out: &mut String,
+    stats: &RatelimitStats,
+    name: &str,
+    labels: &Labels,
+    help: Option<&str>,
+) {
+    head(
+        out,
+        name,
+        "histogram",
+        help.unwrap_or("Time to answer ShouldRateLimit"),
     );
-    line(
-        &mut out,
-        m,
-        &[("err_type", "service_error".into())],
-        &service[3].to_string(),
-    );
-    let method = [("grpc_method", "ShouldRateLimit".to_owned())];
-    let m = "ratelimit_service_total_requests";
-    head(&mut out, m, "counter", "ShouldRateLimit requests");
-    line(&mut out, m, &method, &service[4].to_string());
-    let m = "ratelimit_service_response_time_seconds";
-    head(&mut out, m, "histogram", "Time to answer ShouldRateLimit");
     let (buckets, sum, count) = stats.latency();
     let mut cumulative = 0;
     for (i, n) in buckets.iter().enumerate() {
@@ -74,31 +99,21 @@ pub fn render(stats: &RatelimitStats) -> String {
         let le = LATENCY_BUCKETS
             .get(i)
             .map_or("+Inf".to_owned(), |b| b.to_string());
-        let labels = [method[0].clone(), ("le", le)];
+        let mut with_le = labels.clone();
+        with_le.push(("le".to_owned(), le));
         line(
-            &mut out,
-            &format!("{m}_bucket"),
-            &labels,
+            out,
+            &format!("{name}_bucket"),
+            &with_le,
             &cumulative.to_string(),
         );
     }
-    line(&mut out, &format!("{m}_sum"), &method, &sum.to_string());
-    line(&mut out, &format!("{m}_count"), &method, &count.to_string());
-    for (m, i, help) in [
-        (
-            "ratelimit_service_config_load_success",
-            0,
-            "Rules loads that succeeded",
-        ),
-        (
-            "ratelimit_service_config_load_error",
-            1,
-            "Rules loads that failed",
-        ),
-    ] {
-        head(&mut out, m, "counter", help);
-        line(&mut out, m, &[], &service[i].to_string());
-    }
+    line(out, &format!("{name}_sum"), labels, &sum.to_string());
+    line(out, &format!("{name}_count"), labels, &count.to_string());
+}
+
+/// The process's series (not stats, so not mapped).
+fn process(out: &mut String) {
     let (rss, vsz) = process_memory();
     for (m, v, help) in [
         (
@@ -113,40 +128,25 @@ pub fn render(stats: &RatelimitStats) -> String {
         ),
     ] {
         if let Some(v) = v {
-            head(&mut out, m, "gauge", help);
-            line(&mut out, m, &[], &v.to_string());
+            head(out, m, "gauge", help);
+            line(out, m, &[], &v.to_string());
         }
     }
     let m = "go_memstats_gc_cpu_fraction";
     head(
-        &mut out,
+        out,
         m,
         "gauge",
         "Always 0: sluice has no garbage collector (kept for dashboards built for envoyproxy/ratelimit)",
     );
-    line(&mut out, m, &[], "0");
-    out
-}
-
-/// `domain`, `key1` and (for two segments or more) `key2` of a stats key, split on dots as
-/// the mapping's patterns do.
-fn labels(key: &str) -> Vec<(&'static str, String)> {
-    let mut parts = key.split('.');
-    let mut labels = vec![("domain", parts.next().unwrap_or_default().to_owned())];
-    if let Some(k1) = parts.next() {
-        labels.push(("key1", k1.to_owned()));
-    }
-    if let Some(k2) = parts.next() {
-        labels.push(("key2", k2.to_owned()));
-    }
-    labels
+    line(out, m, &[], "0");
 }
 
 fn head(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 
-fn line(out: &mut String, name: &str, labels: &[(&'static str, String)], value: &str) {
+fn line(out: &mut String, name: &str, labels: &[(String, String)], value: &str) {
     out.push_str(name);
     if !labels.is_empty() {
         out.push('{');
@@ -184,23 +184,62 @@ fn process_memory() -> (Option<u64>, Option<u64>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::{DescriptorReport, Observer};
+    use crate::rules::Entry;
 
     #[test]
-    fn keys_split_into_domain_key1_key2_as_the_mapping_does() {
-        assert_eq!(
-            labels("d.k"),
-            vec![("domain", "d".into()), ("key1", "k".into())]
+    fn the_mapper_names_the_series_and_unmapped_stats_keep_default_names() {
+        let stats = RatelimitStats::new(0.8, 10);
+        let entries = [Entry::new("a", "x"), Entry::new("b", "y")];
+        let report = DescriptorReport {
+            domain: "d",
+            entries: &entries,
+            matched: None,
+            cost: 1,
+            refund: false,
+            over: true,
+            shadow: false,
+            rule_shadow: false,
+            capacity: 1,
+            remaining: 0,
+            local_cache: true,
+        };
+        stats.descriptor(&report);
+        stats.unknown_domain("nowhere", 2);
+        stats.global_shadow();
+        let text = render(&stats, &Mapper::builtin());
+        for want in [
+            "ratelimit_service_rate_limit_over_limit{domain=\"d\",key1=\"a_x\",key2=\"b_y\"} 1\n",
+            "ratelimit_service_rate_limit_d_a_x_b_y_over_limit_with_local_cache 1\n",
+            "ratelimit_service_rate_limit_total_hits{domain=\"d\",key1=\"a_x\",key2=\"b_y\"} 1\n",
+            "ratelimit_service_rate_limit_nowhere_domain_not_found 2\n",
+            "ratelimit_service_global_shadow_mode 1\n",
+            "# TYPE ratelimit_service_response_time_seconds histogram\n",
+            "go_memstats_gc_cpu_fraction 0\n",
+        ] {
+            assert!(text.contains(want), "no `{want}` in:\n{text}");
+        }
+        let yaml = "mappings:\n  - match: ratelimit.service.rate_limit.*.*.*.*\n    name: rl_$4\n    labels: {d: $1}\n    help: mine\n  \
+                    - match: ratelimit.service.*\n    action: drop\n";
+        let (custom, _) = crate::compat::mapper::parse(yaml, "m.yaml").unwrap();
+        let text = render(&stats, &custom);
+        assert!(text.contains("# HELP rl_over_limit mine\n"), "{text}");
+        assert!(text.contains("rl_over_limit{d=\"d\"} 1\n"), "{text}");
+        assert!(
+            text.contains("rl_over_limit_with_local_cache{d=\"d\"} 1\n"),
+            "{text}"
         );
-        assert_eq!(
-            labels("d.a_b.c.e"),
-            vec![
-                ("domain", "d".into()),
-                ("key1", "a_b".into()),
-                ("key2", "c".into())
-            ]
+        assert!(!text.contains("global_shadow_mode"), "dropped: {text}");
+        assert!(
+            text.contains("ratelimit_server_ShouldRateLimit_total_requests 0\n"),
+            "{text}"
         );
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
         let mut out = String::new();
-        line(&mut out, "m", &[("k", "a\"b\\c".into())], "1");
+        line(&mut out, "m", &[("k".into(), "a\"b\\c".into())], "1");
         assert_eq!(out, "m{k=\"a\\\"b\\\\c\"} 1\n");
     }
 }

@@ -11,29 +11,33 @@ use axum::routing::get;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use super::mapper::Mapper;
 use super::prometheus;
-use super::stats::{RULE_STATS, RatelimitStats, SERVICE_STATS};
+use super::stats::RatelimitStats;
 use crate::reload::ActiveRules;
 
-/// Serves the series on `path` until `stop`.
+/// Serves the series on `path`, named by `mapper`, until `stop`.
 pub async fn metrics(
     listener: TcpListener,
     path: String,
     stats: Arc<RatelimitStats>,
+    mapper: Arc<Mapper>,
     stop: CancellationToken,
 ) -> std::io::Result<()> {
     let router = Router::new()
         .route(
             &path,
-            get(|State(stats): State<Arc<RatelimitStats>>| async move {
-                (
-                    [(header::CONTENT_TYPE, prometheus::CONTENT_TYPE)],
-                    prometheus::render(&stats),
-                )
-                    .into_response()
-            }),
+            get(
+                |State((stats, mapper)): State<(Arc<RatelimitStats>, Arc<Mapper>)>| async move {
+                    (
+                        [(header::CONTENT_TYPE, prometheus::CONTENT_TYPE)],
+                        prometheus::render(&stats, &mapper),
+                    )
+                        .into_response()
+                },
+            ),
         )
-        .with_state(stats);
+        .with_state((stats, mapper));
     axum::serve(listener, router)
         .with_graceful_shutdown(stop.cancelled_owned())
         .await
@@ -78,13 +82,12 @@ fn stats_text(stats: Option<&RatelimitStats>) -> String {
         return String::new();
     };
     let mut out = String::new();
-    for (name, n) in SERVICE_STATS.iter().zip(stats.service()) {
+    for (name, n) in stats.counters() {
         out.push_str(&format!("{name}: {n}\n"));
     }
-    for (key, counts) in stats.rules() {
-        for (stat, n) in RULE_STATS.iter().zip(counts) {
-            out.push_str(&format!("ratelimit.service.rate_limit.{key}.{stat}: {n}\n"));
-        }
-    }
+    out.push_str(&format!(
+        "sluice.statsd.dropped_lines: {}\n",
+        stats.statsd_dropped()
+    ));
     out
 }

@@ -1,7 +1,9 @@
 //! envoyproxy/ratelimit's stats, counted under its names: per rule
-//! `ratelimit.service.rate_limit.<domain>.<rule>.{total_hits,over_limit,near_limit,within_limit,shadow_mode}`,
-//! and the service's `ratelimit.service.config_load_{success,error}`,
+//! `ratelimit.service.rate_limit.<domain>.<rule>.{total_hits,over_limit,near_limit,within_limit,shadow_mode,over_limit_with_local_cache}`,
+//! per unknown domain `ratelimit.service.rate_limit.<domain>.domain_not_found`, and the
+//! service's `ratelimit.service.config_load_{success,error}`,
 //! `ratelimit.service.call.should_rate_limit.{redis_error,service_error}`,
+//! `ratelimit.service.global_shadow_mode`,
 //! `ratelimit_server.ShouldRateLimit.{total_requests,response_time}`.
 //!
 //! `<domain>.<rule>` is the stats key: the domain and sluice's `rule` label (the same path
@@ -10,7 +12,9 @@
 //! its sanitizing: `:` and `|` become `_`, and so do the dots of anything shaped like an IPv4
 //! address. The counts are sluice's (the same as `sluice_rule_*_total`). Keys built from
 //! request values are capped by `metrics.max_value_label_sets`, as sluice's own labels: past
-//! the cap they count under `<domain>.__other__`.
+//! the cap they count under `<domain>.__other__`. Unknown domains, sent by clients, are
+//! capped the same way: past `metrics.max_value_label_sets` distinct ones, their
+//! `domain_not_found` counts under `__other__.domain_not_found`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,12 +28,13 @@ use crate::metrics::rules::{OTHER, rule_label, value_segments};
 use crate::reload::Reloaded;
 
 /// The per-rule stats, in this order.
-pub const RULE_STATS: [&str; 5] = [
+pub const RULE_STATS: [&str; 6] = [
     "total_hits",
     "over_limit",
     "near_limit",
     "within_limit",
     "shadow_mode",
+    "over_limit_with_local_cache",
 ];
 
 const HITS: usize = 0;
@@ -37,14 +42,16 @@ const OVER: usize = 1;
 const NEAR: usize = 2;
 const WITHIN: usize = 3;
 const SHADOW: usize = 4;
+const LOCAL_CACHE: usize = 5;
 
 /// The service-level counters, in this order, with their statsd names.
-pub const SERVICE_STATS: [&str; 5] = [
+pub const SERVICE_STATS: [&str; 6] = [
     "ratelimit.service.config_load_success",
     "ratelimit.service.config_load_error",
     "ratelimit.service.call.should_rate_limit.redis_error",
     "ratelimit.service.call.should_rate_limit.service_error",
     "ratelimit_server.ShouldRateLimit.total_requests",
+    "ratelimit.service.global_shadow_mode",
 ];
 
 const LOAD_SUCCESS: usize = 0;
@@ -52,6 +59,13 @@ const LOAD_ERROR: usize = 1;
 const REDIS_ERROR: usize = 2;
 const SERVICE_ERROR: usize = 3;
 const TOTAL_REQUESTS: usize = 4;
+const GLOBAL_SHADOW: usize = 5;
+
+/// The name of the response-time timer.
+pub const RESPONSE_TIME: &str = "ratelimit_server.ShouldRateLimit.response_time";
+
+/// The stats key of the unknown domains past the cap.
+const OTHER_DOMAINS: &str = OTHER;
 
 /// The upper bounds of the response-time histogram (seconds), statsd_exporter's defaults.
 pub const LATENCY_BUCKETS: [f64; 11] = [
@@ -64,7 +78,7 @@ const MAX_SAMPLES: usize = 1000;
 /// The counters of one stats key.
 #[derive(Debug, Default)]
 pub struct RuleStat {
-    pub counts: [AtomicU64; 5],
+    pub counts: [AtomicU64; 6],
 }
 
 /// The response-time histogram, and the samples not yet sent to statsd.
@@ -84,8 +98,12 @@ pub struct RatelimitStats {
     max_value_keys: usize,
     value_keys: AtomicUsize,
     rules: RwLock<HashMap<String, Arc<RuleStat>>>,
-    service: [AtomicU64; 5],
+    /// `domain_not_found` per domain as the client sent it (sanitized when read).
+    unknown_domains: RwLock<HashMap<String, AtomicU64>>,
+    service: [AtomicU64; 6],
     latency: Mutex<Latency>,
+    /// statsd lines dropped because the TCP buffer was full.
+    statsd_dropped: AtomicU64,
 }
 
 impl RatelimitStats {
@@ -96,8 +114,10 @@ impl RatelimitStats {
             max_value_keys,
             value_keys: AtomicUsize::new(0),
             rules: RwLock::new(HashMap::new()),
+            unknown_domains: RwLock::new(HashMap::new()),
             service: Default::default(),
             latency: Mutex::new(Latency::default()),
+            statsd_dropped: AtomicU64::new(0),
         }
     }
 
@@ -111,9 +131,9 @@ impl RatelimitStats {
     }
 
     /// Every stats key and its counters, sorted by key.
-    pub fn rules(&self) -> Vec<(String, [u64; 5])> {
+    pub fn rules(&self) -> Vec<(String, [u64; 6])> {
         let rules = self.rules.read();
-        let mut all: Vec<(String, [u64; 5])> = rules
+        let mut all: Vec<(String, [u64; 6])> = rules
             .iter()
             .map(|(k, s)| {
                 (
@@ -127,8 +147,55 @@ impl RatelimitStats {
     }
 
     /// The service counters, in the order of [`SERVICE_STATS`].
-    pub fn service(&self) -> [u64; 5] {
+    pub fn service(&self) -> [u64; 6] {
         self.service.each_ref().map(|c| c.load(Ordering::Relaxed))
+    }
+
+    /// `domain_not_found` per sanitized domain (`__other__` past the cap), sorted.
+    pub fn unknown_domains(&self) -> Vec<(String, u64)> {
+        let mut merged: HashMap<String, u64> = HashMap::new();
+        for (domain, n) in self.unknown_domains.read().iter() {
+            let key = if domain == OTHER_DOMAINS {
+                domain.clone()
+            } else {
+                sanitize(domain)
+            };
+            *merged.entry(key).or_default() += n.load(Ordering::Relaxed);
+        }
+        let mut all: Vec<(String, u64)> = merged.into_iter().collect();
+        all.sort();
+        all
+    }
+
+    /// Every counter under its statsd name, with its total: the rules' stats (all six, once
+    /// the stats key exists), `domain_not_found` per unknown domain, the service's.
+    pub fn counters(&self) -> Vec<(String, u64)> {
+        let mut out = Vec::new();
+        for (key, counts) in self.rules() {
+            for (stat, n) in RULE_STATS.iter().zip(counts) {
+                out.push((format!("ratelimit.service.rate_limit.{key}.{stat}"), n));
+            }
+        }
+        for (domain, n) in self.unknown_domains() {
+            out.push((
+                format!("ratelimit.service.rate_limit.{domain}.domain_not_found"),
+                n,
+            ));
+        }
+        for (name, n) in SERVICE_STATS.iter().zip(self.service()) {
+            out.push(((*name).to_owned(), n));
+        }
+        out
+    }
+
+    /// Counts statsd lines that could not be sent (TCP buffer full).
+    pub fn count_statsd_dropped(&self, lines: u64) {
+        self.statsd_dropped.fetch_add(lines, Ordering::Relaxed);
+    }
+
+    /// statsd lines dropped so far.
+    pub fn statsd_dropped(&self) -> u64 {
+        self.statsd_dropped.load(Ordering::Relaxed)
     }
 
     /// The response-time histogram (buckets, sum, count).
@@ -163,6 +230,34 @@ impl RatelimitStats {
 }
 
 impl Observer for RatelimitStats {
+    /// Counts the descriptors of a request for a domain the rules do not have (no
+    /// allocation once the domain was seen).
+    fn unknown_domain(&self, domain: &str, descriptors: usize) {
+        let n = descriptors as u64;
+        if let Some(c) = self.unknown_domains.read().get(domain) {
+            c.fetch_add(n, Ordering::Relaxed);
+            return;
+        }
+        let mut domains = self.unknown_domains.write();
+        // One slot is kept for the overflow key.
+        let key = if domains.contains_key(domain)
+            || domains.len() < self.max_value_keys + usize::from(domains.contains_key(OTHER))
+        {
+            domain
+        } else {
+            OTHER_DOMAINS
+        };
+        domains
+            .entry(key.to_owned())
+            .or_default()
+            .fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Counts a request let through by the global shadow mode.
+    fn global_shadow(&self) {
+        self.service[GLOBAL_SHADOW].fetch_add(1, Ordering::Relaxed);
+    }
+
     fn descriptor(&self, r: &DescriptorReport<'_>) {
         let (rule, from_values) = match r.matched {
             Some(m) => rule_label(m, r.entries),
@@ -176,7 +271,12 @@ impl Observer for RatelimitStats {
         add(HITS, r.cost);
         if r.over {
             add(OVER, r.cost);
-            if r.shadow {
+            if r.local_cache {
+                add(LOCAL_CACHE, r.cost);
+            }
+            // As envoyproxy/ratelimit: only a rule in shadow mode counts here, not the
+            // global shadow mode (which counts `global_shadow_mode` per request).
+            if r.rule_shadow {
                 add(SHADOW, r.cost);
             }
             return;
@@ -286,10 +386,12 @@ mod tests {
 
     use super::*;
     use crate::config::rules::from_sources;
-    use crate::engine::{Engine, Options};
+    use futures_util::FutureExt as _;
+
+    use crate::engine::{Descriptor, Engine, Options, Request};
     use crate::limiter::MemoryLimiter;
     use crate::metrics::rules::tests::ask;
-    use crate::rules::RuleSet;
+    use crate::rules::{Entry, RuleSet};
 
     #[test]
     fn keys_from_request_values_are_capped_as_sluices_labels() {
@@ -309,14 +411,134 @@ mod tests {
         for ip in ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"] {
             ask(&engine, "ip", ip);
         }
-        let rules: HashMap<String, [u64; 5]> = stats.rules().into_iter().collect();
-        // total_hits, over_limit, near_limit, within_limit, shadow_mode
-        assert_eq!(rules["d.user"], [3, 1, 1, 2, 0]);
-        assert_eq!(rules["d.ip_10_0_0_1"], [1, 0, 0, 1, 0]);
-        assert_eq!(rules["d.ip_10_0_0_2"], [1, 0, 0, 1, 0]);
-        assert_eq!(rules["d.__other__"], [2, 0, 0, 2, 0]);
+        let rules: HashMap<String, [u64; 6]> = stats.rules().into_iter().collect();
+        // total_hits, over_limit, near_limit, within_limit, shadow_mode, local cache
+        assert_eq!(rules["d.user"], [3, 1, 1, 2, 0, 0]);
+        assert_eq!(rules["d.ip_10_0_0_1"], [1, 0, 0, 1, 0, 0]);
+        assert_eq!(rules["d.ip_10_0_0_2"], [1, 0, 0, 1, 0, 0]);
+        assert_eq!(rules["d.__other__"], [2, 0, 0, 2, 0, 0]);
         assert_eq!(rules.len(), 4);
         assert_eq!(stats.service()[4], 7, "total_requests");
+    }
+
+    fn one_rule(stats: &Arc<RatelimitStats>, shadow_mode: bool) -> Engine {
+        let rules = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+        let model = from_sources(&[(PathBuf::from("r.yaml"), rules.to_owned())]).unwrap();
+        Engine::new(
+            Arc::new(ArcSwap::from_pointee(RuleSet::compile(model))),
+            Arc::new(MemoryLimiter::new(1000)),
+            Options {
+                shadow_mode,
+                ..Options::default()
+            },
+        )
+        .with_observer(stats.clone())
+    }
+
+    fn request(domain: &str, descriptors: usize) -> Request {
+        Request {
+            domain: domain.to_owned(),
+            descriptors: vec![
+                Descriptor {
+                    entries: vec![Entry::new("user", "a")],
+                    ..Default::default()
+                };
+                descriptors
+            ],
+            hits_addend: 0,
+        }
+    }
+
+    fn counter(stats: &RatelimitStats, name: &str) -> Option<u64> {
+        stats
+            .counters()
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v)
+    }
+
+    #[test]
+    fn unknown_domains_count_per_descriptor_capped_and_sanitized() {
+        let stats = Arc::new(RatelimitStats::new(0.8, 2));
+        let engine = one_rule(&stats, false);
+        for (domain, descriptors) in [("a:1", 2), ("b", 1), ("a:1", 1), ("c", 3), ("e", 1)] {
+            let answer = engine
+                .should_rate_limit(&request(domain, descriptors))
+                .now_or_never();
+            assert!(matches!(answer, Some(Ok(_))));
+        }
+        let not_found = |d: &str| {
+            counter(
+                &stats,
+                &format!("ratelimit.service.rate_limit.{d}.domain_not_found"),
+            )
+        };
+        assert_eq!(not_found("a_1"), Some(3), "{:?}", stats.counters());
+        assert_eq!(not_found("b"), Some(1));
+        assert_eq!(
+            not_found("__other__"),
+            Some(4),
+            "c and e, past the cap of 2"
+        );
+        assert_eq!(not_found("c"), None);
+        // A known domain is not counted.
+        let answer = engine.should_rate_limit(&request("d", 1)).now_or_never();
+        assert!(matches!(answer, Some(Ok(_))));
+        assert_eq!(stats.unknown_domains().len(), 3);
+    }
+
+    #[test]
+    fn global_shadow_mode_counts_requests_it_let_through() {
+        let stats = Arc::new(RatelimitStats::new(0.8, 10));
+        let engine = one_rule(&stats, true);
+        for _ in 0..3 {
+            let answer = engine.should_rate_limit(&request("d", 1)).now_or_never();
+            assert!(matches!(answer, Some(Ok(r)) if r.overall_code == crate::engine::Code::Ok));
+        }
+        assert_eq!(
+            counter(&stats, "ratelimit.service.global_shadow_mode"),
+            Some(2),
+            "the first request was within the limit"
+        );
+        let rules: HashMap<String, [u64; 6]> = stats.rules().into_iter().collect();
+        assert_eq!(
+            rules["d.user"],
+            [3, 2, 1, 1, 0, 0],
+            "over the limit, not the rule's shadow_mode"
+        );
+        let off = Arc::new(RatelimitStats::new(0.8, 10));
+        let plain = one_rule(&off, false);
+        for _ in 0..3 {
+            let _ = plain.should_rate_limit(&request("d", 1)).now_or_never();
+        }
+        assert_eq!(
+            counter(&off, "ratelimit.service.global_shadow_mode"),
+            Some(0)
+        );
+    }
+
+    #[test]
+    fn a_local_cache_denial_counts_in_over_limit_too() {
+        let stats = RatelimitStats::new(0.8, 10);
+        let entries = [Entry::new("user", "a")];
+        let mut report = DescriptorReport {
+            domain: "d",
+            entries: &entries,
+            matched: None,
+            cost: 2,
+            refund: false,
+            over: true,
+            shadow: false,
+            rule_shadow: false,
+            capacity: 1,
+            remaining: 0,
+            local_cache: true,
+        };
+        stats.descriptor(&report);
+        report.local_cache = false;
+        stats.descriptor(&report);
+        let rules: HashMap<String, [u64; 6]> = stats.rules().into_iter().collect();
+        assert_eq!(rules["d.user_a"], [4, 4, 0, 0, 0, 2]);
     }
 
     #[test]

@@ -1,9 +1,16 @@
 //! The statsd sink: every `statsd.flush_interval_ms`, the counters that moved since the last
 //! flush are sent as `name:delta|c` lines, and the response times observed as
-//! `ratelimit_server.ShouldRateLimit.response_time:<ms>|ms` lines, over UDP in datagrams of at
-//! most 1432 bytes. Tags (`statsd.tags`) go in the name as `.__k=v` (plain statsd, as
-//! envoyproxy/ratelimit's statsd library writes them) or after `|#` (DogStatsD). A send that
-//! fails is logged (once per flush) and its counts are not sent again.
+//! `ratelimit_server.ShouldRateLimit.response_time:<ms>|ms` lines. Tags (`statsd.tags`) go in
+//! the name as `.__k=v` (plain statsd, as envoyproxy/ratelimit's statsd library writes them)
+//! or after `|#` (DogStatsD).
+//!
+//! Over UDP (`statsd.protocol = udp`, the default), lines go in datagrams of at most 1432
+//! bytes; a send that fails is logged and its counts are not sent again. Over TCP ([`tcp`]),
+//! one connection carries newline-terminated lines, reconnected with backoff; lines wait in
+//! a bounded buffer while it is down. Either way the request path only bumps counters: all
+//! sending happens in this task.
+
+mod tcp;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,17 +19,56 @@ use std::time::Duration;
 use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
 
-use super::stats::{RULE_STATS, RatelimitStats, SERVICE_STATS};
-use crate::config::settings::StatsdSettings;
+use super::stats::{RESPONSE_TIME, RatelimitStats};
+use crate::config::settings::{StatsdProtocol, StatsdSettings};
 
 /// The largest datagram sent (fits an Ethernet MTU with room for headers).
 const DATAGRAM: usize = 1432;
 
-/// What was sent already, to send deltas.
-#[derive(Default)]
-struct Sent {
-    rules: HashMap<String, [u64; 5]>,
-    service: [u64; 5],
+/// What was sent already, by statsd name, to send deltas.
+type Sent = HashMap<String, u64>;
+
+/// Where lines go.
+enum Sink {
+    Udp { socket: UdpSocket, target: String },
+    Tcp(tcp::TcpSender),
+}
+
+impl Sink {
+    async fn new(settings: &StatsdSettings) -> std::io::Result<Sink> {
+        let target = settings.address.trim().to_owned();
+        Ok(match settings.protocol {
+            StatsdProtocol::Udp => Sink::Udp {
+                socket: UdpSocket::bind(("0.0.0.0", 0)).await?,
+                target,
+            },
+            StatsdProtocol::Tcp => Sink::Tcp(tcp::TcpSender::new(target)),
+        })
+    }
+
+    async fn send(&mut self, lines: &[String], stats: &RatelimitStats) {
+        match self {
+            Sink::Udp { socket, target } => {
+                for datagram in pack(lines) {
+                    if let Err(e) = socket.send_to(datagram.as_bytes(), target.as_str()).await {
+                        tracing::warn!(target = %target, "statsd: cannot send: {e}");
+                        break;
+                    }
+                }
+            }
+            Sink::Tcp(sender) => {
+                let dropped = sender.send(lines).await;
+                if dropped > 0 {
+                    stats.count_statsd_dropped(dropped);
+                    tracing::warn!(
+                        dropped,
+                        total = stats.statsd_dropped(),
+                        "statsd: lines dropped, the TCP buffer is full while the connection is down"
+                    );
+                }
+            }
+        }
+    }
 }
 
 /// Sends the stats until `stop` (and once more then).
@@ -31,8 +77,7 @@ pub async fn run(
     settings: StatsdSettings,
     stop: CancellationToken,
 ) -> std::io::Result<()> {
-    let socket = UdpSocket::bind(("0.0.0.0", 0)).await?;
-    let target = settings.address.trim().to_owned();
+    let mut sink = Sink::new(&settings).await?;
     let suffix = Suffix::new(&settings);
     let mut sent = Sent::default();
     let mut tick = tokio::time::interval(Duration::from_millis(settings.flush_interval_ms.max(1)));
@@ -44,12 +89,7 @@ pub async fn run(
             _ = tick.tick() => false,
         };
         let lines = lines(&stats, &mut sent, &suffix);
-        for datagram in pack(&lines) {
-            if let Err(e) = socket.send_to(datagram.as_bytes(), target.as_str()).await {
-                tracing::warn!(target = %target, "statsd: cannot send: {e}");
-                break;
-            }
-        }
+        sink.send(&lines, &stats).await;
         if stopping {
             return Ok(());
         }
@@ -96,30 +136,17 @@ impl Suffix {
 /// The lines of one flush: counters that moved, then the response times.
 fn lines(stats: &RatelimitStats, sent: &mut Sent, suffix: &Suffix) -> Vec<String> {
     let mut out = Vec::new();
-    for (key, counts) in stats.rules() {
-        let before = sent.rules.entry(key.clone()).or_default();
-        for (i, stat) in RULE_STATS.iter().enumerate() {
-            let delta = counts[i].saturating_sub(before[i]);
-            if delta > 0 {
-                out.push(
-                    suffix.counter(&format!("ratelimit.service.rate_limit.{key}.{stat}"), delta),
-                );
-            }
-        }
-        *before = counts;
-    }
-    let service = stats.service();
-    for (i, name) in SERVICE_STATS.iter().enumerate() {
-        let delta = service[i].saturating_sub(sent.service[i]);
+    for (name, total) in stats.counters() {
+        let delta = total.saturating_sub(sent.get(&name).copied().unwrap_or(0));
         if delta > 0 {
-            out.push(suffix.counter(name, delta));
+            out.push(suffix.counter(&name, delta));
+            sent.insert(name, total);
         }
     }
-    sent.service = service;
     for t in stats.take_samples() {
         let ms = t.as_secs_f64() * 1000.0;
         out.push(format!(
-            "ratelimit_server.ShouldRateLimit.response_time{}:{ms:.3}|ms{}",
+            "{RESPONSE_TIME}{}:{ms:.3}|ms{}",
             suffix.name, suffix.line
         ));
     }

@@ -21,7 +21,7 @@ mod redis;
 mod rlqs;
 mod xds;
 pub use admin::AdminSettings;
-pub use dropin::{DebugSettings, RatelimitMetricsSettings, StatsdSettings};
+pub use dropin::{DebugSettings, RatelimitMetricsSettings, StatsdProtocol, StatsdSettings};
 pub use input::InputSettings;
 pub use ops::{MetricsSettings, ReloadSettings, TlsSettings};
 use redis::check_userinfo;

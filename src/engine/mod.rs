@@ -186,8 +186,11 @@ impl Engine {
         validate(request, &self.options.input)?;
         let rules = self.rules.load_full();
         let domain = rules.domain(&request.domain);
-        if domain.is_some() {
-            check_overrides(request, rules.default_algorithm())?;
+        match domain {
+            Some(_) => check_overrides(request, rules.default_algorithm())?,
+            None => self
+                .observer
+                .unknown_domain(&request.domain, request.descriptors.len()),
         }
         let modes = plan::Modes {
             override_algorithm: rules.default_algorithm(),

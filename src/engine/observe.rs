@@ -14,6 +14,14 @@ pub trait Observer: Send + Sync + 'static {
     /// unlimited or replaced descriptors), after the request was decided.
     fn descriptor(&self, _report: &DescriptorReport<'_>) {}
 
+    /// A valid request for a domain the rules do not have, with its number of descriptors
+    /// (each answered OK without a limit).
+    fn unknown_domain(&self, _domain: &str, _descriptors: usize) {}
+
+    /// A request whose overall answer was OVER_LIMIT and that the global shadow mode turned
+    /// into OK (once per request, after its descriptors were reported).
+    fn global_shadow(&self) {}
+
     /// One call per request, with its result and how long the engine took.
     fn request(&self, _result: RequestResult<'_>, _elapsed: Duration) {}
 }
@@ -40,11 +48,16 @@ pub struct DescriptorReport<'a> {
     pub over: bool,
     /// A denial here does not block the request: the rule's or the global shadow mode.
     pub shadow: bool,
+    /// The rule itself is in shadow mode (`shadow_mode: true`), not only the global mode.
+    pub rule_shadow: bool,
     /// The capacity (burst) of the limit reported: the one that denied, else the one with
     /// least left.
     pub capacity: u64,
     /// What is left of that limit after this request.
     pub remaining: u64,
+    /// That limit's answer came from the limiter's local copy of an earlier denial (the
+    /// Redis deny cache), without asking the backend.
+    pub local_cache: bool,
 }
 
 /// How a request ended.
@@ -69,7 +82,8 @@ impl RequestResult<'_> {
     }
 }
 
-/// Reports every limited descriptor of a decided request.
+/// Reports every limited descriptor of a decided request, then whether the global shadow
+/// mode let an over-limit request through.
 pub(super) fn report(
     observer: &dyn Observer,
     request: &Request,
@@ -92,8 +106,13 @@ pub(super) fn report(
             refund: d.refund,
             over: !hit.admitted,
             shadow: *role == Role::Shadow || options.shadow_mode,
+            rule_shadow: *role == Role::Shadow,
             capacity: u64::from(rule.burst),
             remaining: hit.remaining,
+            local_cache: hit.from_local_cache,
         });
+    }
+    if !outcome.admitted && options.shadow_mode {
+        observer.global_shadow();
     }
 }

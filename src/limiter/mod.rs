@@ -88,6 +88,9 @@ pub struct HitOutcome {
     /// Nanoseconds: when admitted, until the full quota is back; when not, until this hit
     /// would be admitted.
     pub reset_nanos: u64,
+    /// Answered from a local copy of an earlier denial (the Redis deny cache), without
+    /// asking the backend.
+    pub from_local_cache: bool,
 }
 
 /// The answer of a backend for one batch.

@@ -200,8 +200,10 @@ mod tests {
             refund: false,
             over,
             shadow: false,
+            rule_shadow: false,
             capacity,
             remaining,
+            local_cache: false,
         })
     }
 

@@ -392,8 +392,10 @@ mod tests {
             refund: false,
             over: true,
             shadow: false,
+            rule_shadow: false,
             capacity: 1,
             remaining: 0,
+            local_cache: false,
         });
     }
 

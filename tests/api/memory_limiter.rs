@@ -196,6 +196,7 @@ fn a_refund_is_applied_only_when_its_descriptor_is() {
         admitted: true,
         remaining: 1,
         reset_nanos: 4 * SEC / 5,
+        from_local_cache: false,
     };
     assert_eq!(o.hits[0], kept);
 }

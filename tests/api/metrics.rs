@@ -152,8 +152,10 @@ fn every_family() -> Vec<String> {
             refund: false,
             over,
             shadow: over,
+            rule_shadow: over,
             capacity: 1,
             remaining: 0,
+            local_cache: false,
         });
     }
     let down = LimiterError {

@@ -7,7 +7,10 @@
 //!   (rules files under RUNTIME_ROOT, Redis): each starts with the intended settings (ports,
 //!   TLS, rules source, metrics) and a real Envoy gets correct answers through it;
 //! - every metric name Envoy Gateway's Grafana dashboard queries is in its `/metrics`;
-//! - the statsd sink sends envoyproxy/ratelimit's stat names to a UDP listener here;
+//! - the statsd sink sends envoyproxy/ratelimit's stat names to a TCP server here (which
+//!   restarts: sluice reconnects), and with DogStatsD to a UDP one;
+//! - a mapping file (PROMETHEUS_MAPPER_YAML) names the Prometheus series, and one sluice
+//!   cannot honour stops the start;
 //! - a variable sluice cannot honour stops the start with exit 64, naming it.
 //!
 //! Needs `redis-server` and `.venv/bin/envoy`; a missing one FAILS with the set-up command.
@@ -464,9 +467,15 @@ async fn envoy_gateway_env_starts_as_intended_and_envoy_gets_answers() {
             ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", key_file),
             ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", ca_file.clone()),
             ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+            // Envoy Gateway mounts its statsd-exporter mapping there; sluice's built-in
+            // mapping is that naming.
             (
                 "PROMETHEUS_MAPPER_YAML",
-                dir.path().join("absent.yaml").display().to_string(),
+                write(
+                    dir.path(),
+                    "conf.yaml",
+                    sluice::compat::mapper::DEFAULT_YAML,
+                ),
             ),
         ],
         &ports,
@@ -626,30 +635,156 @@ async fn istio_sample_env_starts_as_intended_and_envoy_gets_answers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn statsd_lines_carry_envoyproxy_ratelimits_names() {
+async fn statsd_lines_carry_envoyproxy_ratelimits_names_over_tcp() {
     statsd_lines(false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dogstatsd_lines_carry_the_same_names_and_tags() {
+async fn dogstatsd_lines_carry_the_same_names_and_tags_over_udp() {
     statsd_lines(true).await;
 }
 
-/// The stats of a few requests, as statsd (tags in the name) or DogStatsD (`|#` tags) lines.
+/// Lines received by a statsd server here: over UDP (datagrams), or over TCP (every
+/// connection accepted; dropping it closes the listener and the connections).
+struct StatsdServer {
+    lines: mpsc::UnboundedReceiver<String>,
+    port: u16,
+    _tasks: tokio::task::JoinSet<()>,
+}
+
+impl StatsdServer {
+    async fn udp() -> StatsdServer {
+        let udp = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let port = udp.local_addr().unwrap().port();
+        let (tx, lines) = mpsc::unbounded_channel();
+        let mut tasks = tokio::task::JoinSet::new();
+        tasks.spawn(async move {
+            let mut buf = vec![0u8; 65536];
+            while let Ok(n) = udp.recv(&mut buf).await {
+                for line in String::from_utf8_lossy(&buf[..n]).lines() {
+                    let _ = tx.send(line.to_owned());
+                }
+            }
+        });
+        StatsdServer {
+            lines,
+            port,
+            _tasks: tasks,
+        }
+    }
+
+    /// A TCP server on `port` (0: any free one).
+    async fn tcp(port: u16) -> StatsdServer {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_reuseaddr(true).unwrap();
+        socket.bind(loopback(port)).unwrap();
+        let listener = socket.listen(16).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (tx, lines) = mpsc::unbounded_channel();
+        let mut tasks = tokio::task::JoinSet::new();
+        tasks.spawn(async move {
+            let mut readers = tokio::task::JoinSet::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                let tx = tx.clone();
+                readers.spawn(async move {
+                    use tokio::io::AsyncBufReadExt as _;
+                    let mut lines = tokio::io::BufReader::new(conn).lines();
+                    while let Ok(Some(line)) = lines.next_line().await {
+                        let _ = tx.send(line);
+                    }
+                });
+            }
+        });
+        StatsdServer {
+            lines,
+            port,
+            _tasks: tasks,
+        }
+    }
+
+    /// Sums counters (tag taken off) until every `want` total is reached and `timers`
+    /// response times arrived; returns the totals.
+    async fn until(
+        &mut self,
+        want: &[(String, u64)],
+        timers: usize,
+        dog: bool,
+    ) -> HashMap<String, u64> {
+        let mut totals: HashMap<String, u64> = HashMap::new();
+        let mut seen_timers = 0;
+        let deadline = Instant::now() + WITHIN;
+        while !want
+            .iter()
+            .all(|(n, v)| totals.get(n).copied().unwrap_or(0) >= *v)
+            || seen_timers < timers
+        {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Ok(Some(line)) = tokio::time::timeout(left, self.lines.recv()).await else {
+                panic!("statsd lines missing; want {want:?}, got {totals:?}, {seen_timers} timers");
+            };
+            // Every line carries the tag, in the name or after `|#`.
+            let line = if dog {
+                line.strip_suffix("|#env:test")
+                    .unwrap_or_else(|| panic!("no DogStatsD tag: {line}"))
+                    .to_owned()
+            } else {
+                assert!(line.contains(".__env=test:"), "no tag in the name: {line}");
+                line.replacen(".__env=test", "", 1)
+            };
+            let Some((name, rest)) = line.split_once(':') else {
+                panic!("not a statsd line: {line}");
+            };
+            if let Some(count) = rest.strip_suffix("|c") {
+                *totals.entry(name.to_owned()).or_default() += count.parse::<u64>().unwrap();
+            } else if rest.ends_with("|ms")
+                && name == "ratelimit_server.ShouldRateLimit.response_time"
+            {
+                seen_timers += 1;
+            } else {
+                panic!("unexpected statsd line {line}");
+            }
+        }
+        totals
+    }
+}
+
+/// A request of one descriptor per `(key, value)`.
+fn rls(domain: &str, entries: &[(&str, &str)]) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.into(),
+        descriptors: entries
+            .iter()
+            .map(|(k, v)| WireDescriptor {
+                entries: vec![Entry {
+                    key: (*k).into(),
+                    value: (*v).into(),
+                }],
+                ..Default::default()
+            })
+            .collect(),
+        hits_addend: 0,
+    }
+}
+
+/// The rules of the stats tests: 5 per minute for user alice, a shadow-mode rule on ip.
+const STATS_RULES: &str = "domain: rl\ndescriptors:\n  - key: user\n    value: alice\n    rate_limit: {unit: minute, requests_per_unit: 5}\n  \
+     - key: ip\n    rate_limit: {unit: minute, requests_per_unit: 1}\n    shadow_mode: true\n";
+
+/// The stats of a few requests, as statsd lines over TCP (tags in the name; with
+/// SHADOW_MODE, and the TCP server restarted midway) or DogStatsD lines over UDP (`|#` tags).
 async fn statsd_lines(dog: bool) {
     let dir = tempfile::tempdir().unwrap();
     let link = ratelimit_link(dir.path());
     let redis = RedisServer::start();
-    let udp = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let mut server = if dog {
+        StatsdServer::udp().await
+    } else {
+        StatsdServer::tcp(0).await
+    };
     let data = dir.path().join("data");
     let config = data.join("config");
     std::fs::create_dir_all(&config).unwrap();
-    write(
-        &config,
-        "rules.yaml",
-        "domain: rl\ndescriptors:\n  - key: user\n    value: alice\n    rate_limit: {unit: minute, requests_per_unit: 5}\n  \
-         - key: ip\n    rate_limit: {unit: minute, requests_per_unit: 1}\n    shadow_mode: true\n",
-    );
+    write(&config, "rules.yaml", STATS_RULES);
     let ports = Ports::new();
     let env = swap(
         &[
@@ -662,12 +797,13 @@ async fn statsd_lines(dog: bool) {
             ("STATSD_PORT", "8125"),
             ("STATS_FLUSH_INTERVAL", "100ms"),
             ("EXTRA_TAGS", "env:test"),
+            ("SHADOW_MODE", if dog { "false" } else { "true" }),
         ],
         &[
             ("RUNTIME_ROOT", data.display().to_string()),
             ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
             ("STATSD_HOST", "127.0.0.1".into()),
-            ("STATSD_PORT", udp.local_addr().unwrap().port().to_string()),
+            ("STATSD_PORT", server.port.to_string()),
         ],
         &ports,
     );
@@ -679,90 +815,229 @@ async fn statsd_lines(dog: bool) {
         .await
         .unwrap();
     let mut client = RateLimitServiceClient::new(channel);
-    let ask = |key: &str, value: &str| RateLimitRequest {
-        domain: "rl".into(),
-        descriptors: vec![WireDescriptor {
-            entries: vec![Entry {
-                key: key.into(),
-                value: value.into(),
-            }],
-            ..Default::default()
-        }],
-        hits_addend: 0,
-    };
-    for _ in 0..5 {
+    // Over TCP, with SHADOW_MODE: two more for alice, over the limit, let through by the
+    // global shadow mode; Redis denies the first, the deny cache answers the second.
+    let alice = if dog { 5 } else { 7 };
+    for _ in 0..alice {
         client
-            .should_rate_limit(ask("user", "alice"))
+            .should_rate_limit(rls("rl", &[("user", "alice")]))
             .await
             .unwrap();
     }
     for _ in 0..3 {
         client
-            .should_rate_limit(ask("ip", "10.0.0.1"))
+            .should_rate_limit(rls("rl", &[("ip", "10.0.0.1")]))
             .await
             .unwrap();
     }
+    client
+        .should_rate_limit(rls("nowhere", &[("a", "1"), ("b", "2")]))
+        .await
+        .unwrap();
     client
         .should_rate_limit(RateLimitRequest::default())
         .await
         .unwrap_err();
 
-    // Sum what arrives until every expected total is there.
-    let want: &[(&str, u64)] = &[
-        ("ratelimit.service.rate_limit.rl.user_alice.total_hits", 5),
-        ("ratelimit.service.rate_limit.rl.user_alice.within_limit", 5),
-        ("ratelimit.service.rate_limit.rl.user_alice.near_limit", 1),
-        ("ratelimit.service.rate_limit.rl.ip.total_hits", 3),
-        ("ratelimit.service.rate_limit.rl.ip.over_limit", 2),
-        ("ratelimit.service.rate_limit.rl.ip.within_limit", 1),
-        ("ratelimit.service.rate_limit.rl.ip.shadow_mode", 2),
-        ("ratelimit.service.call.should_rate_limit.service_error", 1),
-        ("ratelimit.service.config_load_success", 0),
-        ("ratelimit_server.ShouldRateLimit.total_requests", 9),
+    let over = alice - 5;
+    let rule = |stat: &str, n: u64| (format!("ratelimit.service.rate_limit.rl.{stat}"), n);
+    let want = vec![
+        rule("user_alice.total_hits", alice),
+        rule("user_alice.within_limit", 5),
+        rule("user_alice.near_limit", 1),
+        rule("user_alice.over_limit", over),
+        rule("user_alice.over_limit_with_local_cache", over / 2),
+        // The global shadow mode counts in global_shadow_mode, not in the rule's.
+        rule("user_alice.shadow_mode", 0),
+        rule("ip.total_hits", 3),
+        rule("ip.over_limit", 2),
+        rule("ip.within_limit", 1),
+        rule("ip.shadow_mode", 2),
+        (
+            "ratelimit.service.rate_limit.nowhere.domain_not_found".into(),
+            2,
+        ),
+        ("ratelimit.service.global_shadow_mode".into(), over),
+        (
+            "ratelimit.service.call.should_rate_limit.service_error".into(),
+            1,
+        ),
+        ("ratelimit.service.config_load_success".into(), 0),
+        (
+            "ratelimit_server.ShouldRateLimit.total_requests".into(),
+            alice + 5,
+        ),
     ];
-    let mut totals: HashMap<String, u64> = HashMap::new();
-    let mut timers = 0;
-    let deadline = Instant::now() + WITHIN;
-    let mut buf = vec![0u8; 65536];
-    while !want
-        .iter()
-        .all(|(n, v)| totals.get(*n).copied().unwrap_or(0) >= *v)
-        || timers < 9
-    {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let Ok(Ok(n)) = tokio::time::timeout(left, udp.recv(&mut buf)).await else {
-            panic!("statsd lines missing; got {totals:?}, {timers} timers");
-        };
-        for line in String::from_utf8_lossy(&buf[..n]).lines() {
-            // Every line carries the tag, in the name or after `|#`.
-            let line = if dog {
-                line.strip_suffix("|#env:test")
-                    .unwrap_or_else(|| panic!("no DogStatsD tag: {line}"))
-                    .to_owned()
-            } else {
-                assert!(line.contains(".__env=test:"), "no tag in the name: {line}");
-                line.replacen(".__env=test", "", 1)
-            };
-            if let Some((name, rest)) = line.split_once(':') {
-                if let Some(count) = rest.strip_suffix("|c") {
-                    *totals.entry(name.to_owned()).or_default() += count.parse::<u64>().unwrap();
-                } else if rest.ends_with("|ms")
-                    && name == "ratelimit_server.ShouldRateLimit.response_time"
-                {
-                    timers += 1;
-                } else {
-                    panic!("unexpected statsd line {line}");
-                }
-            }
-        }
-    }
-    for (name, value) in want {
+    let requests = usize::try_from(alice + 5).unwrap();
+    let totals = server.until(&want, requests, dog).await;
+    for (name, value) in &want {
         assert_eq!(
-            totals.get(*name).copied().unwrap_or(0),
+            totals.get(name).copied().unwrap_or(0),
             *value,
             "{name} in {totals:?}"
         );
     }
+    if dog {
+        return;
+    }
+    // The statsd server goes away and comes back on the same port: sluice reconnects and
+    // sends what was counted since.
+    let port = server.port;
+    drop(server);
+    let mut server = StatsdServer::tcp(port).await;
+    client
+        .should_rate_limit(rls("nowhere", &[("a", "1")]))
+        .await
+        .unwrap();
+    let again = [(
+        "ratelimit.service.rate_limit.nowhere.domain_not_found".to_owned(),
+        1,
+    )];
+    server.until(&again, 1, dog).await;
+}
+
+/// A mapping file of the operator's (PROMETHEUS_MAPPER_YAML) names the Prometheus series:
+/// renamed, relabelled, dropped; the stats no built-in name covers (unknown domains, the
+/// global shadow mode, the deny cache's answers with a real Redis) included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mapper_file_names_the_prometheus_series() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = ratelimit_link(dir.path());
+    let redis = RedisServer::start();
+    let data = dir.path().join("data");
+    let config = data.join("config");
+    std::fs::create_dir_all(&config).unwrap();
+    write(&config, "rules.yaml", STATS_RULES);
+    let mapper = write(
+        dir.path(),
+        "mapper.yaml",
+        "\
+mappings:
+  - match: ratelimit.service.rate_limit.*.*.*
+    name: rl_$3
+    help: per rule
+    labels: {domain: $1, rule: $2}
+  - match: ratelimit.service.rate_limit.*.domain_not_found
+    name: rl_domain_not_found
+    labels: {domain: $1}
+  - match: ratelimit.service.global_shadow_mode
+    name: rl_global_shadow
+  - match: ratelimit.service.config_load_*
+    action: drop
+  - match: 'ratelimit_server\\.(.*)\\.response_time'
+    match_type: regex
+    name: rl_latency_seconds
+    timer_type: histogram
+    ttl: 1m
+    labels: {method: $1}
+",
+    );
+    let ports = Ports::new();
+    let env = swap(
+        &[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "redis:6379"),
+            ("RUNTIME_ROOT", "/data"),
+            ("USE_STATSD", "false"),
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", ":19001"),
+            ("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml"),
+            ("SHADOW_MODE", "true"),
+        ],
+        &[
+            ("RUNTIME_ROOT", data.display().to_string()),
+            ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+            ("PROMETHEUS_MAPPER_YAML", mapper),
+        ],
+        &ports,
+    );
+    let _rl = Ratelimit::start(&link, &env);
+    healthy(&ports).await;
+    let channel = Channel::from_shared(format!("http://127.0.0.1:{}", ports.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = RateLimitServiceClient::new(channel);
+    for _ in 0..7 {
+        client
+            .should_rate_limit(rls("rl", &[("user", "alice")]))
+            .await
+            .unwrap();
+    }
+    client
+        .should_rate_limit(rls("nowhere", &[("a", "1"), ("b", "2")]))
+        .await
+        .unwrap();
+    let body = get(loopback(ports.prometheus), "/metrics").await.body;
+    let alice = "{domain=\"rl\",rule=\"user_alice\"}";
+    for want in [
+        "# HELP rl_total_hits per rule".to_owned(),
+        format!("rl_total_hits{alice} 7"),
+        format!("rl_within_limit{alice} 5"),
+        format!("rl_over_limit{alice} 2"),
+        format!("rl_over_limit_with_local_cache{alice} 1"),
+        "rl_domain_not_found{domain=\"nowhere\"} 2".to_owned(),
+        "rl_global_shadow 2".to_owned(),
+        "rl_latency_seconds_count{method=\"ShouldRateLimit\"} 8".to_owned(),
+        // Unmatched: the default name.
+        "ratelimit_server_ShouldRateLimit_total_requests 8".to_owned(),
+    ] {
+        assert!(
+            body.lines()
+                .any(|l| l == want || (want.starts_with('#') && l.starts_with(&want))),
+            "no `{want}` in:\n{body}"
+        );
+    }
+    assert!(!body.contains("config_load"), "dropped:\n{body}");
+    assert!(
+        !body.contains("ratelimit_service_rate_limit_total_hits"),
+        "the built-in names are replaced:\n{body}"
+    );
+}
+
+/// A mapping file that asks for what sluice cannot do stops the start (64), naming the
+/// file, the line and the key.
+#[test]
+fn a_mapper_file_sluice_cannot_honour_stops_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = ratelimit_link(dir.path());
+    let config = dir.path().join("config");
+    std::fs::create_dir_all(&config).unwrap();
+    write(&config, "rules.yaml", STATS_RULES);
+    for (text, want) in [
+        (
+            "mappings:\n  - match: a.*\n    name: a\n    buckets: [0.1, 1]\n",
+            "bad.yaml:4: mappings[0].buckets: not supported",
+        ),
+        ("mappings: [\n", "bad.yaml:"),
+    ] {
+        let file = write(dir.path(), "bad.yaml", text);
+        let out = Command::new(&link)
+            .env_clear()
+            .env("RUNTIME_ROOT", dir.path())
+            .env("USE_STATSD", "false")
+            .env("USE_PROMETHEUS", "true")
+            .env("PROMETHEUS_ADDR", "127.0.0.1:0")
+            .env("PROMETHEUS_MAPPER_YAML", &file)
+            .output()
+            .expect("run ratelimit");
+        assert_eq!(out.status.code(), Some(64), "{text}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("{}", dir.path().join(want).display())),
+            "{err}"
+        );
+    }
+    let out = Command::new(&link)
+        .env_clear()
+        .env("USE_STATSD", "false")
+        .env("USE_PROMETHEUS", "true")
+        .env("PROMETHEUS_MAPPER_YAML", dir.path().join("absent.yaml"))
+        .output()
+        .expect("run ratelimit");
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("absent.yaml"));
 }
 
 #[test]

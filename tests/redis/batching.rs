@@ -161,6 +161,7 @@ async fn deny_cache_differential(algorithms: &[Algorithm], seeds: u64) -> (u64, 
     let cached = RedisLimiter::with_clock(&with, 1, Arc::new(clock.clone())).expect("settings");
     let plain = RedisLimiter::with_clock(&without, 1, Arc::new(clock.clone())).expect("settings");
     let mut compared = 0;
+    let mut local = 0;
     for seed in 0..seeds {
         let mut rng = Rng::new(seed);
         let templates = dc_templates(&mut rng, seed, algorithms);
@@ -173,7 +174,16 @@ async fn deny_cache_differential(algorithms: &[Algorithm], seeds: u64) -> (u64, 
             clock.advance((jump + real + MARGIN) / 1_000 * 1_000);
             let batch = &templates[rng.below(templates.len() as u64) as usize];
             let want: BatchOutcome = plain.check(batch).await.expect("redis answers");
-            let got = cached.check(batch).await.expect("redis answers");
+            let mut got = cached.check(batch).await.expect("redis answers");
+            // The answers must agree; only where they came from may differ (the cache
+            // answers whole batches).
+            if got.hits.iter().any(|h| h.from_local_cache) {
+                assert!(got.hits.iter().all(|h| h.from_local_cache), "{got:?}");
+                local += 1;
+            }
+            for hit in &mut got.hits {
+                hit.from_local_cache = false;
+            }
             assert_eq!(got, want, "seed {seed}, step {step}, batch {batch:#?}");
             compared += 1;
         }
@@ -183,6 +193,7 @@ async fn deny_cache_differential(algorithms: &[Algorithm], seeds: u64) -> (u64, 
         .into_iter()
         .find(|(name, _)| *name == "deny_cache_hit")
         .map_or(0, |(_, n)| n);
+    assert_eq!(local, hits, "answers marked as the deny cache's");
     (compared, hits)
 }
 

@@ -1,7 +1,7 @@
 use std::path::PathBuf;
 
 use super::*;
-use crate::config::settings::{Backend, LogFormat};
+use crate::config::settings::{Backend, LogFormat, StatsdProtocol};
 use crate::testing::ratelimit_env::{ENVOY_GATEWAY, ISTIO};
 
 fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
@@ -39,12 +39,15 @@ fn envoy_gateway_env_gives_xds_tls_redis_and_its_prometheus_port() {
         Some("0.0.0.0:19001")
     );
     assert_eq!(s.ratelimit_metrics.path, "/metrics");
+    assert_eq!(
+        s.ratelimit_metrics.mapper_file,
+        Some(PathBuf::from("/etc/statsd-exporter/conf.yaml"))
+    );
     let ignored: Vec<&str> = t.ignored.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(
         ignored,
         [
             "GRPC_SERVER_TLS_CA_CERT",
-            "PROMETHEUS_MAPPER_YAML",
             "RUNTIME_IGNOREDOTFILES",
             "RUNTIME_WATCH_ROOT"
         ]
@@ -75,7 +78,24 @@ fn defaults_are_envoyproxy_ratelimits() {
     );
     assert_eq!(s.redis.url, "unix:///var/run/nutcracker/ratelimit.sock");
     assert_eq!(s.statsd.address, "localhost:8125");
+    assert_eq!(
+        s.statsd.protocol,
+        StatsdProtocol::Tcp,
+        "as envoyproxy/ratelimit"
+    );
     assert_eq!(s.log.level, "warn");
+    let dog = env(&[("USE_STATSD", "false"), ("USE_DOG_STATSD", "true")]);
+    assert_eq!(
+        settings(&dog).unwrap().0.statsd.protocol,
+        StatsdProtocol::Udp
+    );
+    let (_, t) = settings(&env(&[("PROMETHEUS_MAPPER_YAML", "/m.yaml")])).unwrap();
+    assert!(
+        t.ignored
+            .iter()
+            .any(|(n, why)| n == "PROMETHEUS_MAPPER_YAML" && why.contains("USE_PROMETHEUS is off")),
+        "{t:?}"
+    );
 }
 
 /// Variables, the `SLUICE_*` setting they give, and its value.

@@ -1,8 +1,9 @@
-//! The drop-in sections: `[statsd]` (envoyproxy/ratelimit's stat names over UDP),
+//! The drop-in sections: `[statsd]` (envoyproxy/ratelimit's stat names over UDP or TCP),
 //! `[ratelimit_metrics]` (its Prometheus series, named as Envoy Gateway's mapping renders
 //! them) and `[debug]` (a second HTTP listener for the admin endpoints, as its debug port).
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use serde::Deserialize;
 
@@ -10,8 +11,10 @@ use serde::Deserialize;
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct StatsdSettings {
-    /// `host:port` of a statsd server (UDP).
+    /// `host:port` of a statsd server.
     pub address: String,
+    /// `udp` (datagrams) or `tcp` (one connection, newline-terminated lines).
+    pub protocol: StatsdProtocol,
     /// DogStatsD tags (`|#k:v`) instead of plain statsd (tags in the name, `.__k=v`).
     pub dogstatsd: bool,
     /// Tags on every stat, `k1:v1,k2:v2`.
@@ -24,11 +27,21 @@ impl Default for StatsdSettings {
     fn default() -> Self {
         StatsdSettings {
             address: String::new(),
+            protocol: StatsdProtocol::Udp,
             dogstatsd: false,
             tags: String::new(),
             flush_interval_ms: 10_000,
         }
     }
+}
+
+/// How statsd lines travel.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum StatsdProtocol {
+    #[default]
+    Udp,
+    Tcp,
 }
 
 impl StatsdSettings {
@@ -50,6 +63,12 @@ impl StatsdSettings {
         if self.enabled() && self.flush_interval_ms == 0 {
             return Err("statsd.flush_interval_ms must be at least 1".to_owned());
         }
+        if self.dogstatsd && self.protocol == StatsdProtocol::Tcp {
+            return Err(
+                "statsd.protocol = tcp does not go with statsd.dogstatsd (DogStatsD agents listen on UDP)"
+                    .to_owned(),
+            );
+        }
         if let Some(bad) = self
             .tags
             .split(',')
@@ -70,6 +89,9 @@ pub struct RatelimitMetricsSettings {
     pub listen: Option<SocketAddr>,
     /// The path they are served on.
     pub path: String,
+    /// A statsd_exporter mapping file naming the series instead of the built-in mapping
+    /// (Envoy Gateway's); read at start, an invalid one stops it (exit 64).
+    pub mapper_file: Option<PathBuf>,
 }
 
 impl Default for RatelimitMetricsSettings {
@@ -77,6 +99,7 @@ impl Default for RatelimitMetricsSettings {
         RatelimitMetricsSettings {
             listen: None,
             path: "/metrics".to_owned(),
+            mapper_file: None,
         }
     }
 }

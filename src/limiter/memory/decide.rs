@@ -168,6 +168,7 @@ fn evaluate(
             admitted: false,
             remaining: 0,
             reset_nanos: algo.until_admitted(current, now, hit.cost),
+            from_local_cache: false,
         }));
         if later > 0 && (admitted || hit.limit.charge == Charge::Always) {
             let mut next = current.clone();
@@ -207,6 +208,7 @@ fn admitted_report(hit: &Hit, state: Option<&State>, now: u64) -> HitOutcome {
         admitted: true,
         remaining: algo.remaining(state, now),
         reset_nanos: algo.reset_after(state, now),
+        from_local_cache: false,
     }
 }
 

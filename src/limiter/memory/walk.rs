@@ -97,6 +97,7 @@ fn check_only(key: &[u8], limit: LimitParams, state: &State, now: u64) -> KeySta
             admitted: true,
             remaining: 0,
             reset_nanos: 0,
+            from_local_cache: false,
         });
     KeyState {
         admitted: hit.admitted,

@@ -31,6 +31,7 @@ const UNKNOWN: HitOutcome = HitOutcome {
     admitted: false,
     remaining: 0,
     reset_nanos: 0,
+    from_local_cache: false,
 };
 
 /// One slot's hits as their own script call, each hit decided on its own.

@@ -211,6 +211,7 @@ impl DenyCache {
                     admitted: false,
                     remaining: 0,
                     reset_nanos: until - now,
+                    from_local_cache: true,
                 })
             })
             .collect::<Option<Vec<_>>>()?;
@@ -304,6 +305,7 @@ mod tests {
             admitted: false,
             remaining: 0,
             reset_nanos: reset,
+            from_local_cache: false,
         }
     }
 
@@ -325,6 +327,7 @@ mod tests {
         cache.learn(&two, &all_denied(1, 1_000_000), 100);
         let answer = cache.answer(&two, 100).unwrap();
         assert!(!answer.admitted);
+        assert!(answer.hits[0].from_local_cache, "answered without Redis");
         assert_eq!(answer.hits[0].reset_nanos, 1_000_000);
         assert_eq!(
             cache.answer(&two, 600).unwrap().hits[0].reset_nanos,
@@ -359,6 +362,7 @@ mod tests {
                     admitted: true,
                     remaining: 0,
                     reset_nanos: 60,
+                    from_local_cache: false,
                 },
                 denied(60_000),
             ],
@@ -389,6 +393,7 @@ mod tests {
                 admitted: true,
                 remaining: 1,
                 reset_nanos: 0,
+                from_local_cache: false,
             }],
             admitted: true,
         };
@@ -418,6 +423,7 @@ mod tests {
                 admitted: true,
                 remaining: 98,
                 reset_nanos: 10,
+                from_local_cache: false,
             }],
             admitted: true,
         };

@@ -326,6 +326,7 @@ fn uniform(batch: &Batch, admitted: bool) -> BatchOutcome {
         admitted,
         remaining: 0,
         reset_nanos: if admitted { 0 } else { 1_000_000_000 },
+        from_local_cache: false,
     };
     let verdicts = vec![admitted; batch.hits.len()];
     BatchOutcome {

@@ -494,6 +494,7 @@ pub fn decode(reply: Value, call: &Call) -> Result<Vec<BatchOutcome>, RedisError
                     admitted: int(admitted)? == 1,
                     remaining: int(remaining)?,
                     reset_nanos: int(reset)?.saturating_mul(scale),
+                    from_local_cache: false,
                 });
             }
         }
@@ -850,7 +851,8 @@ mod tests {
             HitOutcome {
                 admitted: true,
                 remaining: 2,
-                reset_nanos: 3
+                reset_nanos: 3,
+                from_local_cache: false,
             }
         );
         assert!(decode(ints(&[1]), &call).is_err());

@@ -235,6 +235,7 @@ pub fn answer<P: Pure>(
         admitted,
         remaining: 0,
         reset_nanos: pure.retry_after(state, now, cost),
+        from_local_cache: false,
     });
     match (admitted || charge == Charge::Always, refund) {
         (false, _) => {}
@@ -245,6 +246,7 @@ pub fn answer<P: Pure>(
         admitted,
         remaining: pure.left(state, now),
         reset_nanos: pure.reset_after(state, now),
+        from_local_cache: false,
     })
 }
 
