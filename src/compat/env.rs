@@ -394,25 +394,10 @@ impl Reader<'_> {
             "REDIS_SENTINEL_AUTH",
             "sluice authenticates to the master only, not to the sentinels",
         )?;
-        self.refuse(
-            "REDIS_TLS_CACERT",
-            "sluice checks Redis's certificate against the system's CAs only",
-        )?;
-        self.refuse(
-            "REDIS_TLS_CLIENT_CERT",
-            "sluice presents no client certificate to Redis",
-        )?;
-        self.refuse(
-            "REDIS_TLS_CLIENT_KEY",
-            "sluice presents no client certificate to Redis",
-        )?;
-        self.refuse(
-            "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
-            "sluice always verifies Redis's certificate",
-        )?;
         self.set("LIMITER__BACKEND", "redis");
         let url = self.redis_url()?;
         self.set("REDIS__URL", url);
+        self.redis_tls()?;
         if let Some(ms) = self.duration_ms("REDIS_TIMEOUT")? {
             self.set("REDIS__CONNECT_TIMEOUT_MS", ms.max(1).to_string());
         }
@@ -469,6 +454,64 @@ impl Reader<'_> {
             "cluster" => Ok(format!("redis{s}+cluster://{auth}{url}")),
             _ => Err(self.unsupported("REDIS_TYPE", "expected single, sentinel or cluster")),
         }
+    }
+
+    /// The files of `REDIS_TLS_CACERT`, `REDIS_TLS_CLIENT_CERT` and `REDIS_TLS_CLIENT_KEY`,
+    /// and `REDIS_TLS_SKIP_HOSTNAME_VERIFICATION`: read only with `REDIS_TLS=true`, and the
+    /// client certificate only with its key, as envoyproxy/ratelimit reads them.
+    fn redis_tls(&mut self) -> Result<(), Unsupported> {
+        const FILES: [(&str, &str); 3] = [
+            ("REDIS_TLS_CACERT", "REDIS__TLS_CA_FILE"),
+            ("REDIS_TLS_CLIENT_CERT", "REDIS__TLS_CERT_FILE"),
+            ("REDIS_TLS_CLIENT_KEY", "REDIS__TLS_KEY_FILE"),
+        ];
+        const SKIP: &str = "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION";
+        let skip = self.flag(SKIP, false)?;
+        if !self.flag("REDIS_TLS", false)? {
+            for name in FILES.map(|(name, _)| name).into_iter().chain([SKIP]) {
+                if let Some(v) = self.get(name).map(str::to_owned) {
+                    let why = format!("{v}: REDIS_TLS is off, so Redis is reached without TLS");
+                    self.out.ignored.push((name.to_owned(), why));
+                }
+            }
+            return Ok(());
+        }
+        let has_pair = self.get(FILES[1].0).is_some() && self.get(FILES[2].0).is_some();
+        for (i, (name, key)) in FILES.into_iter().enumerate() {
+            let Some(v) = self.get(name).map(str::to_owned) else {
+                continue;
+            };
+            if i == 0 || has_pair {
+                self.set(key, v);
+            } else {
+                let why = format!(
+                    "{v}: the client certificate and key go together, and one is not set, so \
+                     none is presented to Redis"
+                );
+                self.out.ignored.push((name.to_owned(), why));
+            }
+        }
+        if skip {
+            if self.get(FILES[0].0).is_none() {
+                return Err(self.unsupported(
+                    SKIP,
+                    "sluice skips the name check only for certificates signed by the CA of \
+                     REDIS_TLS_CACERT (otherwise any certificate a public CA signed, for any \
+                     name, would be accepted); set REDIS_TLS_CACERT",
+                ));
+            }
+            if self
+                .or("REDIS_TYPE", "SINGLE")
+                .eq_ignore_ascii_case("sentinel")
+            {
+                return Err(self.unsupported(
+                    SKIP,
+                    "sluice cannot skip the name check with REDIS_TYPE=sentinel",
+                ));
+            }
+            self.set("REDIS__TLS_SKIP_HOSTNAME_VERIFICATION", "true");
+        }
+        Ok(())
     }
 
     fn behaviour(&mut self) -> Result<(), Unsupported> {
