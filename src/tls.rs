@@ -113,12 +113,23 @@ pub fn read_identity(cert: &Path, key: &Path) -> Result<(Vec<u8>, Vec<u8>), TlsE
     let chain = certificates(cert)?;
     let der = PrivateKeyDer::from_pem_file(key).map_err(|e| file(key, e))?;
     let provider = rustls::crypto::ring::default_provider();
-    rustls::sign::CertifiedKey::from_der(chain, der, &provider).map_err(|e| {
-        file(
-            key,
-            format!("does not go with the certificate {}: {e}", cert.display()),
-        )
-    })?;
+    let signing = provider
+        .key_provider
+        .load_private_key(der)
+        .map_err(|e| file(key, e))?;
+    match rustls::sign::CertifiedKey::new(chain, signing).keys_match() {
+        Ok(()) | Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {}
+        Err(rustls::Error::InconsistentKeys(_)) => {
+            let why = format!("is not the key of the certificate {}", cert.display());
+            return Err(file(key, why));
+        }
+        Err(e) => {
+            return Err(file(
+                cert,
+                format!("not usable as a client certificate: {e}"),
+            ));
+        }
+    }
     let read = |path: &Path| std::fs::read(path).map_err(|e| file(path, e));
     Ok((read(cert)?, read(key)?))
 }
