@@ -156,7 +156,7 @@ pub fn translate(env: &HashMap<String, String>) -> Result<Translation, Unsupport
 /// gives wins over the same `SLUICE_*` variable (the image's own `SLUICE_SERVER__*` defaults
 /// must not undo `GRPC_PORT`); one that only comes from its defaults yields to it.
 pub fn settings(env: &HashMap<String, String>) -> Result<(Settings, Translation), CompatError> {
-    let translation = translate(env)?;
+    let translation = spans_if_built(translate(env)?);
     let defaults = translate(&HashMap::new())?.settings;
     let mut layered = env.clone();
     for (k, v) in &translation.settings {
@@ -168,6 +168,27 @@ pub fn settings(env: &HashMap<String, String>) -> Result<(Settings, Translation)
     }
     let settings = Settings::load(None, layered, &Overrides::default())?;
     Ok((settings, translation))
+}
+
+/// `translation` without span export when this sluice is built without the `otel` feature:
+/// tracing changes no answer, so `TRACING_ENABLED` is then ignored (and logged) rather than
+/// stopping a drop-in start.
+fn spans_if_built(mut translation: Translation) -> Translation {
+    if cfg!(feature = "otel") {
+        return translation;
+    }
+    let before = translation.settings.len();
+    translation
+        .settings
+        .retain(|(k, _)| !k.starts_with("SLUICE_LOG__OTLP_"));
+    if translation.settings.len() < before {
+        let why = "true: no spans are exported, as this sluice is built without the `otel` feature";
+        translation
+            .ignored
+            .push(("TRACING_ENABLED".to_owned(), why.to_owned()));
+        translation.ignored.sort();
+    }
+    translation
 }
 
 struct Reader<'a> {
@@ -604,6 +625,10 @@ impl Reader<'_> {
         Ok(())
     }
 
+    /// `TRACING_ENABLED`, `TRACING_EXPORTER_PROTOCOL` (http by default) and the collector
+    /// as that project's OpenTelemetry exporters read it: `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`
+    /// as given, else `OTEL_EXPORTER_OTLP_ENDPOINT` (with `/v1/traces` added over HTTP), else
+    /// the local collector.
     fn tracing(&mut self) -> Result<(), Unsupported> {
         if !self.flag("TRACING_ENABLED", false)? {
             return Ok(());
@@ -611,20 +636,35 @@ impl Reader<'_> {
         let protocol = self
             .or("TRACING_EXPORTER_PROTOCOL", "http")
             .to_ascii_lowercase();
-        if protocol != "grpc" {
-            self.out.ignored.push((
-                "TRACING_ENABLED".to_owned(),
-                format!("true: spans are not exported, as sluice exports OTLP over gRPC only (TRACING_EXPORTER_PROTOCOL={protocol})"),
-            ));
-            return Ok(());
-        }
-        let endpoint = self
-            .get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-            .or(self.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
-            .unwrap_or("http://localhost:4317")
-            .to_owned();
+        let http = match protocol.as_str() {
+            "http" => true,
+            "grpc" => false,
+            _ => return Err(self.unsupported("TRACING_EXPORTER_PROTOCOL", "expected http or grpc")),
+        };
+        let endpoint = match (
+            self.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
+            self.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
+        ) {
+            (Some(traces), _) => with_scheme(traces),
+            (None, Some(base)) if http => {
+                format!("{}/v1/traces", with_scheme(base).trim_end_matches('/'))
+            }
+            (None, Some(base)) => with_scheme(base),
+            (None, None) if http => "http://localhost:4318/v1/traces".to_owned(),
+            (None, None) => "http://localhost:4317".to_owned(),
+        };
         self.set("LOG__OTLP_ENDPOINT", endpoint);
+        self.set("LOG__OTLP_PROTOCOL", if http { "http" } else { "grpc" });
         Ok(())
+    }
+}
+
+/// `endpoint` with `http://` in front when it names no scheme (`collector:4318`).
+fn with_scheme(endpoint: &str) -> String {
+    if endpoint.contains("://") {
+        endpoint.to_owned()
+    } else {
+        format!("http://{endpoint}")
     }
 }
 

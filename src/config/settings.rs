@@ -110,9 +110,23 @@ pub struct LogSettings {
     /// invalid or empty filter stops the start (exit 64). A filter that names no `notify`
     /// target gets `notify=warn` (the file watcher's library) added.
     pub level: String,
-    /// Export spans over OTLP/gRPC to this collector (`http://host:4317`); needs the `otel`
-    /// cargo feature.
+    /// Export spans over OTLP to this collector (`http://host:4317` for gRPC,
+    /// `http://host:4318` for HTTP, where `/v1/traces` is added to a URL without a path);
+    /// needs the `otel` cargo feature.
     pub otlp_endpoint: Option<String>,
+    /// How spans reach `otlp_endpoint`.
+    pub otlp_protocol: OtlpProtocol,
+}
+
+/// The transport of OTLP span export.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum OtlpProtocol {
+    /// OTLP/gRPC (a collector's port 4317).
+    #[default]
+    Grpc,
+    /// OTLP/HTTP with protobuf bodies, POSTed to the endpoint (a collector's port 4318).
+    Http,
 }
 
 impl Default for LogSettings {
@@ -121,6 +135,7 @@ impl Default for LogSettings {
             format: LogFormat::Text,
             level: "info".to_owned(),
             otlp_endpoint: None,
+            otlp_protocol: OtlpProtocol::Grpc,
         }
     }
 }

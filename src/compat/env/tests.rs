@@ -1,7 +1,7 @@
 use std::path::PathBuf;
 
 use super::*;
-use crate::config::settings::{Backend, LogFormat};
+use crate::config::settings::{Backend, LogFormat, OtlpProtocol};
 use crate::testing::ratelimit_env::{ENVOY_GATEWAY, ENVOY_GATEWAY_REDIS_TLS, ISTIO};
 
 fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
@@ -353,6 +353,54 @@ fn each_setting_maps() {
             "SLUICE_LOG__OTLP_ENDPOINT",
             "http://c:4317",
         ),
+        (
+            &[
+                ("TRACING_ENABLED", "true"),
+                ("TRACING_EXPORTER_PROTOCOL", "grpc"),
+            ],
+            "SLUICE_LOG__OTLP_PROTOCOL",
+            "grpc",
+        ),
+        // Envoy Gateway's: the protocol left to its default (http), the collector's base URL.
+        (
+            &[
+                ("TRACING_ENABLED", "true"),
+                (
+                    "OTEL_EXPORTER_OTLP_ENDPOINT",
+                    "http://otel-collector.monitoring:4318",
+                ),
+            ],
+            "SLUICE_LOG__OTLP_ENDPOINT",
+            "http://otel-collector.monitoring:4318/v1/traces",
+        ),
+        (
+            &[("TRACING_ENABLED", "true")],
+            "SLUICE_LOG__OTLP_PROTOCOL",
+            "http",
+        ),
+        (
+            &[("TRACING_ENABLED", "true")],
+            "SLUICE_LOG__OTLP_ENDPOINT",
+            "http://localhost:4318/v1/traces",
+        ),
+        (
+            &[
+                ("TRACING_ENABLED", "true"),
+                ("TRACING_EXPORTER_PROTOCOL", "HTTP"),
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "c:4318/base/"),
+                ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:4318/custom"),
+            ],
+            "SLUICE_LOG__OTLP_ENDPOINT",
+            "http://t:4318/custom",
+        ),
+        (
+            &[
+                ("TRACING_ENABLED", "true"),
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "c:4318/base/"),
+            ],
+            "SLUICE_LOG__OTLP_ENDPOINT",
+            "http://c:4318/base/v1/traces",
+        ),
     ];
     for (vars, key, want) in cases {
         let t = translate(&env(vars)).unwrap_or_else(|e| panic!("{vars:?}: {e}"));
@@ -400,6 +448,10 @@ fn what_sluice_cannot_honour_stops_naming_the_variable() {
         &[("HOST", "example.com")],
         &[("SHADOW_MODE", "maybe")],
         &[("REDIS_TIMEOUT", "soon")],
+        &[
+            ("TRACING_ENABLED", "true"),
+            ("TRACING_EXPORTER_PROTOCOL", "zipkin"),
+        ],
     ];
     for vars in cases {
         let err = translate(&env(vars)).expect_err(&format!("{vars:?} must stop the start"));
@@ -418,7 +470,7 @@ fn what_can_be_ignored_is_listed_with_why() {
     let t = translate(&env(&[
         ("REDIS_POOL_SIZE", "20"),
         ("EXPIRATION_JITTER_MAX_SECONDS", "300"),
-        ("TRACING_ENABLED", "true"),
+        ("TRACING_SAMPLING_RATE", "0.5"),
     ]))
     .unwrap();
     let names: Vec<&str> = t.ignored.iter().map(|(n, _)| n.as_str()).collect();
@@ -427,10 +479,29 @@ fn what_can_be_ignored_is_listed_with_why() {
         [
             "EXPIRATION_JITTER_MAX_SECONDS",
             "REDIS_POOL_SIZE",
-            "TRACING_ENABLED"
+            "TRACING_SAMPLING_RATE"
         ]
     );
     assert!(t.ignored.iter().all(|(_, why)| why.contains(": ")));
+}
+
+#[test]
+fn tracing_exports_spans_only_from_a_build_with_otel() {
+    let e = env(&[
+        ("TRACING_ENABLED", "true"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+    ]);
+    let (s, t) = settings(&e).unwrap();
+    let traced = t.ignored.iter().any(|(n, _)| n == "TRACING_ENABLED");
+    if cfg!(feature = "otel") {
+        let endpoint = s.log.otlp_endpoint.as_deref();
+        assert_eq!(endpoint, Some("http://c:4318/v1/traces"));
+        assert_eq!(s.log.otlp_protocol, OtlpProtocol::Http);
+        assert!(!traced);
+    } else {
+        assert_eq!(s.log.otlp_endpoint, None);
+        assert!(traced, "{:?}", t.ignored);
+    }
 }
 
 #[test]
