@@ -88,17 +88,20 @@ impl RedisServer {
         server
     }
 
-    /// A Cluster node on a free port (its bus on another free port), not yet in a cluster.
-    fn cluster_node() -> RedisServer {
+    /// A Cluster node on a free port (its bus on another free port), not yet in a cluster,
+    /// with `extra` arguments.
+    fn cluster_node(extra: &[String]) -> RedisServer {
         let bus = free_port().to_string();
-        Self::start_with(&[
+        let mut args = vec![
             "--cluster-enabled",
             "yes",
             "--cluster-port",
             &bus,
             "--cluster-node-timeout",
             "2000",
-        ])
+        ];
+        args.extend(extra.iter().map(String::as_str));
+        Self::start_with(&args)
     }
 
     fn spawn(&mut self) {
@@ -329,7 +332,14 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start() -> RedisCluster {
-        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::cluster_node()).collect();
+        Self::start_with(Vec::new)
+    }
+
+    /// The same, each node started with the arguments `extra` gives it (e.g. a TLS port).
+    pub fn start_with(mut extra: impl FnMut() -> Vec<String>) -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| RedisServer::cluster_node(&extra()))
+            .collect();
         let mut create = Command::new(program("redis-cli"));
         create.arg("--cluster").arg("create");
         for n in &nodes {

@@ -6,6 +6,7 @@
 //! - mTLS (`--tls-auth-clients yes`): the CA in `redis.tls_ca_file` and a client certificate
 //!   in `redis.tls_cert_file`/`tls_key_file`; without the certificate Redis refuses sluice,
 //!   which answers `UNAVAILABLE` and is not ready;
+//! - the same mTLS to a Cluster (TLS on its bus too);
 //! - `redis.tls_skip_hostname_verification`: a certificate for another name is accepted
 //!   when the CA signed it, one from another CA never;
 //! - files that are missing or do not parse stop the start (exit 64) naming setting and file;
@@ -22,7 +23,7 @@ use sluice::testing::process::{
     Served, SluiceProcess, free_port, loopback, sluice_command, wait_listening,
 };
 use sluice::testing::ratelimit_env::{ENVOY_GATEWAY_REDIS_TLS, ISTIO};
-use sluice::testing::redis::RedisServer;
+use sluice::testing::redis::{RedisCluster, RedisServer};
 
 const RULES: &str = "
 domain: t
@@ -101,20 +102,41 @@ impl Certs {
     /// (`auth_clients`: `yes` requires a client certificate). The server and its TLS port.
     fn redis(&self, leaf: &str, auth_clients: &str) -> (RedisServer, u16) {
         let tls_port = free_port();
-        let redis = RedisServer::start_with(&[
-            "--tls-port",
-            &tls_port.to_string(),
-            "--tls-cert-file",
-            &self.file(&format!("{leaf}.crt")),
-            "--tls-key-file",
-            &self.file(&format!("{leaf}.key")),
-            "--tls-ca-cert-file",
-            &self.file("ca.crt"),
-            "--tls-auth-clients",
-            auth_clients,
-        ]);
-        (redis, tls_port)
+        let args = self.tls_args(leaf, tls_port, auth_clients);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        (RedisServer::start_with(&args), tls_port)
     }
+
+    /// `redis-server`'s arguments for a TLS port as [`Certs::redis`] describes it.
+    fn tls_args(&self, leaf: &str, tls_port: u16, auth_clients: &str) -> Vec<String> {
+        let (cert, key) = (format!("{leaf}.crt"), format!("{leaf}.key"));
+        [
+            ("--tls-port", tls_port.to_string()),
+            ("--tls-cert-file", self.file(&cert)),
+            ("--tls-key-file", self.file(&key)),
+            ("--tls-ca-cert-file", self.file("ca.crt")),
+            ("--tls-auth-clients", auth_clients.to_owned()),
+        ]
+        .into_iter()
+        .flat_map(|(name, value)| [name.to_owned(), value])
+        .collect()
+    }
+
+    /// `redis.tls_*` settings with `ca.crt` and the client certificate (the CA first).
+    fn mtls_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("SLUICE_REDIS__TLS_CA_FILE", self.file("ca.crt")),
+            ("SLUICE_REDIS__TLS_CERT_FILE", self.file("client.crt")),
+            ("SLUICE_REDIS__TLS_KEY_FILE", self.file("client.key")),
+        ]
+    }
+}
+
+/// `pairs` as the `(&str, &str)` a process takes, with [`ROOMY`].
+fn roomy<'a>(pairs: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    let mut env: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    env.push(ROOMY);
+    env
 }
 
 fn rules_file() -> tempfile::NamedTempFile {
@@ -177,17 +199,8 @@ async fn mtls_with_a_ca_file_and_a_client_certificate() {
     let (redis, tls_port) = certs.redis("server", "yes");
     let rules = rules_file();
     let url = format!("rediss://127.0.0.1:{tls_port}");
-    let (ca, cert, key) = (
-        certs.file("ca.crt"),
-        certs.file("client.crt"),
-        certs.file("client.key"),
-    );
-    let env = [
-        ("SLUICE_REDIS__TLS_CA_FILE", ca.as_str()),
-        ("SLUICE_REDIS__TLS_CERT_FILE", cert.as_str()),
-        ("SLUICE_REDIS__TLS_KEY_FILE", key.as_str()),
-        ROOMY,
-    ];
+    let mtls = certs.mtls_env();
+    let env = roomy(&mtls);
     let sluice = SluiceProcess::over_redis(BIN, rules.path(), &url, &env)
         .ready()
         .await;
@@ -208,6 +221,26 @@ async fn mtls_with_a_ca_file_and_a_client_certificate() {
     assert!(ready.body.contains("backend not ready"), "{ready:?}");
     let exists: i64 = redis.cmd(&["EXISTS", "sluice:{t|k=w}:funnel:60"]);
     assert_eq!(exists, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mtls_to_a_cluster() {
+    let certs = Certs::new();
+    let mut tls_ports = Vec::new();
+    // TLS on the cluster bus too: nodes then give TLS clients their TLS ports.
+    let cluster = RedisCluster::start_with(|| {
+        let port = free_port();
+        tls_ports.push(format!("127.0.0.1:{port}"));
+        let mut args = certs.tls_args("server", port, "yes");
+        args.extend(["--tls-cluster".to_owned(), "yes".to_owned()]);
+        args
+    });
+    let rules = rules_file();
+    let url = format!("rediss+cluster://{}", tls_ports.join(","));
+    let mtls = certs.mtls_env();
+    let sluice = SluiceProcess::over_redis(BIN, rules.path(), &url, &roomy(&mtls));
+    ok_then_over(sluice.url(), "v").await;
+    assert!(cluster.script_calls() > 0, "decided in the cluster");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
