@@ -67,6 +67,16 @@ impl RedisServer {
     /// A Sentinel on a free port watching `master` on `master_port` with `quorum`, quick to
     /// declare it down (500 ms).
     pub fn sentinel(master: &str, master_port: u16, quorum: u32) -> RedisServer {
+        Self::sentinel_with(master, master_port, quorum, &[])
+    }
+
+    /// The same with `extra` arguments (e.g. a TLS port).
+    pub fn sentinel_with(
+        master: &str,
+        master_port: u16,
+        quorum: u32,
+        extra: &[String],
+    ) -> RedisServer {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let port = free_port();
         let config = dir.path().join("sentinel.conf");
@@ -81,7 +91,7 @@ impl RedisServer {
             port,
             child: None,
             dir,
-            extra: vec!["--sentinel".to_owned()],
+            extra: [&["--sentinel".to_owned()], extra].concat(),
             config: Some(config),
         };
         server.spawn();

@@ -6,7 +6,8 @@
 //! - mTLS (`--tls-auth-clients yes`): the CA in `redis.tls_ca_file` and a client certificate
 //!   in `redis.tls_cert_file`/`tls_key_file`; without the certificate Redis refuses sluice,
 //!   which answers `UNAVAILABLE` and is not ready;
-//! - the same mTLS to a Cluster (TLS on its bus too);
+//! - the same mTLS through a Sentinel (TLS to it and to the master) and to a Cluster (TLS
+//!   on its bus too);
 //! - `redis.tls_skip_hostname_verification`: a certificate for another name is accepted
 //!   when the CA signed it, one from another CA never;
 //! - files that are missing or do not parse stop the start (exit 64) naming setting and file;
@@ -241,6 +242,24 @@ async fn mtls_to_a_cluster() {
     let sluice = SluiceProcess::over_redis(BIN, rules.path(), &url, &roomy(&mtls));
     ok_then_over(sluice.url(), "v").await;
     assert!(cluster.script_calls() > 0, "decided in the cluster");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mtls_through_a_sentinel() {
+    let certs = Certs::new();
+    let (master, master_tls) = certs.redis("server", "yes");
+    let sentinel_tls = free_port();
+    // The sentinel watches the master's TLS port, so it reports that one.
+    let mut args = certs.tls_args("server", sentinel_tls, "yes");
+    args.extend(["--tls-replication".to_owned(), "yes".to_owned()]);
+    let _sentinel = RedisServer::sentinel_with("mymaster", master_tls, 1, &args);
+    let rules = rules_file();
+    let url = format!("rediss+sentinel://127.0.0.1:{sentinel_tls}/mymaster");
+    let mtls = certs.mtls_env();
+    let sluice = SluiceProcess::over_redis(BIN, rules.path(), &url, &roomy(&mtls));
+    ok_then_over(sluice.url(), "v").await;
+    let exists: i64 = master.cmd(&["EXISTS", "sluice:{t|k=v}:funnel:60"]);
+    assert_eq!(exists, 1, "the state is in the master");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
