@@ -84,7 +84,7 @@ fn redis_tls_files_are_ignored_without_redis_tls_or_half_a_pair() {
     ];
     let (s, t) = settings(&env(&files)).unwrap();
     assert_eq!(s.redis.url, "redis://r:1");
-    assert!(!s.redis.has_tls_files());
+    assert!(!s.redis.has_tls_settings());
     let ignored: Vec<&str> = t.ignored.iter().map(|(n, _)| n.as_str()).collect();
     let all = [
         "REDIS_TLS_CACERT",

@@ -105,7 +105,7 @@ impl std::fmt::Debug for RedisSettings {
 
 impl RedisSettings {
     /// Whether any `tls_*` setting is given.
-    pub fn has_tls_files(&self) -> bool {
+    pub fn has_tls_settings(&self) -> bool {
         self.tls_ca_file.is_some()
             || self.tls_cert_file.is_some()
             || self.tls_key_file.is_some()
@@ -115,7 +115,7 @@ impl RedisSettings {
     /// Checks the `tls_*` settings against each other and the URL (the files are read when
     /// the backend is built).
     pub(super) fn check_tls(&self) -> Result<(), String> {
-        if !self.has_tls_files() {
+        if !self.has_tls_settings() {
             return Ok(());
         }
         if !self.url.starts_with("rediss") {
