@@ -1,7 +1,7 @@
 //! Logs and traces of the binary: `tracing` events to stderr (text or JSON, filtered by
 //! `log.level` or `RUST_LOG`) and, with the `otel` cargo feature and `log.otlp_endpoint`,
 //! sluice's spans (the per-request `should_rate_limit` span among them) exported over
-//! OTLP/gRPC whatever the log level.
+//! OTLP (`log.otlp_protocol`: gRPC, or HTTP with protobuf bodies) whatever the log level.
 //!
 //! An invalid filter is an error, not a silent fallback. Text logs carry ANSI colours only
 //! when stderr is a terminal (and `NO_COLOR` is unset), so files and `kubectl logs` stay
@@ -17,7 +17,7 @@ use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{EnvFilter, Layer, Registry};
 
-use crate::config::settings::{LogFormat, LogSettings};
+use crate::config::settings::{LogFormat, LogSettings, OtlpProtocol};
 
 /// The service name spans are exported under.
 #[cfg(feature = "otel")]
@@ -31,6 +31,8 @@ pub enum TelemetryError {
     #[cfg(feature = "otel")]
     #[error("OTLP exporter: {0}")]
     Exporter(#[from] opentelemetry_otlp::ExporterBuildError),
+    #[error("log.otlp_endpoint {0:?}: {1}")]
+    Endpoint(String, &'static str),
     #[error("{origin}: invalid log filter {filter:?}: {source}")]
     Filter {
         /// `log.level` or `RUST_LOG`.
@@ -86,7 +88,7 @@ pub fn init(log: &LogSettings) -> Result<Telemetry, TelemetryError> {
     #[cfg(feature = "otel")]
     let provider = match &log.otlp_endpoint {
         Some(endpoint) => {
-            let (layer, provider) = otel::layer(endpoint)?;
+            let (layer, provider) = otel::layer(endpoint, log.otlp_protocol)?;
             layers.push(layer);
             Some(provider)
         }
@@ -101,6 +103,27 @@ pub fn init(log: &LogSettings) -> Result<Telemetry, TelemetryError> {
         #[cfg(feature = "otel")]
         provider,
     })
+}
+
+/// Where spans are sent: for gRPC, `endpoint` as given; for OTLP/HTTP, `endpoint` (plain
+/// `http://`: no TLS client is built in) with `/v1/traces` when it has no path (the
+/// collector's base URL).
+pub fn otlp_url(endpoint: &str, protocol: OtlpProtocol) -> Result<String, TelemetryError> {
+    if protocol == OtlpProtocol::Grpc {
+        return Ok(endpoint.to_owned());
+    }
+    let bad = |why| TelemetryError::Endpoint(endpoint.to_owned(), why);
+    let Some(rest) = endpoint.strip_prefix("http://") else {
+        return Err(bad("expected an http:// URL (sluice exports without TLS)"));
+    };
+    if rest.is_empty() || rest.starts_with('/') {
+        return Err(bad("no host"));
+    }
+    match rest.split_once('/') {
+        None => Ok(format!("{endpoint}/v1/traces")),
+        Some((host, "")) => Ok(format!("http://{host}/v1/traces")),
+        Some(_) => Ok(endpoint.to_owned()),
+    }
 }
 
 /// The log filter: `rust_log` (the `RUST_LOG` variable) when set and not blank, else
@@ -156,6 +179,23 @@ mod tests {
     }
 
     #[test]
+    fn otlp_http_urls_get_the_traces_path_when_they_have_none() {
+        let http = |e| otlp_url(e, OtlpProtocol::Http).map_err(|e| e.to_string());
+        let grpc = |e| otlp_url(e, OtlpProtocol::Grpc).map_err(|e| e.to_string());
+        assert_eq!(http("http://c:4318").unwrap(), "http://c:4318/v1/traces");
+        assert_eq!(http("http://c:4318/").unwrap(), "http://c:4318/v1/traces");
+        assert_eq!(
+            http("http://c/otlp/v1/traces").unwrap(),
+            "http://c/otlp/v1/traces"
+        );
+        assert_eq!(grpc("http://c:4317").unwrap(), "http://c:4317");
+        let err = http("https://c:4318").unwrap_err();
+        assert!(err.starts_with("log.otlp_endpoint \"https://c:4318\": expected an http://"));
+        assert_eq!(grpc("https://c:4317").unwrap(), "https://c:4317");
+        assert!(http("http://").is_err());
+    }
+
+    #[test]
     fn an_invalid_or_empty_filter_is_an_error_naming_its_origin() {
         let e = filter(None, "sluice=loud").unwrap_err().to_string();
         assert!(
@@ -177,24 +217,34 @@ mod tests {
 
 #[cfg(feature = "otel")]
 pub mod otel {
-    //! The OTLP/gRPC span exporter as a `tracing` layer.
+    //! The OTLP span exporter (gRPC, or HTTP with protobuf bodies) as a `tracing` layer.
 
     use opentelemetry::trace::TracerProvider as _;
-    use opentelemetry_otlp::WithExportConfig as _;
+    use opentelemetry_otlp::{Protocol, SpanExporter, WithExportConfig as _};
     use opentelemetry_sdk::trace::SdkTracerProvider;
     use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
     use tracing_subscriber::{EnvFilter, Layer as _};
 
-    use super::{Boxed, SERVICE_NAME, TelemetryError};
+    use super::{Boxed, OtlpProtocol, SERVICE_NAME, TelemetryError, otlp_url};
 
-    /// A layer exporting sluice's spans (debug level and up) to `endpoint`
-    /// (`http://collector:4317`), and the provider to shut down at exit. Needs a tokio
-    /// runtime.
-    pub fn layer(endpoint: &str) -> Result<(Boxed, SdkTracerProvider), TelemetryError> {
-        let exporter = opentelemetry_otlp::SpanExporter::builder()
-            .with_tonic()
-            .with_endpoint(endpoint)
-            .build()?;
+    /// A layer exporting sluice's spans (debug level and up) to `endpoint` over `protocol`
+    /// (see [`otlp_url`]), and the provider to shut down at exit. Needs a tokio runtime.
+    pub fn layer(
+        endpoint: &str,
+        protocol: OtlpProtocol,
+    ) -> Result<(Boxed, SdkTracerProvider), TelemetryError> {
+        let url = otlp_url(endpoint, protocol)?;
+        let exporter = match protocol {
+            OtlpProtocol::Grpc => SpanExporter::builder()
+                .with_tonic()
+                .with_endpoint(url)
+                .build()?,
+            OtlpProtocol::Http => SpanExporter::builder()
+                .with_http()
+                .with_protocol(Protocol::HttpBinary)
+                .with_endpoint(url)
+                .build()?,
+        };
         let processor =
             BatchSpanProcessor::builder(exporter, opentelemetry_sdk::runtime::Tokio).build();
         let resource = opentelemetry_sdk::Resource::builder()

@@ -1,6 +1,7 @@
 //! TLS on the gRPC port: a certificate chain and key from PEM files, optionally a client CA
 //! (then every client must present a certificate it signed: mTLS), all reloaded when the
-//! files change.
+//! files change. Also the PEM files sluice presents and trusts as a TLS client
+//! ([`read_ca`], [`read_identity`]), checked before the first connection.
 //!
 //! The active `rustls` configuration sits in an `ArcSwap`; each new connection's handshake
 //! uses the one active when it starts, so a reload never disturbs an open connection. A
@@ -94,6 +95,43 @@ impl TlsFiles {
         config.alpn_protocols = vec![b"h2".to_vec()];
         Ok(Arc::new(config))
     }
+}
+
+/// A CA file of a TLS client: its PEM text, checked to hold at least one certificate usable
+/// as a trust anchor.
+pub fn read_ca(path: &Path) -> Result<Vec<u8>, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for cert in certificates(path)? {
+        roots.add(cert).map_err(|e| file(path, e))?;
+    }
+    std::fs::read(path).map_err(|e| file(path, e))
+}
+
+/// A TLS client's certificate chain and private key: their PEM texts, checked to parse and
+/// to belong together.
+pub fn read_identity(cert: &Path, key: &Path) -> Result<(Vec<u8>, Vec<u8>), TlsError> {
+    let chain = certificates(cert)?;
+    let der = PrivateKeyDer::from_pem_file(key).map_err(|e| file(key, e))?;
+    let provider = rustls::crypto::ring::default_provider();
+    let signing = provider
+        .key_provider
+        .load_private_key(der)
+        .map_err(|e| file(key, e))?;
+    match rustls::sign::CertifiedKey::new(chain, signing).keys_match() {
+        Ok(()) | Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {}
+        Err(rustls::Error::InconsistentKeys(_)) => {
+            let why = format!("is not the key of the certificate {}", cert.display());
+            return Err(file(key, why));
+        }
+        Err(e) => {
+            return Err(file(
+                cert,
+                format!("not usable as a client certificate: {e}"),
+            ));
+        }
+    }
+    let read = |path: &Path| std::fs::read(path).map_err(|e| file(path, e));
+    Ok((read(cert)?, read(key)?))
 }
 
 fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {

@@ -1,5 +1,8 @@
-//! With the `otel` feature: request spans reach an OTLP/gRPC collector (a fake one, served
-//! here on a loopback port). Run with `cargo test --features otel --test otel`.
+//! With the `otel` feature: request spans reach an OTLP collector (fake ones, served here on
+//! loopback ports): over gRPC from the in-process engine, and over HTTP (protobuf bodies
+//! POSTed to `/v1/traces`) from the real binary started as `ratelimit` with Envoy Gateway's
+//! tracing variables. Run with `cargo test --features otel --test otel`; the second test
+//! needs `redis-server` and fails with the command that installs it when it is missing.
 
 #![cfg(feature = "otel")]
 
@@ -7,6 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use axum::body::Bytes;
+use axum::http::{HeaderMap, StatusCode, header};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -15,9 +20,15 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::Span;
+use prost::Message as _;
+use sluice::config::settings::OtlpProtocol;
 use sluice::engine::{Descriptor, Engine, Options, Request};
 use sluice::limiter::MemoryLimiter;
 use sluice::rules::{Entry, RuleSet};
+use sluice::testing::grpc::{Code, RateLimitServiceClient, call, desc, overall, req};
+use sluice::testing::process::{Served, free_port, loopback, wait_listening};
+use sluice::testing::ratelimit_env::ISTIO;
+use sluice::testing::redis::RedisServer;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::TcpListenerStream;
 use tracing_subscriber::layer::SubscriberExt as _;
@@ -70,7 +81,7 @@ async fn request_spans_reach_the_collector() {
             ),
     );
 
-    let (layer, provider) = sluice::telemetry::otel::layer(&endpoint).unwrap();
+    let (layer, provider) = sluice::telemetry::otel::layer(&endpoint, OtlpProtocol::Grpc).unwrap();
     let subscriber = tracing_subscriber::registry().with(layer);
     {
         let _default = tracing::subscriber::set_default(subscriber);
@@ -102,6 +113,149 @@ async fn request_spans_reach_the_collector() {
     assert_eq!(attribute(&span, "descriptors").as_deref(), Some("1"));
     assert_eq!(attribute(&span, "result").as_deref(), Some("ok"));
     assert!(attribute(&span, "latency_us").is_some());
+    stop.cancel();
+    server.await.unwrap().unwrap();
+}
+
+/// What the fake OTLP/HTTP collector received: each request's path and content type, and
+/// the spans of its body with their resource's `service.name`.
+#[derive(Debug)]
+struct Received {
+    path: String,
+    content_type: String,
+    service: Option<String>,
+    span: Span,
+}
+
+/// A running fake collector: its base URL, what it received, and its task (ended by the
+/// token it was given).
+type Collecting = (
+    String,
+    mpsc::UnboundedReceiver<Received>,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+);
+
+/// An OTLP/HTTP collector on a loopback port, until `stop`: decodes each POSTed
+/// `ExportTraceServiceRequest` and sends its spans to the returned channel.
+async fn http_collector(stop: tokio_util::sync::CancellationToken) -> Collecting {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let export = move |uri: axum::http::Uri, headers: HeaderMap, body: Bytes| {
+        let tx = tx.clone();
+        async move {
+            let Ok(request) = ExportTraceServiceRequest::decode(body) else {
+                return (StatusCode::BAD_REQUEST, Vec::new());
+            };
+            let content_type = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            for resource in request.resource_spans {
+                let service = resource.resource.as_ref().and_then(|r| {
+                    let a = r.attributes.iter().find(|a| a.key == "service.name")?;
+                    match a.value.as_ref()?.value.as_ref()? {
+                        Value::StringValue(s) => Some(s.clone()),
+                        _ => None,
+                    }
+                });
+                for span in resource.scope_spans.into_iter().flat_map(|s| s.spans) {
+                    let _ = tx.send(Received {
+                        path: uri.path().to_owned(),
+                        content_type: content_type.clone(),
+                        service: service.clone(),
+                        span,
+                    });
+                }
+            }
+            let ok = ExportTraceServiceResponse::default().encode_to_vec();
+            (StatusCode::OK, ok)
+        }
+    };
+    let app = axum::Router::new().fallback(axum::routing::post(export));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await
+    });
+    (url, rx, server)
+}
+
+const RULES: &str =
+    "domain: t\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_reach_an_otlp_http_collector_from_the_binary_as_ratelimit() {
+    let stop = tokio_util::sync::CancellationToken::new();
+    let (collector, mut received, server) = http_collector(stop.clone()).await;
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("data/ratelimit/config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(config.join("config.yaml"), RULES).unwrap();
+    let link = dir.path().join("ratelimit");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &link).unwrap();
+
+    let (grpc, http, debug) = (free_port(), free_port(), free_port());
+    let mut env: std::collections::HashMap<String, String> = ISTIO
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    let data = dir.path().join("data").display().to_string();
+    env.extend(
+        [
+            ("RUNTIME_ROOT", data),
+            ("REDIS_URL", redis.addr()),
+            ("GRPC_HOST", "127.0.0.1".to_owned()),
+            ("GRPC_PORT", grpc.to_string()),
+            ("HOST", "127.0.0.1".to_owned()),
+            ("PORT", http.to_string()),
+            ("DEBUG_HOST", "127.0.0.1".to_owned()),
+            ("DEBUG_PORT", debug.to_string()),
+            // As Envoy Gateway sets them: TRACING_EXPORTER_PROTOCOL left to its default
+            // (http), the collector's base URL.
+            ("TRACING_ENABLED", "true".to_owned()),
+            ("TRACING_SERVICE_NAME", "envoy-ratelimit".to_owned()),
+            ("TRACING_SAMPLING_RATE", "1.0".to_owned()),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", collector),
+            // Export within 100 ms rather than the SDK's 5 s.
+            ("OTEL_BSP_SCHEDULE_DELAY", "100".to_owned()),
+            ("SLUICE_REDIS__TIMEOUT_MS", "3000".to_owned()),
+        ]
+        .map(|(k, v)| (k.to_owned(), v)),
+    );
+    let child = std::process::Command::new(&link)
+        .env_clear()
+        .envs(&env)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("start ratelimit");
+    let _ratelimit = Served(child);
+    wait_listening(grpc);
+    let mut c = RateLimitServiceClient::connect(format!("http://{}", loopback(grpc)))
+        .await
+        .expect("connect");
+    let answer = call(&mut c, req("t", vec![desc(&[("k", "v")])])).await;
+    assert_eq!(overall(&answer), Code::Ok);
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let got = loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let got = tokio::time::timeout(left, received.recv())
+            .await
+            .expect("the request's span within 10 s")
+            .expect("the collector is running");
+        if got.span.name == "should_rate_limit" {
+            break got;
+        }
+    };
+    assert_eq!(got.path, "/v1/traces");
+    assert_eq!(got.content_type, "application/x-protobuf");
+    assert_eq!(got.service.as_deref(), Some("sluice"));
+    assert_eq!(attribute(&got.span, "domain").as_deref(), Some("t"));
+    assert_eq!(attribute(&got.span, "result").as_deref(), Some("ok"));
     stop.cancel();
     server.await.unwrap().unwrap();
 }

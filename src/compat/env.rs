@@ -152,7 +152,7 @@ pub fn translate(env: &HashMap<String, String>) -> Result<Translation, Unsupport
 /// gives wins over the same `SLUICE_*` variable (the image's own `SLUICE_SERVER__*` defaults
 /// must not undo `GRPC_PORT`); one that only comes from its defaults yields to it.
 pub fn settings(env: &HashMap<String, String>) -> Result<(Settings, Translation), CompatError> {
-    let translation = translate(env)?;
+    let translation = spans_if_built(translate(env)?);
     let defaults = translate(&HashMap::new())?.settings;
     let mut layered = env.clone();
     for (k, v) in &translation.settings {
@@ -164,6 +164,27 @@ pub fn settings(env: &HashMap<String, String>) -> Result<(Settings, Translation)
     }
     let settings = Settings::load(None, layered, &Overrides::default())?;
     Ok((settings, translation))
+}
+
+/// `translation` without span export when this sluice is built without the `otel` feature:
+/// tracing changes no answer, so `TRACING_ENABLED` is then ignored (and logged) rather than
+/// stopping a drop-in start.
+fn spans_if_built(mut translation: Translation) -> Translation {
+    if cfg!(feature = "otel") {
+        return translation;
+    }
+    let before = translation.settings.len();
+    translation
+        .settings
+        .retain(|(k, _)| !k.starts_with("SLUICE_LOG__OTLP_"));
+    if translation.settings.len() < before {
+        let why = "true: no spans are exported, as this sluice is built without the `otel` feature";
+        translation
+            .ignored
+            .push(("TRACING_ENABLED".to_owned(), why.to_owned()));
+        translation.ignored.sort();
+    }
+    translation
 }
 
 struct Reader<'a> {
@@ -390,25 +411,10 @@ impl Reader<'_> {
             "REDIS_SENTINEL_AUTH",
             "sluice authenticates to the master only, not to the sentinels",
         )?;
-        self.refuse(
-            "REDIS_TLS_CACERT",
-            "sluice checks Redis's certificate against the system's CAs only",
-        )?;
-        self.refuse(
-            "REDIS_TLS_CLIENT_CERT",
-            "sluice presents no client certificate to Redis",
-        )?;
-        self.refuse(
-            "REDIS_TLS_CLIENT_KEY",
-            "sluice presents no client certificate to Redis",
-        )?;
-        self.refuse(
-            "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
-            "sluice always verifies Redis's certificate",
-        )?;
         self.set("LIMITER__BACKEND", "redis");
         let url = self.redis_url()?;
         self.set("REDIS__URL", url);
+        self.redis_tls()?;
         if let Some(ms) = self.duration_ms("REDIS_TIMEOUT")? {
             self.set("REDIS__CONNECT_TIMEOUT_MS", ms.max(1).to_string());
         }
@@ -465,6 +471,64 @@ impl Reader<'_> {
             "cluster" => Ok(format!("redis{s}+cluster://{auth}{url}")),
             _ => Err(self.unsupported("REDIS_TYPE", "expected single, sentinel or cluster")),
         }
+    }
+
+    /// The files of `REDIS_TLS_CACERT`, `REDIS_TLS_CLIENT_CERT` and `REDIS_TLS_CLIENT_KEY`,
+    /// and `REDIS_TLS_SKIP_HOSTNAME_VERIFICATION`: read only with `REDIS_TLS=true`, and the
+    /// client certificate only with its key, as envoyproxy/ratelimit reads them.
+    fn redis_tls(&mut self) -> Result<(), Unsupported> {
+        const FILES: [(&str, &str); 3] = [
+            ("REDIS_TLS_CACERT", "REDIS__TLS_CA_FILE"),
+            ("REDIS_TLS_CLIENT_CERT", "REDIS__TLS_CERT_FILE"),
+            ("REDIS_TLS_CLIENT_KEY", "REDIS__TLS_KEY_FILE"),
+        ];
+        const SKIP: &str = "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION";
+        let skip = self.flag(SKIP, false)?;
+        if !self.flag("REDIS_TLS", false)? {
+            for name in FILES.map(|(name, _)| name).into_iter().chain([SKIP]) {
+                if let Some(v) = self.get(name).map(str::to_owned) {
+                    let why = format!("{v}: REDIS_TLS is off, so Redis is reached without TLS");
+                    self.out.ignored.push((name.to_owned(), why));
+                }
+            }
+            return Ok(());
+        }
+        let has_pair = self.get(FILES[1].0).is_some() && self.get(FILES[2].0).is_some();
+        for (i, (name, key)) in FILES.into_iter().enumerate() {
+            let Some(v) = self.get(name).map(str::to_owned) else {
+                continue;
+            };
+            if i == 0 || has_pair {
+                self.set(key, v);
+            } else {
+                let why = format!(
+                    "{v}: the client certificate and key go together, and one is not set, so \
+                     none is presented to Redis"
+                );
+                self.out.ignored.push((name.to_owned(), why));
+            }
+        }
+        if skip {
+            if self.get(FILES[0].0).is_none() {
+                return Err(self.unsupported(
+                    SKIP,
+                    "sluice skips the name check only for certificates signed by the CA of \
+                     REDIS_TLS_CACERT (otherwise any certificate a public CA signed, for any \
+                     name, would be accepted); set REDIS_TLS_CACERT",
+                ));
+            }
+            if self
+                .or("REDIS_TYPE", "SINGLE")
+                .eq_ignore_ascii_case("sentinel")
+            {
+                return Err(self.unsupported(
+                    SKIP,
+                    "sluice cannot skip the name check with REDIS_TYPE=sentinel",
+                ));
+            }
+            self.set("REDIS__TLS_SKIP_HOSTNAME_VERIFICATION", "true");
+        }
+        Ok(())
     }
 
     fn behaviour(&mut self) -> Result<(), Unsupported> {
@@ -568,6 +632,10 @@ impl Reader<'_> {
         Ok(())
     }
 
+    /// `TRACING_ENABLED`, `TRACING_EXPORTER_PROTOCOL` (http by default) and the collector
+    /// as that project's OpenTelemetry exporters read it: `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`
+    /// as given, else `OTEL_EXPORTER_OTLP_ENDPOINT` (with `/v1/traces` added over HTTP), else
+    /// the local collector.
     fn tracing(&mut self) -> Result<(), Unsupported> {
         if !self.flag("TRACING_ENABLED", false)? {
             return Ok(());
@@ -575,20 +643,35 @@ impl Reader<'_> {
         let protocol = self
             .or("TRACING_EXPORTER_PROTOCOL", "http")
             .to_ascii_lowercase();
-        if protocol != "grpc" {
-            self.out.ignored.push((
-                "TRACING_ENABLED".to_owned(),
-                format!("true: spans are not exported, as sluice exports OTLP over gRPC only (TRACING_EXPORTER_PROTOCOL={protocol})"),
-            ));
-            return Ok(());
-        }
-        let endpoint = self
-            .get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-            .or(self.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
-            .unwrap_or("http://localhost:4317")
-            .to_owned();
+        let http = match protocol.as_str() {
+            "http" => true,
+            "grpc" => false,
+            _ => return Err(self.unsupported("TRACING_EXPORTER_PROTOCOL", "expected http or grpc")),
+        };
+        let endpoint = match (
+            self.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
+            self.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
+        ) {
+            (Some(traces), _) => with_scheme(traces),
+            (None, Some(base)) if http => {
+                format!("{}/v1/traces", with_scheme(base).trim_end_matches('/'))
+            }
+            (None, Some(base)) => with_scheme(base),
+            (None, None) if http => "http://localhost:4318/v1/traces".to_owned(),
+            (None, None) => "http://localhost:4317".to_owned(),
+        };
         self.set("LOG__OTLP_ENDPOINT", endpoint);
+        self.set("LOG__OTLP_PROTOCOL", if http { "http" } else { "grpc" });
         Ok(())
+    }
+}
+
+/// `endpoint` with `http://` in front when it names no scheme (`collector:4318`).
+fn with_scheme(endpoint: &str) -> String {
+    if endpoint.contains("://") {
+        endpoint.to_owned()
+    } else {
+        format!("http://{endpoint}")
     }
 }
 

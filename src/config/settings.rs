@@ -110,9 +110,23 @@ pub struct LogSettings {
     /// invalid or empty filter stops the start (exit 64). A filter that names no `notify`
     /// target gets `notify=warn` (the file watcher's library) added.
     pub level: String,
-    /// Export spans over OTLP/gRPC to this collector (`http://host:4317`); needs the `otel`
-    /// cargo feature.
+    /// Export spans over OTLP to this collector (`http://host:4317` for gRPC,
+    /// `http://host:4318` for HTTP, where `/v1/traces` is added to a URL without a path);
+    /// needs the `otel` cargo feature.
     pub otlp_endpoint: Option<String>,
+    /// How spans reach `otlp_endpoint`.
+    pub otlp_protocol: OtlpProtocol,
+}
+
+/// The transport of OTLP span export.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum OtlpProtocol {
+    /// OTLP/gRPC (a collector's port 4317).
+    #[default]
+    Grpc,
+    /// OTLP/HTTP with protobuf bodies, POSTed to the endpoint (a collector's port 4318).
+    Http,
 }
 
 impl Default for LogSettings {
@@ -121,6 +135,7 @@ impl Default for LogSettings {
             format: LogFormat::Text,
             level: "info".to_owned(),
             otlp_endpoint: None,
+            otlp_protocol: OtlpProtocol::Grpc,
         }
     }
 }
@@ -270,6 +285,9 @@ impl Settings {
         self.admin.check().map_err(config::ConfigError::Message)?;
         if self.limiter.backend == Backend::Redis {
             check_userinfo(&self.redis.url).map_err(config::ConfigError::Message)?;
+            self.redis
+                .check_tls()
+                .map_err(config::ConfigError::Message)?;
         }
         let tls = &self.tls;
         if tls.cert_file.is_some() != tls.key_file.is_some()
@@ -456,6 +474,35 @@ mod tests {
                 Settings::load(None, env, &Overrides::default()).is_ok(),
                 "{url}"
             );
+        }
+    }
+
+    #[test]
+    fn redis_tls_settings_are_checked_against_each_other_and_the_url() {
+        let load = |pairs: &[(&str, &str)]| {
+            let mut e = env(&[("SLUICE_LIMITER__BACKEND", "redis")]);
+            e.extend(env(pairs));
+            Settings::load(None, e, &Overrides::default()).map_err(|e| e.to_string())
+        };
+        let tls = ("SLUICE_REDIS__URL", "rediss://r:1");
+        let ca = ("SLUICE_REDIS__TLS_CA_FILE", "/ca.pem");
+        let cert = ("SLUICE_REDIS__TLS_CERT_FILE", "/c.pem");
+        let key = ("SLUICE_REDIS__TLS_KEY_FILE", "/k.pem");
+        let skip = ("SLUICE_REDIS__TLS_SKIP_HOSTNAME_VERIFICATION", "true");
+        let s = load(&[tls, ca, cert, key, skip]).unwrap();
+        assert_eq!(s.redis.tls_ca_file, Some(PathBuf::from("/ca.pem")));
+        assert!(s.redis.tls_skip_hostname_verification);
+        for (pairs, says) in [
+            (&[ca][..], "need a TLS URL"),
+            (&[tls, cert], "tls_cert_file and tls_key_file go together"),
+            (&[tls, skip], "needs redis.tls_ca_file"),
+            (
+                &[("SLUICE_REDIS__URL", "rediss+sentinel://a:1/m"), ca, skip],
+                "not supported with Sentinel",
+            ),
+        ] {
+            let err = load(pairs).unwrap_err();
+            assert!(err.contains(says), "{pairs:?}: {err}");
         }
     }
 

@@ -30,6 +30,14 @@ pub const ENVOY_GATEWAY: &[(&str, &str)] = &[
     ("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml"),
 ];
 
+/// What Envoy Gateway adds to [`ENVOY_GATEWAY`] when its Redis uses TLS with a client
+/// certificate (the secret of `backend.redis.tls.certificateRef`, mounted at /redis-certs).
+pub const ENVOY_GATEWAY_REDIS_TLS: &[(&str, &str)] = &[
+    ("REDIS_TLS", "true"),
+    ("REDIS_TLS_CLIENT_CERT", "/redis-certs/tls.crt"),
+    ("REDIS_TLS_CLIENT_KEY", "/redis-certs/tls.key"),
+];
+
 /// Istio's sample (samples/ratelimit/rate-limit-service.yaml), Redis at `redis:6379`.
 pub const ISTIO: &[(&str, &str)] = &[
     ("LOG_LEVEL", "debug"),

@@ -67,6 +67,16 @@ impl RedisServer {
     /// A Sentinel on a free port watching `master` on `master_port` with `quorum`, quick to
     /// declare it down (500 ms).
     pub fn sentinel(master: &str, master_port: u16, quorum: u32) -> RedisServer {
+        Self::sentinel_with(master, master_port, quorum, &[])
+    }
+
+    /// The same with `extra` arguments (e.g. a TLS port).
+    pub fn sentinel_with(
+        master: &str,
+        master_port: u16,
+        quorum: u32,
+        extra: &[String],
+    ) -> RedisServer {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let port = free_port();
         let config = dir.path().join("sentinel.conf");
@@ -81,24 +91,27 @@ impl RedisServer {
             port,
             child: None,
             dir,
-            extra: vec!["--sentinel".to_owned()],
+            extra: [&["--sentinel".to_owned()], extra].concat(),
             config: Some(config),
         };
         server.spawn();
         server
     }
 
-    /// A Cluster node on a free port (its bus on another free port), not yet in a cluster.
-    fn cluster_node() -> RedisServer {
+    /// A Cluster node on a free port (its bus on another free port), not yet in a cluster,
+    /// with `extra` arguments.
+    fn cluster_node(extra: &[String]) -> RedisServer {
         let bus = free_port().to_string();
-        Self::start_with(&[
+        let mut args = vec![
             "--cluster-enabled",
             "yes",
             "--cluster-port",
             &bus,
             "--cluster-node-timeout",
             "2000",
-        ])
+        ];
+        args.extend(extra.iter().map(String::as_str));
+        Self::start_with(&args)
     }
 
     fn spawn(&mut self) {
@@ -329,7 +342,14 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start() -> RedisCluster {
-        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::cluster_node()).collect();
+        Self::start_with(Vec::new)
+    }
+
+    /// The same, each node started with the arguments `extra` gives it (e.g. a TLS port).
+    pub fn start_with(mut extra: impl FnMut() -> Vec<String>) -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| RedisServer::cluster_node(&extra()))
+            .collect();
         let mut create = Command::new(program("redis-cli"));
         create.arg("--cluster").arg("create");
         for n in &nodes {

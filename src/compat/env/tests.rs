@@ -1,8 +1,8 @@
 use std::path::PathBuf;
 
 use super::*;
-use crate::config::settings::{Backend, LogFormat, StatsdProtocol};
-use crate::testing::ratelimit_env::{ENVOY_GATEWAY, ISTIO};
+use crate::config::settings::{Backend, LogFormat, OtlpProtocol, StatsdProtocol};
+use crate::testing::ratelimit_env::{ENVOY_GATEWAY, ENVOY_GATEWAY_REDIS_TLS, ISTIO};
 
 fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
     pairs
@@ -52,6 +52,62 @@ fn envoy_gateway_env_gives_xds_tls_redis_and_its_prometheus_port() {
             "RUNTIME_WATCH_ROOT"
         ]
     );
+}
+
+#[test]
+fn envoy_gateways_redis_tls_files_become_the_redis_tls_settings() {
+    let mut e = env(ENVOY_GATEWAY);
+    e.extend(env(ENVOY_GATEWAY_REDIS_TLS));
+    let (s, t) = settings(&e).unwrap();
+    assert_eq!(s.redis.url, "rediss://redis.redis.svc:6379");
+    assert_eq!(s.redis.tls_ca_file, None, "the system's roots");
+    let cert = Some(PathBuf::from("/redis-certs/tls.crt"));
+    assert_eq!(s.redis.tls_cert_file, cert);
+    let key = Some(PathBuf::from("/redis-certs/tls.key"));
+    assert_eq!(s.redis.tls_key_file, key);
+    assert!(!s.redis.tls_skip_hostname_verification);
+    assert!(t.ignored.iter().all(|(n, _)| !n.starts_with("REDIS_TLS")));
+
+    e.insert("REDIS_TLS_CACERT".into(), "/redis-certs/ca.crt".into());
+    e.insert("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION".into(), "true".into());
+    let (s, _) = settings(&e).unwrap();
+    let ca = Some(PathBuf::from("/redis-certs/ca.crt"));
+    assert_eq!(s.redis.tls_ca_file, ca);
+    assert!(s.redis.tls_skip_hostname_verification);
+}
+
+#[test]
+fn redis_tls_files_are_ignored_without_redis_tls_or_half_a_pair() {
+    let files = [
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_URL", "r:1"),
+        ("REDIS_TLS_CACERT", "/ca"),
+        ("REDIS_TLS_CLIENT_CERT", "/c"),
+        ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
+    ];
+    let (s, t) = settings(&env(&files)).unwrap();
+    assert_eq!(s.redis.url, "redis://r:1");
+    assert!(!s.redis.has_tls_settings());
+    let ignored: Vec<&str> = t.ignored.iter().map(|(n, _)| n.as_str()).collect();
+    let all = [
+        "REDIS_TLS_CACERT",
+        "REDIS_TLS_CLIENT_CERT",
+        "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+    ];
+    assert_eq!(ignored, all);
+
+    let (s, t) = settings(&env(&[
+        files[0],
+        files[1],
+        files[2],
+        files[3],
+        ("REDIS_TLS", "1"),
+    ]))
+    .unwrap();
+    assert_eq!(s.redis.tls_ca_file, Some(PathBuf::from("/ca")));
+    assert_eq!(s.redis.tls_cert_file, None, "a certificate without its key");
+    let ignored: Vec<&str> = t.ignored.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(ignored, ["REDIS_TLS_CLIENT_CERT"]);
 }
 
 #[test]
@@ -317,6 +373,54 @@ fn each_setting_maps() {
             "SLUICE_LOG__OTLP_ENDPOINT",
             "http://c:4317",
         ),
+        (
+            &[
+                ("TRACING_ENABLED", "true"),
+                ("TRACING_EXPORTER_PROTOCOL", "grpc"),
+            ],
+            "SLUICE_LOG__OTLP_PROTOCOL",
+            "grpc",
+        ),
+        // Envoy Gateway's: the protocol left to its default (http), the collector's base URL.
+        (
+            &[
+                ("TRACING_ENABLED", "true"),
+                (
+                    "OTEL_EXPORTER_OTLP_ENDPOINT",
+                    "http://otel-collector.monitoring:4318",
+                ),
+            ],
+            "SLUICE_LOG__OTLP_ENDPOINT",
+            "http://otel-collector.monitoring:4318/v1/traces",
+        ),
+        (
+            &[("TRACING_ENABLED", "true")],
+            "SLUICE_LOG__OTLP_PROTOCOL",
+            "http",
+        ),
+        (
+            &[("TRACING_ENABLED", "true")],
+            "SLUICE_LOG__OTLP_ENDPOINT",
+            "http://localhost:4318/v1/traces",
+        ),
+        (
+            &[
+                ("TRACING_ENABLED", "true"),
+                ("TRACING_EXPORTER_PROTOCOL", "HTTP"),
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "c:4318/base/"),
+                ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:4318/custom"),
+            ],
+            "SLUICE_LOG__OTLP_ENDPOINT",
+            "http://t:4318/custom",
+        ),
+        (
+            &[
+                ("TRACING_ENABLED", "true"),
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "c:4318/base/"),
+            ],
+            "SLUICE_LOG__OTLP_ENDPOINT",
+            "http://c:4318/base/v1/traces",
+        ),
     ];
     for (vars, key, want) in cases {
         let t = translate(&env(vars)).unwrap_or_else(|e| panic!("{vars:?}: {e}"));
@@ -337,8 +441,19 @@ fn what_sluice_cannot_honour_stops_naming_the_variable() {
         &[("MEMCACHE_HOST_PORT", "m:11211")],
         &[("GRPC_UDS", "/tmp/rl.sock")],
         &[("REDIS_PERSECOND", "true")],
-        &[("REDIS_TLS_CACERT", "/ca")],
-        &[("REDIS_TLS_CLIENT_CERT", "/c")],
+        &[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_TLS", "true"),
+            ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
+        ],
+        &[
+            ("REDIS_TLS", "true"),
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_URL", "m,s1:1"),
+            ("REDIS_TLS_CACERT", "/ca"),
+            ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
+        ],
+        &[("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "maybe")],
         &[("REDIS_SENTINEL_AUTH", "x")],
         &[("MERGE_DOMAIN_CONFIG", "true")],
         &[("CONFIG_TYPE", "GRPC_XDS_DELTA")],
@@ -353,6 +468,10 @@ fn what_sluice_cannot_honour_stops_naming_the_variable() {
         &[("HOST", "example.com")],
         &[("SHADOW_MODE", "maybe")],
         &[("REDIS_TIMEOUT", "soon")],
+        &[
+            ("TRACING_ENABLED", "true"),
+            ("TRACING_EXPORTER_PROTOCOL", "zipkin"),
+        ],
     ];
     for vars in cases {
         let err = translate(&env(vars)).expect_err(&format!("{vars:?} must stop the start"));
@@ -371,7 +490,7 @@ fn what_can_be_ignored_is_listed_with_why() {
     let t = translate(&env(&[
         ("REDIS_POOL_SIZE", "20"),
         ("EXPIRATION_JITTER_MAX_SECONDS", "300"),
-        ("TRACING_ENABLED", "true"),
+        ("TRACING_SAMPLING_RATE", "0.5"),
     ]))
     .unwrap();
     let names: Vec<&str> = t.ignored.iter().map(|(n, _)| n.as_str()).collect();
@@ -380,10 +499,29 @@ fn what_can_be_ignored_is_listed_with_why() {
         [
             "EXPIRATION_JITTER_MAX_SECONDS",
             "REDIS_POOL_SIZE",
-            "TRACING_ENABLED"
+            "TRACING_SAMPLING_RATE"
         ]
     );
     assert!(t.ignored.iter().all(|(_, why)| why.contains(": ")));
+}
+
+#[test]
+fn tracing_exports_spans_only_from_a_build_with_otel() {
+    let e = env(&[
+        ("TRACING_ENABLED", "true"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+    ]);
+    let (s, t) = settings(&e).unwrap();
+    let traced = t.ignored.iter().any(|(n, _)| n == "TRACING_ENABLED");
+    if cfg!(feature = "otel") {
+        let endpoint = s.log.otlp_endpoint.as_deref();
+        assert_eq!(endpoint, Some("http://c:4318/v1/traces"));
+        assert_eq!(s.log.otlp_protocol, OtlpProtocol::Http);
+        assert!(!traced);
+    } else {
+        assert_eq!(s.log.otlp_endpoint, None);
+        assert!(traced, "{:?}", t.ignored);
+    }
 }
 
 #[test]

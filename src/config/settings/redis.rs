@@ -1,6 +1,8 @@
 //! `[redis]`: where the Redis backend is and how it behaves when Redis fails. The URL may
 //! hold a password: `Debug` and the errors here never show it.
 
+use std::path::PathBuf;
+
 use serde::Deserialize;
 
 /// What the Redis backend answers when Redis fails (or its circuit breaker is open).
@@ -44,6 +46,16 @@ pub struct RedisSettings {
     /// Connections to Redis (lanes of group commit: each has at most one script call in
     /// flight, which carries every request that queued meanwhile).
     pub connections: usize,
+    /// CA certificates (PEM) that Redis's certificate must chain to, instead of the system's
+    /// roots (TLS URLs only).
+    pub tls_ca_file: Option<PathBuf>,
+    /// A client certificate chain (PEM) presented to Redis (mTLS); goes with `tls_key_file`.
+    pub tls_cert_file: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    pub tls_key_file: Option<PathBuf>,
+    /// Accept a certificate that `tls_ca_file` signed whatever names it carries (the chain is
+    /// still verified); needs `tls_ca_file`, not with Sentinel.
+    pub tls_skip_hostname_verification: bool,
 }
 
 impl Default for RedisSettings {
@@ -59,6 +71,10 @@ impl Default for RedisSettings {
             deny_cache_size: 100_000,
             functions: false,
             connections: 1,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_skip_hostname_verification: false,
         }
     }
 }
@@ -76,7 +92,59 @@ impl std::fmt::Debug for RedisSettings {
             .field("deny_cache_size", &self.deny_cache_size)
             .field("functions", &self.functions)
             .field("connections", &self.connections)
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_cert_file", &self.tls_cert_file)
+            .field("tls_key_file", &self.tls_key_file)
+            .field(
+                "tls_skip_hostname_verification",
+                &self.tls_skip_hostname_verification,
+            )
             .finish()
+    }
+}
+
+impl RedisSettings {
+    /// Whether any `tls_*` setting is given.
+    pub fn has_tls_settings(&self) -> bool {
+        self.tls_ca_file.is_some()
+            || self.tls_cert_file.is_some()
+            || self.tls_key_file.is_some()
+            || self.tls_skip_hostname_verification
+    }
+
+    /// Checks the `tls_*` settings against each other and the URL (the files are read when
+    /// the backend is built).
+    pub(super) fn check_tls(&self) -> Result<(), String> {
+        if !self.has_tls_settings() {
+            return Ok(());
+        }
+        if !self.url.starts_with("rediss") {
+            return Err(
+                "redis.tls_*: the TLS settings need a TLS URL (rediss://, rediss+sentinel:// \
+                 or rediss+cluster://)"
+                    .to_owned(),
+            );
+        }
+        if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
+            return Err("redis: tls_cert_file and tls_key_file go together".to_owned());
+        }
+        if self.tls_skip_hostname_verification {
+            if self.tls_ca_file.is_none() {
+                return Err(
+                    "redis.tls_skip_hostname_verification needs redis.tls_ca_file: \
+                     without a CA of its own, any certificate a public CA signed for any \
+                     name would be accepted"
+                        .to_owned(),
+                );
+            }
+            if self.url.starts_with("rediss+sentinel://") {
+                return Err(
+                    "redis.tls_skip_hostname_verification is not supported with Sentinel"
+                        .to_owned(),
+                );
+            }
+        }
+        Ok(())
     }
 }
 

@@ -14,6 +14,10 @@
 //! again after an error (a failover shows up as a lost connection or a `READONLY` reply).
 //! Cluster: per lane, a cluster connection, which follows slot moves and node changes itself.
 //!
+//! TLS ([`Tls`], from the `redis.tls_*` settings) applies to every kind: Redis's certificate
+//! must chain to `tls_ca_file` when given (else to the system's roots), and sluice presents
+//! `tls_cert_file` when given. With Sentinel, the sentinels get the same as the master.
+//!
 //! [`Conn`] is where the three kinds meet: it is a [`ConnectionLike`], so everything above
 //! this module sends commands without asking which kind it holds.
 
@@ -28,9 +32,52 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
-    AsyncConnectionConfig, Cmd, ConnectionAddr, Pipeline, RedisError, RedisFuture, RedisResult,
-    TlsMode, Value,
+    AsyncConnectionConfig, ClientTlsConfig, Cmd, ConnectionAddr, Pipeline, RedisError, RedisFuture,
+    RedisResult, TlsCertificates, TlsMode, Value,
 };
+
+use crate::config::settings::RedisSettings;
+use crate::tls::{read_ca, read_identity};
+
+/// TLS beyond the URL's scheme: the CA that Redis's certificate must chain to and the
+/// certificate sluice presents (`None`: the system's roots, no client certificate), and
+/// whether the certificate's names are left unchecked.
+#[derive(Clone, Default)]
+pub struct Tls {
+    certificates: Option<TlsCertificates>,
+    skip_hostname_verification: bool,
+}
+
+impl Tls {
+    /// Reads and checks the files of the `redis.tls_*` settings; the error names the setting
+    /// and the file.
+    pub fn from_settings(s: &RedisSettings) -> Result<Tls, String> {
+        let root_cert = match &s.tls_ca_file {
+            Some(path) => Some(read_ca(path).map_err(|e| format!("redis.tls_ca_file: {e}"))?),
+            None => None,
+        };
+        let client_tls = match (&s.tls_cert_file, &s.tls_key_file) {
+            (Some(cert), Some(key)) => {
+                let (client_cert, client_key) = read_identity(cert, key)
+                    .map_err(|e| format!("redis.tls_cert_file, redis.tls_key_file: {e}"))?;
+                Some(ClientTlsConfig {
+                    client_cert,
+                    client_key,
+                })
+            }
+            _ => None,
+        };
+        let certificates =
+            (root_cert.is_some() || client_tls.is_some()).then_some(TlsCertificates {
+                client_tls,
+                root_cert,
+            });
+        Ok(Tls {
+            certificates,
+            skip_hostname_verification: s.tls_skip_hostname_verification,
+        })
+    }
+}
 
 /// Time limits of connections.
 #[derive(Debug, Clone, Copy)]
@@ -102,17 +149,17 @@ enum Kind {
 impl Connector {
     /// Parses `url` and prepares `lanes` connections (at least one); no I/O happens until the
     /// first call.
-    pub fn new(url: &str, timeouts: Timeouts, lanes: usize) -> RedisResult<Connector> {
+    pub fn new(url: &str, tls: &Tls, timeouts: Timeouts, lanes: usize) -> RedisResult<Connector> {
         let kind = if let Some(rest) = url.strip_prefix("redis+sentinel://") {
-            sentinel(rest, false)?
+            sentinel(rest, None)?
         } else if let Some(rest) = url.strip_prefix("rediss+sentinel://") {
-            sentinel(rest, true)?
+            sentinel(rest, Some(tls))?
         } else if let Some(rest) = url.strip_prefix("redis+cluster://") {
-            cluster(rest, false, timeouts)?
+            cluster(rest, None, timeouts)?
         } else if let Some(rest) = url.strip_prefix("rediss+cluster://") {
-            cluster(rest, true, timeouts)?
+            cluster(rest, Some(tls), timeouts)?
         } else {
-            single(url, timeouts)?
+            single(url, tls, timeouts)?
         };
         let lanes = (0..lanes.max(1))
             .map(|_| Lane {
@@ -193,8 +240,27 @@ impl Connector {
     }
 }
 
-fn single(url: &str, t: Timeouts) -> RedisResult<Kind> {
-    let client = redis::Client::open(url)?;
+fn invalid(message: &'static str) -> RedisError {
+    RedisError::from((redis::ErrorKind::InvalidClientConfig, message))
+}
+
+fn single(url: &str, tls: &Tls, t: Timeouts) -> RedisResult<Kind> {
+    let mut client = match &tls.certificates {
+        Some(certificates) => redis::Client::build_with_tls(url, certificates.clone())?,
+        None => redis::Client::open(url)?,
+    };
+    let info = client.get_connection_info();
+    if let ConnectionAddr::TcpTls { insecure: true, .. } = info.addr() {
+        return Err(invalid(
+            "redis.url: #insecure (no certificate check at all) is not supported; give \
+             Redis's CA in redis.tls_ca_file",
+        ));
+    }
+    if tls.skip_hostname_verification {
+        let mut addr = info.addr().clone();
+        addr.set_danger_accept_invalid_hostnames(true);
+        client = redis::Client::open(info.clone().set_addr(addr))?;
+    }
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(t.connect))
         .set_response_timeout(Some(t.response))
@@ -249,7 +315,8 @@ fn hosts(rest: &str) -> RedisResult<Hosts<'_>> {
     })
 }
 
-fn sentinel(rest: &str, tls: bool) -> RedisResult<Kind> {
+/// `tls`: `None` for plain TCP.
+fn sentinel(rest: &str, tls: Option<&Tls>) -> RedisResult<Kind> {
     let h = hosts(rest)?;
     let master = h.path.trim_matches('/');
     if master.is_empty() {
@@ -258,8 +325,13 @@ fn sentinel(rest: &str, tls: bool) -> RedisResult<Kind> {
             "a Sentinel URL needs the master name: redis+sentinel://host:port,.../master_name",
         )));
     }
+    if tls.is_some_and(|t| t.skip_hostname_verification) {
+        return Err(invalid(
+            "redis.tls_skip_hostname_verification is not supported with Sentinel",
+        ));
+    }
     let addrs = h.hosts.into_iter().map(|(host, port)| {
-        if tls {
+        if tls.is_some() {
             ConnectionAddr::TcpTls {
                 host,
                 port,
@@ -277,17 +349,23 @@ fn sentinel(rest: &str, tls: bool) -> RedisResult<Kind> {
     if let Some(password) = h.password {
         b = b.set_client_to_redis_password(password);
     }
-    if tls {
+    if let Some(tls) = tls {
         b = b
             .set_client_to_redis_tls_mode(TlsMode::Secure)
             .set_client_to_sentinel_tls_mode(TlsMode::Secure);
+        if let Some(certificates) = &tls.certificates {
+            b = b
+                .set_client_to_redis_certificates(certificates.clone())
+                .set_client_to_sentinel_certificates(certificates.clone());
+        }
     }
     Ok(Kind::Sentinel(tokio::sync::Mutex::new(b.build()?)))
 }
 
-fn cluster(rest: &str, tls: bool, t: Timeouts) -> RedisResult<Kind> {
+/// `tls`: `None` for plain TCP.
+fn cluster(rest: &str, tls: Option<&Tls>, t: Timeouts) -> RedisResult<Kind> {
     let h = hosts(rest)?;
-    let scheme = if tls { "rediss" } else { "redis" };
+    let scheme = if tls.is_some() { "rediss" } else { "redis" };
     let nodes: Vec<String> = h
         .hosts
         .iter()
@@ -303,8 +381,13 @@ fn cluster(rest: &str, tls: bool, t: Timeouts) -> RedisResult<Kind> {
     if let Some(password) = h.password {
         b = b.password(password);
     }
-    if tls {
-        b = b.tls(TlsMode::Secure);
+    if let Some(tls) = tls {
+        b = b
+            .tls(TlsMode::Secure)
+            .danger_accept_invalid_hostnames(tls.skip_hostname_verification);
+        if let Some(certificates) = &tls.certificates {
+            b = b.certs(certificates.clone());
+        }
     }
     Ok(Kind::Cluster(b.build()?))
 }
@@ -327,6 +410,39 @@ mod tests {
         assert!(hosts("a:x").is_err());
     }
 
+    #[test]
+    fn tls_files_that_are_missing_or_unreadable_are_named_with_their_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(&junk, "not a certificate").unwrap();
+        let missing = dir.path().join("missing.pem");
+        let with = |ca: &std::path::Path, cert: Option<&std::path::Path>| RedisSettings {
+            url: "rediss://127.0.0.1:1".to_owned(),
+            tls_ca_file: Some(ca.to_path_buf()),
+            tls_cert_file: cert.map(std::path::Path::to_path_buf),
+            tls_key_file: cert.map(|_| junk.clone()),
+            ..RedisSettings::default()
+        };
+        let err = Tls::from_settings(&with(&missing, None)).err().unwrap();
+        assert!(err.starts_with("redis.tls_ca_file: "), "{err}");
+        assert!(err.contains("missing.pem"), "{err}");
+        let err = Tls::from_settings(&with(&junk, None)).err().unwrap();
+        assert!(err.contains("junk.pem: no certificate found"), "{err}");
+        let err = Tls::from_settings(&RedisSettings {
+            tls_ca_file: None,
+            ..with(&junk, Some(&missing))
+        })
+        .err()
+        .unwrap();
+        assert!(
+            err.starts_with("redis.tls_cert_file, redis.tls_key_file: "),
+            "{err}"
+        );
+        assert!(err.contains("missing.pem"), "{err}");
+        let none = Tls::from_settings(&RedisSettings::default()).unwrap();
+        assert!(none.certificates.is_none() && !none.skip_hostname_verification);
+    }
+
     #[tokio::test]
     async fn urls_of_every_form_parse_without_io() {
         let t = Timeouts {
@@ -339,11 +455,15 @@ mod tests {
             "redis+sentinel://127.0.0.1:1,127.0.0.1:2/m",
             "redis+cluster://127.0.0.1:1,127.0.0.1:2",
         ] {
-            assert!(Connector::new(url, t, 2).is_ok(), "{url}");
+            assert!(Connector::new(url, &Tls::default(), t, 2).is_ok(), "{url}");
         }
-        assert!(Connector::new("redis+sentinel://127.0.0.1:1", t, 1).is_err());
-        assert!(Connector::new("http://x", t, 1).is_err());
-        let cluster = Connector::new("redis+cluster://127.0.0.1:1", t, 0).unwrap();
+        let none = Tls::default();
+        assert!(Connector::new("redis+sentinel://127.0.0.1:1", &none, t, 1).is_err());
+        assert!(Connector::new("http://x", &none, t, 1).is_err());
+        let insecure = Connector::new("rediss://127.0.0.1:1/#insecure", &none, t, 1);
+        let err = insecure.err().expect("#insecure is refused").to_string();
+        assert!(err.contains("#insecure"), "{err}");
+        let cluster = Connector::new("redis+cluster://127.0.0.1:1", &none, t, 0).unwrap();
         assert!(cluster.is_cluster());
         assert_eq!(cluster.lanes(), 1, "at least one lane");
     }

@@ -45,7 +45,7 @@ use super::{
 };
 use crate::config::settings::{OnError, RedisSettings};
 use breaker::Breaker;
-use connection::{Connector, Timeouts};
+use connection::{Connector, Timeouts, Tls};
 use deny_cache::DenyCache;
 use group_commit::{GroupCommit, Request, Shared};
 use script::{Functions, Mode, Unit};
@@ -121,7 +121,8 @@ impl RedisLimiter {
             connect: Duration::from_millis(settings.connect_timeout_ms.max(1)),
             response: Duration::from_millis(settings.timeout_ms.max(1)),
         };
-        let connector = Connector::new(&settings.url, timeouts, settings.connections)
+        let tls = Tls::from_settings(settings).map_err(|e| config_error(&e))?;
+        let connector = Connector::new(&settings.url, &tls, timeouts, settings.connections)
             .map_err(|e| config_error(&e.to_string()))?;
         Ok(RedisLimiter {
             commit: GroupCommit::new(Shared {
