@@ -15,10 +15,12 @@ ARG RUST_VERSION=1.95
 FROM docker.io/library/rust:${RUST_VERSION}-bookworm AS build
 WORKDIR /src
 COPY . .
-# The registry and target caches survive between builds (BuildKit cache mounts).
+# The registry and target caches survive between builds (BuildKit cache mounts). The image
+# is built with `otel`, so span export (`log.otlp_endpoint`, or `TRACING_ENABLED` when started
+# as `ratelimit`) works in it.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bin sluice \
+    cargo build --release --locked --features otel --bin sluice \
     && install -D -m 0755 target/release/sluice /out/sluice \
     && mkdir -p /out/bin && ln -s /usr/local/bin/sluice /out/bin/ratelimit
 
