@@ -192,17 +192,8 @@ mod tests {
         let stats = RatelimitStats::new(0.8, 10);
         let entries = [Entry::new("a", "x"), Entry::new("b", "y")];
         let report = DescriptorReport {
-            domain: "d",
-            entries: &entries,
-            matched: None,
-            cost: 1,
-            refund: false,
-            over: true,
-            shadow: false,
-            rule_shadow: false,
-            capacity: 1,
-            remaining: 0,
             local_cache: true,
+            ..DescriptorReport::denied("d", &entries)
         };
         stats.descriptor(&report);
         stats.unknown_domain("nowhere", 2);

@@ -522,17 +522,9 @@ mod tests {
         let stats = RatelimitStats::new(0.8, 10);
         let entries = [Entry::new("user", "a")];
         let mut report = DescriptorReport {
-            domain: "d",
-            entries: &entries,
-            matched: None,
             cost: 2,
-            refund: false,
-            over: true,
-            shadow: false,
-            rule_shadow: false,
-            capacity: 1,
-            remaining: 0,
             local_cache: true,
+            ..DescriptorReport::denied("d", &entries)
         };
         stats.descriptor(&report);
         report.local_cache = false;

@@ -60,6 +60,28 @@ pub struct DescriptorReport<'a> {
     pub local_cache: bool,
 }
 
+#[cfg(test)]
+impl<'a> DescriptorReport<'a> {
+    /// For tests: a descriptor of `domain` with `entries` and no rule (an override), costing 1,
+    /// denied by a limit of capacity 1 with nothing left, from the backend; change a field with
+    /// struct update syntax.
+    pub(crate) fn denied(domain: &'a str, entries: &'a [Entry]) -> DescriptorReport<'a> {
+        DescriptorReport {
+            domain,
+            entries,
+            matched: None,
+            cost: 1,
+            refund: false,
+            over: true,
+            shadow: false,
+            rule_shadow: false,
+            capacity: 1,
+            remaining: 0,
+            local_cache: false,
+        }
+    }
+}
+
 /// How a request ended.
 #[derive(Debug, Clone, Copy)]
 pub enum RequestResult<'a> {

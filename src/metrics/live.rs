@@ -193,17 +193,10 @@ mod tests {
     fn report(capacity: u64, remaining: u64, over: bool) -> u32 {
         let entries = [Entry::new("k", "v")];
         used_ppm(&DescriptorReport {
-            domain: "d",
-            entries: &entries,
-            matched: None,
-            cost: 1,
-            refund: false,
             over,
-            shadow: false,
-            rule_shadow: false,
             capacity,
             remaining,
-            local_cache: false,
+            ..DescriptorReport::denied("d", &entries)
         })
     }
 

@@ -384,19 +384,7 @@ mod tests {
 
     fn deny(top: &TopDenied, value: &str) {
         let entries = [Entry::new("user", value)];
-        top.record(&DescriptorReport {
-            domain: "d",
-            entries: &entries,
-            matched: None,
-            cost: 1,
-            refund: false,
-            over: true,
-            shadow: false,
-            rule_shadow: false,
-            capacity: 1,
-            remaining: 0,
-            local_cache: false,
-        });
+        top.record(&DescriptorReport::denied("d", &entries));
     }
 
     #[test]

@@ -809,12 +809,7 @@ async fn statsd_lines(dog: bool) {
     );
     let _rl = Ratelimit::start(&link, &env);
     healthy(&ports).await;
-    let channel = Channel::from_shared(format!("http://127.0.0.1:{}", ports.grpc))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = RateLimitServiceClient::new(channel);
+    let mut client = plain_client(&ports).await;
     // Over TCP, with SHADOW_MODE: two more for alice, over the limit, let through by the
     // global shadow mode; Redis denies the first, the deny cache answers the second.
     let alice = if dog { 5 } else { 7 };
@@ -953,12 +948,7 @@ mappings:
     );
     let _rl = Ratelimit::start(&link, &env);
     healthy(&ports).await;
-    let channel = Channel::from_shared(format!("http://127.0.0.1:{}", ports.grpc))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = RateLimitServiceClient::new(channel);
+    let mut client = plain_client(&ports).await;
     for _ in 0..7 {
         client
             .should_rate_limit(rls("rl", &[("user", "alice")]))
@@ -1124,4 +1114,11 @@ fn envoy_gateways_deployment_with_sluices_image_validates() {
         .map(|p| yaml::int_at(p, "containerPort"))
         .collect();
     assert_eq!(ports, [8081, 19001]);
+}
+
+/// A client of the plain-text gRPC port of a started `ratelimit`.
+async fn plain_client(ports: &Ports) -> RateLimitServiceClient<Channel> {
+    let url = format!("http://127.0.0.1:{}", ports.grpc);
+    let channel = Channel::from_shared(url).unwrap().connect().await.unwrap();
+    RateLimitServiceClient::new(channel)
 }
