@@ -138,8 +138,11 @@ impl Functions {
 /// ARGV fields per distinct limit.
 const LIMIT_FIELDS: usize = 5;
 
-/// ARGV fields per hit.
-const HIT_FIELDS: usize = 5;
+/// Bytes of a request's header in the binary ARGV (mode `B`, hit count `I4`).
+const REQUEST_BYTES: usize = 5;
+
+/// Bytes per hit in the binary ARGV (slot `I4`, limit `I4`, cost `d`, group `I4`, role `B`).
+const HIT_BYTES: usize = 21;
 
 /// The largest integer the script handles exactly (2^53 - 1); larger inputs are clamped.
 pub const MAX_EXACT: u64 = (1 << 53) - 1;
@@ -186,8 +189,44 @@ pub struct Call {
     unit: Unit,
 }
 
+/// One hit as the binary ARGV carries it: slot, limit, cost, group, role (for tests).
+#[cfg(test)]
+type EncodedHit = (u32, u32, f64, u32, u8);
+
 impl Call {
-    /// Its KEYS and ARGV, as text (for tests and debugging).
+    /// Its requests, read back from the binary ARGV: per request its mode byte and its hits.
+    #[cfg(test)]
+    fn requests(&self) -> Vec<(u8, Vec<EncodedHit>)> {
+        let Some(redis::Arg::Simple(blob)) = self.cmd.args_iter().last() else {
+            return Vec::new();
+        };
+        let u32_at = |at: usize| u32::from_le_bytes(blob[at..at + 4].try_into().unwrap());
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at < blob.len() {
+            let (mode, count) = (blob[at], u32_at(at + 1));
+            at += REQUEST_BYTES;
+            let hits = (0..count)
+                .map(|_| {
+                    let cost = f64::from_le_bytes(blob[at + 8..at + 16].try_into().unwrap());
+                    let hit = (
+                        u32_at(at),
+                        u32_at(at + 4),
+                        cost,
+                        u32_at(at + 16),
+                        blob[at + 20],
+                    );
+                    at += HIT_BYTES;
+                    hit
+                })
+                .collect();
+            out.push((mode, hits));
+        }
+        out
+    }
+
+    /// Its KEYS and ARGV, as text (for tests and debugging; the last ARGV, the requests, is
+    /// binary).
     pub fn keys_and_args(&self) -> (Vec<String>, Vec<String>) {
         let mut args = self.cmd.args_iter().skip(2).map(|a| match a {
             redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
@@ -213,9 +252,10 @@ pub fn encode(
     let (keys, slot_of) = distinct(all().map(|h| &*h.key), count);
     let (limits, limit_of) = distinct(all().map(|h| script_limit(&h.limit, unit)), count);
     let key_bytes: usize = keys.iter().map(|k| prefix.len() + k.len()).sum();
+    let blob_bytes = REQUEST_BYTES * parts.len() + HIT_BYTES * count;
     let mut cmd = Cmd::with_capacity(
-        6 + keys.len() + LIMIT_FIELDS * limits.len() + 2 * parts.len() + HIT_FIELDS * count,
-        80 + key_bytes + 40 * limits.len() + 16 * parts.len() + 32 * count,
+        6 + keys.len() + LIMIT_FIELDS * limits.len(),
+        80 + key_bytes + 40 * limits.len() + blob_bytes,
     );
     match via {
         Via::Function => cmd.arg("FCALL").arg(LIBRARY.name.as_str()),
@@ -236,17 +276,20 @@ pub fn encode(
         push_limit(&mut cmd, limit);
     }
     cmd.arg(parts.len());
+    // The requests, one binary argument written in place (writing into the command's own
+    // buffer cannot fail).
+    let mut blob = cmd.writer_for_next_arg();
     let mut indices = slot_of.into_iter().zip(limit_of);
     for part in parts {
-        cmd.arg(match part.mode {
-            Mode::Request => "request",
-            Mode::Independent => "independent",
-        });
-        cmd.arg(part.hits.len());
+        let mut head = [0; REQUEST_BYTES];
+        head[0] = u8::from(part.mode == Mode::Independent);
+        head[1..].copy_from_slice(&index(part.hits.len()).to_le_bytes());
+        let _ = blob.write_all(&head);
         for (hit, (slot, limit)) in part.hits.iter().zip(indices.by_ref()) {
-            push_hit(&mut cmd, hit, slot + 1, limit + 1);
+            let _ = blob.write_all(&encode_hit(hit, slot + 1, limit + 1));
         }
     }
+    drop(blob);
     Call {
         cmd,
         via,
@@ -258,9 +301,9 @@ pub fn encode(
 /// The encoded size of a call's arguments for `hits`, roughly (for bounding a batch).
 pub fn encoded_size(hits: &[Hit], prefix: &[u8]) -> usize {
     hits.iter()
-        .map(|h| prefix.len() + h.key.len() + 14 + 32 + 40)
+        .map(|h| prefix.len() + h.key.len() + HIT_BYTES + 40)
         .sum::<usize>()
-        + 16
+        + REQUEST_BYTES
 }
 
 /// A limit as the script takes it: period in microseconds, flags (1 borrow, 2 always).
@@ -295,20 +338,29 @@ fn push_limit(cmd: &mut Cmd, l: &ScriptLimit) {
         .arg(l.flags);
 }
 
-fn push_hit(cmd: &mut Cmd, hit: &Hit, slot: usize, limit: usize) {
-    let role = match (hit.role, hit.refund) {
-        (Role::Enforced, false) => "e",
-        (Role::Shadow, false) => "s",
-        (Role::Quota, false) => "q",
-        (Role::Enforced, true) => "E",
-        (Role::Shadow, true) => "S",
-        (Role::Quota, true) => "Q",
-    };
-    cmd.arg(slot)
-        .arg(limit)
-        .arg(hit.cost.min(MAX_EXACT))
-        .arg(hit.group)
-        .arg(role);
+/// A hit's 21 bytes in the binary ARGV (see `HIT_FORMAT` in `prelude.lua`).
+fn encode_hit(hit: &Hit, slot: usize, limit: usize) -> [u8; HIT_BYTES] {
+    let role = match hit.role {
+        Role::Enforced => 0,
+        Role::Shadow => 1,
+        Role::Quota => 2,
+    } + if hit.refund { 8 } else { 0 };
+    let mut out = [0; HIT_BYTES];
+    out[0..4].copy_from_slice(&index(slot).to_le_bytes());
+    out[4..8].copy_from_slice(&index(limit).to_le_bytes());
+    // Exact: at most 2^53 - 1.
+    #[allow(clippy::cast_precision_loss)]
+    let cost = hit.cost.min(MAX_EXACT) as f64;
+    out[8..16].copy_from_slice(&cost.to_le_bytes());
+    out[16..20].copy_from_slice(&index(hit.group).to_le_bytes());
+    out[20] = role;
+    out
+}
+
+/// A count or index as the binary ARGV's `I4` (a call never holds 2^32 keys, limits, hits or
+/// descriptors; saturated rather than wrapped, so a larger one is refused by the script).
+fn index(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 /// The distinct items (`len` of them in all), in order of first appearance, and the index of
@@ -558,17 +610,15 @@ mod tests {
         ];
         assert_eq!(args[..2], ["", "2"]);
         assert_eq!(args[2..2 + 2 * LIMIT_FIELDS], limits);
-        let requests = &args[2 + 2 * LIMIT_FIELDS..];
-        assert_eq!(requests[..2], ["1", "request"]);
-        let hits = &requests[2..];
-        assert_eq!(hits[0], "3");
+        assert_eq!(args[2 + 2 * LIMIT_FIELDS], "1", "one request");
+        assert_eq!(args.len(), 4 + 2 * LIMIT_FIELDS, "then one binary argument");
+        let q = 9_007_199_254_740_991.0;
         assert_eq!(
-            hits[1..].chunks(HIT_FIELDS).collect::<Vec<_>>(),
-            [
-                ["1", "1", "9007199254740991", "0", "q"],
-                ["2", "2", "9007199254740991", "1", "S"],
-                ["1", "1", "9007199254740991", "2", "q"],
-            ]
+            call.requests(),
+            [(
+                0,
+                vec![(1, 1, q, 0, 2), (2, 2, q, 1, 1 + 8), (1, 1, q, 2, 2)]
+            )]
         );
     }
 
@@ -594,7 +644,8 @@ mod tests {
         let (_, args) = call.keys_and_args();
         assert_eq!(args[..4], ["9", "1", "f", "3"]);
         assert_eq!(args[4], "1500001");
-        assert_eq!(args[7..9], ["1", "independent"]);
+        assert_eq!(args[7], "1");
+        assert_eq!(call.requests()[0].0, 1, "independent");
         let reply = Value::Array([1, 1, 2, 7].map(Value::Int).to_vec());
         let o = decode(reply, &call).unwrap();
         assert_eq!(o[0].hits[0].reset_nanos, 7_000);
@@ -617,31 +668,13 @@ mod tests {
         let call = encode(&parts, b"", Unit::Micros, None, Via::Script);
         let (keys, args) = call.keys_and_args();
         assert_eq!(keys, ["a", "b"]);
-        let requests = &args[2 + LIMIT_FIELDS..];
-        let q = "9007199254740991";
+        assert_eq!(args[2 + LIMIT_FIELDS], "2");
+        let q = 9_007_199_254_740_991.0;
         assert_eq!(
-            requests,
+            call.requests(),
             [
-                "2",
-                "request",
-                "2",
-                "1",
-                "1",
-                q,
-                "0",
-                "q",
-                "2",
-                "1",
-                q,
-                "1",
-                "q", //
-                "independent",
-                "1",
-                "2",
-                "1",
-                q,
-                "0",
-                "q",
+                (0, vec![(1, 1, q, 0, 2), (2, 1, q, 1, 2)]),
+                (1, vec![(2, 1, q, 0, 2)]),
             ]
         );
         let ints = |v: &[i64]| Value::Array(v.iter().copied().map(Value::Int).collect());
