@@ -504,7 +504,15 @@ async fn send<C: ConnectionLike + Send>(conn: &mut C, cmd: &Cmd) -> redis::Redis
     }
 }
 
-/// Decodes the script's reply to `call`: one outcome per request, resets in the call's unit.
+/// The reply's marker of a denied hit (then its wait).
+const REPLY_DENIED: i64 = -1;
+
+/// The reply's marker of an admitted hit with the remaining and reset of the admitted hit
+/// before it (the same key and limit).
+const REPLY_SAME: i64 = -2;
+
+/// Decodes the script's reply to `call` (its short form: see the top of `prelude.lua`): one
+/// outcome per request, resets in the call's unit.
 pub fn decode(reply: Value, call: &Call) -> Result<Vec<BatchOutcome>, RedisError> {
     let bad = |what: &str| {
         RedisError::from((ErrorKind::Parse, "unexpected script reply", what.to_owned()))
@@ -512,47 +520,55 @@ pub fn decode(reply: Value, call: &Call) -> Result<Vec<BatchOutcome>, RedisError
     let Value::Array(items) = reply else {
         return Err(bad("not an array"));
     };
-    let want: usize = call.hits.iter().map(|h| 1 + 3 * h).sum();
-    if items.len() != want || want == 0 {
-        return Err(bad(&format!(
-            "{} items for {} hits in {} requests",
-            items.len(),
-            call.hits.iter().sum::<usize>(),
-            call.hits.len()
-        )));
-    }
-    let int = |v: &Value| match v {
-        Value::Int(n) => u64::try_from(*n).map_err(|_| bad("negative integer")),
+    let mut items = items.iter().map(|v| match v {
+        Value::Int(n) => Ok(*n),
         _ => Err(bad("not an integer")),
-    };
-    let scale = match call.unit {
+    });
+    let mut next = || items.next().unwrap_or_else(|| Err(bad("short reply")));
+    let scale: u64 = match call.unit {
         Unit::Nanos => 1_000,
         Unit::Micros => 1,
     };
-    let mut rest = items.as_slice();
+    let time = |n: i64| {
+        u64::try_from(n)
+            .map(|n| n.saturating_mul(scale))
+            .map_err(|_| bad("negative time"))
+    };
     let mut outcomes = Vec::with_capacity(call.hits.len());
     for &count in &call.hits {
-        let Some((head, tail)) = rest.split_first() else {
-            return Err(bad("short reply"));
-        };
-        let Some((per_hit, next)) = tail.split_at_checked(3 * count) else {
-            return Err(bad("short reply"));
-        };
-        rest = next;
+        let admitted = next()? == 1;
         let mut hits = Vec::with_capacity(count);
-        for hit in per_hit.chunks_exact(3) {
-            if let [admitted, remaining, reset] = hit {
-                hits.push(HitOutcome {
-                    admitted: int(admitted)? == 1,
-                    remaining: int(remaining)?,
-                    reset_nanos: int(reset)?.saturating_mul(scale),
-                });
-            }
+        let mut last = None;
+        for _ in 0..count {
+            let hit = match next()? {
+                REPLY_DENIED => HitOutcome {
+                    admitted: false,
+                    remaining: 0,
+                    reset_nanos: time(next()?)?,
+                },
+                REPLY_SAME => last.ok_or_else(|| bad("a repeat with no admitted hit before"))?,
+                remaining => {
+                    let remaining =
+                        u64::try_from(remaining).map_err(|_| bad("negative remaining"))?;
+                    let hit = HitOutcome {
+                        admitted: true,
+                        remaining,
+                        reset_nanos: time(next()?)?,
+                    };
+                    last = Some(hit);
+                    hit
+                }
+            };
+            hits.push(hit);
         }
-        outcomes.push(BatchOutcome {
-            hits,
-            admitted: int(head)? == 1,
-        });
+        outcomes.push(BatchOutcome { hits, admitted });
+    }
+    if items.next().is_some() || outcomes.is_empty() {
+        return Err(bad(&format!(
+            "more items than {} hits in {} requests",
+            call.hits.iter().sum::<usize>(),
+            call.hits.len()
+        )));
     }
     Ok(outcomes)
 }
@@ -646,7 +662,7 @@ mod tests {
         assert_eq!(args[4], "1500001");
         assert_eq!(args[7], "1");
         assert_eq!(call.requests()[0].0, 1, "independent");
-        let reply = Value::Array([1, 1, 2, 7].map(Value::Int).to_vec());
+        let reply = Value::Array([1, 2, 7].map(Value::Int).to_vec());
         let o = decode(reply, &call).unwrap();
         assert_eq!(o[0].hits[0].reset_nanos, 7_000);
     }
@@ -678,12 +694,12 @@ mod tests {
             ]
         );
         let ints = |v: &[i64]| Value::Array(v.iter().copied().map(Value::Int).collect());
-        let out = decode(ints(&[0, 1, 5, 6, 0, 0, 9, 1, 1, 2, 3]), &call).unwrap();
+        let out = decode(ints(&[0, 5, 6, -1, 9, 1, 2, 3]), &call).unwrap();
         assert_eq!(out.len(), 2);
         assert!(!out[0].admitted && out[1].admitted);
         assert_eq!(out[0].hits[1].reset_nanos, 9);
         assert_eq!(out[1].hits[0].remaining, 2);
-        assert!(decode(ints(&[0, 1, 5, 6, 0, 0, 9, 1]), &call).is_err());
+        assert!(decode(ints(&[0, 5, 6, -1, 9, 1]), &call).is_err());
     }
 
     /// A connection answering from a script, recording the command names it was sent.
@@ -866,6 +882,31 @@ mod tests {
     }
 
     #[test]
+    fn a_repeat_in_the_reply_is_the_admitted_hit_before_it() {
+        let hits = [hit("a", 0), hit("a", 1), hit("a", 2), hit("a", 3)];
+        let call = encode(
+            &one(&hits, Mode::Request),
+            b"",
+            Unit::Nanos,
+            None,
+            Via::Script,
+        );
+        let ints = |v: &[i64]| Value::Array(v.iter().copied().map(Value::Int).collect());
+        let o = decode(ints(&[0, 4, 5, -1, 7, -2, -2]), &call).unwrap();
+        let admitted = HitOutcome {
+            admitted: true,
+            remaining: 4,
+            reset_nanos: 5_000,
+        };
+        let denied = HitOutcome {
+            admitted: false,
+            remaining: 0,
+            reset_nanos: 7_000,
+        };
+        assert_eq!(o[0].hits, [admitted, denied, admitted, admitted]);
+    }
+
+    #[test]
     fn decode_checks_the_shape() {
         let hits = [hit("a", 0)];
         let call = encode(
@@ -876,7 +917,7 @@ mod tests {
             Via::Script,
         );
         let ints = |v: &[i64]| Value::Array(v.iter().copied().map(Value::Int).collect());
-        let o = decode(ints(&[1, 1, 2, 3]), &call).unwrap();
+        let o = decode(ints(&[1, 2, 3]), &call).unwrap();
         assert!(o[0].admitted);
         assert_eq!(
             o[0].hits[0],
@@ -886,9 +927,18 @@ mod tests {
                 reset_nanos: 3
             }
         );
-        assert!(decode(ints(&[1]), &call).is_err());
+        assert!(decode(ints(&[1]), &call).is_err(), "short");
+        assert!(decode(ints(&[1, 2, 3, 4]), &call).is_err(), "long");
         assert!(decode(Value::Nil, &call).is_err());
-        assert!(decode(ints(&[-1, 1, 2, 3]), &call).is_err());
+        assert!(
+            decode(ints(&[1, -3, 3]), &call).is_err(),
+            "negative remaining"
+        );
+        assert!(decode(ints(&[1, -1, -3]), &call).is_err(), "negative wait");
+        assert!(
+            decode(ints(&[1, -2]), &call).is_err(),
+            "a repeat of nothing"
+        );
         assert!(decode(ints(&[]), &call).is_err());
     }
 }

@@ -162,25 +162,29 @@ for r = 1, nrequests do
     end
   end
 
-  -- Report (before writing: a state may still read its stored key). An admitted hit on the
-  -- same key and limit as the admitted hit before it reads the same final state with the same
-  -- parameters: its remaining and reset are that hit's, not computed again.
+  -- Report (before writing: a state may still read its stored key), in the reply's short
+  -- form (see the prelude). An admitted hit on the same key and limit as the admitted hit
+  -- before it reads the same final state with the same parameters: its remaining and reset
+  -- are that hit's, neither computed nor sent again.
   n = n + 1
   reply[n] = request_ok and 1 or 0
-  local prev_slot, prev_params, remaining, reset = nil, nil, 0, 0
+  local prev_slot, prev_params = nil, nil
   for i = first, last do
     if hit_ok[i] then
       local s, p = hit_slot[i], hit_params[i]
-      if s ~= prev_slot or p ~= prev_params then
+      if s == prev_slot and p == prev_params then
+        n = n + 1
+        reply[n] = REPLY_SAME
+      else
         local algo, fin = hit_algo[i], key_state[s]
-        remaining, reset = algo.remaining(p, fin, now), algo.reset(p, fin, now)
+        reply[n + 1], reply[n + 2] = algo.remaining(p, fin, now), algo.reset(p, fin, now)
+        n = n + 2
         prev_slot, prev_params = s, p
       end
-      reply[n + 1], reply[n + 2], reply[n + 3] = 1, remaining, reset
     else
-      reply[n + 1], reply[n + 2], reply[n + 3] = 0, 0, hit_wait[i]
+      reply[n + 1], reply[n + 2] = REPLY_DENIED, hit_wait[i]
+      n = n + 2
     end
-    n = n + 3
   end
 
   -- Write: keys no cost touched are left alone; the others are stored until they are fresh

@@ -58,10 +58,12 @@
 -- The limits' fields are decimal integers, each parsed once; the requests are unpacked,
 -- whole, before any key is read (a malformed call fails before anything is written).
 --
--- Reply: per request, in order: { request_admitted, then per hit: admitted, remaining,
--- reset_micros }, all integers in one flat array (admitted flags are 1 or 0). reset_micros:
--- for an admitted hit, until the full quota is back; for a denied one, until this hit would
--- be admitted.
+-- Reply: one flat array of integers; per request, in order: request_admitted (1 or 0), then
+-- per hit, one of:
+--   remaining, reset_micros   admitted (remaining >= 0); reset: until the full quota is back
+--   -1, wait_micros           denied (REPLY_DENIED); wait: until this hit would be admitted
+--   -2                        admitted, on the same key and limit as the admitted hit before
+--                             it in the request (REPLY_SAME): the same remaining and reset
 --
 -- Storage: each key holds its algorithm's state (the format is at the top of each algorithm's
 -- file). A key a cost was applied to is written back with a TTL of exactly the time until its
@@ -74,6 +76,8 @@ local MAX = 9007199254740991
 local REQUEST_FORMAT, REQUEST_BYTES = "<BI4", 5
 local HIT_FORMAT, HIT_BYTES = "<I4I4dI4B", 21
 local ROLE_ENFORCED, ROLE_QUOTA = 0, 2
+-- The reply's markers (see above).
+local REPLY_DENIED, REPLY_SAME = -1, -2
 
 -- Per algorithm code, a function building that algorithm's table of functions. The script
 -- runs whole on every call, so an algorithm's functions are only made for the requests that
