@@ -3,15 +3,16 @@
 
 Starts a redis-server on a free loopback port, loads the script (or the function library)
 made of src/limiter/redis/lua/*.lua exactly as src/limiter/redis/script.rs makes it, and sends
-CALLS calls, each a batch of REQUESTS requests of HITS funnel hits on one key (the shape of
-benches/e2e.py's scenarios `one` and `ten` under group commit: one user key per request,
-users spread over 10,000 values), pipelined 16 at a time over one connection. Prints Redis's
+CALLS calls, each a batch of REQUESTS requests of HITS funnel hits (the shape of
+benches/e2e.py's scenarios `one` and `ten` under group commit: each hit on the key of a user
+drawn from 10,000, as `sluice bench --spread` draws one per descriptor), pipelined 16 at a time over one connection. Prints Redis's
 own `usec_per_call` (INFO commandstats) per call and per request, and redis-server's CPU per
 request from /proc (its main thread included, so RESP parsing and the reply too).
 
     python3 benches/lua_alone.py                   # hits 1 and 10, script and function
     python3 benches/lua_alone.py --hits 10 --requests 24 --calls 4000
 
+SLUICE_LUA_DIR=DIR reads the Lua files from DIR instead (another version, for an A/B).
 The encoding mirrors script.rs's `encode` (the contract at the top of lua/prelude.lua).
 """
 
@@ -22,10 +23,11 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 
-LUA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src", "limiter", "redis",
-                   "lua")
+LUA = os.environ.get("SLUICE_LUA_DIR") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "src", "limiter", "redis", "lua")
 ALGORITHMS = ["funnel", "token_bucket", "fixed_window", "sliding_window", "sliding_log"]
 SCRIPT_MAKERS = "for l = 1, tonumber(ARGV[2]) or 0 do MAKERS[ARGV[5 * l - 2]] = true end"
 LIBRARY_MAKERS = "MAKERS.f, MAKERS.b, MAKERS.w, MAKERS.s, MAKERS.l = true, true, true, true, true"
@@ -128,14 +130,15 @@ def measure(conn, pid, head, hits, requests, calls, rng, limit):
         for _ in range(min(16, calls - sent)):
             batch = []
             for _ in range(requests):
-                key = f"{{bench|user=user-{rng.randrange(10000)}}}:funnel:3600"
-                batch.append([(key, g) for g in range(hits)])
+                # As `sluice bench --spread user=10000` draws them: each descriptor its own.
+                batch.append([(f"{{bench|user=user-{rng.randrange(10000)}}}:funnel:3600", g)
+                              for g in range(hits)])
             keys, argv = encode(batch, limit)
             commands.append([*head, len(keys), *keys, *argv])
         for reply in conn.pipeline(commands):
-            # The short form: verdict, then per request remaining and reset of its first
-            # hit and a repeat marker for each of the others (all admitted).
-            if len(reply) != requests * (3 + (hits - 1)):
+            # The short form: per request its verdict, then remaining and reset per hit (all
+            # admitted; a key drawn twice in a request repeats with one item).
+            if not requests * (3 + hits - 1) <= len(reply) <= requests * (1 + 2 * hits):
                 raise RuntimeError(f"reply of {len(reply)} items")
         sent += len(commands)
     wall, cpu = time.time() - t0, cpu_secs(pid) - cpu0
@@ -146,20 +149,38 @@ def measure(conn, pid, head, hits, requests, calls, rng, limit):
     return usec, cpu * 1e6 / (calls * requests), calls * requests / wall
 
 
+def instructions(out):
+    """The instructions of the newest callgrind dump in `out` (then removed)."""
+    dumps = sorted((f for f in os.listdir(out) if f.startswith("cg.out.")),
+                   key=lambda f: int(f.rsplit(".", 1)[1]))
+    path = os.path.join(out, dumps[-1])
+    with open(path) as f:
+        total = next(int(l.split()[1]) for l in f if l.startswith(("summary:", "totals:")))
+    os.remove(path)
+    return total
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--hits", type=int, action="append")
     p.add_argument("--requests", type=int, default=24)
     p.add_argument("--calls", type=int, default=3000)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--callgrind", action="store_true",
+                   help="run redis-server under valgrind's callgrind and print the instructions it "
+                        "executes per request instead of times (independent of the machine's load)")
     args = p.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
-                               "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    out = tempfile.mkdtemp()
+    wrap = (["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/cg.out",
+             "--dump-instr=no"] if args.callgrind else [])
+    server = subprocess.Popen([*wrap, "redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                               "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
     try:
-        for _ in range(100):
+        for _ in range(600):
             try:
                 conn = Conn(port)
                 conn.call("PING")
@@ -178,6 +199,19 @@ def main():
             for head in (["EVALSHA", sha], ["FCALL", lib]):
                 for r in range(args.rounds):
                     conn.call("FLUSHALL")
+                    if args.callgrind:
+                        measure(conn, server.pid, head, hits, args.requests, 20, rng, limit)
+                        subprocess.run(["callgrind_control", "-z", str(server.pid)], check=True,
+                                       capture_output=True)
+                        measure(conn, server.pid, head, hits, args.requests, args.calls, rng,
+                                limit)
+                        subprocess.run(["callgrind_control", "-d", str(server.pid)], check=True,
+                                       capture_output=True)
+                        ir = instructions(out)
+                        print(f"hits {hits:>2} {head[0]:<7} round {r + 1}: "
+                              f"{ir / (args.calls * args.requests):,.0f} instructions/request",
+                              flush=True)
+                        continue
                     usec, cpu, rate = measure(conn, server.pid, head, hits, args.requests,
                                               args.calls, rng, limit)
                     print(f"hits {hits:>2} {head[0]:<7} round {r + 1}: usec_per_call {usec:8.1f}"

@@ -380,7 +380,7 @@ fn distinct<T: Copy + Eq + Hash>(
             index.push(at);
         }
     } else {
-        let mut seen = HashMap::with_capacity(len);
+        let mut seen = HashMap::with_capacity_and_hasher(len, ahash::RandomState::new());
         for item in items {
             let next = found.len();
             let at = *seen.entry(item).or_insert(next);
