@@ -149,6 +149,15 @@ def measure(conn, pid, head, hits, requests, calls, rng, limit):
     return usec, cpu * 1e6 / (calls * requests), calls * requests / wall
 
 
+def populate(conn):
+    """Every user's key holds a state, as after the warm-up of an end-to-end run: a funnel's
+    tat a little ahead of now (1,000,000 per hour: 3.6 ms per request)."""
+    now = int(time.time() * 1e6)
+    for first in range(0, 10000, 1000):
+        conn.pipeline([["SET", f"{{bench|user=user-{u}}}:funnel:3600", str(now + 3600 * (u % 7)),
+                        "PX", "3600000"] for u in range(first, first + 1000)])
+
+
 def instructions(out):
     """The instructions of the newest callgrind dump in `out` (then removed)."""
     dumps = sorted((f for f in os.listdir(out) if f.startswith("cg.out.")),
@@ -199,6 +208,7 @@ def main():
             for head in (["EVALSHA", sha], ["FCALL", lib]):
                 for r in range(args.rounds):
                     conn.call("FLUSHALL")
+                    populate(conn)
                     if args.callgrind:
                         measure(conn, server.pid, head, hits, args.requests, 20, rng, limit)
                         subprocess.run(["callgrind_control", "-z", str(server.pid)], check=True,
