@@ -196,7 +196,10 @@ impl GroupCommit {
         };
         if let Some(job) = alone {
             let _leading = Leading(lane);
-            call(&self.shared, index, vec![job]).await;
+            // Boxed: a call's future (encoding, sending, retrying by script) is about 4 KiB,
+            // which would otherwise be part of every request's future, and be copied with it
+            // each time that future moves, though most requests never lead a call.
+            Box::pin(call(&self.shared, index, vec![job])).await;
         }
         answer
             .await
