@@ -20,9 +20,11 @@
 //!   `FCALL`) goes back to the script, and keeps to it from then on ([`Functions`]).
 //!
 //! A call is encoded straight into the command's one buffer: each distinct key and each
-//! distinct limit once, then a few integers per hit (written with `itoa` by the `redis` crate,
-//! no intermediate strings). Time in the script is in microseconds; with [`Unit::Nanos`] the
-//! periods are converted as they are written and the reply's resets as they are read.
+//! distinct limit once (the limits as decimal fields), then every request in one binary
+//! argument, 21 bytes per hit, which the script reads with `struct.unpack` (no string or
+//! number parsing per hit). The reply is read in its short form (a repeated outcome is one
+//! item). Time in the script is in microseconds; with [`Unit::Nanos`] the periods are
+//! converted as they are written and the reply's resets as they are read.
 
 use std::collections::HashMap;
 use std::hash::Hash;

@@ -6,7 +6,7 @@
 -- algorithm, then main.lua (evaluate, plan, commit, write, report). It mirrors the Rust pure
 -- functions (src/limiter/{funnel,token_bucket,fixed_window,sliding_window,sliding_log}.rs), src/limiter/plan.rs (all or nothing) and
 -- src/limiter/memory/decide.rs (evaluate with an overlay, plan, commit from the original states,
--- report, write). Any change there must be made here too; tests/redis_script.rs checks that both
+-- report, write). Any change there must be made here too; tests/redis/script.rs checks that both
 -- give identical outcomes on random sequences.
 --
 -- The same files also make the function library that sluice loads with FUNCTION LOAD and
