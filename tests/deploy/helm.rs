@@ -371,6 +371,7 @@ fn every_optional_part_renders_when_enabled() {
     );
     assert_eq!(env_value(&env, "SLUICE_REDIS__ON_ERROR"), "local");
     assert_eq!(env_value(&env, "SLUICE_REDIS__FUNCTIONS"), "true");
+    assert_eq!(env_value(&env, "SLUICE_REDIS__CONNECTIONS"), "2");
     assert_eq!(env_value(&env, "SLUICE_RESPONSE__HEADERS"), "true");
     assert_eq!(env_value(&env, "SLUICE_RELOAD__DEBOUNCE_MS"), "500");
     // A changed Secret rolls the pods; the rules do not (they reload in place).
@@ -426,7 +427,7 @@ fn existing_config_map_and_secret_are_used_as_given() {
 
 #[test]
 fn values_that_would_break_a_release_are_refused() {
-    let cases: [(&[&str], &str); 7] = [
+    let cases: [(&[&str], &str); 9] = [
         (
             &["--set", "backend=redis"],
             "needs redis.url or redis.existingSecret",
@@ -445,6 +446,14 @@ fn values_that_would_break_a_release_are_refused() {
                 "redis.onError=retry",
             ],
             "redis.onError must be",
+        ),
+        (
+            &["--set", "redis.connections=0"],
+            "redis.connections must be a whole number of at least 1, not 0",
+        ),
+        (
+            &["--set", "redis.connections=1.5"],
+            "redis.connections must be a whole number of at least 1, not 1.5",
         ),
         (&["--set", "rules.content="], "sluice needs rules"),
         (

@@ -43,14 +43,19 @@ fn random_hit(rng: &mut Rng, seed: u64) -> Hit {
         cost: rng.pick(&[0, 1, 1, 1, 2, 3, 5, 40]),
         refund: rng.chance(10),
         group,
-        role: [
-            Role::Enforced,
-            Role::Enforced,
-            Role::Shadow,
-            Role::Quota,
-            Role::Quota,
-        ][group],
+        role: role_of(group),
     }
+}
+
+/// The role of a random hit's descriptor `group` (0 to 4).
+fn role_of(group: usize) -> Role {
+    [
+        Role::Enforced,
+        Role::Enforced,
+        Role::Shadow,
+        Role::Quota,
+        Role::Quota,
+    ][group % 5]
 }
 
 fn random_batch(rng: &mut Rng, seed: u64) -> Batch {
@@ -293,6 +298,37 @@ differential! {
 differential! {
     SAME_INSTANT, LONG_PERIODS, Via::Script;
     by_script_same_instant_every_algorithm_in_one_batch: Algorithm::ALL;
+}
+
+/// A batch whose hits are often followed by copies on the same key and limit (in another
+/// descriptor, with their own cost and refund): the runs the script reports once (a repeat in
+/// its reply) and evaluates against tentative states, as the end-to-end shape with every
+/// descriptor naming one key does.
+fn repeated_batch(rng: &mut Rng, seed: u64) -> Batch {
+    let mut batch = batch_of(rng, seed, &Algorithm::ALL, &PERIODS);
+    let mut hits = Vec::new();
+    for hit in batch.hits.drain(..) {
+        let copies = rng.pick(&[0, 0, 1, 2, 4]);
+        hits.push(hit.clone());
+        for _ in 0..copies {
+            let mut copy = hit.clone();
+            copy.group = hits.len() % 5;
+            copy.role = role_of(copy.group);
+            copy.cost = rng.pick(&[0, 1, 1, 1, 2]);
+            copy.refund = rng.chance(10);
+            hits.push(copy);
+        }
+    }
+    Batch { hits }
+}
+
+#[tokio::test]
+async fn differential_repeated_key_and_limit() {
+    for via in [Via::Function, Via::Script] {
+        let seeds = seeds();
+        let compared = compare_timed(1..=seeds, repeated_batch, FOLLOWING_REAL_TIME, via).await;
+        assert_eq!(u64::try_from(compared).ok(), Some(seeds * 50), "{via:?}");
+    }
 }
 
 /// A funnel of `quota` per `period_secs`.

@@ -21,7 +21,7 @@
 //! 6-12 µs of Lua per one-descriptor request (docs/BENCHMARKS.md), so a batch of 64 holds
 //! Redis for well under a millisecond, a fraction of the default 100 ms time-out and of a
 //! p99 at 64 in flight, and 64 requests in flight spread over the lanes make batches far
-//! smaller than that. 64 KiB of arguments (about 700 one-descriptor or 70 ten-descriptor
+//! smaller than that. 64 KiB of arguments (about 600 one-descriptor or 60 ten-descriptor
 //! requests) keeps a call within a few TCP segments' worth of a socket buffer; only requests
 //! with many descriptors reach it before the count.
 
@@ -196,7 +196,10 @@ impl GroupCommit {
         };
         if let Some(job) = alone {
             let _leading = Leading(lane);
-            call(&self.shared, index, vec![job]).await;
+            // Boxed: a call's future (encoding, sending, retrying by script) is about 4 KiB,
+            // which would otherwise be part of every request's future, and be copied with it
+            // each time that future moves, though most requests never lead a call.
+            Box::pin(call(&self.shared, index, vec![job])).await;
         }
         answer
             .await

@@ -20,9 +20,11 @@
 //!   `FCALL`) goes back to the script, and keeps to it from then on ([`Functions`]).
 //!
 //! A call is encoded straight into the command's one buffer: each distinct key and each
-//! distinct limit once, then a few integers per hit (written with `itoa` by the `redis` crate,
-//! no intermediate strings). Time in the script is in microseconds; with [`Unit::Nanos`] the
-//! periods are converted as they are written and the reply's resets as they are read.
+//! distinct limit once (the limits as decimal fields), then every request in one binary
+//! argument, 21 bytes per hit, which the script reads with `struct.unpack` (no string or
+//! number parsing per hit). The reply is read in its short form (a repeated outcome is one
+//! item). Time in the script is in microseconds; with [`Unit::Nanos`] the periods are
+//! converted as they are written and the reply's resets as they are read.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -138,8 +140,11 @@ impl Functions {
 /// ARGV fields per distinct limit.
 const LIMIT_FIELDS: usize = 5;
 
-/// ARGV fields per hit.
-const HIT_FIELDS: usize = 5;
+/// Bytes of a request's header in the binary ARGV (mode `B`, hit count `I4`).
+const REQUEST_BYTES: usize = 5;
+
+/// Bytes per hit in the binary ARGV (slot `I4`, limit `I4`, cost `d`, group `I4`, role `B`).
+const HIT_BYTES: usize = 21;
 
 /// The largest integer the script handles exactly (2^53 - 1); larger inputs are clamped.
 pub const MAX_EXACT: u64 = (1 << 53) - 1;
@@ -186,8 +191,44 @@ pub struct Call {
     unit: Unit,
 }
 
+/// One hit as the binary ARGV carries it: slot, limit, cost, group, role (for tests).
+#[cfg(test)]
+type EncodedHit = (u32, u32, f64, u32, u8);
+
 impl Call {
-    /// Its KEYS and ARGV, as text (for tests and debugging).
+    /// Its requests, read back from the binary ARGV: per request its mode byte and its hits.
+    #[cfg(test)]
+    fn requests(&self) -> Vec<(u8, Vec<EncodedHit>)> {
+        let Some(redis::Arg::Simple(blob)) = self.cmd.args_iter().last() else {
+            return Vec::new();
+        };
+        let u32_at = |at: usize| u32::from_le_bytes(blob[at..at + 4].try_into().unwrap());
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at < blob.len() {
+            let (mode, count) = (blob[at], u32_at(at + 1));
+            at += REQUEST_BYTES;
+            let hits = (0..count)
+                .map(|_| {
+                    let cost = f64::from_le_bytes(blob[at + 8..at + 16].try_into().unwrap());
+                    let hit = (
+                        u32_at(at),
+                        u32_at(at + 4),
+                        cost,
+                        u32_at(at + 16),
+                        blob[at + 20],
+                    );
+                    at += HIT_BYTES;
+                    hit
+                })
+                .collect();
+            out.push((mode, hits));
+        }
+        out
+    }
+
+    /// Its KEYS and ARGV, as text (for tests and debugging; the last ARGV, the requests, is
+    /// binary).
     pub fn keys_and_args(&self) -> (Vec<String>, Vec<String>) {
         let mut args = self.cmd.args_iter().skip(2).map(|a| match a {
             redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
@@ -213,9 +254,10 @@ pub fn encode(
     let (keys, slot_of) = distinct(all().map(|h| &*h.key), count);
     let (limits, limit_of) = distinct(all().map(|h| script_limit(&h.limit, unit)), count);
     let key_bytes: usize = keys.iter().map(|k| prefix.len() + k.len()).sum();
+    let blob_bytes = REQUEST_BYTES * parts.len() + HIT_BYTES * count;
     let mut cmd = Cmd::with_capacity(
-        6 + keys.len() + LIMIT_FIELDS * limits.len() + 2 * parts.len() + HIT_FIELDS * count,
-        80 + key_bytes + 40 * limits.len() + 16 * parts.len() + 32 * count,
+        6 + keys.len() + LIMIT_FIELDS * limits.len(),
+        80 + key_bytes + 40 * limits.len() + blob_bytes,
     );
     match via {
         Via::Function => cmd.arg("FCALL").arg(LIBRARY.name.as_str()),
@@ -236,17 +278,20 @@ pub fn encode(
         push_limit(&mut cmd, limit);
     }
     cmd.arg(parts.len());
+    // The requests, one binary argument written in place (writing into the command's own
+    // buffer cannot fail).
+    let mut blob = cmd.writer_for_next_arg();
     let mut indices = slot_of.into_iter().zip(limit_of);
     for part in parts {
-        cmd.arg(match part.mode {
-            Mode::Request => "request",
-            Mode::Independent => "independent",
-        });
-        cmd.arg(part.hits.len());
+        let mut head = [0; REQUEST_BYTES];
+        head[0] = u8::from(part.mode == Mode::Independent);
+        head[1..].copy_from_slice(&index(part.hits.len()).to_le_bytes());
+        let _ = blob.write_all(&head);
         for (hit, (slot, limit)) in part.hits.iter().zip(indices.by_ref()) {
-            push_hit(&mut cmd, hit, slot + 1, limit + 1);
+            let _ = blob.write_all(&encode_hit(hit, slot + 1, limit + 1));
         }
     }
+    drop(blob);
     Call {
         cmd,
         via,
@@ -258,9 +303,9 @@ pub fn encode(
 /// The encoded size of a call's arguments for `hits`, roughly (for bounding a batch).
 pub fn encoded_size(hits: &[Hit], prefix: &[u8]) -> usize {
     hits.iter()
-        .map(|h| prefix.len() + h.key.len() + 14 + 32 + 40)
+        .map(|h| prefix.len() + h.key.len() + HIT_BYTES + 40)
         .sum::<usize>()
-        + 16
+        + REQUEST_BYTES
 }
 
 /// A limit as the script takes it: period in microseconds, flags (1 borrow, 2 always).
@@ -295,20 +340,29 @@ fn push_limit(cmd: &mut Cmd, l: &ScriptLimit) {
         .arg(l.flags);
 }
 
-fn push_hit(cmd: &mut Cmd, hit: &Hit, slot: usize, limit: usize) {
-    let role = match (hit.role, hit.refund) {
-        (Role::Enforced, false) => "e",
-        (Role::Shadow, false) => "s",
-        (Role::Quota, false) => "q",
-        (Role::Enforced, true) => "E",
-        (Role::Shadow, true) => "S",
-        (Role::Quota, true) => "Q",
-    };
-    cmd.arg(slot)
-        .arg(limit)
-        .arg(hit.cost.min(MAX_EXACT))
-        .arg(hit.group)
-        .arg(role);
+/// A hit's 21 bytes in the binary ARGV (see `HIT_FORMAT` in `prelude.lua`).
+fn encode_hit(hit: &Hit, slot: usize, limit: usize) -> [u8; HIT_BYTES] {
+    let role = match hit.role {
+        Role::Enforced => 0,
+        Role::Shadow => 1,
+        Role::Quota => 2,
+    } + if hit.refund { 8 } else { 0 };
+    let mut out = [0; HIT_BYTES];
+    out[0..4].copy_from_slice(&index(slot).to_le_bytes());
+    out[4..8].copy_from_slice(&index(limit).to_le_bytes());
+    // Exact: at most 2^53 - 1.
+    #[allow(clippy::cast_precision_loss)]
+    let cost = hit.cost.min(MAX_EXACT) as f64;
+    out[8..16].copy_from_slice(&cost.to_le_bytes());
+    out[16..20].copy_from_slice(&index(hit.group).to_le_bytes());
+    out[20] = role;
+    out
+}
+
+/// A count or index as the binary ARGV's `I4` (a call never holds 2^32 keys, limits, hits or
+/// descriptors; saturated rather than wrapped, so a larger one is refused by the script).
+fn index(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 /// The distinct items (`len` of them in all), in order of first appearance, and the index of
@@ -328,7 +382,7 @@ fn distinct<T: Copy + Eq + Hash>(
             index.push(at);
         }
     } else {
-        let mut seen = HashMap::with_capacity(len);
+        let mut seen = HashMap::with_capacity_and_hasher(len, ahash::RandomState::new());
         for item in items {
             let next = found.len();
             let at = *seen.entry(item).or_insert(next);
@@ -452,7 +506,15 @@ async fn send<C: ConnectionLike + Send>(conn: &mut C, cmd: &Cmd) -> redis::Redis
     }
 }
 
-/// Decodes the script's reply to `call`: one outcome per request, resets in the call's unit.
+/// The reply's marker of a denied hit (then its wait).
+const REPLY_DENIED: i64 = -1;
+
+/// The reply's marker of an admitted hit with the remaining and reset of the admitted hit
+/// before it (the same key and limit).
+const REPLY_SAME: i64 = -2;
+
+/// Decodes the script's reply to `call` (its short form: see the top of `prelude.lua`): one
+/// outcome per request, resets in the call's unit.
 pub fn decode(reply: Value, call: &Call) -> Result<Vec<BatchOutcome>, RedisError> {
     let bad = |what: &str| {
         RedisError::from((ErrorKind::Parse, "unexpected script reply", what.to_owned()))
@@ -460,48 +522,57 @@ pub fn decode(reply: Value, call: &Call) -> Result<Vec<BatchOutcome>, RedisError
     let Value::Array(items) = reply else {
         return Err(bad("not an array"));
     };
-    let want: usize = call.hits.iter().map(|h| 1 + 3 * h).sum();
-    if items.len() != want || want == 0 {
-        return Err(bad(&format!(
-            "{} items for {} hits in {} requests",
-            items.len(),
-            call.hits.iter().sum::<usize>(),
-            call.hits.len()
-        )));
-    }
-    let int = |v: &Value| match v {
-        Value::Int(n) => u64::try_from(*n).map_err(|_| bad("negative integer")),
+    let mut items = items.iter().map(|v| match v {
+        Value::Int(n) => Ok(*n),
         _ => Err(bad("not an integer")),
-    };
-    let scale = match call.unit {
+    });
+    let mut next = || items.next().unwrap_or_else(|| Err(bad("short reply")));
+    let scale: u64 = match call.unit {
         Unit::Nanos => 1_000,
         Unit::Micros => 1,
     };
-    let mut rest = items.as_slice();
+    let time = |n: i64| {
+        u64::try_from(n)
+            .map(|n| n.saturating_mul(scale))
+            .map_err(|_| bad("negative time"))
+    };
     let mut outcomes = Vec::with_capacity(call.hits.len());
     for &count in &call.hits {
-        let Some((head, tail)) = rest.split_first() else {
-            return Err(bad("short reply"));
-        };
-        let Some((per_hit, next)) = tail.split_at_checked(3 * count) else {
-            return Err(bad("short reply"));
-        };
-        rest = next;
+        let admitted = next()? == 1;
         let mut hits = Vec::with_capacity(count);
-        for hit in per_hit.chunks_exact(3) {
-            if let [admitted, remaining, reset] = hit {
-                hits.push(HitOutcome {
-                    admitted: int(admitted)? == 1,
-                    remaining: int(remaining)?,
-                    reset_nanos: int(reset)?.saturating_mul(scale),
+        let mut last = None;
+        for _ in 0..count {
+            let hit = match next()? {
+                REPLY_DENIED => HitOutcome {
+                    admitted: false,
+                    remaining: 0,
+                    reset_nanos: time(next()?)?,
                     from_local_cache: false,
-                });
-            }
+                },
+                REPLY_SAME => last.ok_or_else(|| bad("a repeat with no admitted hit before"))?,
+                remaining => {
+                    let remaining =
+                        u64::try_from(remaining).map_err(|_| bad("negative remaining"))?;
+                    let hit = HitOutcome {
+                        admitted: true,
+                        remaining,
+                        reset_nanos: time(next()?)?,
+                        from_local_cache: false,
+                    };
+                    last = Some(hit);
+                    hit
+                }
+            };
+            hits.push(hit);
         }
-        outcomes.push(BatchOutcome {
-            hits,
-            admitted: int(head)? == 1,
-        });
+        outcomes.push(BatchOutcome { hits, admitted });
+    }
+    if items.next().is_some() || outcomes.is_empty() {
+        return Err(bad(&format!(
+            "more items than {} hits in {} requests",
+            call.hits.iter().sum::<usize>(),
+            call.hits.len()
+        )));
     }
     Ok(outcomes)
 }
@@ -559,17 +630,15 @@ mod tests {
         ];
         assert_eq!(args[..2], ["", "2"]);
         assert_eq!(args[2..2 + 2 * LIMIT_FIELDS], limits);
-        let requests = &args[2 + 2 * LIMIT_FIELDS..];
-        assert_eq!(requests[..2], ["1", "request"]);
-        let hits = &requests[2..];
-        assert_eq!(hits[0], "3");
+        assert_eq!(args[2 + 2 * LIMIT_FIELDS], "1", "one request");
+        assert_eq!(args.len(), 4 + 2 * LIMIT_FIELDS, "then one binary argument");
+        let q = 9_007_199_254_740_991.0;
         assert_eq!(
-            hits[1..].chunks(HIT_FIELDS).collect::<Vec<_>>(),
-            [
-                ["1", "1", "9007199254740991", "0", "q"],
-                ["2", "2", "9007199254740991", "1", "S"],
-                ["1", "1", "9007199254740991", "2", "q"],
-            ]
+            call.requests(),
+            [(
+                0,
+                vec![(1, 1, q, 0, 2), (2, 2, q, 1, 1 + 8), (1, 1, q, 2, 2)]
+            )]
         );
     }
 
@@ -595,8 +664,9 @@ mod tests {
         let (_, args) = call.keys_and_args();
         assert_eq!(args[..4], ["9", "1", "f", "3"]);
         assert_eq!(args[4], "1500001");
-        assert_eq!(args[7..9], ["1", "independent"]);
-        let reply = Value::Array([1, 1, 2, 7].map(Value::Int).to_vec());
+        assert_eq!(args[7], "1");
+        assert_eq!(call.requests()[0].0, 1, "independent");
+        let reply = Value::Array([1, 2, 7].map(Value::Int).to_vec());
         let o = decode(reply, &call).unwrap();
         assert_eq!(o[0].hits[0].reset_nanos, 7_000);
     }
@@ -618,40 +688,22 @@ mod tests {
         let call = encode(&parts, b"", Unit::Micros, None, Via::Script);
         let (keys, args) = call.keys_and_args();
         assert_eq!(keys, ["a", "b"]);
-        let requests = &args[2 + LIMIT_FIELDS..];
-        let q = "9007199254740991";
+        assert_eq!(args[2 + LIMIT_FIELDS], "2");
+        let q = 9_007_199_254_740_991.0;
         assert_eq!(
-            requests,
+            call.requests(),
             [
-                "2",
-                "request",
-                "2",
-                "1",
-                "1",
-                q,
-                "0",
-                "q",
-                "2",
-                "1",
-                q,
-                "1",
-                "q", //
-                "independent",
-                "1",
-                "2",
-                "1",
-                q,
-                "0",
-                "q",
+                (0, vec![(1, 1, q, 0, 2), (2, 1, q, 1, 2)]),
+                (1, vec![(2, 1, q, 0, 2)]),
             ]
         );
         let ints = |v: &[i64]| Value::Array(v.iter().copied().map(Value::Int).collect());
-        let out = decode(ints(&[0, 1, 5, 6, 0, 0, 9, 1, 1, 2, 3]), &call).unwrap();
+        let out = decode(ints(&[0, 5, 6, -1, 9, 1, 2, 3]), &call).unwrap();
         assert_eq!(out.len(), 2);
         assert!(!out[0].admitted && out[1].admitted);
         assert_eq!(out[0].hits[1].reset_nanos, 9);
         assert_eq!(out[1].hits[0].remaining, 2);
-        assert!(decode(ints(&[0, 1, 5, 6, 0, 0, 9, 1]), &call).is_err());
+        assert!(decode(ints(&[0, 5, 6, -1, 9, 1]), &call).is_err());
     }
 
     /// A connection answering from a script, recording the command names it was sent.
@@ -834,6 +886,33 @@ mod tests {
     }
 
     #[test]
+    fn a_repeat_in_the_reply_is_the_admitted_hit_before_it() {
+        let hits = [hit("a", 0), hit("a", 1), hit("a", 2), hit("a", 3)];
+        let call = encode(
+            &one(&hits, Mode::Request),
+            b"",
+            Unit::Nanos,
+            None,
+            Via::Script,
+        );
+        let ints = |v: &[i64]| Value::Array(v.iter().copied().map(Value::Int).collect());
+        let o = decode(ints(&[0, 4, 5, -1, 7, -2, -2]), &call).unwrap();
+        let admitted = HitOutcome {
+            admitted: true,
+            remaining: 4,
+            reset_nanos: 5_000,
+            from_local_cache: false,
+        };
+        let denied = HitOutcome {
+            admitted: false,
+            remaining: 0,
+            reset_nanos: 7_000,
+            from_local_cache: false,
+        };
+        assert_eq!(o[0].hits, [admitted, denied, admitted, admitted]);
+    }
+
+    #[test]
     fn decode_checks_the_shape() {
         let hits = [hit("a", 0)];
         let call = encode(
@@ -844,7 +923,7 @@ mod tests {
             Via::Script,
         );
         let ints = |v: &[i64]| Value::Array(v.iter().copied().map(Value::Int).collect());
-        let o = decode(ints(&[1, 1, 2, 3]), &call).unwrap();
+        let o = decode(ints(&[1, 2, 3]), &call).unwrap();
         assert!(o[0].admitted);
         assert_eq!(
             o[0].hits[0],
@@ -855,9 +934,18 @@ mod tests {
                 from_local_cache: false,
             }
         );
-        assert!(decode(ints(&[1]), &call).is_err());
+        assert!(decode(ints(&[1]), &call).is_err(), "short");
+        assert!(decode(ints(&[1, 2, 3, 4]), &call).is_err(), "long");
         assert!(decode(Value::Nil, &call).is_err());
-        assert!(decode(ints(&[-1, 1, 2, 3]), &call).is_err());
+        assert!(
+            decode(ints(&[1, -3, 3]), &call).is_err(),
+            "negative remaining"
+        );
+        assert!(decode(ints(&[1, -1, -3]), &call).is_err(), "negative wait");
+        assert!(
+            decode(ints(&[1, -2]), &call).is_err(),
+            "a repeat of nothing"
+        );
         assert!(decode(ints(&[]), &call).is_err());
     }
 }

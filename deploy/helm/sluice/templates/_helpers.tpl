@@ -78,6 +78,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if not (has .Values.redis.onError (list "error" "allow" "deny" "local")) }}
 {{- fail (printf "redis.onError must be error, allow, deny or local, not %q" .Values.redis.onError) }}
 {{- end }}
+{{- if or (lt (int .Values.redis.connections) 1) (ne (toString .Values.redis.connections) (toString (int .Values.redis.connections))) }}
+{{- fail (printf "redis.connections must be a whole number of at least 1, not %v" .Values.redis.connections) }}
+{{- end }}
 {{- if and (not .Values.rules.existingConfigMap) (not .Values.rules.content) (not .Values.rules.files) }}
 {{- fail "rules.content and rules.files are empty and rules.existingConfigMap is not set: sluice needs rules" }}
 {{- end }}

@@ -14,7 +14,7 @@ end
 
 -- Parse the limits, each once: its algorithm, its parameters, whether it charges always.
 -- An algorithm's functions are made on its first use in the request.
-local limits, made = {}, {}
+local limit_algo, limit_params, limit_always, made = {}, {}, {}, {}
 local nlimits = tonumber(ARGV[2]) or 0
 for l = 1, nlimits do
   local at = 5 * l - 2
@@ -28,97 +28,98 @@ for l = 1, nlimits do
     made[code] = algo
   end
   local flags = tonumber(ARGV[at + 4]) or 0
-  limits[l] = {
-    A = algo,
-    p = algo.params(clamp(ARGV[at + 1]), clamp(ARGV[at + 2]), clamp(ARGV[at + 3]),
-                    flags % 2 == 1),
-    always = flags >= 2,
-  }
+  limit_algo[l] = algo
+  limit_params[l] = algo.params(clamp(ARGV[at + 1]), clamp(ARGV[at + 2]), clamp(ARGV[at + 3]),
+                                flags % 2 == 1)
+  limit_always[l] = flags >= 2
 end
 
--- Parse every request's hits before deciding any (a malformed one fails the whole call
--- before anything is written). Role codes in capitals ask for a refund. A hit is a positional
--- table (its array part costs half what named fields do, per hit and call), indexed by these:
-local SLOT, ALGO, PARAMS, ALWAYS, COST, REFUND = 1, 2, 3, 4, 5, 6
-local GROUP, ROLE, OK, WAIT, STATE, CHANGED = 7, 8, 9, 10, 11, 12
-local requests = {}
-local at = 4 + 5 * nlimits
+-- Unpack every request's hits from the binary ARGV before deciding any (a malformed one fails
+-- the whole call before anything is written). No table per hit: one array per field, indexed
+-- by the hit's number in the batch (i = 1..total); a request is the run of hits from
+-- req_first[r], req_count[r] long.
 local nrequests = tonumber(ARGV[3 + 5 * nlimits]) or 0
+local blob = ARGV[4 + 5 * nlimits] or ""
+local size, unpack = #blob, struct.unpack
+local hit_slot, hit_algo, hit_params, hit_always, hit_cost = {}, {}, {}, {}, {}
+local hit_refund, hit_group, hit_role = {}, {}, {}
+local req_first, req_count, req_independent = {}, {}, {}
+local pos, total = 1, 0
 for r = 1, nrequests do
-  local mode, count = ARGV[at], tonumber(ARGV[at + 1]) or 0
-  if mode ~= "request" and mode ~= "independent" then
+  if pos + REQUEST_BYTES - 1 > size then
     return redis.error_reply("sluice: malformed request " .. r)
   end
-  local hits = {}
+  local mode, count
+  mode, count, pos = unpack(REQUEST_FORMAT, blob, pos)
+  if mode > 1 or pos + HIT_BYTES * count - 1 > size then
+    return redis.error_reply("sluice: malformed request " .. r)
+  end
+  req_first[r], req_count[r], req_independent[r] = total + 1, count, mode == 1
   for h = 1, count do
-    local f = at + 2 + 5 * (h - 1)
-    local slot, limit, code = tonumber(ARGV[f]), limits[tonumber(ARGV[f + 1])], ARGV[f + 4]
-    local refund = code == "E" or code == "S" or code == "Q"
-    if refund then code = code == "E" and "e" or (code == "S" and "s" or "q") end
-    if limit == nil or KEYS[slot] == nil or (code ~= "e" and code ~= "s" and code ~= "q") then
+    local slot, limit, cost, group, role
+    slot, limit, cost, group, role, pos = unpack(HIT_FORMAT, blob, pos)
+    local refund = role >= 8
+    if refund then role = role - 8 end
+    if limit_algo[limit] == nil or KEYS[slot] == nil or role > 2 or not (cost >= 0) then
       return redis.error_reply("sluice: malformed hit " .. h .. " of request " .. r)
     end
-    -- Set below: OK, admitted by its own limit; WAIT, when denied, until it would be; on the
-    -- first hit on a key, its STATE (the original, then the committed one) and whether a cost
-    -- CHANGED it.
-    hits[h] = { slot, limit.A, limit.p, limit.always, clamp(ARGV[f + 2]), refund, ARGV[f + 3],
-                code, true, 0, false, false }
+    total = total + 1
+    hit_slot[total], hit_algo[total], hit_params[total] = slot, limit_algo[limit],
+      limit_params[limit]
+    hit_always[total], hit_cost[total], hit_refund[total] = limit_always[limit],
+      math.min(math.floor(cost), MAX), refund
+    hit_group[total], hit_role[total] = group, role
   end
-  requests[r] = { hits = hits, count = count, independent = mode == "independent" }
-  at = at + 2 + 5 * count
 end
+if pos ~= size + 1 then
+  return redis.error_reply("sluice: malformed requests (" .. size - pos + 1 .. " bytes left)")
+end
+
+-- Per key (index into KEYS), for the request being decided (key_request[s] == r): its first
+-- hit, its STATE (the original, then the committed one), its tentative state (what the hits
+-- evaluated so far made of it), how many of the request's hits on it are still to be
+-- evaluated, and whether a cost CHANGED it. Reused from request to request.
+local key_request, key_first, key_state, key_tentative, key_uses, key_changed = {}, {}, {},
+  {}, {}, {}
+-- Per hit: admitted by its own limit; when denied, the wait until it would be.
+local hit_ok, hit_wait = {}, {}
 
 -- Each request in turn: evaluate, plan, commit, report (appended to `reply`), write. (A loop,
 -- not a function: the script runs whole on every call, and a closure costs per call.)
 local reply, n = {}, 0
 for r = 1, nrequests do
-  local request = requests[r]
-  local hits, count, independent = request.hits, request.count, request.independent
-  -- The original states, each read by the algorithm of the first hit on its key, and kept in
-  -- that hit.
-  local first, distinct = {}, 0
-  for h = 1, count do
-    local hit = hits[h]
-    local s = hit[SLOT]
-    if first[s] == nil then
-      distinct = distinct + 1
-      first[s] = hit
-      hit[STATE] = hit[ALGO].load(KEYS[s], hit[PARAMS], now)
+  local first, last, independent = req_first[r], req_first[r] + req_count[r] - 1,
+    req_independent[r]
+  -- The original states, each read by the algorithm of the first hit on its key.
+  for i = first, last do
+    local s = hit_slot[i]
+    if key_request[s] ~= r then
+      key_request[s], key_first[s], key_uses[s], key_changed[s] = r, i, 1, false
+      local state = hit_algo[i].load(KEYS[s], hit_params[i], now)
+      key_state[s], key_tentative[s] = state, state
+    else
+      key_uses[s] = key_uses[s] + 1
     end
   end
 
-  -- Evaluate in order; a hit sees the tentative effect of earlier hits on its key. A tentative
-  -- state is only made for a key that a later hit reads (`uses_left`, only counted when some
-  -- key of the request has several hits). A denied hit's wait is its report.
-  local uses_left, overlay = nil, nil
-  if distinct < count then
-    uses_left, overlay = {}, {}
-    for h = 1, count do
-      local s = hits[h][SLOT]
-      uses_left[s] = (uses_left[s] or 0) + 1
-    end
-  end
+  -- Evaluate in order; a hit sees the tentative effect of earlier hits on its key (states
+  -- are never modified in place, so the original stays for the commit below). A tentative
+  -- state is only made for a key that a later hit reads. A denied hit's wait is its report.
   local all_ok = true
-  for h = 1, count do
-    local hit = hits[h]
-    local s = hit[SLOT]
-    local state = first[s][STATE]
-    if overlay ~= nil and overlay[s] ~= nil then state = overlay[s] end
-    local ok = hit[REFUND] or hit[ALGO].admits(hit[PARAMS], state, now, hit[COST])
+  for i = first, last do
+    local s, algo, p, cost = hit_slot[i], hit_algo[i], hit_params[i], hit_cost[i]
+    local state, refund = key_tentative[s], hit_refund[i]
+    local ok = refund or algo.admits(p, state, now, cost)
+    hit_ok[i] = ok
     if not ok then
-      hit[OK] = false
-      hit[WAIT] = hit[ALGO].until_admitted(hit[PARAMS], state, now, hit[COST])
+      hit_wait[i] = algo.until_admitted(p, state, now, cost)
       all_ok = false
     end
-    if uses_left ~= nil then
-      local later = uses_left[s] - 1
-      uses_left[s] = later
-      if later > 0 and (ok or hit[ALWAYS]) then
-        -- The hit's cost taken (or given back), as a new state: states are never modified in
-        -- place (the commit below starts again from the originals).
-        local apply = hit[REFUND] and hit[ALGO].give or hit[ALGO].take
-        overlay[s] = apply(hit[PARAMS], state, now, hit[COST])
-      end
+    local later = key_uses[s] - 1
+    key_uses[s] = later
+    if later > 0 and (ok or hit_always[i]) then
+      local apply = refund and algo.give or algo.take
+      key_tentative[s] = apply(p, state, now, cost)
     end
   end
 
@@ -127,20 +128,20 @@ for r = 1, nrequests do
   if not all_ok then
     group_ok = {}
     local roles = {}
-    for h = 1, count do
-      local g = hits[h][GROUP]
+    for i = first, last do
+      local g = hit_group[i]
       if group_ok[g] == nil then
         group_ok[g] = true
-        roles[g] = hits[h][ROLE]
+        roles[g] = hit_role[i]
       end
-      group_ok[g] = group_ok[g] and hits[h][OK]
+      group_ok[g] = group_ok[g] and hit_ok[i]
     end
     local quota_seen, quota_ok, enforced_denied = false, false, false
     for g, ok in pairs(group_ok) do
       local role = roles[g]
-      if role == "e" then
+      if role == ROLE_ENFORCED then
         enforced_denied = enforced_denied or not ok
-      elseif role == "q" then
+      elseif role == ROLE_QUOTA then
         quota_seen = true
         quota_ok = quota_ok or ok
       end
@@ -150,42 +151,51 @@ for r = 1, nrequests do
 
   -- Commit from the original states, in order (in place: the originals are not read again);
   -- remember which keys a cost was applied to.
-  for h = 1, count do
-    local hit = hits[h]
-    local go = all_ok or (group_ok[hit[GROUP]] and (request_ok or independent))
-    if (go or hit[ALWAYS]) and hit[COST] > 0 then
-      local key = first[hit[SLOT]]
-      local apply = hit[REFUND] and hit[ALGO].give or hit[ALGO].take
-      key[STATE] = apply(hit[PARAMS], key[STATE], now, hit[COST])
-      key[CHANGED] = true
+  for i = first, last do
+    local go = all_ok or (group_ok[hit_group[i]] and (request_ok or independent))
+    local cost = hit_cost[i]
+    if (go or hit_always[i]) and cost > 0 then
+      local s, algo = hit_slot[i], hit_algo[i]
+      local apply = hit_refund[i] and algo.give or algo.take
+      key_state[s] = apply(hit_params[i], key_state[s], now, cost)
+      key_changed[s] = true
     end
   end
 
-  -- Report (before writing: a state may still read its stored key).
+  -- Report (before writing: a state may still read its stored key), in the reply's short
+  -- form (see the prelude). An admitted hit on the same key and limit as the admitted hit
+  -- before it reads the same final state with the same parameters: its remaining and reset
+  -- are that hit's, neither computed nor sent again.
   n = n + 1
   reply[n] = request_ok and 1 or 0
-  for h = 1, count do
-    local hit = hits[h]
-    if hit[OK] then
-      local fin = first[hit[SLOT]][STATE]
-      reply[n + 1] = 1
-      reply[n + 2] = hit[ALGO].remaining(hit[PARAMS], fin, now)
-      reply[n + 3] = hit[ALGO].reset(hit[PARAMS], fin, now)
+  local prev_slot, prev_params = nil, nil
+  for i = first, last do
+    if hit_ok[i] then
+      local s, p = hit_slot[i], hit_params[i]
+      if s == prev_slot and p == prev_params then
+        n = n + 1
+        reply[n] = REPLY_SAME
+      else
+        local algo, fin = hit_algo[i], key_state[s]
+        reply[n + 1], reply[n + 2] = algo.remaining(p, fin, now), algo.reset(p, fin, now)
+        n = n + 2
+        prev_slot, prev_params = s, p
+      end
     else
-      reply[n + 1] = 0
-      reply[n + 2] = 0
-      reply[n + 3] = hit[WAIT]
+      reply[n + 1], reply[n + 2] = REPLY_DENIED, hit_wait[i]
+      n = n + 2
     end
-    n = n + 3
   end
 
   -- Write: keys no cost touched are left alone; the others are stored until they are fresh
   -- (judged by the limit of their first hit), or deleted when they already are.
-  for s, hit in pairs(first) do
-    if hit[CHANGED] then
-      local fresh_at = hit[ALGO].fresh_at(hit[PARAMS], hit[STATE], now)
+  for i = first, last do
+    local s = hit_slot[i]
+    if key_first[s] == i and key_changed[s] then
+      local algo, p, state = hit_algo[i], hit_params[i], key_state[s]
+      local fresh_at = algo.fresh_at(p, state, now)
       if fresh_at then
-        hit[ALGO].save(KEYS[s], hit[PARAMS], hit[STATE], now, fresh_at)
+        algo.save(KEYS[s], p, state, now, fresh_at)
       else
         redis.call("DEL", KEYS[s])
       end

@@ -6,7 +6,7 @@
 -- algorithm, then main.lua (evaluate, plan, commit, write, report). It mirrors the Rust pure
 -- functions (src/limiter/{funnel,token_bucket,fixed_window,sliding_window,sliding_log}.rs), src/limiter/plan.rs (all or nothing) and
 -- src/limiter/memory/decide.rs (evaluate with an overlay, plan, commit from the original states,
--- report, write). Any change there must be made here too; tests/redis_script.rs checks that both
+-- report, write). Any change there must be made here too; tests/redis/script.rs checks that both
 -- give identical outcomes on random sequences.
 --
 -- The same files also make the function library that sluice loads with FUNCTION LOAD and
@@ -37,25 +37,33 @@
 --   +2 period  P in microseconds (>= 1 after clamping)
 --   +3 burst   B
 --   +4 flags   the sum of 1 (borrow) and 2 (charge: always): "0" to "3"
--- ARGV[3+5L]   R, the number of requests; then per request, one after the other:
---   mode       "request" (all or nothing over the request's hits) or "independent" (each
---              descriptor group consumes when all of its hits admit, whatever the others do;
---              used for one slot group of a Redis Cluster request, the caller then plans the
---              whole request and refunds what must not have been consumed)
---   H          the number of the request's hits; then 5 fields per hit h = 1..H:
---   +0 slot    index into KEYS (1-based) of the hit's state key
---   +1 limit   index (1-based) of the hit's limit above
---   +2 cost    the cost (0 = check only)
---   +3 group   the descriptor the hit belongs to (any string; equal for one descriptor)
---   +4 role    "e" enforced, "s" shadow, "q" quota mode; in capitals ("E", "S", "Q") to give
---              the cost back (is_negative_hits) instead of taking it
+-- ARGV[3+5L]   R, the number of requests
+-- ARGV[4+5L]   the requests, one after the other, as one binary string (little-endian, no
+--              padding; read with Redis Lua's struct.unpack, no string or number parsing per
+--              hit), per request:
+--   mode       1 byte (REQUEST_FORMAT "B"): 0 for all or nothing over the request's hits,
+--              1 "independent" (each descriptor group consumes when all of its hits admit,
+--              whatever the others do; used for one slot group of a Redis Cluster request,
+--              the caller then plans the whole request and refunds what must not have been
+--              consumed)
+--   H          4 bytes (REQUEST_FORMAT "I4"): the number of the request's hits; then
+--              HIT_BYTES = 21 bytes per hit h = 1..H (HIT_FORMAT):
+--   slot       I4: index into KEYS (1-based) of the hit's state key
+--   limit      I4: index (1-based) of the hit's limit above
+--   cost       d:  the cost (0 = check only), an integral double (exact below 2^53)
+--   group      I4: the descriptor the hit belongs to (equal for one descriptor)
+--   role       B:  0 enforced, 1 shadow, 2 quota mode; plus 8 to give the cost back
+--              (is_negative_hits) instead of taking it
 --
--- Every number is a decimal integer; each is parsed once, before any key is read.
+-- The limits' fields are decimal integers, each parsed once; the requests are unpacked,
+-- whole, before any key is read (a malformed call fails before anything is written).
 --
--- Reply: per request, in order: { request_admitted, then per hit: admitted, remaining,
--- reset_micros }, all integers in one flat array (admitted flags are 1 or 0). reset_micros:
--- for an admitted hit, until the full quota is back; for a denied one, until this hit would
--- be admitted.
+-- Reply: one flat array of integers; per request, in order: request_admitted (1 or 0), then
+-- per hit, one of:
+--   remaining, reset_micros   admitted (remaining >= 0); reset: until the full quota is back
+--   -1, wait_micros           denied (REPLY_DENIED); wait: until this hit would be admitted
+--   -2                        admitted, on the same key and limit as the admitted hit before
+--                             it in the request (REPLY_SAME): the same remaining and reset
 --
 -- Storage: each key holds its algorithm's state (the format is at the top of each algorithm's
 -- file). A key a cost was applied to is written back with a TTL of exactly the time until its
@@ -63,6 +71,13 @@
 -- Keys no cost touched (check-only hits, denied requests) are not written.
 
 local MAX = 9007199254740991
+
+-- The binary layout of ARGV[4+5L] (see above), and the role codes.
+local REQUEST_FORMAT, REQUEST_BYTES = "<BI4", 5
+local HIT_FORMAT, HIT_BYTES = "<I4I4dI4B", 21
+local ROLE_ENFORCED, ROLE_QUOTA = 0, 2
+-- The reply's markers (see above).
+local REPLY_DENIED, REPLY_SAME = -1, -2
 
 -- Per algorithm code, a function building that algorithm's table of functions. The script
 -- runs whole on every call, so an algorithm's functions are only made for the requests that
