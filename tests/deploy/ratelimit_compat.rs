@@ -673,12 +673,23 @@ impl StatsdServer {
         }
     }
 
-    /// A TCP server on `port` (0: any free one).
+    /// A TCP server on `port` (0: any free one). A given port is retried for a while: the
+    /// listener of a server just dropped on it closes when its aborted task is dropped, which
+    /// the runtime may not have done yet.
     async fn tcp(port: u16) -> StatsdServer {
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.set_reuseaddr(true).unwrap();
-        socket.bind(loopback(port)).unwrap();
-        let listener = socket.listen(16).unwrap();
+        let start = Instant::now();
+        let listener = loop {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.set_reuseaddr(true).unwrap();
+            match socket.bind(loopback(port)).and_then(|()| socket.listen(16)) {
+                Ok(listener) => break listener,
+                Err(e) if start.elapsed() < WITHIN => {
+                    assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("port {port} still in use after {WITHIN:?}: {e}"),
+            }
+        };
         let port = listener.local_addr().unwrap().port();
         let (tx, lines) = mpsc::unbounded_channel();
         let mut tasks = tokio::task::JoinSet::new();
