@@ -824,22 +824,7 @@ async fn statsd_lines(dog: bool) {
     // Over TCP, with SHADOW_MODE: two more for alice, over the limit, let through by the
     // global shadow mode; Redis denies the first, the deny cache answers the second.
     let alice = if dog { 5 } else { 7 };
-    for _ in 0..alice {
-        client
-            .should_rate_limit(rls("rl", &[("user", "alice")]))
-            .await
-            .unwrap();
-    }
-    for _ in 0..3 {
-        client
-            .should_rate_limit(rls("rl", &[("ip", "10.0.0.1")]))
-            .await
-            .unwrap();
-    }
-    client
-        .should_rate_limit(rls("nowhere", &[("a", "1"), ("b", "2")]))
-        .await
-        .unwrap();
+    stats_traffic(&mut client, alice, 3).await;
     client
         .should_rate_limit(RateLimitRequest::default())
         .await
@@ -960,16 +945,7 @@ mappings:
     let _rl = Ratelimit::start(&link, &env);
     healthy(&ports).await;
     let mut client = plain_client(&ports).await;
-    for _ in 0..7 {
-        client
-            .should_rate_limit(rls("rl", &[("user", "alice")]))
-            .await
-            .unwrap();
-    }
-    client
-        .should_rate_limit(rls("nowhere", &[("a", "1"), ("b", "2")]))
-        .await
-        .unwrap();
+    stats_traffic(&mut client, 7, 0).await;
     let body = get(loopback(ports.prometheus), "/metrics").await.body;
     let alice = "{domain=\"rl\",rule=\"user_alice\"}";
     for want in [
@@ -1132,4 +1108,18 @@ async fn plain_client(ports: &Ports) -> RateLimitServiceClient<Channel> {
     let url = format!("http://127.0.0.1:{}", ports.grpc);
     let channel = Channel::from_shared(url).unwrap().connect().await.unwrap();
     RateLimitServiceClient::new(channel)
+}
+
+/// The requests whose stats the tests read: `alice` for user alice and `ips` for one IP in
+/// domain `rl`, then one for `nowhere`, a domain with no rules.
+async fn stats_traffic(client: &mut RateLimitServiceClient<Channel>, alice: u64, ips: u64) {
+    let requests = std::iter::repeat_n(("user", "alice"), alice as usize)
+        .chain(std::iter::repeat_n(("ip", "10.0.0.1"), ips as usize));
+    for entry in requests {
+        client.should_rate_limit(rls("rl", &[entry])).await.unwrap();
+    }
+    client
+        .should_rate_limit(rls("nowhere", &[("a", "1"), ("b", "2")]))
+        .await
+        .unwrap();
 }
