@@ -19,10 +19,6 @@ use tracing_subscriber::{EnvFilter, Layer, Registry};
 
 use crate::config::settings::{LogFormat, LogSettings, OtlpProtocol};
 
-/// The service name spans are exported under.
-#[cfg(feature = "otel")]
-const SERVICE_NAME: &str = "sluice";
-
 /// Why logging could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {
@@ -88,7 +84,7 @@ pub fn init(log: &LogSettings) -> Result<Telemetry, TelemetryError> {
     #[cfg(feature = "otel")]
     let provider = match &log.otlp_endpoint {
         Some(endpoint) => {
-            let (layer, provider) = otel::layer(endpoint, log.otlp_protocol)?;
+            let (layer, provider) = otel::layer(endpoint, log)?;
             layers.push(layer);
             Some(provider)
         }
@@ -219,20 +215,24 @@ mod tests {
 pub mod otel {
     //! The OTLP span exporter (gRPC, or HTTP with protobuf bodies) as a `tracing` layer.
 
+    use opentelemetry::KeyValue;
     use opentelemetry::trace::TracerProvider as _;
     use opentelemetry_otlp::{Protocol, SpanExporter, WithExportConfig as _};
-    use opentelemetry_sdk::trace::SdkTracerProvider;
     use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
+    use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
     use tracing_subscriber::{EnvFilter, Layer as _};
 
-    use super::{Boxed, OtlpProtocol, SERVICE_NAME, TelemetryError, otlp_url};
+    use super::{Boxed, LogSettings, OtlpProtocol, TelemetryError, otlp_url};
 
-    /// A layer exporting sluice's spans (debug level and up) to `endpoint` over `protocol`
-    /// (see [`otlp_url`]), and the provider to shut down at exit. Needs a tokio runtime.
+    /// A layer exporting sluice's spans (debug level and up) to `endpoint` over
+    /// `log.otlp_protocol` (see [`otlp_url`]) under the service names of `log`, sampled
+    /// by `log.otlp_sampling_ratio`, and the provider to shut down at exit. Needs a tokio
+    /// runtime.
     pub fn layer(
         endpoint: &str,
-        protocol: OtlpProtocol,
+        log: &LogSettings,
     ) -> Result<(Boxed, SdkTracerProvider), TelemetryError> {
+        let protocol = log.otlp_protocol;
         let url = otlp_url(endpoint, protocol)?;
         let exporter = match protocol {
             OtlpProtocol::Grpc => SpanExporter::builder()
@@ -247,14 +247,26 @@ pub mod otel {
         };
         let processor =
             BatchSpanProcessor::builder(exporter, opentelemetry_sdk::runtime::Tokio).build();
-        let resource = opentelemetry_sdk::Resource::builder()
-            .with_service_name(SERVICE_NAME)
-            .build();
+        let names = [
+            ("service.namespace", &log.otlp_service_namespace),
+            ("service.instance.id", &log.otlp_service_instance_id),
+        ];
+        let resource =
+            opentelemetry_sdk::Resource::builder()
+                .with_service_name(log.otlp_service_name.clone())
+                .with_attributes(names.into_iter().filter_map(|(key, value)| {
+                    value.as_ref().map(|v| KeyValue::new(key, v.clone()))
+                }))
+                .build();
+        // A caller's sampled (or unsampled) trace context is followed; traces sluice
+        // starts itself are kept by trace id at the configured ratio.
+        let ratio = Sampler::TraceIdRatioBased(log.otlp_sampling_ratio);
         let provider = SdkTracerProvider::builder()
             .with_span_processor(processor)
             .with_resource(resource)
+            .with_sampler(Sampler::ParentBased(Box::new(ratio)))
             .build();
-        let tracer = provider.tracer(SERVICE_NAME);
+        let tracer = provider.tracer("sluice");
         let layer = tracing_opentelemetry::layer()
             .with_tracer(tracer)
             .with_filter(EnvFilter::new("sluice=debug"))

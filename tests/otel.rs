@@ -1,11 +1,13 @@
 //! With the `otel` feature: request spans reach an OTLP collector (fake ones, served here on
-//! loopback ports): over gRPC from the in-process engine, and over HTTP (protobuf bodies
+//! loopback ports) under the configured service names, sampled by the configured ratio:
+//! over gRPC from the in-process engine, and over HTTP (protobuf bodies
 //! POSTed to `/v1/traces`) from the real binary started as `ratelimit` with Envoy Gateway's
-//! tracing variables. Run with `cargo test --features otel --test otel`; the second test
+//! tracing variables. Run with `cargo test --features otel,test-util --test otel`; the last test
 //! needs `redis-server` and fails with the command that installs it when it is missing.
 
 #![cfg(feature = "otel")]
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,9 +21,10 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
+use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message as _;
-use sluice::config::settings::OtlpProtocol;
+use sluice::config::settings::{LogSettings, OtlpProtocol};
 use sluice::engine::{Descriptor, Engine, Options, Request};
 use sluice::limiter::MemoryLimiter;
 use sluice::rules::{Entry, RuleSet};
@@ -33,7 +36,24 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::TcpListenerStream;
 use tracing_subscriber::layer::SubscriberExt as _;
 
-struct Collector(mpsc::UnboundedSender<Span>);
+/// The string attributes of a resource (`service.name`, ...).
+type ResourceAttributes = BTreeMap<String, String>;
+
+fn resource_attributes(resource: Option<&Resource>) -> ResourceAttributes {
+    let attributes = resource
+        .map(|r| r.attributes.as_slice())
+        .unwrap_or_default();
+    attributes
+        .iter()
+        .filter_map(|a| match a.value.as_ref()?.value.as_ref()? {
+            Value::StringValue(s) => Some((a.key.clone(), s.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A fake OTLP/gRPC collector: sends each received span, with its resource's attributes.
+struct Collector(mpsc::UnboundedSender<(ResourceAttributes, Span)>);
 
 #[tonic::async_trait]
 impl TraceService for Collector {
@@ -42,10 +62,9 @@ impl TraceService for Collector {
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
         for resource in request.into_inner().resource_spans {
-            for scope in resource.scope_spans {
-                for span in scope.spans {
-                    let _ = self.0.send(span);
-                }
+            let attributes = resource_attributes(resource.resource.as_ref());
+            for span in resource.scope_spans.into_iter().flat_map(|s| s.spans) {
+                let _ = self.0.send((attributes.clone(), span));
             }
         }
         Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
@@ -66,8 +85,10 @@ fn attribute(span: &Span, key: &str) -> Option<String> {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn request_spans_reach_the_collector() {
+/// Exports through sluice's OTLP/gRPC layer with `log` (its endpoint set here to a fake
+/// collector) while the engine answers `requests` requests, then flushes by shutting the
+/// provider down, and returns every span the collector received.
+async fn grpc_export(mut log: LogSettings, requests: usize) -> Vec<(ResourceAttributes, Span)> {
     let (tx, mut spans) = mpsc::unbounded_channel();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
@@ -81,7 +102,9 @@ async fn request_spans_reach_the_collector() {
             ),
     );
 
-    let (layer, provider) = sluice::telemetry::otel::layer(&endpoint, OtlpProtocol::Grpc).unwrap();
+    log.otlp_endpoint = Some(endpoint.clone());
+    log.otlp_protocol = OtlpProtocol::Grpc;
+    let (layer, provider) = sluice::telemetry::otel::layer(&endpoint, &log).unwrap();
     let subscriber = tracing_subscriber::registry().with(layer);
     {
         let _default = tracing::subscriber::set_default(subscriber);
@@ -97,24 +120,71 @@ async fn request_spans_reach_the_collector() {
             }],
             hits_addend: 0,
         };
-        engine.should_rate_limit(&request).await.unwrap();
+        for _ in 0..requests {
+            engine.should_rate_limit(&request).await.unwrap();
+        }
     }
+    // The shutdown returns once the last batch is exported (and so received).
     tokio::task::spawn_blocking(move || provider.shutdown())
         .await
         .unwrap()
         .unwrap();
+    stop.cancel();
+    server.await.unwrap().unwrap();
+    let mut got = Vec::new();
+    while let Ok(span) = spans.try_recv() {
+        got.push(span);
+    }
+    got
+}
 
-    let span = tokio::time::timeout(Duration::from_secs(10), spans.recv())
-        .await
-        .expect("a span within 10 s")
-        .expect("the collector is running");
-    assert_eq!(span.name, "should_rate_limit");
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_spans_reach_the_collector_under_the_configured_service_names() {
+    let log = LogSettings {
+        otlp_service_name: "edge-limits".to_owned(),
+        otlp_service_namespace: Some("gateway".to_owned()),
+        otlp_service_instance_id: Some("pod-7".to_owned()),
+        ..LogSettings::default()
+    };
+    let got = grpc_export(log, 1).await;
+    let (resource, span) = got
+        .into_iter()
+        .find(|(_, s)| s.name == "should_rate_limit")
+        .expect("the request's span was exported");
+    let want = |k: &str| resource.get(k).map(String::as_str);
+    assert_eq!(want("service.name"), Some("edge-limits"));
+    assert_eq!(want("service.namespace"), Some("gateway"));
+    assert_eq!(want("service.instance.id"), Some("pod-7"));
     assert_eq!(attribute(&span, "domain").as_deref(), Some("test"));
     assert_eq!(attribute(&span, "descriptors").as_deref(), Some("1"));
     assert_eq!(attribute(&span, "result").as_deref(), Some("ok"));
     assert!(attribute(&span, "latency_us").is_some());
-    stop.cancel();
-    server.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sampling_ratio_zero_exports_no_request_span_where_one_exports_each() {
+    let requests = |got: &[(ResourceAttributes, Span)]| {
+        got.iter()
+            .filter(|(_, s)| s.name == "should_rate_limit")
+            .count()
+    };
+    let all = LogSettings::default();
+    assert_eq!(all.otlp_sampling_ratio, 1.0);
+    let got = grpc_export(all, 5).await;
+    assert_eq!(requests(&got), 5, "ratio 1: {got:?}");
+    let (resource, _) = &got[0];
+    assert_eq!(
+        resource.get("service.name").map(String::as_str),
+        Some("sluice")
+    );
+    assert!(!resource.contains_key("service.namespace"), "{resource:?}");
+
+    let none = LogSettings {
+        otlp_sampling_ratio: 0.0,
+        ..LogSettings::default()
+    };
+    let got = grpc_export(none, 5).await;
+    assert_eq!(requests(&got), 0, "ratio 0: {got:?}");
 }
 
 /// What the fake OTLP/HTTP collector received: each request's path and content type, and
@@ -123,7 +193,7 @@ async fn request_spans_reach_the_collector() {
 struct Received {
     path: String,
     content_type: String,
-    service: Option<String>,
+    resource: ResourceAttributes,
     span: Span,
 }
 
@@ -151,18 +221,12 @@ async fn http_collector(stop: tokio_util::sync::CancellationToken) -> Collecting
                 .unwrap_or_default()
                 .to_owned();
             for resource in request.resource_spans {
-                let service = resource.resource.as_ref().and_then(|r| {
-                    let a = r.attributes.iter().find(|a| a.key == "service.name")?;
-                    match a.value.as_ref()?.value.as_ref()? {
-                        Value::StringValue(s) => Some(s.clone()),
-                        _ => None,
-                    }
-                });
+                let attributes = resource_attributes(resource.resource.as_ref());
                 for span in resource.scope_spans.into_iter().flat_map(|s| s.spans) {
                     let _ = tx.send(Received {
                         path: uri.path().to_owned(),
                         content_type: content_type.clone(),
-                        service: service.clone(),
+                        resource: attributes.clone(),
                         span,
                     });
                 }
@@ -217,6 +281,10 @@ async fn spans_reach_an_otlp_http_collector_from_the_binary_as_ratelimit() {
             // (http), the collector's base URL.
             ("TRACING_ENABLED", "true".to_owned()),
             ("TRACING_SERVICE_NAME", "envoy-ratelimit".to_owned()),
+            (
+                "TRACING_SERVICE_NAMESPACE",
+                "envoy-gateway-system".to_owned(),
+            ),
             ("TRACING_SAMPLING_RATE", "1.0".to_owned()),
             ("OTEL_EXPORTER_OTLP_ENDPOINT", collector),
             // Export within 100 ms rather than the SDK's 5 s.
@@ -253,7 +321,9 @@ async fn spans_reach_an_otlp_http_collector_from_the_binary_as_ratelimit() {
     };
     assert_eq!(got.path, "/v1/traces");
     assert_eq!(got.content_type, "application/x-protobuf");
-    assert_eq!(got.service.as_deref(), Some("sluice"));
+    let resource = |k: &str| got.resource.get(k).map(String::as_str);
+    assert_eq!(resource("service.name"), Some("envoy-ratelimit"));
+    assert_eq!(resource("service.namespace"), Some("envoy-gateway-system"));
     assert_eq!(attribute(&got.span, "domain").as_deref(), Some("t"));
     assert_eq!(attribute(&got.span, "result").as_deref(), Some("ok"));
     stop.cancel();

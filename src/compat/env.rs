@@ -115,10 +115,6 @@ const IGNORED: &[(&str, &str)] = &[
         "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
         "response time is in seconds",
     ),
-    ("TRACING_SERVICE_NAME", "spans are named by sluice"),
-    ("TRACING_SERVICE_NAMESPACE", "spans are named by sluice"),
-    ("TRACING_SERVICE_INSTANCE_ID", "spans are named by sluice"),
-    ("TRACING_SAMPLING_RATE", "every request span is exported"),
     ("MEMCACHE_MAX_IDLE_CONNS", "no Memcached backend"),
     ("MEMCACHE_SRV_REFRESH", "no Memcached backend"),
 ];
@@ -637,9 +633,32 @@ impl Reader<'_> {
     /// as given, else `OTEL_EXPORTER_OTLP_ENDPOINT` (with `/v1/traces` added over HTTP), else
     /// the local collector.
     fn tracing(&mut self) -> Result<(), Unsupported> {
+        let ratio = self.sampling_rate()?;
         if !self.flag("TRACING_ENABLED", false)? {
+            for name in TRACING_NAMES.iter().chain(&["TRACING_SAMPLING_RATE"]) {
+                if let Some(v) = self.get(name) {
+                    let why = format!("{v}: no spans are exported (TRACING_ENABLED is not true)");
+                    self.out.ignored.push(((*name).to_owned(), why));
+                }
+            }
             return Ok(());
         }
+        // ratelimit's default name, so that traces keep the service they were filed under.
+        let service = self.or("TRACING_SERVICE_NAME", "RateLimit").to_owned();
+        self.set("LOG__OTLP_SERVICE_NAME", service);
+        for (name, key) in [
+            ("TRACING_SERVICE_NAMESPACE", "LOG__OTLP_SERVICE_NAMESPACE"),
+            (
+                "TRACING_SERVICE_INSTANCE_ID",
+                "LOG__OTLP_SERVICE_INSTANCE_ID",
+            ),
+        ] {
+            if let Some(v) = self.get(name) {
+                let v = v.to_owned();
+                self.set(key, v);
+            }
+        }
+        self.set("LOG__OTLP_SAMPLING_RATIO", ratio.to_string());
         let protocol = self
             .or("TRACING_EXPORTER_PROTOCOL", "http")
             .to_ascii_lowercase();
@@ -663,6 +682,30 @@ impl Reader<'_> {
         self.set("LOG__OTLP_ENDPOINT", endpoint);
         self.set("LOG__OTLP_PROTOCOL", if http { "http" } else { "grpc" });
         Ok(())
+    }
+}
+
+/// The service-naming variables of tracing, listed as ignored when tracing is off.
+const TRACING_NAMES: [&str; 3] = [
+    "TRACING_SERVICE_NAME",
+    "TRACING_SERVICE_NAMESPACE",
+    "TRACING_SERVICE_INSTANCE_ID",
+];
+
+impl Reader<'_> {
+    /// `TRACING_SAMPLING_RATE` (default 1) as ratelimit applies it: a number, where 1 and
+    /// above keep every trace and 0 and below none. Not a number (or NaN) is refused.
+    fn sampling_rate(&self) -> Result<f64, Unsupported> {
+        let Some(text) = self.get("TRACING_SAMPLING_RATE") else {
+            return Ok(1.0);
+        };
+        match text.trim().parse::<f64>() {
+            Ok(rate) if !rate.is_nan() => Ok(rate.clamp(0.0, 1.0)),
+            _ => Err(self.unsupported(
+                "TRACING_SAMPLING_RATE",
+                "expected a number from 0 to 1, such as 0.1",
+            )),
+        }
     }
 }
 

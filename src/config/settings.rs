@@ -116,6 +116,15 @@ pub struct LogSettings {
     pub otlp_endpoint: Option<String>,
     /// How spans reach `otlp_endpoint`.
     pub otlp_protocol: OtlpProtocol,
+    /// The exported spans' `service.name` resource attribute.
+    pub otlp_service_name: String,
+    /// The exported spans' `service.namespace` resource attribute; none when unset.
+    pub otlp_service_namespace: Option<String>,
+    /// The exported spans' `service.instance.id` resource attribute; none when unset.
+    pub otlp_service_instance_id: Option<String>,
+    /// The share of traces started by sluice that are exported, 0.0 to 1.0 (by trace id);
+    /// a request whose caller sent a sampled trace context follows the caller's choice.
+    pub otlp_sampling_ratio: f64,
 }
 
 /// The transport of OTLP span export.
@@ -136,6 +145,10 @@ impl Default for LogSettings {
             level: "info".to_owned(),
             otlp_endpoint: None,
             otlp_protocol: OtlpProtocol::Grpc,
+            otlp_service_name: "sluice".to_owned(),
+            otlp_service_namespace: None,
+            otlp_service_instance_id: None,
+            otlp_sampling_ratio: 1.0,
         }
     }
 }
@@ -275,6 +288,17 @@ impl Settings {
             return Err(config::ConfigError::Message(format!(
                 "metrics.near_limit_ratio must be in (0, 1], got {ratio}"
             )));
+        }
+        let sampling = self.log.otlp_sampling_ratio;
+        if !(0.0..=1.0).contains(&sampling) {
+            return Err(config::ConfigError::Message(format!(
+                "log.otlp_sampling_ratio must be in [0, 1], got {sampling}"
+            )));
+        }
+        if self.log.otlp_service_name.trim().is_empty() {
+            return Err(config::ConfigError::Message(
+                "log.otlp_service_name must not be empty".into(),
+            ));
         }
         self.input.check().map_err(config::ConfigError::Message)?;
         self.rlqs.check().map_err(config::ConfigError::Message)?;
@@ -516,6 +540,11 @@ mod tests {
         let ratio = env(&[("SLUICE_METRICS__NEAR_LIMIT_RATIO", "1.5")]);
         let err = Settings::load(None, ratio, &Overrides::default()).unwrap_err();
         assert!(err.to_string().contains("near_limit_ratio"), "{err}");
+        for bad in ["1.5", "-0.1", "NaN"] {
+            let ratio = env(&[("SLUICE_LOG__OTLP_SAMPLING_RATIO", bad)]);
+            let err = Settings::load(None, ratio, &Overrides::default()).unwrap_err();
+            assert!(err.to_string().contains("log.otlp_sampling_ratio"), "{err}");
+        }
         let bad = env(&[("SLUICE_LIMITS__DEFAULT_ALGORITHM", "gcra")]);
         let err = Settings::load(None, bad, &Overrides::default()).unwrap_err();
         assert!(err.to_string().contains("token_bucket"), "{err}");

@@ -421,6 +421,59 @@ fn each_setting_maps() {
             "SLUICE_LOG__OTLP_ENDPOINT",
             "http://c:4318/base/v1/traces",
         ),
+        (
+            &[("TRACING_ENABLED", "true")],
+            "SLUICE_LOG__OTLP_SERVICE_NAME",
+            "RateLimit",
+        ),
+        (
+            &[
+                ("TRACING_ENABLED", "true"),
+                ("TRACING_SERVICE_NAME", "envoy-ratelimit"),
+            ],
+            "SLUICE_LOG__OTLP_SERVICE_NAME",
+            "envoy-ratelimit",
+        ),
+        (
+            &[
+                ("TRACING_ENABLED", "true"),
+                ("TRACING_SERVICE_NAMESPACE", "gateway"),
+            ],
+            "SLUICE_LOG__OTLP_SERVICE_NAMESPACE",
+            "gateway",
+        ),
+        (
+            &[
+                ("TRACING_ENABLED", "true"),
+                ("TRACING_SERVICE_INSTANCE_ID", "pod-1"),
+            ],
+            "SLUICE_LOG__OTLP_SERVICE_INSTANCE_ID",
+            "pod-1",
+        ),
+        (
+            &[("TRACING_ENABLED", "true")],
+            "SLUICE_LOG__OTLP_SAMPLING_RATIO",
+            "1",
+        ),
+        (
+            &[
+                ("TRACING_ENABLED", "true"),
+                ("TRACING_SAMPLING_RATE", "0.25"),
+            ],
+            "SLUICE_LOG__OTLP_SAMPLING_RATIO",
+            "0.25",
+        ),
+        // As ratelimit's sampler: 1 and above keep all, 0 and below none.
+        (
+            &[("TRACING_ENABLED", "true"), ("TRACING_SAMPLING_RATE", "5")],
+            "SLUICE_LOG__OTLP_SAMPLING_RATIO",
+            "1",
+        ),
+        (
+            &[("TRACING_ENABLED", "true"), ("TRACING_SAMPLING_RATE", "-1")],
+            "SLUICE_LOG__OTLP_SAMPLING_RATIO",
+            "0",
+        ),
     ];
     for (vars, key, want) in cases {
         let t = translate(&env(vars)).unwrap_or_else(|e| panic!("{vars:?}: {e}"));
@@ -472,6 +525,11 @@ fn what_sluice_cannot_honour_stops_naming_the_variable() {
             ("TRACING_ENABLED", "true"),
             ("TRACING_EXPORTER_PROTOCOL", "zipkin"),
         ],
+        &[
+            ("TRACING_ENABLED", "true"),
+            ("TRACING_SAMPLING_RATE", "half"),
+        ],
+        &[("TRACING_SAMPLING_RATE", "NaN")],
     ];
     for vars in cases {
         let err = translate(&env(vars)).expect_err(&format!("{vars:?} must stop the start"));
@@ -491,15 +549,18 @@ fn what_can_be_ignored_is_listed_with_why() {
         ("REDIS_POOL_SIZE", "20"),
         ("EXPIRATION_JITTER_MAX_SECONDS", "300"),
         ("TRACING_SAMPLING_RATE", "0.5"),
+        ("TRACING_SERVICE_NAME", "rl"),
     ]))
     .unwrap();
     let names: Vec<&str> = t.ignored.iter().map(|(n, _)| n.as_str()).collect();
+    // The tracing variables only while TRACING_ENABLED is not true.
     assert_eq!(
         names,
         [
             "EXPIRATION_JITTER_MAX_SECONDS",
             "REDIS_POOL_SIZE",
-            "TRACING_SAMPLING_RATE"
+            "TRACING_SAMPLING_RATE",
+            "TRACING_SERVICE_NAME"
         ]
     );
     assert!(t.ignored.iter().all(|(_, why)| why.contains(": ")));
@@ -517,6 +578,8 @@ fn tracing_exports_spans_only_from_a_build_with_otel() {
         let endpoint = s.log.otlp_endpoint.as_deref();
         assert_eq!(endpoint, Some("http://c:4318/v1/traces"));
         assert_eq!(s.log.otlp_protocol, OtlpProtocol::Http);
+        assert_eq!(s.log.otlp_service_name, "RateLimit");
+        assert_eq!(s.log.otlp_sampling_ratio, 1.0);
         assert!(!traced);
     } else {
         assert_eq!(s.log.otlp_endpoint, None);
@@ -553,4 +616,25 @@ fn go_durations() {
         assert_eq!(go_duration_ms(text), Some(ms), "{text}");
     }
     assert_eq!(go_duration_ms("10x"), None);
+}
+
+#[test]
+fn tracing_names_and_sampling_reach_the_settings() {
+    let e = env(&[
+        ("TRACING_ENABLED", "true"),
+        ("TRACING_SERVICE_NAMESPACE", "gateway"),
+        ("TRACING_SAMPLING_RATE", "0"),
+    ]);
+    let (s, _) = settings(&e).unwrap();
+    if cfg!(feature = "otel") {
+        assert_eq!(s.log.otlp_service_name, "RateLimit");
+        assert_eq!(s.log.otlp_service_namespace.as_deref(), Some("gateway"));
+        assert_eq!(s.log.otlp_service_instance_id, None);
+        assert_eq!(s.log.otlp_sampling_ratio, 0.0);
+    } else {
+        assert_eq!(s.log, crate::config::settings::LogSettings::default());
+    }
+    let err = translate(&env(&[("TRACING_SAMPLING_RATE", "half")])).unwrap_err();
+    assert_eq!(err.name, "TRACING_SAMPLING_RATE");
+    assert!(err.to_string().contains("TRACING_SAMPLING_RATE"), "{err}");
 }
