@@ -14,6 +14,7 @@ use crate::support::yaml::{
     self, Doc, at, bool_at, int_at, named, opt, seq_at, str_at, string_map,
 };
 use saphyr::Yaml;
+use sluice::testing::grpc::{Code, RateLimitServiceClient, call, desc, overall, req};
 use sluice::testing::process::free_port;
 use tokio::time::Instant;
 
@@ -367,7 +368,31 @@ fn every_optional_part_renders_when_enabled() {
     );
     assert_eq!(
         decode_base64(str_at(secret, "data.url")),
-        "redis+sentinel://:secret@redis-sentinel.data.svc:26379/mymaster"
+        "rediss+sentinel://:secret@redis-sentinel.data.svc:26379/mymaster"
+    );
+    // Redis TLS: the existing Secret mounted read-only, its files named by the settings.
+    let pod = at(deployment, "spec.template.spec");
+    assert_eq!(
+        str_at(named(pod, "volumes", "redis-tls"), "secret.secretName"),
+        "redis-client-tls"
+    );
+    let mount = named(container(&docs), "volumeMounts", "redis-tls");
+    assert_eq!(str_at(mount, "mountPath"), "/etc/sluice/redis-tls");
+    assert!(bool_at(mount, "readOnly"));
+    for (name, file) in [
+        ("SLUICE_REDIS__TLS_CA_FILE", "ca.crt"),
+        ("SLUICE_REDIS__TLS_CERT_FILE", "tls.crt"),
+        ("SLUICE_REDIS__TLS_KEY_FILE", "tls.key"),
+    ] {
+        assert_eq!(
+            env_value(&env, name),
+            format!("{REDIS_TLS_DIR}/{file}"),
+            "{name}"
+        );
+    }
+    assert_eq!(
+        env_value(&env, "SLUICE_REDIS__TLS_SKIP_HOSTNAME_VERIFICATION"),
+        "false"
     );
     assert_eq!(env_value(&env, "SLUICE_REDIS__ON_ERROR"), "local");
     assert_eq!(env_value(&env, "SLUICE_REDIS__FUNCTIONS"), "true");
@@ -427,7 +452,28 @@ fn existing_config_map_and_secret_are_used_as_given() {
 
 #[test]
 fn values_that_would_break_a_release_are_refused() {
-    let cases: [(&[&str], &str); 9] = [
+    let tls = ["--set", "backend=redis", "--set", "redis.tls.secretName=t"];
+    let plain = [&tls[..], &["--set", "redis.url=redis://r:6379"]].concat();
+    let half = [&tls[..], &["--set", "redis.url=rediss://r:6379"]].concat();
+    let half = [&half[..], &["--set", "redis.tls.keyKey="]].concat();
+    let sentinel = [
+        &tls[..],
+        &["--set", "redis.url=rediss+sentinel://s:26379/m"],
+    ]
+    .concat();
+    let sentinel = [
+        &sentinel[..],
+        &["--set", "redis.tls.skipHostnameVerification=true"],
+    ]
+    .concat();
+    let cases: [(&[&str], &str); 13] = [
+        (&plain, "redis.tls.secretName needs a TLS Redis URL"),
+        (&half, "redis.tls.certKey and redis.tls.keyKey go together"),
+        (
+            &["--set", "redis.tls.skipHostnameVerification=true"],
+            "redis.tls.skipHostnameVerification needs redis.tls.secretName",
+        ),
+        (&sentinel, "not supported with Sentinel"),
         (
             &["--set", "backend=redis"],
             "needs redis.url or redis.existingSecret",
@@ -489,10 +535,14 @@ fn values_that_would_break_a_release_are_refused() {
     }
 }
 
+/// Where the chart mounts the Secret of `redis.tls.secretName`.
+const REDIS_TLS_DIR: &str = "/etc/sluice/redis-tls";
+
 /// The pod's environment, rules files and command, run for real: every setting the chart sets
 /// is one sluice knows (unknown keys would exit 64), and the rules pass. Listen addresses are
-/// swapped for loopback ports (command-line flags win over the environment).
-async fn run_like_the_pod(docs: &[Doc], redis_url: Option<&str>) {
+/// swapped for loopback ports (command-line flags win over the environment), and files in
+/// the Redis TLS Secret's mount for the same files in `redis_tls` (which the test wrote).
+async fn run_like_the_pod(docs: &[Doc], redis_url: Option<&str>, redis_tls: Option<&Path>) {
     let rules = tempfile::tempdir().expect("a temporary directory");
     for (file, text) in string_map(only(docs, "ConfigMap"), "data") {
         std::fs::write(rules.path().join(file), text).expect("write a rules file");
@@ -505,6 +555,13 @@ async fn run_like_the_pod(docs: &[Doc], redis_url: Option<&str>) {
     for (name, value) in env_of(c) {
         let value = match value.strip_prefix("secret:") {
             Some(_) => redis_url.expect("a Redis URL for the secret").to_owned(),
+            None => value,
+        };
+        let value = match value.strip_prefix(REDIS_TLS_DIR) {
+            Some(file) => {
+                let dir = redis_tls.expect("the files of the Redis TLS secret");
+                format!("{}{file}", dir.display())
+            }
             None => value,
         };
         command.env(name, value);
@@ -538,19 +595,74 @@ async fn run_like_the_pod(docs: &[Doc], redis_url: Option<&str>) {
         assert!(Instant::now() < deadline, "sluice did not become ready");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    if redis_url.is_some() {
+        // One request of the first domain, so that sluice calls its limiter on Redis.
+        let domain = rules_domain(docs);
+        let mut client = RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
+            .await
+            .expect("connect to sluice");
+        let request = req(&domain, vec![desc(&[("remote_address", "10.0.0.1")])]);
+        let answer = call(&mut client, request).await;
+        assert_eq!(overall(&answer), Code::Ok, "{domain}");
+    }
     let _ = child.kill();
     let _ = child.wait();
 }
 
 #[tokio::test]
 async fn sluice_runs_with_the_default_pod_settings() {
-    run_like_the_pod(&render(None), None).await;
+    run_like_the_pod(&render(None), None, None).await;
 }
 
+/// The all-on values name a Redis TLS Secret: the real Redis here serves TLS with a
+/// certificate made for 127.0.0.1, which is also the Secret's CA (`ca.crt`) and client
+/// certificate (`tls.crt`, `tls.key`).
 #[tokio::test]
-async fn sluice_runs_with_the_all_on_pod_settings_on_a_real_redis() {
-    let redis = sluice::testing::redis::RedisServer::start();
-    run_like_the_pod(&render(Some("all-on-values.yaml")), Some(&redis.url())).await;
+async fn sluice_runs_with_the_all_on_pod_settings_on_a_real_redis_over_tls() {
+    let secret = tempfile::tempdir().expect("a temporary directory");
+    let names = vec!["127.0.0.1".to_owned(), "localhost".to_owned()];
+    let made = rcgen::generate_simple_self_signed(names).expect("a self-signed certificate");
+    let file = |name: &str| secret.path().join(name).display().to_string();
+    for (name, pem) in [
+        ("ca.crt", made.cert.pem()),
+        ("tls.crt", made.cert.pem()),
+        ("tls.key", made.signing_key.serialize_pem()),
+    ] {
+        std::fs::write(file(name), pem).expect("write a TLS file");
+    }
+    let tls_port = free_port().to_string();
+    let (cert, key, ca) = (file("tls.crt"), file("tls.key"), file("ca.crt"));
+    let redis = sluice::testing::redis::RedisServer::start_with(&[
+        "--tls-port",
+        &tls_port,
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key,
+        "--tls-ca-cert-file",
+        &ca,
+        "--tls-auth-clients",
+        "no",
+    ]);
+    let url = format!("rediss://127.0.0.1:{tls_port}");
+    // The plain port answers; the pod's settings reach Redis only through the TLS one.
+    assert!(redis.url().starts_with("redis://"));
+    let docs = render(Some("all-on-values.yaml"));
+    run_like_the_pod(&docs, Some(&url), Some(secret.path())).await;
+    // `redis.onError: local` answers without Redis too: that sluice's request reached Redis
+    // over TLS shows in the limiter calls Redis counted.
+    assert!(redis.script_calls() > 0, "{:?}", redis.command_calls());
+}
+
+/// The domain of the chart's `rules.yaml`.
+fn rules_domain(docs: &[Doc]) -> String {
+    let rules = string_map(only(docs, "ConfigMap"), "data");
+    let (_, text) = rules
+        .iter()
+        .find(|(file, _)| file == "rules.yaml")
+        .expect("a rules.yaml");
+    let line = text.lines().find_map(|l| l.strip_prefix("domain: "));
+    line.expect("a domain line").trim().to_owned()
 }
 
 fn decode_base64(text: &str) -> String {

@@ -81,6 +81,24 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if or (lt (int .Values.redis.connections) 1) (ne (toString .Values.redis.connections) (toString (int .Values.redis.connections))) }}
 {{- fail (printf "redis.connections must be a whole number of at least 1, not %v" .Values.redis.connections) }}
 {{- end }}
+{{- with .Values.redis.tls }}
+{{- if .secretName }}
+{{- if and $.Values.redis.url (not $.Values.redis.existingSecret) (not (hasPrefix "rediss" $.Values.redis.url)) }}
+{{- fail "redis.tls.secretName needs a TLS Redis URL: redis.url must start with rediss (rediss://, rediss+sentinel:// or rediss+cluster://)" }}
+{{- end }}
+{{- if ne (empty .certKey) (empty .keyKey) }}
+{{- fail "redis.tls.certKey and redis.tls.keyKey go together: set both (mTLS) or neither" }}
+{{- end }}
+{{- end }}
+{{- if .skipHostnameVerification }}
+{{- if or (not .secretName) (not .caKey) }}
+{{- fail "redis.tls.skipHostnameVerification needs redis.tls.secretName and redis.tls.caKey: without a CA of its own, any publicly signed certificate would be accepted" }}
+{{- end }}
+{{- if and $.Values.redis.url (not $.Values.redis.existingSecret) (hasPrefix "rediss+sentinel" $.Values.redis.url) }}
+{{- fail "redis.tls.skipHostnameVerification is not supported with Sentinel" }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if and (not .Values.rules.existingConfigMap) (not .Values.rules.content) (not .Values.rules.files) }}
 {{- fail "rules.content and rules.files are empty and rules.existingConfigMap is not set: sluice needs rules" }}
 {{- end }}
