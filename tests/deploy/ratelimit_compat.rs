@@ -1025,6 +1025,7 @@ fn what_sluice_cannot_honour_stops_the_start_with_64_naming_it() {
         ("BACKEND_TYPE", "memcache"),
         ("REDIS_PERSECOND", "true"),
         ("GRPC_UDS", "/tmp/x.sock"),
+        ("TRACING_SAMPLING_RATE", "half"),
     ] {
         let out = Command::new(&link)
             .env_clear()
