@@ -258,8 +258,8 @@ pub mod otel {
                     value.as_ref().map(|v| KeyValue::new(key, v.clone()))
                 }))
                 .build();
-        // A caller's sampled (or unsampled) trace context is followed; traces sluice
-        // starts itself are kept by trace id at the configured ratio.
+        // Root spans (a request's) are kept by trace id at the configured ratio; the spans
+        // inside them follow their parent's choice.
         let ratio = Sampler::TraceIdRatioBased(log.otlp_sampling_ratio);
         let provider = SdkTracerProvider::builder()
             .with_span_processor(processor)

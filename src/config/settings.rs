@@ -122,8 +122,8 @@ pub struct LogSettings {
     pub otlp_service_namespace: Option<String>,
     /// The exported spans' `service.instance.id` resource attribute; none when unset.
     pub otlp_service_instance_id: Option<String>,
-    /// The share of traces started by sluice that are exported, 0.0 to 1.0 (by trace id);
-    /// a request whose caller sent a sampled trace context follows the caller's choice.
+    /// The share of traces exported, 0.0 to 1.0, chosen by trace id; spans inside a trace
+    /// follow its root's choice (each request starts its own trace).
     pub otlp_sampling_ratio: f64,
 }
 
