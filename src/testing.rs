@@ -178,3 +178,11 @@ impl Drop for TestServer {
         self.stop.cancel();
     }
 }
+
+/// An environment as the settings loaders take it, from `(name, value)` pairs.
+pub fn env_map(pairs: &[(&str, &str)]) -> std::collections::HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}

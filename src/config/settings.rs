@@ -362,12 +362,7 @@ fn apply_overrides(mut b: Builder, cli: &Overrides) -> Result<Builder, config::C
 mod tests {
     use super::*;
 
-    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
+    use crate::testing::env_map as env;
 
     #[test]
     fn defaults_without_any_layer() {

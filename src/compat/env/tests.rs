@@ -4,12 +4,7 @@ use super::*;
 use crate::config::settings::{Backend, LogFormat, OtlpProtocol, StatsdProtocol};
 use crate::testing::ratelimit_env::{ENVOY_GATEWAY, ENVOY_GATEWAY_REDIS_TLS, ISTIO};
 
-fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect()
-}
+use crate::testing::env_map as env;
 
 #[test]
 fn envoy_gateway_env_gives_xds_tls_redis_and_its_prometheus_port() {
