@@ -28,6 +28,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -234,22 +235,38 @@ fn dropped(what: &str) -> RedisError {
 }
 
 /// A lane's task: woken when requests queued behind a call, it sends them, as few calls as
-/// their slots allow, until none is left.
+/// their slots allow, until none is left. When a turn's calls return, the next turn (what
+/// queued meanwhile) is handed to the connection before the returned requests are answered,
+/// so that Redis works on the next calls while sluice decodes and answers the last ones.
 async fn drive(shared: Arc<Shared>, index: usize, lane: Arc<Lane>) {
     loop {
         lane.wake.notified().await;
+        let mut returned: Vec<Exchanged> = Vec::new();
         loop {
             let jobs = lane.next_jobs();
             if jobs.is_empty() {
+                answer_all(returned);
                 break;
             }
-            run(&shared, index, jobs).await;
+            let turn = join_all(
+                split(jobs)
+                    .into_iter()
+                    .map(|jobs| exchange(&shared, index, jobs)),
+            );
+            let mut turn = std::pin::pin!(turn);
+            // One poll encodes the turn's calls and hands them to their connections.
+            let first = std::future::poll_fn(|cx| Poll::Ready(turn.as_mut().poll(cx))).await;
+            answer_all(std::mem::take(&mut returned));
+            returned = match first {
+                Poll::Ready(done) => done,
+                Poll::Pending => turn.await,
+            };
         }
     }
 }
 
-/// One turn of a lane: the jobs as few calls as their slots allow, sent together.
-async fn run(shared: &Shared, lane: usize, jobs: Vec<Job>) {
+/// A turn's jobs, grouped into as few calls as their slots allow.
+fn split(jobs: Vec<Job>) -> Vec<Vec<Job>> {
     let mut calls: Vec<Vec<Job>> = Vec::new();
     for job in jobs {
         match calls
@@ -260,12 +277,30 @@ async fn run(shared: &Shared, lane: usize, jobs: Vec<Job>) {
             None => calls.push(vec![job]),
         }
     }
-    join_all(calls.into_iter().map(|jobs| call(shared, lane, jobs))).await;
+    calls
+}
+
+/// A call that returned: its jobs, the call, and Redis's reply (or the failure).
+struct Exchanged {
+    jobs: Vec<Job>,
+    call: Option<script::Call>,
+    reply: RedisResult<Value>,
 }
 
 /// One script call for `jobs` (all of one slot, clock and unit); answers each.
 async fn call(shared: &Shared, lane: usize, jobs: Vec<Job>) {
-    let Some(head) = jobs.first() else { return };
+    answer(exchange(shared, lane, jobs).await);
+}
+
+/// Sends one script call for `jobs` (all of one slot, clock and unit) and waits for its reply.
+async fn exchange(shared: &Shared, lane: usize, jobs: Vec<Job>) -> Exchanged {
+    let Some(head) = jobs.first() else {
+        return Exchanged {
+            jobs,
+            call: None,
+            reply: Ok(Value::Nil),
+        };
+    };
     let parts: Vec<Part<'_>> = jobs
         .iter()
         .map(|j| Part {
@@ -275,7 +310,8 @@ async fn call(shared: &Shared, lane: usize, jobs: Vec<Job>) {
         .collect();
     let via = shared.functions.via();
     let call = script::encode(&parts, &shared.prefix, head.unit, head.now_micros, via);
-    let result = match tokio::time::timeout(shared.timeout, send(shared, lane, &call)).await {
+    drop(parts);
+    let reply = match tokio::time::timeout(shared.timeout, send(shared, lane, &call)).await {
         Ok(result) => result,
         Err(_) => {
             shared.connector.timed_out(lane);
@@ -285,7 +321,24 @@ async fn call(shared: &Shared, lane: usize, jobs: Vec<Job>) {
             )))
         }
     };
-    match result.and_then(|reply| script::decode(reply, &call)) {
+    Exchanged {
+        jobs,
+        call: Some(call),
+        reply,
+    }
+}
+
+fn answer_all(returned: Vec<Exchanged>) {
+    for exchanged in returned {
+        answer(exchanged);
+    }
+}
+
+/// Gives each job of a returned call its outcome, or the call's failure.
+fn answer(exchanged: Exchanged) {
+    let Exchanged { jobs, call, reply } = exchanged;
+    let Some(call) = call else { return };
+    match reply.and_then(|reply| script::decode(reply, &call)) {
         Ok(outcomes) => {
             for (job, outcome) in jobs.into_iter().zip(outcomes) {
                 let _ = job.reply.send(Ok(outcome));
