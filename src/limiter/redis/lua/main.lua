@@ -107,9 +107,10 @@ do
     end
   end
 end
--- The keys whose text a request changed (dirty[1..ndirty], in the order first changed), each
--- with its TTL in milliseconds (key_ttl) and whether Redis held it before the call (held).
-local dirty, held, ndirty, key_dirty, key_ttl = {}, {}, 0, {}, {}
+-- The keys whose text a request changed, in the order first changed: dirty[1..ndirty], the
+-- key's index, negated when Redis did not hold the key before the call. key_ttl[s], set once
+-- the key is changed: its TTL in milliseconds, 0 when it is fresh again (to be deleted).
+local dirty, ndirty, key_ttl = {}, 0, {}
 
 -- Per key (index into KEYS), for the request being decided (key_request[s] == r): its first
 -- hit, its STATE (the original, then the committed one), its tentative state (what the hits
@@ -237,14 +238,14 @@ for r = 1, nrequests do
       local algo, p, state = hit_algo[i], hit_params[i], key_state[s]
       local fresh_at = algo.fresh_at(p, state, now)
       if algo.text then
-        if not key_dirty[s] then
+        if key_ttl[s] == nil then
           ndirty = ndirty + 1
-          key_dirty[s], dirty[ndirty], held[ndirty] = true, s, key_text[s] ~= false
+          dirty[ndirty] = key_text[s] and s or -s
         end
         if fresh_at then
           key_text[s], key_ttl[s] = algo.text(p, state), ttl_ms(now, fresh_at)
         else
-          key_text[s] = false
+          key_text[s], key_ttl[s] = false, 0
         end
       elseif fresh_at then
         algo.save(KEYS[s], p, state, now, fresh_at)
@@ -261,10 +262,12 @@ end
 -- writing at each request would have.
 for d = 1, ndirty do
   local s = dirty[d]
+  local held = s > 0
+  if not held then s = -s end
   local text = key_text[s]
   if text then
     redis.call("SET", KEYS[s], text, "PX", fmt(key_ttl[s]))
-  elseif held[d] then
+  elseif held then
     redis.call("DEL", KEYS[s])
   end
 end
