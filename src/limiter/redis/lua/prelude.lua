@@ -69,6 +69,17 @@
 -- file). A key a cost was applied to is written back with a TTL of exactly the time until its
 -- state is fresh again (rounded up to the millisecond), or deleted when it already is.
 -- Keys no cost touched (check-only hits, denied requests) are not written.
+--
+-- Commands per call: the states stored as one string (every algorithm but the sliding log)
+-- are read with one MGET for the whole call (one per MGET_KEYS keys), before the first
+-- request is decided, and kept in a table; a request's writes go to that table, which the
+-- later requests of the call read; after the last request, each key a request changed is
+-- written once, as the last one left it: SET ... PX with its TTL, or DEL (nothing when Redis
+-- did not hold it before the call and it is fresh again). This leaves Redis exactly as
+-- writing at each request would: the call runs alone and whole, every request at the same
+-- `now`, Redis expires no key during a call, and the script reads no key but through the
+-- table, so no request can tell. A sliding log (a sorted set) reads and writes its key
+-- itself, as its requests are decided.
 
 local MAX = 9007199254740991
 
