@@ -11,8 +11,14 @@ request from /proc (its main thread included, so RESP parsing and the reply too)
 
     python3 benches/lua_alone.py                   # hits 1 and 10, script and function
     python3 benches/lua_alone.py --hits 10 --requests 24 --calls 4000
+    python3 benches/lua_alone.py --floor           # and the floors (scripts doing only the commands)
+    python3 benches/lua_alone.py --users 10        # hot keys: keys repeat across a call's requests
 
 SLUICE_LUA_DIR=DIR reads the Lua files from DIR instead (another version, for an A/B).
+--floor also sends, with the same KEYS and ARGV, two scripts that do only what any state kept
+in Redis costs, without deciding anything: `TIME`, then per distinct key of the call one `GET`
+and one `SET ... PX` (the floor of a read and a write per key), or one `MGET` of every key and
+then one `SET ... PX` per key (the floor of one read per call and one write per key).
 The encoding mirrors script.rs's `encode` (the contract at the top of lua/prelude.lua).
 """
 
@@ -47,6 +53,26 @@ def library_source(name):
     body = "".join([prelude] + [read(a) for a in ALGORITHMS] + [read("library")])
     return (f"#!lua name={name}\n{body}\nredis.register_function('{name}', function(KEYS, ARGV)\n"
             f"{read('main')}\nend)\n")
+
+
+# The floors (see --floor): the commands alone, each value read and written as a number.
+FLOOR_GET_SET = """
+local t = redis.call("TIME")
+for s = 1, #KEYS do
+  local n = tonumber(redis.call("GET", KEYS[s]) or "0")
+  redis.call("SET", KEYS[s], string.format("%d", n + 1), "PX", "3600000")
+end
+return {}
+"""
+FLOOR_MGET_SET = """
+local t = redis.call("TIME")
+local texts = redis.call("MGET", unpack(KEYS))
+for s = 1, #KEYS do
+  local n = tonumber(texts[s] or "0")
+  redis.call("SET", KEYS[s], string.format("%d", n + 1), "PX", "3600000")
+end
+return {}
+"""
 
 
 def resp(args):
@@ -121,7 +147,7 @@ def cpu_secs(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure(conn, pid, head, hits, requests, calls, rng, limit):
+def measure(conn, pid, head, hits, requests, calls, rng, limit, check=True, users=10000):
     conn.call("CONFIG", "RESETSTAT")
     cpu0, t0 = cpu_secs(pid), time.time()
     sent = 0
@@ -131,11 +157,13 @@ def measure(conn, pid, head, hits, requests, calls, rng, limit):
             batch = []
             for _ in range(requests):
                 # As `sluice bench --spread user=10000` draws them: each descriptor its own.
-                batch.append([(f"{{bench|user=user-{rng.randrange(10000)}}}:funnel:3600", g)
+                batch.append([(f"{{bench|user=user-{rng.randrange(users)}}}:funnel:3600", g)
                               for g in range(hits)])
             keys, argv = encode(batch, limit)
             commands.append([*head, len(keys), *keys, *argv])
         for reply in conn.pipeline(commands):
+            if not check:
+                continue
             # The short form: per request its verdict, then remaining and reset per hit (all
             # admitted; a key drawn twice in a request repeats with one item).
             if not requests * (3 + hits - 1) <= len(reply) <= requests * (1 + 2 * hits):
@@ -178,6 +206,11 @@ def main():
     p.add_argument("--callgrind", action="store_true",
                    help="run redis-server under valgrind's callgrind and print the instructions it "
                         "executes per request instead of times (independent of the machine's load)")
+    p.add_argument("--users", type=int, default=10000,
+                   help="draw each hit's user from this many (fewer: keys repeat in a call)")
+    p.add_argument("--floor", action="store_true",
+                   help="also measure the floors: scripts doing only TIME and GET + SET per key, "
+                        "or TIME, one MGET and SET per key")
     args = p.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -204,27 +237,34 @@ def main():
         # The bench's rule: 1,000,000 per hour, funnel (burst = quota).
         limit = ["f", "1000000", "3600000000", "1000000", "0"]
         rng = random.Random(7)
+        heads = [("", ["EVALSHA", sha]), ("", ["FCALL", lib])]
+        if args.floor:
+            heads += [(" floor GET+SET", ["EVALSHA", conn.call("SCRIPT", "LOAD", FLOOR_GET_SET)]),
+                      (" floor MGET+SET", ["EVALSHA", conn.call("SCRIPT", "LOAD", FLOOR_MGET_SET)])]
         for hits in args.hits or [1, 10]:
-            for head in (["EVALSHA", sha], ["FCALL", lib]):
+            for label, head in heads:
+                check = not label
                 for r in range(args.rounds):
                     conn.call("FLUSHALL")
                     populate(conn)
                     if args.callgrind:
-                        measure(conn, server.pid, head, hits, args.requests, 20, rng, limit)
+                        measure(conn, server.pid, head, hits, args.requests, 20, rng, limit, check,
+                                args.users)
                         subprocess.run(["callgrind_control", "-z", str(server.pid)], check=True,
                                        capture_output=True)
                         measure(conn, server.pid, head, hits, args.requests, args.calls, rng,
-                                limit)
+                                limit, check, args.users)
                         subprocess.run(["callgrind_control", "-d", str(server.pid)], check=True,
                                        capture_output=True)
                         ir = instructions(out)
-                        print(f"hits {hits:>2} {head[0]:<7} round {r + 1}: "
+                        print(f"hits {hits:>2} {head[0]:<7}{label} round {r + 1}: "
                               f"{ir / (args.calls * args.requests):,.0f} instructions/request",
                               flush=True)
                         continue
                     usec, cpu, rate = measure(conn, server.pid, head, hits, args.requests,
-                                              args.calls, rng, limit)
-                    print(f"hits {hits:>2} {head[0]:<7} round {r + 1}: usec_per_call {usec:8.1f}"
+                                              args.calls, rng, limit, check, args.users)
+                    print(f"hits {hits:>2} {head[0]:<7}{label} round {r + 1}: "
+                          f"usec_per_call {usec:8.1f}"
                           f" = {usec / args.requests:6.2f} µs/request;"
                           f" redis-server CPU {cpu:6.2f} µs/request; {rate:8.0f} requests/s",
                           flush=True)

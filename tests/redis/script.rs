@@ -1,7 +1,8 @@
 //! The Lua script against a real `redis-server`: the differential test (the same random
 //! batches through the memory backend and through the script give identical outcomes, with
 //! steps of every size, and with batches at one instant or under a millisecond apart), TTLs
-//! and deletion of fresh states, and reloading after `SCRIPT FLUSH`.
+//! and deletion of fresh states, the commands a call of many requests runs (one `MGET`, one
+//! write per changed key), and reloading after `SCRIPT FLUSH`.
 
 use tokio::time::Instant;
 
@@ -589,4 +590,136 @@ async fn a_unix_socket_url_reaches_redis() {
             "{scheme}: decided by this server"
         );
     }
+}
+
+/// Sends `requests` as one script call (each request one part, decided in order) at `now`
+/// (microseconds) in the form `via`, and decodes the outcomes.
+async fn one_call(
+    redis: &RedisServer,
+    via: Via,
+    now: u64,
+    requests: &[Vec<Hit>],
+) -> Vec<sluice::limiter::BatchOutcome> {
+    use sluice::limiter::redis::script::{self, Functions, Mode, Part, Unit};
+    let mut conn = ::redis::Client::open(redis.url())
+        .expect("a redis url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect to the test redis-server");
+    let parts: Vec<Part<'_>> = requests
+        .iter()
+        .map(|hits| Part {
+            hits,
+            mode: Mode::Request,
+        })
+        .collect();
+    let call = script::encode(&parts, b"sluice:", Unit::Nanos, Some(now), via);
+    let functions = Functions::new(via == Via::Function);
+    let reply = script::invoke(&mut conn, &call, &functions)
+        .await
+        .expect("the script answers");
+    assert_eq!(functions.via(), via);
+    script::decode(reply, &call).expect("a well-formed reply")
+}
+
+/// One call of many requests reads its keys with one `MGET` and writes each key it changed
+/// once, after its last request, as each request left it: through real Redis, in both forms,
+/// counted in `INFO commandstats` (commands called from Lua count there too).
+///
+/// - 40 requests of one unit each on one hot funnel key (100 per minute: 0.6 s per unit):
+///   each admitted with one unit less left, the key then 24 s ahead of now, one `SET`.
+/// - A key taken by one request and given back by a later one: fresh again, so absent, and
+///   as it was absent before the call, neither `SET` nor `DEL`.
+/// - A key Redis held, given back to fresh: one `DEL`.
+/// - A check-only hit: read, not written.
+#[tokio::test]
+async fn a_call_reads_its_keys_with_one_mget_and_writes_each_changed_key_once() {
+    const NOW: u64 = 1_700_000_000_000_000;
+    for via in [Via::Function, Via::Script] {
+        let redis = RedisServer::start();
+        // Loads the code, so that the call below is one command.
+        one_call(
+            &redis,
+            via,
+            NOW,
+            &[vec![hit("{w}:funnel:60", limit(1, 60), 1, 0)]],
+        )
+        .await;
+        let unit = limit(100, 60);
+        let held = format!("{}", NOW + 600_000);
+        let _: () = redis.cmd(&["SET", "sluice:{held}:funnel:60", &held, "PX", "60000"]);
+        let mut requests: Vec<Vec<Hit>> = (0..40)
+            .map(|_| vec![hit("{hot}:funnel:60", unit, 1, 0)])
+            .collect();
+        requests[3].push(hit("{back}:funnel:60", unit, 2, 1));
+        requests[9].push(Hit {
+            refund: true,
+            ..hit("{back}:funnel:60", unit, 2, 1)
+        });
+        requests[20].push(Hit {
+            refund: true,
+            ..hit("{held}:funnel:60", unit, 1, 1)
+        });
+        requests[30].push(hit("{look}:funnel:60", unit, 0, 1));
+        redis.reset_stats();
+        let outcomes = one_call(&redis, via, NOW, &requests).await;
+        let calls = redis.command_calls();
+        let by = |name: &str| calls.get(name).copied().unwrap_or(0);
+        assert_eq!(
+            (by("mget"), by("get"), by("set"), by("del")),
+            (1, 0, 1, 1),
+            "{via:?}: {calls:?}"
+        );
+        for (outcome, r) in outcomes.iter().zip(0u64..) {
+            assert!(outcome.admitted, "{via:?}: request {r}: {outcome:?}");
+            assert_eq!(outcome.hits[0].remaining, 99 - r, "{via:?}: request {r}");
+        }
+        let hot: String = redis.cmd(&["GET", "sluice:{hot}:funnel:60"]);
+        assert_eq!(hot, format!("{}", NOW + 40 * 600_000), "{via:?}");
+        // The TTL is counted from the test's `now`, 24 s before the state is fresh.
+        let ttl: i64 = redis.cmd(&["PTTL", "sluice:{hot}:funnel:60"]);
+        assert!((23_000..=24_000).contains(&ttl), "{via:?}: PTTL {ttl}");
+        let mut keys: Vec<String> = redis.cmd(&["KEYS", "*"]);
+        keys.sort();
+        assert_eq!(
+            keys,
+            ["sluice:{hot}:funnel:60", "sluice:{w}:funnel:60"],
+            "{via:?}"
+        );
+    }
+}
+
+/// A call with more keys than one `MGET` takes (512) reads them in several, beside a sliding
+/// log's own commands, and writes every key it changed.
+#[tokio::test]
+async fn a_call_of_many_keys_reads_them_in_several_mgets() {
+    const NOW: u64 = 1_700_000_000_000_000;
+    let redis = RedisServer::start();
+    let log = LimitParams {
+        algorithm: Algorithm::SlidingLog,
+        ..limit(5, 60)
+    };
+    let mut requests: Vec<Vec<Hit>> = (0..30)
+        .map(|r| {
+            (0..40)
+                .map(|h| hit(&format!("{{many}}:funnel:60:{r}:{h}"), limit(5, 60), 1, h))
+                .collect()
+        })
+        .collect();
+    requests[0].push(hit("{many}:sliding_log:60", log, 1, 40));
+    requests[29].push(hit("{many}:sliding_log:60", log, 1, 40));
+    one_call(&redis, Via::Script, NOW, &[vec![]]).await;
+    redis.reset_stats();
+    let outcomes = one_call(&redis, Via::Script, NOW, &requests).await;
+    assert!(outcomes.iter().all(|o| o.admitted), "{outcomes:?}");
+    assert_eq!(outcomes[29].hits[40].remaining, 3);
+    let calls = redis.command_calls();
+    let by = |name: &str| calls.get(name).copied().unwrap_or(0);
+    assert_eq!(
+        (by("mget"), by("set"), by("get")),
+        (3, 1_200, 0),
+        "{calls:?}"
+    );
+    let size: i64 = redis.cmd(&["DBSIZE"]);
+    assert_eq!(size, 1_201);
 }

@@ -10,8 +10,8 @@ MAKERS.w = MAKERS.w and function()
     return { quota = quota, period = period }
   end
 
-  local function load(key)
-    local n = load_numbers(key, 2)
+  local function load(text)
+    local n = load_numbers(text, 2)
     if n == nil then return WINDOW_EMPTY end
     return { start = n[1], count = n[2] }
   end
@@ -61,10 +61,10 @@ MAKERS.w = MAKERS.w and function()
     return sat_add(now, reset(w, s, now))
   end
 
-  local function save(key, w, s, now, fresh_at)
-    store(key, fmt(s.start) .. ":" .. fmt(s.count), now, fresh_at)
+  local function text(w, s)
+    return fmt(s.start) .. ":" .. fmt(s.count)
   end
 
   return algorithm(params, load, admits, take, give, remaining, reset, until_admitted, fresh_at,
-    save)
+    text)
 end

@@ -14,8 +14,8 @@ MAKERS.f = MAKERS.f and function()
              borrow = borrow }
   end
 
-  local function load(key)
-    return clamp(redis.call("GET", key) or "0")
+  local function load(text)
+    return clamp(text or "0")
   end
 
   -- The hot path: sat_add(max(tat, now), sat_mul(cost, interval)) without the calls (a product
@@ -75,10 +75,10 @@ MAKERS.f = MAKERS.f and function()
     return nil
   end
 
-  local function save(key, f, tat, now, fresh_at)
-    store(key, fmt(tat), now, fresh_at)
+  local function text(f, tat)
+    return fmt(tat)
   end
 
   return algorithm(params, load, admits, take, give, remaining, reset, until_admitted, fresh_at,
-    save)
+    text)
 end

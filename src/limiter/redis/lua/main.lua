@@ -40,7 +40,7 @@ end
 -- req_first[r], req_count[r] long.
 local nrequests = tonumber(ARGV[3 + 5 * nlimits]) or 0
 local blob = ARGV[4 + 5 * nlimits] or ""
-local size, unpack = #blob, struct.unpack
+local size, read = #blob, struct.unpack
 local hit_slot, hit_algo, hit_params, hit_always, hit_cost = {}, {}, {}, {}, {}
 local hit_refund, hit_group, hit_role = {}, {}, {}
 local req_first, req_count, req_independent = {}, {}, {}
@@ -50,14 +50,14 @@ for r = 1, nrequests do
     return redis.error_reply("sluice: malformed request " .. r)
   end
   local mode, count
-  mode, count, pos = unpack(REQUEST_FORMAT, blob, pos)
+  mode, count, pos = read(REQUEST_FORMAT, blob, pos)
   if mode > 1 or pos + HIT_BYTES * count - 1 > size then
     return redis.error_reply("sluice: malformed request " .. r)
   end
   req_first[r], req_count[r], req_independent[r] = total + 1, count, mode == 1
   for h = 1, count do
     local slot, limit, cost, group, role
-    slot, limit, cost, group, role, pos = unpack(HIT_FORMAT, blob, pos)
+    slot, limit, cost, group, role, pos = read(HIT_FORMAT, blob, pos)
     local refund = role >= 8
     if refund then role = role - 8 end
     if limit_algo[limit] == nil or KEYS[slot] == nil or role > 2 or not (cost >= 0) then
@@ -74,6 +74,43 @@ end
 if pos ~= size + 1 then
   return redis.error_reply("sluice: malformed requests (" .. size - pos + 1 .. " bytes left)")
 end
+
+-- Read every key whose state is a string (see `algorithm` in the prelude) before deciding
+-- anything: one MGET for the call (one per MGET_KEYS keys), not one GET per key and request.
+-- key_text[s] is then the text of KEYS[s] as the requests decided so far left it (false:
+-- absent); a request's write updates it, and the keys changed are written after the last
+-- request (see the end). A sliding log's key (a sorted set) is read by the log itself: when a
+-- limit of the call is one, only the other hits' keys are read here.
+local key_text = {}
+do
+  local names, slots = KEYS, nil
+  if made.l then
+    names, slots = {}, {}
+    local seen = {}
+    for i = 1, total do
+      local s = hit_slot[i]
+      if hit_algo[i].text and not seen[s] then
+        seen[s] = true
+        slots[#slots + 1] = s
+        names[#names + 1] = KEYS[s]
+      end
+    end
+  end
+  local count = #names
+  if slots == nil and count <= MGET_KEYS then
+    if count > 0 then key_text = redis.call("MGET", unpack(names)) end
+  else
+    for from = 1, count, MGET_KEYS do
+      local to = math.min(from + MGET_KEYS - 1, count)
+      local got = redis.call("MGET", unpack(names, from, to))
+      for j = from, to do key_text[slots and slots[j] or j] = got[j - from + 1] end
+    end
+  end
+end
+-- The keys whose text a request changed, in the order first changed: dirty[1..ndirty], the
+-- key's index, negated when Redis did not hold the key before the call. key_ttl[s], set once
+-- the key is changed: its TTL in milliseconds, 0 when it is fresh again (to be deleted).
+local dirty, ndirty, key_ttl = {}, 0, {}
 
 -- Per key (index into KEYS), for the request being decided (key_request[s] == r): its first
 -- hit, its STATE (the original, then the committed one), its tentative state (what the hits
@@ -95,7 +132,12 @@ for r = 1, nrequests do
     local s = hit_slot[i]
     if key_request[s] ~= r then
       key_request[s], key_first[s], key_uses[s], key_changed[s] = r, i, 1, false
-      local state = hit_algo[i].load(KEYS[s], hit_params[i], now)
+      local algo, state = hit_algo[i], nil
+      if algo.text then
+        state = algo.load(key_text[s])
+      else
+        state = algo.load(KEYS[s], hit_params[i], now)
+      end
       key_state[s], key_tentative[s] = state, state
     else
       key_uses[s] = key_uses[s] + 1
@@ -188,18 +230,45 @@ for r = 1, nrequests do
   end
 
   -- Write: keys no cost touched are left alone; the others are stored until they are fresh
-  -- (judged by the limit of their first hit), or deleted when they already are.
+  -- (judged by the limit of their first hit), or deleted when they already are. A string
+  -- state is written to key_text, for the next requests, and to Redis after the last one.
   for i = first, last do
     local s = hit_slot[i]
     if key_first[s] == i and key_changed[s] then
       local algo, p, state = hit_algo[i], hit_params[i], key_state[s]
       local fresh_at = algo.fresh_at(p, state, now)
-      if fresh_at then
+      if algo.text then
+        if key_ttl[s] == nil then
+          ndirty = ndirty + 1
+          dirty[ndirty] = key_text[s] and s or -s
+        end
+        if fresh_at then
+          key_text[s], key_ttl[s] = algo.text(p, state), ttl_ms(now, fresh_at)
+        else
+          key_text[s], key_ttl[s] = false, 0
+        end
+      elseif fresh_at then
         algo.save(KEYS[s], p, state, now, fresh_at)
       else
         redis.call("DEL", KEYS[s])
       end
     end
+  end
+end
+
+-- Each changed key written once, as the last request left it: SET with its TTL, or DEL (none
+-- for a key that was absent before the call and is fresh again after it). The call runs
+-- whole, alone, at one `now`, and Redis expires no key during it, so this leaves Redis as
+-- writing at each request would have.
+for d = 1, ndirty do
+  local s = dirty[d]
+  local held = s > 0
+  if not held then s = -s end
+  local text = key_text[s]
+  if text then
+    redis.call("SET", KEYS[s], text, "PX", fmt(key_ttl[s]))
+  elseif held then
+    redis.call("DEL", KEYS[s])
   end
 end
 return reply

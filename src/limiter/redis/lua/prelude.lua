@@ -69,6 +69,17 @@
 -- file). A key a cost was applied to is written back with a TTL of exactly the time until its
 -- state is fresh again (rounded up to the millisecond), or deleted when it already is.
 -- Keys no cost touched (check-only hits, denied requests) are not written.
+--
+-- Commands per call: the states stored as one string (every algorithm but the sliding log)
+-- are read with one MGET for the whole call (one per MGET_KEYS keys), before the first
+-- request is decided, and kept in a table; a request's writes go to that table, which the
+-- later requests of the call read; after the last request, each key a request changed is
+-- written once, as the last one left it: SET ... PX with its TTL, or DEL (nothing when Redis
+-- did not hold it before the call and it is fresh again). This leaves Redis exactly as
+-- writing at each request would: the call runs alone and whole, every request at the same
+-- `now`, Redis expires no key during a call, and the script reads no key but through the
+-- table, so no request can tell. A sliding log (a sorted set) reads and writes its key
+-- itself, as its requests are decided.
 
 local MAX = 9007199254740991
 
@@ -78,6 +89,9 @@ local HIT_FORMAT, HIT_BYTES = "<I4I4dI4B", 21
 local ROLE_ENFORCED, ROLE_QUOTA = 0, 2
 -- The reply's markers (see above).
 local REPLY_DENIED, REPLY_SAME = -1, -2
+-- At most this many keys per MGET (see main.lua): a call's arguments go through Lua's stack
+-- (`unpack` fails at about 8,000), and a batch of 64 requests of 10 descriptors needs two.
+local MGET_KEYS = 512
 
 -- Per algorithm code, a function building that algorithm's table of functions. The script
 -- runs whole on every call, so an algorithm's functions are only made for the requests that
@@ -147,15 +161,9 @@ local function ttl_ms(now, fresh_at)
   return ms
 end
 
--- Stores a state's text with a TTL until `fresh_at`, rounded up to the millisecond.
-local function store(key, text, now, fresh_at)
-  redis.call("SET", key, text, "PX", fmt(ttl_ms(now, fresh_at)))
-end
-
--- The numbers of a state stored as "n1:n2" (count 2) or "n1:n2:n3" (count 3), or nil when the
--- key is absent or malformed.
-local function load_numbers(key, count)
-  local text = redis.call("GET", key)
+-- The numbers of a state stored as "n1:n2" (count 2) or "n1:n2:n3" (count 3), from its text
+-- (false when the key is absent), or nil when it is absent or malformed.
+local function load_numbers(text, count)
   if not text then return nil end
   if count == 2 then
     local a, b = string.match(text, "^([^:]+):([^:]+)$")
@@ -182,11 +190,20 @@ end
 
 -- An algorithm's table of functions, as each maker returns it (see MAKERS above): one
 -- constructor, sized once. main.lua calls these by name.
+--
+-- A state is stored in one of two ways, and the table says which:
+-- - as one string value (funnel, token bucket, fixed window, sliding window): `text` is set
+--   and `save` is nil. main.lua reads every such key of a call with one MGET before deciding
+--   anything, hands `load(text)` the key's text (false when absent), and keeps the text that
+--   `text(params, state)` makes of each new state; each key so changed is written once, after
+--   the last request of the call (see "Storage" above).
+-- - otherwise (sliding log: a sorted set): `save` is set and `text` is nil; `load(key, params,
+--   now)` and `save(key, params, state, now, fresh_at)` read and write the key themselves.
 local function algorithm(params, load, admits, take, give, remaining, reset, until_admitted,
-                         fresh_at, save)
+                         fresh_at, text, save)
   return {
     params = params, load = load, admits = admits, take = take, give = give,
     remaining = remaining, reset = reset, until_admitted = until_admitted, fresh_at = fresh_at,
-    save = save,
+    text = text, save = save,
   }
 end

@@ -209,5 +209,5 @@ MAKERS.l = MAKERS.l and function()
   end
 
   return algorithm(params, load, admits, take, give, remaining, reset, until_admitted, fresh_at,
-    save)
+    nil, save)
 end

@@ -30,8 +30,8 @@ MAKERS.s = MAKERS.s and function()
     return { quota = quota, period = period }
   end
 
-  local function load(key)
-    local n = load_numbers(key, 3)
+  local function load(text)
+    local n = load_numbers(text, 3)
     if n == nil then return EMPTY end
     return { start = n[1], current = n[2], previous = n[3] }
   end
@@ -123,10 +123,10 @@ MAKERS.s = MAKERS.s and function()
     return fresh_after(now, reset(w, c, now))
   end
 
-  local function save(key, w, c, now, fresh_at)
-    store(key, fmt(c.start) .. ":" .. fmt(c.current) .. ":" .. fmt(c.previous), now, fresh_at)
+  local function text(w, c)
+    return fmt(c.start) .. ":" .. fmt(c.current) .. ":" .. fmt(c.previous)
   end
 
   return algorithm(params, load, admits, take, give, remaining, reset, until_admitted, fresh_at,
-    save)
+    text)
 end

@@ -10,8 +10,8 @@ MAKERS.b = MAKERS.b and function()
     return { quota = quota, period = period, burst = burst, borrow = borrow }
   end
 
-  local function load(key)
-    local n = load_numbers(key, 2)
+  local function load(text)
+    local n = load_numbers(text, 2)
     if n == nil then return BUCKET_FULL end
     return { used = n[1], anchor = n[2] }
   end
@@ -89,10 +89,10 @@ MAKERS.b = MAKERS.b and function()
     return fresh_after(now, reset(b, s, now))
   end
 
-  local function save(key, b, s, now, fresh_at)
-    store(key, fmt(s.used) .. ":" .. fmt(s.anchor), now, fresh_at)
+  local function text(b, s)
+    return fmt(s.used) .. ":" .. fmt(s.anchor)
   end
 
   return algorithm(params, load, admits, take, give, remaining, reset, until_admitted, fresh_at,
-    save)
+    text)
 end
