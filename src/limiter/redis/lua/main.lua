@@ -123,134 +123,204 @@ local hit_ok, hit_wait = {}, {}
 
 -- Each request in turn: evaluate, plan, commit, report (appended to `reply`), write. (A loop,
 -- not a function: the script runs whole on every call, and a closure costs per call.)
+-- The fast path's (see below): the funnel, when a limit of the call is one; per key, the
+-- request that last named it there; per hit, the tat it read.
+local funnel, fast_seen, hit_tat = made.f, {}, {}
 local reply, n = {}, 0
 for r = 1, nrequests do
   local first, last, independent = req_first[r], req_first[r] + req_count[r] - 1,
     req_independent[r]
-  -- The original states, each read by the algorithm of the first hit on its key.
-  for i = first, last do
-    local s = hit_slot[i]
-    if key_request[s] ~= r then
-      key_request[s], key_first[s], key_uses[s], key_changed[s] = r, i, 1, false
-      local algo, state = hit_algo[i], nil
-      if algo.text then
-        state = algo.load(key_text[s])
-      else
-        state = algo.load(KEYS[s], hit_params[i], now)
-      end
-      key_state[s], key_tentative[s] = state, state
-    else
-      key_uses[s] = key_uses[s] + 1
-    end
-  end
 
-  -- Evaluate in order; a hit sees the tentative effect of earlier hits on its key (states
-  -- are never modified in place, so the original stays for the commit below). A tentative
-  -- state is only made for a key that a later hit reads. A denied hit's wait is its report.
-  local all_ok = true
-  for i = first, last do
-    local s, algo, p, cost = hit_slot[i], hit_algo[i], hit_params[i], hit_cost[i]
-    local state, refund = key_tentative[s], hit_refund[i]
-    local ok = refund or algo.admits(p, state, now, cost)
-    hit_ok[i] = ok
-    if not ok then
-      hit_wait[i] = algo.until_admitted(p, state, now, cost)
-      all_ok = false
-    end
-    local later = key_uses[s] - 1
-    key_uses[s] = later
-    if later > 0 and (ok or hit_always[i]) then
-      local apply = refund and algo.give or algo.take
-      key_tentative[s] = apply(p, state, now, cost)
-    end
-  end
-
-  -- Plan: per descriptor group, then the request (when every hit admits, so does everything).
-  local request_ok, group_ok = true, nil
-  if not all_ok then
-    group_ok = {}
-    local roles = {}
+  -- The fast path: a request whose hits are all funnel hits on distinct keys, none a refund,
+  -- and which every hit admits, is decided here without the general path's bookkeeping and
+  -- calls (its arithmetic is funnel.lua's admits, take, remaining, reset and fresh_at,
+  -- written out). With distinct keys no hit sees another's tentative state, and with every
+  -- hit admitted the plan admits the request and commits every cost. Otherwise nothing is
+  -- changed here and the general path below decides the request.
+  local fast = funnel ~= nil
+  if fast then
     for i = first, last do
-      local g = hit_group[i]
-      if group_ok[g] == nil then
-        group_ok[g] = true
-        roles[g] = hit_role[i]
+      local s = hit_slot[i]
+      if hit_algo[i] ~= funnel or hit_refund[i] or fast_seen[s] == r then
+        fast = false
+        break
       end
-      group_ok[g] = group_ok[g] and hit_ok[i]
-    end
-    local quota_seen, quota_ok, enforced_denied = false, false, false
-    for g, ok in pairs(group_ok) do
-      local role = roles[g]
-      if role == ROLE_ENFORCED then
-        enforced_denied = enforced_denied or not ok
-      elseif role == ROLE_QUOTA then
-        quota_seen = true
-        quota_ok = quota_ok or ok
-      end
-    end
-    request_ok = not enforced_denied and (not quota_seen or quota_ok)
-  end
-
-  -- Commit from the original states, in order (in place: the originals are not read again);
-  -- remember which keys a cost was applied to.
-  for i = first, last do
-    local go = all_ok or (group_ok[hit_group[i]] and (request_ok or independent))
-    local cost = hit_cost[i]
-    if (go or hit_always[i]) and cost > 0 then
-      local s, algo = hit_slot[i], hit_algo[i]
-      local apply = hit_refund[i] and algo.give or algo.take
-      key_state[s] = apply(hit_params[i], key_state[s], now, cost)
-      key_changed[s] = true
-    end
-  end
-
-  -- Report (before writing: a state may still read its stored key), in the reply's short
-  -- form (see the prelude). An admitted hit on the same key and limit as the admitted hit
-  -- before it reads the same final state with the same parameters: its remaining and reset
-  -- are that hit's, neither computed nor sent again.
-  n = n + 1
-  reply[n] = request_ok and 1 or 0
-  local prev_slot, prev_params = nil, nil
-  for i = first, last do
-    if hit_ok[i] then
-      local s, p = hit_slot[i], hit_params[i]
-      if s == prev_slot and p == prev_params then
-        n = n + 1
-        reply[n] = REPLY_SAME
+      fast_seen[s] = r
+      local p, cost, tat = hit_params[i], hit_cost[i], clamp(key_text[s] or "0")
+      local interval = p.interval
+      if interval == 0 then
+        fast = cost == 0
       else
-        local algo, fin = hit_algo[i], key_state[s]
-        reply[n + 1], reply[n + 2] = algo.remaining(p, fin, now), algo.reset(p, fin, now)
-        n = n + 2
-        prev_slot, prev_params = s, p
+        local probe = cost
+        if p.borrow and probe > 1 then probe = 1 end
+        local ahead = tat
+        if probe > 0 then
+          if ahead < now then ahead = now end
+          ahead = ahead + probe * interval
+          if ahead > MAX then ahead = MAX end
+        end
+        fast = ahead - now <= p.tolerance
       end
-    else
-      reply[n + 1], reply[n + 2] = REPLY_DENIED, hit_wait[i]
-      n = n + 2
+      if not fast then break end
+      hit_tat[i] = tat
     end
   end
-
-  -- Write: keys no cost touched are left alone; the others are stored until they are fresh
-  -- (judged by the limit of their first hit), or deleted when they already are. A string
-  -- state is written to key_text, for the next requests, and to Redis after the last one.
-  for i = first, last do
-    local s = hit_slot[i]
-    if key_first[s] == i and key_changed[s] then
-      local algo, p, state = hit_algo[i], hit_params[i], key_state[s]
-      local fresh_at = algo.fresh_at(p, state, now)
-      if algo.text then
+  if fast then
+    n = n + 1
+    reply[n] = 1
+    for i = first, last do
+      local s, p, cost, tat = hit_slot[i], hit_params[i], hit_cost[i], hit_tat[i]
+      local interval, tolerance = p.interval, p.tolerance
+      if cost > 0 then
+        -- take (interval > 0: a cost above 0 is only admitted by a limit above 0), then
+        -- write: the new tat is after now, so the key is stored until then.
+        if tat < now then tat = now end
+        tat = tat + cost * interval
+        if tat > MAX then tat = MAX end
         if key_ttl[s] == nil then
           ndirty = ndirty + 1
           dirty[ndirty] = key_text[s] and s or -s
         end
-        if fresh_at then
-          key_text[s], key_ttl[s] = algo.text(p, state), ttl_ms(now, fresh_at)
+        key_text[s], key_ttl[s] = fmt(tat), ttl_ms(now, tat)
+      end
+      local ahead, left = tat - now, 0
+      if interval > 0 and ahead < tolerance then
+        if ahead <= 0 then
+          left = div_floor(tolerance, interval)
         else
-          key_text[s], key_ttl[s] = false, 0
+          left = div_floor(tolerance - ahead, interval)
         end
-      elseif fresh_at then
-        algo.save(KEYS[s], p, state, now, fresh_at)
+      end
+      if ahead < 0 then ahead = 0 end
+      reply[n + 1], reply[n + 2] = left, ahead
+      n = n + 2
+    end
+  else
+    -- The original states, each read by the algorithm of the first hit on its key.
+    for i = first, last do
+      local s = hit_slot[i]
+      if key_request[s] ~= r then
+        key_request[s], key_first[s], key_uses[s], key_changed[s] = r, i, 1, false
+        local algo, state = hit_algo[i], nil
+        if algo.text then
+          state = algo.load(key_text[s])
+        else
+          state = algo.load(KEYS[s], hit_params[i], now)
+        end
+        key_state[s], key_tentative[s] = state, state
       else
-        redis.call("DEL", KEYS[s])
+        key_uses[s] = key_uses[s] + 1
+      end
+    end
+
+    -- Evaluate in order; a hit sees the tentative effect of earlier hits on its key (states
+    -- are never modified in place, so the original stays for the commit below). A tentative
+    -- state is only made for a key that a later hit reads. A denied hit's wait is its report.
+    local all_ok = true
+    for i = first, last do
+      local s, algo, p, cost = hit_slot[i], hit_algo[i], hit_params[i], hit_cost[i]
+      local state, refund = key_tentative[s], hit_refund[i]
+      local ok = refund or algo.admits(p, state, now, cost)
+      hit_ok[i] = ok
+      if not ok then
+        hit_wait[i] = algo.until_admitted(p, state, now, cost)
+        all_ok = false
+      end
+      local later = key_uses[s] - 1
+      key_uses[s] = later
+      if later > 0 and (ok or hit_always[i]) then
+        local apply = refund and algo.give or algo.take
+        key_tentative[s] = apply(p, state, now, cost)
+      end
+    end
+
+    -- Plan: per descriptor group, then the request (when every hit admits, so does everything).
+    local request_ok, group_ok = true, nil
+    if not all_ok then
+      group_ok = {}
+      local roles = {}
+      for i = first, last do
+        local g = hit_group[i]
+        if group_ok[g] == nil then
+          group_ok[g] = true
+          roles[g] = hit_role[i]
+        end
+        group_ok[g] = group_ok[g] and hit_ok[i]
+      end
+      local quota_seen, quota_ok, enforced_denied = false, false, false
+      for g, ok in pairs(group_ok) do
+        local role = roles[g]
+        if role == ROLE_ENFORCED then
+          enforced_denied = enforced_denied or not ok
+        elseif role == ROLE_QUOTA then
+          quota_seen = true
+          quota_ok = quota_ok or ok
+        end
+      end
+      request_ok = not enforced_denied and (not quota_seen or quota_ok)
+    end
+
+    -- Commit from the original states, in order (in place: the originals are not read again);
+    -- remember which keys a cost was applied to.
+    for i = first, last do
+      local go = all_ok or (group_ok[hit_group[i]] and (request_ok or independent))
+      local cost = hit_cost[i]
+      if (go or hit_always[i]) and cost > 0 then
+        local s, algo = hit_slot[i], hit_algo[i]
+        local apply = hit_refund[i] and algo.give or algo.take
+        key_state[s] = apply(hit_params[i], key_state[s], now, cost)
+        key_changed[s] = true
+      end
+    end
+
+    -- Report (before writing: a state may still read its stored key), in the reply's short
+    -- form (see the prelude). An admitted hit on the same key and limit as the admitted hit
+    -- before it reads the same final state with the same parameters: its remaining and reset
+    -- are that hit's, neither computed nor sent again.
+    n = n + 1
+    reply[n] = request_ok and 1 or 0
+    local prev_slot, prev_params = nil, nil
+    for i = first, last do
+      if hit_ok[i] then
+        local s, p = hit_slot[i], hit_params[i]
+        if s == prev_slot and p == prev_params then
+          n = n + 1
+          reply[n] = REPLY_SAME
+        else
+          local algo, fin = hit_algo[i], key_state[s]
+          reply[n + 1], reply[n + 2] = algo.remaining(p, fin, now), algo.reset(p, fin, now)
+          n = n + 2
+          prev_slot, prev_params = s, p
+        end
+      else
+        reply[n + 1], reply[n + 2] = REPLY_DENIED, hit_wait[i]
+        n = n + 2
+      end
+    end
+
+    -- Write: keys no cost touched are left alone; the others are stored until they are fresh
+    -- (judged by the limit of their first hit), or deleted when they already are. A string
+    -- state is written to key_text, for the next requests, and to Redis after the last one.
+    for i = first, last do
+      local s = hit_slot[i]
+      if key_first[s] == i and key_changed[s] then
+        local algo, p, state = hit_algo[i], hit_params[i], key_state[s]
+        local fresh_at = algo.fresh_at(p, state, now)
+        if algo.text then
+          if key_ttl[s] == nil then
+            ndirty = ndirty + 1
+            dirty[ndirty] = key_text[s] and s or -s
+          end
+          if fresh_at then
+            key_text[s], key_ttl[s] = algo.text(p, state), ttl_ms(now, fresh_at)
+          else
+            key_text[s], key_ttl[s] = false, 0
+          end
+        elseif fresh_at then
+          algo.save(KEYS[s], p, state, now, fresh_at)
+        else
+          redis.call("DEL", KEYS[s])
+        end
       end
     end
   end
