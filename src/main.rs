@@ -24,9 +24,6 @@ use tokio_util::sync::CancellationToken;
 
 const EX_USAGE: u8 = 64;
 
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> ExitCode {
     if let Some(code) = as_ratelimit() {
         return code;
