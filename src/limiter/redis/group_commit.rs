@@ -5,10 +5,11 @@
 //! once, from its own task (one request alone pays no delay and no hand-off: no timer waits
 //! for a batch). While a call is in flight, the requests that arrive queue; when it returns,
 //! the lane's task sends the next call, carrying all of them (up to [`MAX_REQUESTS`] requests
-//! and about [`MAX_BYTES`] of arguments), and so on until the queue is empty. The script
-//! decides them one after the other in arrival order, each exactly as if alone. In a Cluster,
-//! the queued requests are split by slot (each call's keys must share one) and the calls of one
-//! turn go out together.
+//! and about [`MAX_BYTES`] of arguments; it hands that call to the connection before it
+//! answers the requests of the call that returned), and so on until the queue is empty. The
+//! script decides them one after the other in arrival order, each exactly as if alone. In a
+//! Cluster, the queued requests are split by slot (each call's keys must share one) and the
+//! calls of one turn go out together.
 //!
 //! A call that fails (time-out, lost connection, error reply) fails every request it carried,
 //! each with the same error; each request then gets its own `on_error` answer from the

@@ -1,5 +1,7 @@
 -- funnel: mirrors src/limiter/funnel.rs. State: the tat, one decimal integer ("0" = fresh).
--- Made only when a request uses it (see MAKERS in the prelude).
+-- Made only when a request uses it (see MAKERS in the prelude). main.lua's fast path writes
+-- out admits, take, remaining and reset for the requests it decides: a change here is made
+-- there too.
 
 MAKERS.f = MAKERS.f and function()
   -- Funnel::new
