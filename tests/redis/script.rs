@@ -1,8 +1,9 @@
 //! The Lua script against a real `redis-server`: the differential test (the same random
 //! batches through the memory backend and through the script give identical outcomes, with
-//! steps of every size, and with batches at one instant or under a millisecond apart), TTLs
-//! and deletion of fresh states, the commands a call of many requests runs (one `MGET`, one
-//! write per changed key), and reloading after `SCRIPT FLUSH`.
+//! steps of every size, and with batches at one instant or under a millisecond apart; one of
+//! them on the requests the script's funnel fast path takes), TTLs and deletion of fresh
+//! states, the commands a call of many requests runs (one `MGET`, one write per changed key),
+//! and reloading after `SCRIPT FLUSH`.
 
 use tokio::time::Instant;
 
@@ -328,6 +329,31 @@ async fn differential_repeated_key_and_limit() {
     for via in [Via::Function, Via::Script] {
         let seeds = seeds();
         let compared = compare_timed(1..=seeds, repeated_batch, FOLLOWING_REAL_TIME, via).await;
+        assert_eq!(u64::try_from(compared).ok(), Some(seeds * 50), "{via:?}");
+    }
+}
+
+/// Requests of the kind the script's funnel fast path decides whenever every hit admits:
+/// funnel hits on distinct keys, none a refund; quotas, bursts, periods, borrow, charge,
+/// roles and costs vary as in [`random_hit`], and each key is named by its place in the
+/// request, so the next requests find its state where the last left it (often at the edge
+/// of its burst, where the fast path must give a request to the general path).
+fn fast_path_batch(rng: &mut Rng, seed: u64) -> Batch {
+    let mut batch = random_batch(rng, seed);
+    for (place, hit) in batch.hits.iter_mut().enumerate() {
+        hit.refund = false;
+        hit.key = format!("{{diff|seed={seed}}}:fast:{place}")
+            .into_bytes()
+            .into();
+    }
+    batch
+}
+
+#[tokio::test]
+async fn differential_funnel_fast_path() {
+    for via in [Via::Function, Via::Script] {
+        let seeds = seeds();
+        let compared = compare_timed(1..=seeds, fast_path_batch, FOLLOWING_REAL_TIME, via).await;
         assert_eq!(u64::try_from(compared).ok(), Some(seeds * 50), "{via:?}");
     }
 }
