@@ -3,6 +3,8 @@
 -- src/limiter/plan.rs per request. Every request reads the keys as the requests before it in
 -- the batch wrote them; all share one `now`.
 
+floor, format = math.floor, string.format
+
 -- The clock.
 local now
 if ARGV[1] ~= "" then
@@ -60,14 +62,14 @@ for r = 1, nrequests do
     slot, limit, cost, group, role, pos = read(HIT_FORMAT, blob, pos)
     local refund = role >= 8
     if refund then role = role - 8 end
-    if limit_algo[limit] == nil or KEYS[slot] == nil or role > 2 or not (cost >= 0) then
+    local algo = limit_algo[limit]
+    if algo == nil or KEYS[slot] == nil or role > 2 or not (cost >= 0) then
       return redis.error_reply("sluice: malformed hit " .. h .. " of request " .. r)
     end
+    if cost > MAX then cost = MAX else cost = floor(cost) end
     total = total + 1
-    hit_slot[total], hit_algo[total], hit_params[total] = slot, limit_algo[limit],
-      limit_params[limit]
-    hit_always[total], hit_cost[total], hit_refund[total] = limit_always[limit],
-      math.min(math.floor(cost), MAX), refund
+    hit_slot[total], hit_algo[total], hit_params[total] = slot, algo, limit_params[limit]
+    hit_always[total], hit_cost[total], hit_refund[total] = limit_always[limit], cost, refund
     hit_group[total], hit_role[total] = group, role
   end
 end
@@ -181,7 +183,7 @@ for r = 1, nrequests do
           ndirty = ndirty + 1
           dirty[ndirty] = key_text[s] and s or -s
         end
-        key_text[s], key_ttl[s] = fmt(tat), ttl_ms(now, tat)
+        key_text[s], key_ttl[s] = format("%d", tat), ttl_ms(now, tat)
       end
       local ahead, left = tat - now, 0
       if interval > 0 and ahead < tolerance then
@@ -336,7 +338,7 @@ for d = 1, ndirty do
   if not held then s = -s end
   local text = key_text[s]
   if text then
-    redis.call("SET", KEYS[s], text, "PX", fmt(key_ttl[s]))
+    redis.call("SET", KEYS[s], text, "PX", format("%d", key_ttl[s]))
   elseif held then
     redis.call("DEL", KEYS[s])
   end

@@ -82,6 +82,10 @@
 -- itself, as its requests are decided.
 
 local MAX = 9007199254740991
+-- The library functions called per hit, looked up once per call by main.lua (a global's
+-- field costs two table lookups at each use; a function library cannot read them when it is
+-- loaded, so they are set at the start of each call).
+local floor, format
 
 -- The binary layout of ARGV[4+5L] (see above), and the role codes.
 local REQUEST_FORMAT, REQUEST_BYTES = "<BI4", 5
@@ -127,7 +131,7 @@ end
 
 -- floor(a / b) for integers 0 <= a <= MAX, b >= 1, corrected for the rounding of the division.
 local function div_floor(a, b)
-  local q = math.floor(a / b)
+  local q = floor(a / b)
   if q * b > a then q = q - 1 end
   if (q + 1) * b <= a then q = q + 1 end
   return q
@@ -144,19 +148,19 @@ local function clamp(text)
   local n = tonumber(text) or 0
   if n > MAX then return MAX end
   if n < 0 then return 0 end
-  return math.floor(n)
+  return floor(n)
 end
 
 -- An integer as decimal text, formatted as an integer (every number here is integral and below
 -- 2^53; tostring would write large ones in exponent form, "%.0f" goes through float printing).
 local function fmt(n)
-  return string.format("%d", n)
+  return format("%d", n)
 end
 
 -- The TTL, in milliseconds (at least 1), of a state fresh again at `fresh_at`: the time from
 -- `now` rounded up to the millisecond.
 local function ttl_ms(now, fresh_at)
-  local ms = math.floor((fresh_at - now + 999) / 1000)
+  local ms = floor((fresh_at - now + 999) / 1000)
   if ms < 1 then ms = 1 end
   return ms
 end
