@@ -324,13 +324,18 @@ fn repeated_batch(rng: &mut Rng, seed: u64) -> Batch {
     Batch { hits }
 }
 
-#[tokio::test]
-async fn differential_repeated_key_and_limit() {
+/// [`seeds`] random sequences of `batch`, following real time, through both forms.
+async fn compare_both_forms(batch: fn(&mut Rng, u64) -> Batch) {
     for via in [Via::Function, Via::Script] {
         let seeds = seeds();
-        let compared = compare_timed(1..=seeds, repeated_batch, FOLLOWING_REAL_TIME, via).await;
+        let compared = compare_timed(1..=seeds, batch, FOLLOWING_REAL_TIME, via).await;
         assert_eq!(u64::try_from(compared).ok(), Some(seeds * 50), "{via:?}");
     }
+}
+
+#[tokio::test]
+async fn differential_repeated_key_and_limit() {
+    compare_both_forms(repeated_batch).await;
 }
 
 /// Requests of the kind the script's funnel fast path decides whenever every hit admits:
@@ -351,11 +356,7 @@ fn fast_path_batch(rng: &mut Rng, seed: u64) -> Batch {
 
 #[tokio::test]
 async fn differential_funnel_fast_path() {
-    for via in [Via::Function, Via::Script] {
-        let seeds = seeds();
-        let compared = compare_timed(1..=seeds, fast_path_batch, FOLLOWING_REAL_TIME, via).await;
-        assert_eq!(u64::try_from(compared).ok(), Some(seeds * 50), "{via:?}");
-    }
+    compare_both_forms(fast_path_batch).await;
 }
 
 /// A funnel of `quota` per `period_secs`.
