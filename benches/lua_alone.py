@@ -165,9 +165,11 @@ def measure(conn, pid, head, hits, requests, calls, rng, limit, check=True, user
             if not check:
                 continue
             # The short form: per request its verdict, then remaining and reset per hit (all
-            # admitted; a key drawn twice in a request repeats with one item).
-            if not requests * (3 + hits - 1) <= len(reply) <= requests * (1 + 2 * hits):
-                raise RuntimeError(f"reply of {len(reply)} items")
+            # admitted; a key drawn twice in a request repeats with one item). Packed, 8 bytes
+            # a number (an array of integers from a script before that, via SLUICE_LUA_DIR).
+            items = len(reply) if isinstance(reply, list) else len(reply) // 8
+            if not requests * (3 + hits - 1) <= items <= requests * (1 + 2 * hits):
+                raise RuntimeError(f"reply of {items} items")
         sent += len(commands)
     wall, cpu = time.time() - t0, cpu_secs(pid) - cpu0
     stats = conn.call("INFO", "commandstats").decode()

@@ -513,18 +513,33 @@ const REPLY_DENIED: i64 = -1;
 /// before it (the same key and limit).
 const REPLY_SAME: i64 = -2;
 
-/// Decodes the script's reply to `call` (its short form: see the top of `prelude.lua`): one
-/// outcome per request, resets in the call's unit.
+/// Bytes per number of the script's reply (a little-endian double).
+const REPLY_NUMBER_BYTES: usize = 8;
+
+/// Decodes the script's reply to `call` (its short form, packed: see the top of
+/// `prelude.lua`): one outcome per request, resets in the call's unit.
 pub fn decode(reply: Value, call: &Call) -> Result<Vec<BatchOutcome>, RedisError> {
     let bad = |what: &str| {
         RedisError::from((ErrorKind::Parse, "unexpected script reply", what.to_owned()))
     };
-    let Value::Array(items) = reply else {
-        return Err(bad("not an array"));
+    let Value::BulkString(bytes) = reply else {
+        return Err(bad("not a string"));
     };
-    let mut items = items.iter().map(|v| match v {
-        Value::Int(n) => Ok(*n),
-        _ => Err(bad("not an integer")),
+    if bytes.len() % REPLY_NUMBER_BYTES != 0 {
+        return Err(bad("not a whole number of numbers"));
+    }
+    let mut items = bytes.chunks_exact(REPLY_NUMBER_BYTES).map(|chunk| {
+        let number = chunk
+            .first_chunk::<REPLY_NUMBER_BYTES>()
+            .map(|b| f64::from_le_bytes(*b))
+            .ok_or_else(|| bad("a short number"))?;
+        // Exact: an integral double of at most 2^53 - 1 in size converts without loss.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
+        if number.fract() == 0.0 && number.abs() <= MAX_EXACT as f64 {
+            Ok(number as i64)
+        } else {
+            Err(bad("not an integer"))
+        }
     });
     let mut next = || items.next().unwrap_or_else(|| Err(bad("short reply")));
     let scale: u64 = match call.unit {
@@ -581,6 +596,17 @@ pub fn decode(reply: Value, call: &Call) -> Result<Vec<BatchOutcome>, RedisError
 mod tests {
     use super::*;
     use crate::limiter::LimitParams;
+
+    /// A reply as the script packs it.
+    #[allow(clippy::cast_precision_loss)]
+    fn packed(numbers: &[i64]) -> Value {
+        Value::BulkString(
+            numbers
+                .iter()
+                .flat_map(|&n| (n as f64).to_le_bytes())
+                .collect(),
+        )
+    }
 
     fn hit(key: &str, group: usize) -> Hit {
         Hit {
@@ -666,8 +692,7 @@ mod tests {
         assert_eq!(args[4], "1500001");
         assert_eq!(args[7], "1");
         assert_eq!(call.requests()[0].0, 1, "independent");
-        let reply = Value::Array([1, 2, 7].map(Value::Int).to_vec());
-        let o = decode(reply, &call).unwrap();
+        let o = decode(packed(&[1, 2, 7]), &call).unwrap();
         assert_eq!(o[0].hits[0].reset_nanos, 7_000);
     }
 
@@ -697,13 +722,12 @@ mod tests {
                 (1, vec![(2, 1, q, 0, 2)]),
             ]
         );
-        let ints = |v: &[i64]| Value::Array(v.iter().copied().map(Value::Int).collect());
-        let out = decode(ints(&[0, 5, 6, -1, 9, 1, 2, 3]), &call).unwrap();
+        let out = decode(packed(&[0, 5, 6, -1, 9, 1, 2, 3]), &call).unwrap();
         assert_eq!(out.len(), 2);
         assert!(!out[0].admitted && out[1].admitted);
         assert_eq!(out[0].hits[1].reset_nanos, 9);
         assert_eq!(out[1].hits[0].remaining, 2);
-        assert!(decode(ints(&[0, 5, 6, -1, 9, 1]), &call).is_err());
+        assert!(decode(packed(&[0, 5, 6, -1, 9, 1]), &call).is_err());
     }
 
     /// A connection answering from a script, recording the command names it was sent.
@@ -895,8 +919,7 @@ mod tests {
             None,
             Via::Script,
         );
-        let ints = |v: &[i64]| Value::Array(v.iter().copied().map(Value::Int).collect());
-        let o = decode(ints(&[0, 4, 5, -1, 7, -2, -2]), &call).unwrap();
+        let o = decode(packed(&[0, 4, 5, -1, 7, -2, -2]), &call).unwrap();
         let admitted = HitOutcome {
             admitted: true,
             remaining: 4,
@@ -922,8 +945,7 @@ mod tests {
             None,
             Via::Script,
         );
-        let ints = |v: &[i64]| Value::Array(v.iter().copied().map(Value::Int).collect());
-        let o = decode(ints(&[1, 2, 3]), &call).unwrap();
+        let o = decode(packed(&[1, 2, 3]), &call).unwrap();
         assert!(o[0].admitted);
         assert_eq!(
             o[0].hits[0],
@@ -934,18 +956,35 @@ mod tests {
                 from_local_cache: false,
             }
         );
-        assert!(decode(ints(&[1]), &call).is_err(), "short");
-        assert!(decode(ints(&[1, 2, 3, 4]), &call).is_err(), "long");
+        assert!(decode(packed(&[1]), &call).is_err(), "short");
+        assert!(decode(packed(&[1, 2, 3, 4]), &call).is_err(), "long");
         assert!(decode(Value::Nil, &call).is_err());
         assert!(
-            decode(ints(&[1, -3, 3]), &call).is_err(),
+            decode(packed(&[1, -3, 3]), &call).is_err(),
             "negative remaining"
         );
-        assert!(decode(ints(&[1, -1, -3]), &call).is_err(), "negative wait");
         assert!(
-            decode(ints(&[1, -2]), &call).is_err(),
+            decode(packed(&[1, -1, -3]), &call).is_err(),
+            "negative wait"
+        );
+        assert!(
+            decode(packed(&[1, -2]), &call).is_err(),
             "a repeat of nothing"
         );
-        assert!(decode(ints(&[]), &call).is_err());
+        assert!(decode(packed(&[]), &call).is_err());
+        let array = Value::Array([1, 2, 3].map(Value::Int).to_vec());
+        assert!(decode(array, &call).is_err(), "an array");
+        let mut ragged = packed(&[1, 2, 3]);
+        if let Value::BulkString(bytes) = &mut ragged {
+            bytes.pop();
+        }
+        assert!(decode(ragged, &call).is_err(), "a partial number");
+        let mut fraction = 1.5f64.to_le_bytes().to_vec();
+        fraction.extend(2f64.to_le_bytes());
+        fraction.extend(3f64.to_le_bytes());
+        assert!(
+            decode(Value::BulkString(fraction), &call).is_err(),
+            "not an integer"
+        );
     }
 }

@@ -343,4 +343,14 @@ for d = 1, ndirty do
     redis.call("DEL", KEYS[s])
   end
 end
-return reply
+
+-- The reply: its n numbers packed into one binary string (see the prelude).
+local packed, from = {}, 1
+while from <= n do
+  local to = from + REPLY_CHUNK - 1
+  if to > n then to = n end
+  packed[#packed + 1] = struct.pack("<" .. string.rep("d", to - from + 1),
+                                    unpack(reply, from, to))
+  from = to + 1
+end
+return table.concat(packed)

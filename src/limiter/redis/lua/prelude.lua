@@ -58,8 +58,10 @@
 -- The limits' fields are decimal integers, each parsed once; the requests are unpacked,
 -- whole, before any key is read (a malformed call fails before anything is written).
 --
--- Reply: one flat array of integers; per request, in order: request_admitted (1 or 0), then
--- per hit, one of:
+-- Reply: one binary string of integers, each a little-endian double (8 bytes; exact, since
+-- each is at most 2^53 - 1 in size), packed by struct.pack REPLY_CHUNK at a time (cheaper for
+-- Redis than an array reply, and read by sluice without parsing an item per number); per
+-- request, in order: request_admitted (1 or 0), then per hit, one of:
 --   remaining, reset_micros   admitted (remaining >= 0); reset: until the full quota is back
 --   -1, wait_micros           denied (REPLY_DENIED); wait: until this hit would be admitted
 --   -2                        admitted, on the same key and limit as the admitted hit before
@@ -91,8 +93,10 @@ local floor, format
 local REQUEST_FORMAT, REQUEST_BYTES = "<BI4", 5
 local HIT_FORMAT, HIT_BYTES = "<I4I4dI4B", 21
 local ROLE_ENFORCED, ROLE_QUOTA = 0, 2
--- The reply's markers (see above).
+-- The reply's markers (see above), and how many of its numbers one struct.pack takes (they go
+-- through Lua's stack as arguments, like MGET's keys below).
 local REPLY_DENIED, REPLY_SAME = -1, -2
+local REPLY_CHUNK = 512
 -- At most this many keys per MGET (see main.lua): a call's arguments go through Lua's stack
 -- (`unpack` fails at about 8,000), and a batch of 64 requests of 10 descriptors needs two.
 local MGET_KEYS = 512
