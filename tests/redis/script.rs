@@ -418,6 +418,34 @@ async fn every_written_key_expires_when_fresh_and_fresh_states_are_deleted() {
     assert!(ttl > 0);
 }
 
+/// A state fresh again within a millisecond is stored for 1 ms: its TTL is rounded up, never
+/// down to `PX 0` (which Redis refuses), by the funnel's fast path (distinct keys, every hit
+/// admitted) and by the general path (two hits on one key), in both forms.
+#[tokio::test]
+async fn a_state_fresh_within_a_millisecond_is_stored_for_one() {
+    const NOW: u64 = 1_700_000_000_000_000;
+    let redis = RedisServer::start();
+    // 1,000,000 a second: a unit is 1 µs of the funnel.
+    let quick = limit(1_000_000, 1);
+    for via in [Via::Script, Via::Function] {
+        let (fast, general) = (
+            format!("{{ms}}:fast:{via:?}"),
+            format!("{{ms}}:general:{via:?}"),
+        );
+        let requests = [
+            vec![hit(&fast, quick, 1, 0)],
+            vec![hit(&general, quick, 1, 0), hit(&general, quick, 1, 1)],
+        ];
+        let outcomes = one_call(&redis, via, NOW, &requests).await;
+        assert!(outcomes.iter().all(|o| o.admitted), "{outcomes:?}");
+        for key in [fast, general] {
+            // 1, 0, or -2 once the millisecond has passed.
+            let ttl: i64 = redis.cmd(&["PTTL", &format!("sluice:{key}")]);
+            assert!(ttl <= 1, "{key}: PTTL {ttl}");
+        }
+    }
+}
+
 /// A key of `algorithm` and its PTTL after a request of `cost`, given a limit.
 async fn ttl_after(
     redis: &RedisServer,

@@ -66,7 +66,8 @@ for r = 1, nrequests do
     if algo == nil or KEYS[slot] == nil or role > 2 or not (cost >= 0) then
       return redis.error_reply("sluice: malformed hit " .. h .. " of request " .. r)
     end
-    if cost > MAX then cost = MAX else cost = floor(cost) end
+    -- floor(cost) without a call (cost is at least 0 here)
+    if cost > MAX then cost = MAX else cost = cost - cost % 1 end
     total = total + 1
     hit_slot[total], hit_algo[total], hit_params[total] = slot, algo, limit_params[limit]
     hit_always[total], hit_cost[total], hit_refund[total] = limit_always[limit], cost, refund
@@ -148,7 +149,12 @@ for r = 1, nrequests do
         break
       end
       fast_seen[s] = r
-      local p, cost, tat = hit_params[i], hit_cost[i], clamp(key_text[s] or "0")
+      -- tat = clamp(key_text[s] or "0"), written out (no call; no parse of an absent key)
+      local p, cost, tat, text = hit_params[i], hit_cost[i], 0, key_text[s]
+      if text then
+        tat = tonumber(text) or 0
+        if tat > MAX then tat = MAX elseif tat < 0 then tat = 0 else tat = tat - tat % 1 end
+      end
       local interval = p.interval
       if interval == 0 then
         fast = cost == 0
@@ -183,15 +189,17 @@ for r = 1, nrequests do
           ndirty = ndirty + 1
           dirty[ndirty] = key_text[s] and s or -s
         end
-        key_text[s], key_ttl[s] = format("%d", tat), ttl_ms(now, tat)
+        -- ttl_ms(now, tat) written out: at least 1, tat being after now
+        key_text[s], key_ttl[s] = format("%d", tat), floor((tat - now + 999) / 1000)
       end
       local ahead, left = tat - now, 0
       if interval > 0 and ahead < tolerance then
-        if ahead <= 0 then
-          left = div_floor(tolerance, interval)
-        else
-          left = div_floor(tolerance - ahead, interval)
-        end
+        -- div_floor(tolerance - max(ahead, 0), interval), written out
+        local a = tolerance
+        if ahead > 0 then a = tolerance - ahead end
+        left = floor(a / interval)
+        if left * interval > a then left = left - 1 end
+        if (left + 1) * interval <= a then left = left + 1 end
       end
       if ahead < 0 then ahead = 0 end
       reply[n + 1], reply[n + 2] = left, ahead
