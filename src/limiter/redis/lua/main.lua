@@ -38,12 +38,13 @@ end
 
 -- Unpack every request's hits from the binary ARGV before deciding any (a malformed one fails
 -- the whole call before anything is written). No table per hit: one array per field, indexed
--- by the hit's number in the batch (i = 1..total); a request is the run of hits from
--- req_first[r], req_count[r] long.
+-- by the hit's number in the batch (i = 1..total), the hit's limit by its index l (its
+-- algorithm, parameters and charge are limit_algo[l], limit_params[l], limit_always[l]); a
+-- request is the run of hits from req_first[r], req_count[r] long.
 local nrequests = tonumber(ARGV[3 + 5 * nlimits]) or 0
 local blob = ARGV[4 + 5 * nlimits] or ""
 local size, read = #blob, struct.unpack
-local hit_slot, hit_algo, hit_params, hit_always, hit_cost = {}, {}, {}, {}, {}
+local hit_slot, hit_limit, hit_cost = {}, {}, {}
 local hit_refund, hit_group, hit_role = {}, {}, {}
 local req_first, req_count, req_independent = {}, {}, {}
 local pos, total = 1, 0
@@ -69,8 +70,8 @@ for r = 1, nrequests do
     -- floor(cost) without a call (cost is at least 0 here)
     if cost > MAX then cost = MAX else cost = cost - cost % 1 end
     total = total + 1
-    hit_slot[total], hit_algo[total], hit_params[total] = slot, algo, limit_params[limit]
-    hit_always[total], hit_cost[total], hit_refund[total] = limit_always[limit], cost, refund
+    hit_slot[total], hit_limit[total], hit_cost[total], hit_refund[total] = slot, limit, cost,
+      refund
     hit_group[total], hit_role[total] = group, role
   end
 end
@@ -92,7 +93,7 @@ do
     local seen = {}
     for i = 1, total do
       local s = hit_slot[i]
-      if hit_algo[i].text and not seen[s] then
+      if limit_algo[hit_limit[i]].text and not seen[s] then
         seen[s] = true
         slots[#slots + 1] = s
         names[#names + 1] = KEYS[s]
@@ -118,11 +119,11 @@ local dirty, ndirty, key_ttl = {}, 0, {}
 -- Per key (index into KEYS), for the request being decided (key_request[s] == r): its first
 -- hit, its STATE (the original, then the committed one), its tentative state (what the hits
 -- evaluated so far made of it), how many of the request's hits on it are still to be
--- evaluated, and whether a cost CHANGED it. Reused from request to request.
-local key_request, key_first, key_state, key_tentative, key_uses, key_changed = {}, {}, {},
-  {}, {}, {}
+-- evaluated, and whether a cost CHANGED it. Reused from request to request. Made by the
+-- first request the general path decides: a call the fast path decides whole makes none.
+local key_request, key_first, key_state, key_tentative, key_uses, key_changed
 -- Per hit: admitted by its own limit; when denied, the wait until it would be.
-local hit_ok, hit_wait = {}, {}
+local hit_ok, hit_wait
 
 -- Each request in turn: evaluate, plan, commit, report (appended to `reply`), write. (A loop,
 -- not a function: the script runs whole on every call, and a closure costs per call.)
@@ -144,13 +145,14 @@ for r = 1, nrequests do
   if fast then
     for i = first, last do
       local s = hit_slot[i]
-      if hit_algo[i] ~= funnel or hit_refund[i] or fast_seen[s] == r then
+      local l = hit_limit[i]
+      if limit_algo[l] ~= funnel or hit_refund[i] or fast_seen[s] == r then
         fast = false
         break
       end
       fast_seen[s] = r
       -- tat = clamp(key_text[s] or "0"), written out (no call; no parse of an absent key)
-      local p, cost, tat, text = hit_params[i], hit_cost[i], 0, key_text[s]
+      local p, cost, tat, text = limit_params[l], hit_cost[i], 0, key_text[s]
       if text then
         tat = tonumber(text) or 0
         if tat > MAX then tat = MAX elseif tat < 0 then tat = 0 else tat = tat - tat % 1 end
@@ -177,7 +179,7 @@ for r = 1, nrequests do
     n = n + 1
     reply[n] = 1
     for i = first, last do
-      local s, p, cost, tat = hit_slot[i], hit_params[i], hit_cost[i], hit_tat[i]
+      local s, p, cost, tat = hit_slot[i], limit_params[hit_limit[i]], hit_cost[i], hit_tat[i]
       local interval, tolerance = p.interval, p.tolerance
       if cost > 0 then
         -- take (interval > 0: a cost above 0 is only admitted by a limit above 0), then
@@ -206,16 +208,21 @@ for r = 1, nrequests do
       n = n + 2
     end
   else
+    if key_request == nil then
+      key_request, key_first, key_state, key_tentative, key_uses, key_changed = {}, {}, {}, {},
+        {}, {}
+      hit_ok, hit_wait = {}, {}
+    end
     -- The original states, each read by the algorithm of the first hit on its key.
     for i = first, last do
       local s = hit_slot[i]
       if key_request[s] ~= r then
         key_request[s], key_first[s], key_uses[s], key_changed[s] = r, i, 1, false
-        local algo, state = hit_algo[i], nil
+        local algo, state = limit_algo[hit_limit[i]], nil
         if algo.text then
           state = algo.load(key_text[s])
         else
-          state = algo.load(KEYS[s], hit_params[i], now)
+          state = algo.load(KEYS[s], limit_params[hit_limit[i]], now)
         end
         key_state[s], key_tentative[s] = state, state
       else
@@ -228,7 +235,8 @@ for r = 1, nrequests do
     -- state is only made for a key that a later hit reads. A denied hit's wait is its report.
     local all_ok = true
     for i = first, last do
-      local s, algo, p, cost = hit_slot[i], hit_algo[i], hit_params[i], hit_cost[i]
+      local s, l, cost = hit_slot[i], hit_limit[i], hit_cost[i]
+      local algo, p = limit_algo[l], limit_params[l]
       local state, refund = key_tentative[s], hit_refund[i]
       local ok = refund or algo.admits(p, state, now, cost)
       hit_ok[i] = ok
@@ -238,7 +246,7 @@ for r = 1, nrequests do
       end
       local later = key_uses[s] - 1
       key_uses[s] = later
-      if later > 0 and (ok or hit_always[i]) then
+      if later > 0 and (ok or limit_always[l]) then
         local apply = refund and algo.give or algo.take
         key_tentative[s] = apply(p, state, now, cost)
       end
@@ -275,10 +283,11 @@ for r = 1, nrequests do
     for i = first, last do
       local go = all_ok or (group_ok[hit_group[i]] and (request_ok or independent))
       local cost = hit_cost[i]
-      if (go or hit_always[i]) and cost > 0 then
-        local s, algo = hit_slot[i], hit_algo[i]
+      local l = hit_limit[i]
+      if (go or limit_always[l]) and cost > 0 then
+        local s, algo = hit_slot[i], limit_algo[l]
         local apply = hit_refund[i] and algo.give or algo.take
-        key_state[s] = apply(hit_params[i], key_state[s], now, cost)
+        key_state[s] = apply(limit_params[l], key_state[s], now, cost)
         key_changed[s] = true
       end
     end
@@ -292,12 +301,13 @@ for r = 1, nrequests do
     local prev_slot, prev_params = nil, nil
     for i = first, last do
       if hit_ok[i] then
-        local s, p = hit_slot[i], hit_params[i]
+        local s, l = hit_slot[i], hit_limit[i]
+        local p = limit_params[l]
         if s == prev_slot and p == prev_params then
           n = n + 1
           reply[n] = REPLY_SAME
         else
-          local algo, fin = hit_algo[i], key_state[s]
+          local algo, fin = limit_algo[l], key_state[s]
           reply[n + 1], reply[n + 2] = algo.remaining(p, fin, now), algo.reset(p, fin, now)
           n = n + 2
           prev_slot, prev_params = s, p
@@ -314,7 +324,8 @@ for r = 1, nrequests do
     for i = first, last do
       local s = hit_slot[i]
       if key_first[s] == i and key_changed[s] then
-        local algo, p, state = hit_algo[i], hit_params[i], key_state[s]
+        local l = hit_limit[i]
+        local algo, p, state = limit_algo[l], limit_params[l], key_state[s]
         local fresh_at = algo.fresh_at(p, state, now)
         if algo.text then
           if key_ttl[s] == nil then
