@@ -525,14 +525,12 @@ pub fn decode(reply: Value, call: &Call) -> Result<Vec<BatchOutcome>, RedisError
     let Value::BulkString(bytes) = reply else {
         return Err(bad("not a string"));
     };
-    if bytes.len() % REPLY_NUMBER_BYTES != 0 {
+    let (numbers, rest) = bytes.as_chunks::<REPLY_NUMBER_BYTES>();
+    if !rest.is_empty() {
         return Err(bad("not a whole number of numbers"));
     }
-    let mut items = bytes.chunks_exact(REPLY_NUMBER_BYTES).map(|chunk| {
-        let number = chunk
-            .first_chunk::<REPLY_NUMBER_BYTES>()
-            .map(|b| f64::from_le_bytes(*b))
-            .ok_or_else(|| bad("a short number"))?;
+    let mut items = numbers.iter().map(|b| {
+        let number = f64::from_le_bytes(*b);
         // Exact: an integral double of at most 2^53 - 1 in size converts without loss.
         #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
         if number.fract() == 0.0 && number.abs() <= MAX_EXACT as f64 {
