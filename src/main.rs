@@ -24,8 +24,8 @@ use tokio_util::sync::CancellationToken;
 
 /// The binary's allocator: jemalloc (the default feature `jemalloc`). Against glibc's malloc it
 /// cut sluice's CPU per request on the Redis path by 10-19% (glibc consolidated its free lists
-/// at each call's large buffers), for about one byte more per key held by the memory backend
-/// (docs/BENCHMARKS.md).
+/// at each call's large buffers); the memory backend's bytes per key stayed the same within a
+/// flood's noise, and the process starts 2-3 MiB larger (docs/BENCHMARKS.md).
 #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

@@ -218,11 +218,12 @@ for r = 1, nrequests do
       local s = hit_slot[i]
       if key_request[s] ~= r then
         key_request[s], key_first[s], key_uses[s], key_changed[s] = r, i, 1, false
-        local algo, state = limit_algo[hit_limit[i]], nil
+        local l = hit_limit[i]
+        local algo, state = limit_algo[l], nil
         if algo.text then
           state = algo.load(key_text[s])
         else
-          state = algo.load(KEYS[s], limit_params[hit_limit[i]], now)
+          state = algo.load(KEYS[s], limit_params[l], now)
         end
         key_state[s], key_tentative[s] = state, state
       else

@@ -59,8 +59,8 @@
 -- whole, before any key is read (a malformed call fails before anything is written).
 --
 -- Reply: one binary string of integers, each a little-endian double (8 bytes; exact, since
--- each is at most 2^53 - 1 in size), packed by struct.pack REPLY_CHUNK at a time (cheaper for
--- Redis than an array reply, and read by sluice without parsing an item per number); per
+-- each is at most 2^53 - 1 in size), packed by struct.pack REPLY_CHUNK at a time (it costs
+-- Redis what an array reply did, and sluice reads it without parsing an item per number); per
 -- request, in order: request_admitted (1 or 0), then per hit, one of:
 --   remaining, reset_micros   admitted (remaining >= 0); reset: until the full quota is back
 --   -1, wait_micros           denied (REPLY_DENIED); wait: until this hit would be admitted
