@@ -32,6 +32,7 @@ when many are in flight.
 import argparse
 import json
 import os
+import resource
 import signal
 import socket
 import statistics
@@ -120,8 +121,30 @@ def bench(binary, target, scenario, duration, warmup, extra=()):
             "--spread", "user=10000", "--connections", connections, "--concurrency", concurrency,
             "--duration", f"{duration}s", "--warmup", f"{warmup}s", "--json", "--quiet",
             *extra]
+    # The bench client shares the machine with the servers: its own CPU (from the kernel's
+    # account of waited-for children) and the machine's idle time are part of the picture.
+    children0, idle0 = resource.getrusage(resource.RUSAGE_CHILDREN), cpu_times()
+    t0 = time.time()
     out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
-    return json.loads(out)
+    wall = time.time() - t0
+    children1, idle1 = resource.getrusage(resource.RUSAGE_CHILDREN), cpu_times()
+    result = json.loads(out)
+    client = (children1.ru_utime + children1.ru_stime) - (children0.ru_utime + children0.ru_stime)
+    # Over the whole run (warm-up included), per request at the mean rate, as the servers'.
+    result["client_cpu_us_per_request"] = (
+        client * 1e6 / (result["requests_per_sec"] * wall) if result["requests_per_sec"] else None)
+    busy, total = idle1[0] - idle0[0], idle1[1] - idle0[1]
+    result["machine_idle_share"] = 1 - busy / total if total else None
+    return result
+
+
+def cpu_times():
+    """(busy, total) jiffies of the whole machine so far, from /proc/stat (idle and iowait
+    are not busy)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    total = sum(fields[:8])
+    return total - fields[3] - fields[4], total
 
 
 def metric(admin, name):
@@ -186,6 +209,10 @@ def run_rounds(args, binary, targets, scenario, record):
                   f"  server CPU {result['server_cpu_share']:.2f} cores,"
                   f" {result['server_cpu_us_per_request']:.1f} µs/request"
                   f" {[round(c, 1) for c in result['cpu_us_per_request_by_process']]}"
+                  + (f"  client CPU {result['client_cpu_us_per_request']:.1f} µs/request"
+                     if result.get("client_cpu_us_per_request") is not None else "")
+                  + (f"  machine idle {100 * result['machine_idle_share']:.0f}%"
+                     if result.get("machine_idle_share") is not None else "")
                   + (f"  script calls/request {result['script_calls_per_request']:.4f}"
                      if result.get("script_calls_per_request") is not None else ""),
                   flush=True)
@@ -203,9 +230,16 @@ def medians(runs, reference="noop"):
                    "p99": statistics.median(r["latency_us"]["p99"] for r in rs),
                    "p99_9": statistics.median(r["latency_us"]["p99_9"] for r in rs),
                    "errors": sum(r["errors"] for r in rs),
+                   "client_us": median_of(rs, "client_cpu_us_per_request"),
+                   "idle": median_of(rs, "machine_idle_share"),
                    "calls": statistics.median(r["script_calls_per_request"] for r in rs)
                    if all(r.get("script_calls_per_request") is not None for r in rs) else None}
             for name, rs in runs.items()}
+
+
+def median_of(rs, key):
+    values = [r[key] for r in rs if r.get(key) is not None]
+    return statistics.median(values) if values else None
 
 
 def report(scenario, runs, reference="noop"):
@@ -213,12 +247,15 @@ def report(scenario, runs, reference="noop"):
     print(f"\n== {scenario}: medians over the rounds; ratios to {reference} are medians of the"
           f" per-round ratios (same round, same machine load)")
     print(f"  {'target':<12} {'req/s':>9} {'ratio':>6} {'p50 µs':>7} {'p99 µs':>7} {'p99 ratio':>9}"
-          f" {'p99.9':>7} {'srv CPU µs/req':>14} errors  script calls/request")
+          f" {'p99.9':>7} {'srv CPU µs/req':>14} {'client µs/req':>13} {'idle':>5} errors"
+          f"  script calls/request")
     for name, v in m.items():
         calls = f"{v['calls']:.4f}" if v["calls"] is not None else "-"
+        client = f"{v['client_us']:.1f}" if v["client_us"] is not None else "-"
+        idle = f"{100 * v['idle']:.0f}%" if v["idle"] is not None else "-"
         print(f"  {name:<12} {v['rps']:>9.0f} {v['rps_ratio']:>6.2f} {v['p50']:>7.0f} "
               f"{v['p99']:>7.0f} {v['p99_ratio']:>9.2f} {v['p99_9']:>7.0f} {v['cpu_us']:>14.1f}"
-              f" {v['errors']:>6}  {calls}")
+              f" {client:>13} {idle:>5} {v['errors']:>6}  {calls}")
     for name in runs:
         if name.startswith("redis") and "memory" in m:
             ratio = statistics.median(r["requests_per_sec"] / q["requests_per_sec"]
