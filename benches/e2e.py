@@ -261,6 +261,16 @@ def report(scenario, runs, reference="noop"):
             ratio = statistics.median(r["requests_per_sec"] / q["requests_per_sec"]
                                       for r, q in zip(runs[name], runs["memory"]))
             print(f"  {name} / memory throughput (median of per-round ratios): {ratio:.2f}")
+            # What the same CPU per request would allow with every core busy (no idle time):
+            # the cores over the servers' and the client's CPU per request, against memory's
+            # measured throughput in the same round.
+            busy = [os.cpu_count() * 1e6 / (r["server_cpu_us_per_request"]
+                                             + r["client_cpu_us_per_request"])
+                    / q["requests_per_sec"] for r, q in zip(runs[name], runs["memory"])
+                    if r.get("client_cpu_us_per_request")]
+            if busy:
+                print(f"  {name} / memory if no core idled (the cores over the CPU per request"
+                      f" of sluice, redis-server and the client): {statistics.median(busy):.2f}")
     for name in runs:
         if name.startswith("redis") and name != "redis" and "redis" in m:
             paired = lambda f: statistics.median(f(r) / f(q) for r, q in
