@@ -123,17 +123,19 @@ def bench(binary, target, scenario, duration, warmup, extra=()):
             *extra]
     # The bench client shares the machine with the servers: its own CPU (from the kernel's
     # account of waited-for children) and the machine's idle time are part of the picture.
-    children0, idle0 = resource.getrusage(resource.RUSAGE_CHILDREN), cpu_times()
+    children0, machine0 = resource.getrusage(resource.RUSAGE_CHILDREN), cpu_times()
     t0 = time.time()
     out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     wall = time.time() - t0
-    children1, idle1 = resource.getrusage(resource.RUSAGE_CHILDREN), cpu_times()
+    children1, machine1 = resource.getrusage(resource.RUSAGE_CHILDREN), cpu_times()
     result = json.loads(out)
+    # The whole run's wall time (warm-up included): per-request CPU figures divide by it.
+    result["wall_secs"] = wall
     client = (children1.ru_utime + children1.ru_stime) - (children0.ru_utime + children0.ru_stime)
-    # Over the whole run (warm-up included), per request at the mean rate, as the servers'.
+    # Over the whole run, per request at the mean rate, as the servers'.
     result["client_cpu_us_per_request"] = (
         client * 1e6 / (result["requests_per_sec"] * wall) if result["requests_per_sec"] else None)
-    busy, total = idle1[0] - idle0[0], idle1[1] - idle0[1]
+    busy, total = machine1[0] - machine0[0], machine1[1] - machine0[1]
     result["machine_idle_share"] = 1 - busy / total if total else None
     return result
 
@@ -186,10 +188,10 @@ def run_rounds(args, binary, targets, scenario, record):
             if redis:
                 redis_cli(redis, "CONFIG", "RESETSTAT")
                 requests0 = metric(admin, "sluice_requests_total")
-            each0, t0 = [cpu_secs([p]) for p in pids], time.time()
+            each0 = [cpu_secs([p]) for p in pids]
             extra = ["--rate", str(args.rate)] if args.rate else []
             result = bench(binary, url, scenario, args.duration, args.warmup, extra)
-            wall = time.time() - t0
+            wall = result["wall_secs"]
             if redis:
                 requests = metric(admin, "sluice_requests_total") - requests0
                 calls = sum(script_command_calls(redis).values())
