@@ -58,6 +58,8 @@ struct OpsSettings {
     debounce: Duration,
     /// HTTP/2 streams allowed at once on one gRPC connection.
     max_concurrent_streams: u32,
+    /// Each gRPC stream on a task of its own (`server.stream_tasks`).
+    stream_tasks: bool,
 }
 
 impl App {
@@ -120,6 +122,7 @@ impl App {
                 watch: settings.reload.watch,
                 debounce: Duration::from_millis(settings.reload.debounce_ms),
                 max_concurrent_streams: settings.input.max_concurrent_streams,
+                stream_tasks: settings.server.stream_tasks,
             },
             tls: None,
             rlqs,

@@ -122,6 +122,10 @@ pub struct BenchArgs {
     /// `--noop-server` [default: the number of CPUs].
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+    /// With `--noop-server`: each gRPC stream on a task of its own, as
+    /// `server.stream_tasks = true` serves sluice's.
+    #[arg(long, requires = "noop_server")]
+    pub stream_tasks: bool,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
@@ -140,7 +144,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         // `server.worker_threads` sets sluice's.
         let runtime =
             crate::runtime::build(args.threads.unwrap_or(0)).context("cannot start the runtime")?;
-        return runtime.block_on(noop(addr, args.duration));
+        return runtime.block_on(noop(addr, args.duration, args.stream_tasks));
     }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if let Some(threads) = args.threads {
@@ -160,7 +164,11 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn noop(addr: SocketAddr, duration: Option<Duration>) -> anyhow::Result<()> {
+async fn noop(
+    addr: SocketAddr,
+    duration: Option<Duration>,
+    stream_tasks: bool,
+) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
@@ -175,7 +183,7 @@ async fn noop(addr: SocketAddr, duration: Option<Duration>) -> anyhow::Result<()
             None => crate::signal::shutdown().await,
         }
     };
-    serve_noop(listener, stop).await
+    serve_noop(listener, stop, stream_tasks).await
 }
 
 /// The plan of a load from the command line.

@@ -2,7 +2,9 @@
 //! (`sluice bench --noop-server`) share, so that the no-op is measured on exactly sluice's
 //! serving stack.
 
-use tonic::transport::Server;
+mod connection;
+
+pub use connection::{Http2Server, Streams};
 
 /// The multi-threaded runtime that serves: `worker_threads` workers, or one per CPU the
 /// process may use when 0 (`std::thread::available_parallelism`, which follows the affinity
@@ -24,7 +26,15 @@ pub fn build(worker_threads: usize) -> std::io::Result<tokio::runtime::Runtime> 
 /// The gRPC server with the HTTP/2 settings of the gRPC port. Beyond `max_concurrent_streams`
 /// a client queues its requests (or opens another connection); a stream opened anyway is
 /// refused (REFUSED_STREAM). HTTP/2 flow-control windows and frame sizes keep hyper's
-/// defaults: a request and its answer are a few hundred bytes, far below them.
-pub fn grpc_server(max_concurrent_streams: u32) -> Server {
-    Server::builder().max_concurrent_streams(max_concurrent_streams)
+/// defaults: a request and its answer are a few hundred bytes, far below them. `stream_tasks`:
+/// each stream on a task of its own instead of on its connection's (src/runtime/connection.rs).
+pub fn grpc_server(max_concurrent_streams: u32, stream_tasks: bool) -> Http2Server {
+    Http2Server {
+        max_concurrent_streams,
+        streams: if stream_tasks {
+            Streams::OwnTasks
+        } else {
+            Streams::OnConnection
+        },
+    }
 }

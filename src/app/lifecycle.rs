@@ -20,6 +20,7 @@ use tokio::task::JoinSet;
 use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
+use tonic::service::Routes;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
@@ -78,7 +79,7 @@ pub(super) async fn run(
     let engine = app.engine.clone();
     let rlqs = app.rlqs.clone();
     let drain_delay = app.ops.drain_delay;
-    let max_streams = app.ops.max_concurrent_streams;
+    let server = crate::runtime::grpc_server(app.ops.max_concurrent_streams, app.ops.stream_tasks);
     let stop = CancellationToken::new();
     let failed = CancellationToken::new();
     let grpc_stop = CancellationToken::new();
@@ -102,8 +103,7 @@ pub(super) async fn run(
     let (reflection_v1, reflection_v1alpha) = reflection()?;
     let tls = matches!(incoming, Incoming::Tls(_));
     tracing::info!(?addr, tls, backend = engine.backend_name(), "serving gRPC");
-    let router = crate::runtime::grpc_server(max_streams)
-        .add_service(health_service)
+    let routes = Routes::new(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(RateLimiter::new(engine).into_service())
@@ -111,9 +111,9 @@ pub(super) async fn run(
         .add_service(rlqs.service(grpc_stop.clone()))
         .add_service(throttle);
     let signal = grpc_stop.clone().cancelled_owned();
-    let mut server: BoxFuture<'_, Result<(), tonic::transport::Error>> = match incoming {
-        Incoming::Tls(s) => Box::pin(router.serve_with_incoming_shutdown(s, signal)),
-        Incoming::Plain(s) => Box::pin(router.serve_with_incoming_shutdown(s, signal)),
+    let mut server: BoxFuture<'_, ()> = match incoming {
+        Incoming::Tls(s) => Box::pin(server.serve(routes, s, signal)),
+        Incoming::Plain(s) => Box::pin(server.serve(routes, s, signal)),
     };
     let drain = async {
         tokio::select! {
@@ -132,15 +132,13 @@ pub(super) async fn run(
         tracing::info!("stopping gRPC; finishing the requests in flight");
         grpc_stop.cancel();
     };
-    let served = tokio::select! {
-        served = &mut server => served,
+    tokio::select! {
+        () = &mut server => {}
         () = drain => server.await,
-    };
+    }
     readiness.start_draining();
     stop.cancel();
-    let joined = join_all(tasks).await;
-    served.context("gRPC server failed")?;
-    joined?;
+    join_all(tasks).await?;
     tracing::info!("stopped");
     Ok(())
 }

@@ -4,8 +4,8 @@
 
 use std::future::Future;
 
-use anyhow::Context as _;
 use tokio::net::TcpListener;
+use tonic::service::Routes;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
@@ -40,15 +40,20 @@ impl RateLimitService for Noop {
     }
 }
 
-/// Serves [`Noop`] on `listener` until `shutdown` resolves.
+/// Serves [`Noop`] on `listener` until `shutdown` resolves; `stream_tasks` as
+/// `server.stream_tasks`.
 pub async fn serve_noop(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
+    stream_tasks: bool,
 ) -> anyhow::Result<()> {
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    crate::runtime::grpc_server(1024)
-        .add_service(RateLimitServiceServer::new(Noop))
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
-        .context("no-op server failed")
+    crate::runtime::grpc_server(1024, stream_tasks)
+        .serve(
+            Routes::new(RateLimitServiceServer::new(Noop)),
+            incoming,
+            shutdown,
+        )
+        .await;
+    Ok(())
 }

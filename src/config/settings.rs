@@ -78,6 +78,9 @@ pub struct ServerSettings {
     pub drain_delay_secs: u64,
     /// Worker threads of the runtime; 0: one per CPU the process may use.
     pub worker_threads: usize,
+    /// Each gRPC stream (request) on a task of its own, spread over the workers, instead of
+    /// on its connection's task (src/runtime/connection.rs).
+    pub stream_tasks: bool,
 }
 
 impl Default for ServerSettings {
@@ -88,6 +91,7 @@ impl Default for ServerSettings {
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             drain_delay_secs: 0,
             worker_threads: 0,
+            stream_tasks: false,
         }
     }
 }
@@ -408,6 +412,18 @@ mod tests {
         assert_eq!(s.redis.url, "redis://cli:2");
         assert_eq!(s.limits.default_algorithm, Algorithm::TokenBucket);
         assert!(s.limits.quota_mode);
+    }
+
+    #[test]
+    fn stream_tasks_is_off_unless_set() {
+        assert!(!Settings::default().server.stream_tasks);
+        let s = Settings::load(
+            None,
+            env(&[("SLUICE_SERVER__STREAM_TASKS", "true")]),
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert!(s.server.stream_tasks);
     }
 
     #[test]

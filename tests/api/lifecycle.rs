@@ -118,3 +118,155 @@ async fn shutdown_lets_in_flight_requests_finish() {
         "no new connections after shutdown"
     );
 }
+
+/// Settings whose gRPC streams run on tasks of their own (`server.stream_tasks = true`) or
+/// on their connection's task (the default).
+fn streams_on(own_tasks: bool) -> Settings {
+    let mut settings = Settings::default();
+    settings.server.stream_tasks = own_tasks;
+    settings
+}
+
+#[tokio::test]
+async fn shutdown_lets_in_flight_requests_finish_with_a_task_per_stream() {
+    let limiter: Arc<dyn Limiter> = Arc::new(Slow(MemoryLimiter::new(100)));
+    let server = TestServer::start_over(streams_on(true), RULES, limiter).await;
+    let in_flight = send_in_background(&server.url()).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.begin_stop();
+    in_flight_completes_then_stops(server, in_flight).await;
+}
+
+/// Sends one `ShouldRateLimit` for `k=v` with the header `grpc-timeout: {timeout}` over a
+/// bare HTTP/2 client (tonic's client would enforce the deadline itself), and gives the
+/// answer's `grpc-status` and how long it took.
+async fn call_with_grpc_timeout(url: &str, timeout: &str) -> (String, Duration) {
+    use prost::Message as _;
+    let authority = url.trim_start_matches("http://");
+    let tcp = tokio::net::TcpStream::connect(authority)
+        .await
+        .expect("connect");
+    let (client, connection) = h2::client::handshake(tcp).await.expect("HTTP/2 handshake");
+    tokio::spawn(connection);
+    let mut client = client.ready().await.expect("ready");
+    let request = http::Request::builder()
+        .method("POST")
+        .uri(format!(
+            "{url}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("grpc-timeout", timeout)
+        .body(())
+        .expect("request");
+    let message = req("test", vec![desc(&[("k", "v")])]).encode_to_vec();
+    let mut frame = vec![0];
+    frame.extend_from_slice(&u32::try_from(message.len()).expect("small").to_be_bytes());
+    frame.extend_from_slice(&message);
+    let started = tokio::time::Instant::now();
+    let (answer, mut body) = client.send_request(request, false).expect("send headers");
+    body.send_data(frame.into(), true)
+        .expect("send the message");
+    let answer = answer.await.expect("an answer");
+    let status = match answer.headers().get("grpc-status") {
+        Some(status) => status.clone(),
+        None => {
+            let mut body = answer.into_body();
+            while let Some(data) = body.data().await {
+                data.expect("the answer's data");
+            }
+            let trailers = body
+                .trailers()
+                .await
+                .expect("trailers")
+                .expect("some trailers");
+            trailers.get("grpc-status").expect("grpc-status").clone()
+        }
+    };
+    (
+        status.to_str().expect("ascii").to_owned(),
+        started.elapsed(),
+    )
+}
+
+/// The server honours `grpc-timeout`: a request whose deadline passes before the limiter
+/// decides (the limiter takes 400 ms) is answered CANCELLED (1) at the deadline; one with
+/// time to spare is answered OK (0).
+#[tokio::test]
+async fn a_grpc_timeout_that_passes_is_answered_cancelled() {
+    for own_tasks in [false, true] {
+        let limiter: Arc<dyn Limiter> = Arc::new(Slow(MemoryLimiter::new(100)));
+        let server = TestServer::start_over(streams_on(own_tasks), RULES, limiter).await;
+        let (status, took) = call_with_grpc_timeout(&server.url(), "50m").await;
+        assert_eq!(status, "1", "stream_tasks {own_tasks}: CANCELLED");
+        assert!(
+            took < Duration::from_millis(350),
+            "stream_tasks {own_tasks}: the deadline did not cut the decision short ({took:?})"
+        );
+        let (status, took) = call_with_grpc_timeout(&server.url(), "5S").await;
+        assert_eq!(status, "0", "stream_tasks {own_tasks}: OK");
+        assert!(took >= Duration::from_millis(400), "{took:?}");
+    }
+}
+
+/// A memory limiter whose decisions end in an order of their own: each waits 0 to 22 ms,
+/// by its first key.
+struct Shuffled(MemoryLimiter);
+
+impl Limiter for Shuffled {
+    fn check<'a>(&'a self, batch: &'a Batch) -> BoxFuture<'a, Result<BatchOutcome, LimiterError>> {
+        Box::pin(async move {
+            let spread = batch
+                .hits
+                .first()
+                .map_or(0, |h| h.key.iter().map(|&b| u64::from(b)).sum::<u64>() % 23);
+            tokio::time::sleep(Duration::from_millis(spread)).await;
+            self.0.check(batch).await
+        })
+    }
+
+    fn name(&self) -> &'static str {
+        "shuffled"
+    }
+}
+
+/// 200 requests in flight at once on one connection, answered out of order, each get their
+/// own answer: request i names `k=v{i}` (i % 4) + 1 times, so its answer has that many
+/// statuses, each with 5 - that many remaining.
+#[tokio::test]
+async fn many_streams_on_one_connection_each_get_their_own_answer() {
+    for own_tasks in [false, true] {
+        let limiter: Arc<dyn Limiter> = Arc::new(Shuffled(MemoryLimiter::new(10_000)));
+        let server = TestServer::start_over(streams_on(own_tasks), RULES, limiter).await;
+        let c = client(&server).await;
+        let mut calls = tokio::task::JoinSet::new();
+        for i in 0..200_u32 {
+            let mut c = c.clone();
+            calls.spawn(async move {
+                let value = format!("v{i}");
+                let times = (i % 4) as usize + 1;
+                let r = req("test", vec![desc(&[("k", value.as_str())]); times]);
+                (times, call(&mut c, r).await)
+            });
+        }
+        let mut answered = 0;
+        while let Some(joined) = calls.join_next().await {
+            let (times, answer) = joined.expect("a call's task");
+            assert_eq!(overall(&answer), Code::Ok, "stream_tasks {own_tasks}");
+            assert_eq!(
+                answer.statuses.len(),
+                times,
+                "stream_tasks {own_tasks}: {answer:?}"
+            );
+            for status in &answer.statuses {
+                assert_eq!(
+                    status.limit_remaining,
+                    5 - times as u32,
+                    "stream_tasks {own_tasks}: {answer:?}"
+                );
+            }
+            answered += 1;
+        }
+        assert_eq!(answered, 200);
+    }
+}
