@@ -13,12 +13,14 @@
 //! spread over every worker).
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
+use futures_util::FutureExt as _;
 use futures_util::stream::{FuturesUnordered, Stream, StreamExt as _};
 use futures_util::task::AtomicWaker;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -183,6 +185,9 @@ where
                 tokio::spawn(stream);
             }
             Streams::OnConnection => {
+                // A stream that panics ends alone, as a task of its own would: its request is
+                // reset, the connection and its other requests go on.
+                let stream = AssertUnwindSafe(stream).catch_unwind().map(drop);
                 self.shared.queued.lock().push(Box::pin(stream));
                 // hyper starts a stream while the connection is polled, so this only asks
                 // for the round that takes it.
@@ -343,6 +348,22 @@ fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stream that panics ends alone: the connection's task goes on, and so do the
+    /// connection's other streams.
+    #[test]
+    fn a_panicking_stream_does_not_take_its_connection_down() {
+        let exec = StreamExecutor::new(Streams::OnConnection);
+        let done = Arc::new(AtomicBool::new(false));
+        hyper::rt::Executor::execute(&exec, async { panic!("a stream's bug") });
+        let flag = done.clone();
+        hyper::rt::Executor::execute(&exec, async move { flag.store(true, Ordering::SeqCst) });
+        let mut driven = Box::pin(Driven::new(std::future::pending::<()>(), exec));
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(driven.as_mut().poll(&mut cx).is_pending());
+        assert!(done.load(Ordering::SeqCst), "the other stream ran");
+        assert!(driven.streams.is_empty(), "both streams ended");
+    }
 
     fn timeout_of(value: &str) -> Option<Duration> {
         let mut headers = HeaderMap::new();
