@@ -50,7 +50,11 @@ pub struct SlidingLog {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Log {
     entries: VecDeque<(u64, u64)>,
-    sum: u64,
+    /// The exact sum of the entries' costs: at most `MAX_QUOTA` entries of at most
+    /// `u64::MAX` each never overflow a u128, so a sum never saturates and then loses track
+    /// of the entries (a saturated sum, less an entry that left, would be less than the
+    /// entries still there).
+    sum: u128,
 }
 
 impl Log {
@@ -65,9 +69,9 @@ impl Log {
         self.entries.iter().copied()
     }
 
-    /// The sum of the entries' costs, expired ones included.
+    /// The sum of the entries' costs, expired ones included (`u64::MAX` if it is more).
     pub fn sum(&self) -> u64 {
-        self.sum
+        clamp(self.sum)
     }
 
     /// The number of entries.
@@ -110,14 +114,18 @@ impl SlidingLog {
             .skip_while(move |&(t, _)| t.saturating_add(period) <= now)
     }
 
-    /// The cost logged in the last P at `now`.
+    /// The cost logged in the last P at `now` (`u64::MAX` if it is more).
     pub fn logged(&self, log: &Log, now: u64) -> u64 {
-        let expired: u64 = log
+        clamp(self.logged_exactly(log, now))
+    }
+
+    fn logged_exactly(&self, log: &Log, now: u64) -> u128 {
+        let expired: u128 = log
             .entries()
             .take_while(|&(t, _)| self.expired(t, now))
-            .map(|(_, c)| c)
-            .fold(0, u64::saturating_add);
-        log.sum.saturating_sub(expired)
+            .map(|(_, c)| u128::from(c))
+            .sum();
+        log.sum - expired
     }
 
     /// Drops the entries that no longer count at `now`.
@@ -127,7 +135,7 @@ impl SlidingLog {
                 break;
             }
             log.entries.pop_front();
-            log.sum = log.sum.saturating_sub(c);
+            log.sum -= u128::from(c);
         }
     }
 
@@ -146,14 +154,20 @@ impl SlidingLog {
         }
         self.trim(log, now);
         let full = log.entries.len() >= self.max_entries();
-        match log.entries.back_mut() {
+        // What the entries gain: an entry's cost saturates at u64::MAX.
+        let added = match log.entries.back_mut() {
             Some(back) if back.0 >= now || full => {
                 back.0 = back.0.max(now);
+                let before = back.1;
                 back.1 = back.1.saturating_add(cost);
+                back.1 - before
             }
-            _ => log.entries.push_back((now, cost)),
-        }
-        log.sum = log.sum.saturating_add(cost);
+            _ => {
+                log.entries.push_back((now, cost));
+                cost
+            }
+        };
+        log.sum += u128::from(added);
     }
 
     /// Whether `cost` at `now` is admitted, and the log if it is logged: the pure function of
@@ -179,7 +193,7 @@ impl SlidingLog {
             let take = left.min(back.1);
             back.1 -= take;
             left -= take;
-            log.sum = log.sum.saturating_sub(take);
+            log.sum -= u128::from(take);
             if back.1 == 0 {
                 log.entries.pop_back();
             }
@@ -208,22 +222,26 @@ impl SlidingLog {
         if self.is_zero() || cost > self.quota {
             return self.until_fresh(log, now).max(self.period);
         }
-        let need = self
-            .logged(log, now)
-            .saturating_add(cost)
-            .saturating_sub(self.quota);
+        // Exact, in u128: what must leave the log for `cost` to fit.
+        let need = (self.logged_exactly(log, now) + u128::from(cost))
+            .saturating_sub(u128::from(self.quota));
         if need == 0 {
             return 1;
         }
-        let mut freed = 0u64;
+        let mut freed = 0u128;
         for (t, c) in self.live(log, now) {
-            freed = freed.saturating_add(c);
+            freed += u128::from(c);
             if freed >= need {
                 return t.saturating_add(self.period).saturating_sub(now).max(1);
             }
         }
         self.period
     }
+}
+
+/// `n`, or `u64::MAX` if it is more.
+fn clamp(n: u128) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
@@ -307,6 +325,27 @@ mod tests {
         assert_eq!(zero.until_admitted(&log, 5, 1), MIN);
         let l = SlidingLog::new(2, MIN);
         assert_eq!(l.until_admitted(&log, 5, 3), MIN);
+    }
+
+    #[test]
+    fn a_sum_beyond_u64_stays_exact_when_an_entry_leaves() {
+        // The entries hold 2^64 + 14 together; once the first leaves, 77 still count.
+        let l = SlidingLog::new(130, 100);
+        let mut log = Log::default();
+        l.consume(&mut log, 0, u64::MAX - 62);
+        l.consume(&mut log, 10, 77);
+        assert_eq!(l.logged(&log, 50), u64::MAX);
+        assert_eq!(
+            l.until_admitted(&log, 50, 62),
+            60,
+            "until the second leaves, at 110"
+        );
+        assert_eq!(l.logged(&log, 100), 77);
+        assert!(!l.admits(&log, 109, 62));
+        assert!(l.admits(&log, 110, 62));
+        l.consume(&mut log, 105, 1);
+        assert_eq!((log.len(), log.sum()), (2, 78));
+        assert_eq!(l.logged(&log, 105), 78);
     }
 
     #[test]
