@@ -224,37 +224,34 @@ impl<C: Future> Driven<C> {
         self.get_mut().conn.as_mut()
     }
 
-    /// Moves the streams queued since the last call into the set; true when there were any.
-    fn take_queued(&mut self) -> bool {
-        let mut queued = self.exec.shared.queued.lock();
-        let any = !queued.is_empty();
-        self.streams.extend(queued.drain(..));
-        any
-    }
-
     /// Runs the streams left to their end.
     async fn drain(self: Pin<&mut Self>) {
         let this = self.get_mut();
-        this.take_queued();
+        take_queued(&this.exec.shared, &mut this.streams);
         while this.streams.next().await.is_some() {}
     }
 
     /// Rounds of (connection, streams) while a round does something, at most
     /// [`ROUNDS_PER_POLL`]; `None`: rounds are left to make.
     fn rounds(&mut self) -> Option<Poll<C::Output>> {
-        let shared = self.exec.shared.clone();
-        let waker = self.waker.clone();
+        let Driven {
+            conn,
+            exec,
+            waker,
+            streams,
+        } = self;
+        let shared = &exec.shared;
+        let mut inner = Context::from_waker(waker);
         for _ in 0..ROUNDS_PER_POLL {
             shared.again.store(false, Ordering::SeqCst);
-            let mut inner = Context::from_waker(&waker);
-            let served = self.conn.as_mut().poll(&mut inner);
+            let served = conn.as_mut().poll(&mut inner);
             if served.is_ready() {
                 // Streams the connection finished meanwhile hand over nothing more.
                 return Some(served);
             }
-            let started = self.take_queued();
+            let started = take_queued(shared, streams);
             let mut finished = false;
-            while let Poll::Ready(Some(())) = self.streams.poll_next_unpin(&mut inner) {
+            while let Poll::Ready(Some(())) = streams.poll_next_unpin(&mut inner) {
                 finished = true;
             }
             if !started && !finished && !shared.again.load(Ordering::SeqCst) {
@@ -263,6 +260,14 @@ impl<C: Future> Driven<C> {
         }
         None
     }
+}
+
+/// Moves the streams queued since the last call into `streams`; true when there were any.
+fn take_queued(shared: &Shared, streams: &mut FuturesUnordered<StreamTask>) -> bool {
+    let mut queued = shared.queued.lock();
+    let any = !queued.is_empty();
+    streams.extend(queued.drain(..));
+    any
 }
 
 impl<C: Future> Future for Driven<C> {
@@ -275,10 +280,10 @@ impl<C: Future> Future for Driven<C> {
     /// sleeps.
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<C::Output> {
         let this = self.get_mut();
-        let shared = this.exec.shared.clone();
-        shared.task.register(cx.waker());
-        shared.polling.store(true, Ordering::SeqCst);
+        this.exec.shared.task.register(cx.waker());
+        this.exec.shared.polling.store(true, Ordering::SeqCst);
         let polled = this.rounds();
+        let shared = &this.exec.shared;
         shared.polling.store(false, Ordering::SeqCst);
         match polled {
             Some(Poll::Ready(served)) => Poll::Ready(served),
@@ -298,27 +303,48 @@ impl<C: Future> Future for Driven<C> {
 #[derive(Clone)]
 struct GrpcTimeout(Routes);
 
+/// What tonic's routes answer a request with.
+type Routed = <Routes as Service<Request<hyper::body::Incoming>>>::Future;
+
 impl Service<Request<hyper::body::Incoming>> for GrpcTimeout {
     type Response = Response<Body>;
     type Error = std::convert::Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Self::Error>> + Send>>;
+    type Future = Answer;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: Request<hyper::body::Incoming>) -> Self::Future {
-        let timeout = grpc_timeout(request.headers());
-        let answer = self.0.call(request);
-        match timeout {
-            None => Box::pin(answer),
-            Some(timeout) => Box::pin(async move {
-                match tokio::time::timeout(timeout, answer).await {
-                    Ok(answered) => answered,
-                    Err(_) => Ok(Status::cancelled("Timeout expired").into_http()),
-                }
-            }),
+    fn call(&mut self, request: Request<hyper::body::Incoming>) -> Answer {
+        let deadline = grpc_timeout(request.headers()).map(|t| Box::pin(tokio::time::sleep(t)));
+        Answer {
+            routed: self.0.call(request),
+            deadline,
         }
+    }
+}
+
+/// A request's answer, or `CANCELLED` once its deadline (if any) passed.
+struct Answer {
+    routed: Routed,
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Future for Answer {
+    type Output = Result<Response<Body>, std::convert::Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        if let Poll::Ready(answered) = Pin::new(&mut this.routed).poll(cx) {
+            return Poll::Ready(answered);
+        }
+        let Some(deadline) = this.deadline.as_mut() else {
+            return Poll::Pending;
+        };
+        deadline
+            .as_mut()
+            .poll(cx)
+            .map(|()| Ok(Status::cancelled("Timeout expired").into_http()))
     }
 }
 
