@@ -183,7 +183,8 @@ async fn noop(
             None => crate::signal::shutdown().await,
         }
     };
-    serve_noop(listener, stop, stream_tasks).await
+    serve_noop(listener, stop, stream_tasks).await;
+    Ok(())
 }
 
 /// The plan of a load from the command line.

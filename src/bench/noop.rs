@@ -46,7 +46,7 @@ pub async fn serve_noop(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
     stream_tasks: bool,
-) -> anyhow::Result<()> {
+) {
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     crate::runtime::grpc_server(1024, stream_tasks)
         .serve(
@@ -55,5 +55,4 @@ pub async fn serve_noop(
             shutdown,
         )
         .await;
-    Ok(())
 }
