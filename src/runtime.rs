@@ -3,8 +3,10 @@
 //! serving stack.
 
 mod connection;
+mod gathering;
 
 pub use connection::{Http2Server, Streams};
+pub use gathering::{gathered, gathering};
 
 /// The multi-threaded runtime that serves: `worker_threads` workers, or one per CPU the
 /// process may use when 0 (`std::thread::available_parallelism`, which follows the affinity

@@ -282,7 +282,8 @@ impl<C: Future> Future for Driven<C> {
         let this = self.get_mut();
         this.exec.shared.task.register(cx.waker());
         this.exec.shared.polling.store(true, Ordering::SeqCst);
-        let polled = this.rounds();
+        // A stream that wakes itself is polled again in the next round of this poll.
+        let polled = super::gathering::gather(|| this.rounds());
         let shared = &this.exec.shared;
         shared.polling.store(false, Ordering::SeqCst);
         match polled {
@@ -389,6 +390,43 @@ mod tests {
         assert!(driven.as_mut().poll(&mut cx).is_pending());
         assert!(done.load(Ordering::SeqCst), "the other stream ran");
         assert!(driven.streams.is_empty(), "both streams ended");
+    }
+
+    /// A connection's streams are polled gathering, and a stream that wakes itself there is
+    /// polled again within the same poll of the connection's task, after the others.
+    #[test]
+    fn streams_are_polled_gathering_and_a_self_wake_is_another_round() {
+        let exec = StreamExecutor::new(Streams::OnConnection);
+        let order = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let log = order.clone();
+        let mut yielded = false;
+        hyper::rt::Executor::execute(
+            &exec,
+            std::future::poll_fn(move |cx| {
+                log.lock().push(("first", crate::runtime::gathering()));
+                if std::mem::replace(&mut yielded, true) {
+                    return Poll::Ready(());
+                }
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }),
+        );
+        let log = order.clone();
+        hyper::rt::Executor::execute(&exec, async move {
+            log.lock().push(("second", crate::runtime::gathering()));
+        });
+        let mut driven = Box::pin(Driven::new(std::future::pending::<()>(), exec));
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(driven.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(
+            *order.lock(),
+            [("first", true), ("second", true), ("first", true)]
+        );
+        assert!(driven.streams.is_empty(), "both ended in one poll");
+        assert!(
+            !crate::runtime::gathering(),
+            "only while the streams are polled"
+        );
     }
 
     fn timeout_of(value: &str) -> Option<Duration> {
