@@ -246,15 +246,16 @@ fn gc_hit(rng: &mut Rng, seed: u64) -> Hit {
 }
 
 /// Random requests in batches of random size (1 to 29), each batch sent at once behind a
-/// first request on an unrelated key (which, the lane being idle, goes alone at once): the
-/// batch queues behind it and goes as one call. The memory backend decides the same requests
-/// one after the other at the same instant. Identical outcomes required, and exactly two
-/// script calls per batch: the first request's, alone, and one for all the others.
+/// first request on an unrelated key, all polled in one gathering pass (`join_all`, as a
+/// connection's task polls the streams of one read): the first finds the lane idle and
+/// leads, the others queue behind it in that pass, and the leader's call carries them all. The memory backend decides the same requests one after the other at the
+/// same instant. Identical outcomes required, and exactly one script call per batch.
 ///
-/// (The first request is on a key of its own because the batch's requests share one `now`
-/// here, which does not follow real time between two calls: a key written by one call with a
-/// TTL of a millisecond could expire in Redis before the next reads it, while the memory
-/// backend's clock has not moved. In one call, Redis expires nothing.)
+/// (The batch's requests share one `now` here, which does not follow real time between two
+/// calls: a key written by one call with a TTL of a millisecond could expire in Redis before
+/// the next reads it, while the memory backend's clock has not moved. In one call, Redis
+/// expires nothing, so the batch must be one call, and the first request is on a key of its
+/// own so that nothing it writes is read by the batch.)
 async fn memory_and_lua_agree_on_batches(functions: bool) {
     use sluice::limiter::MemoryLimiter;
     let redis = RedisServer::start();
@@ -297,11 +298,12 @@ async fn memory_and_lua_agree_on_batches(functions: bool) {
                 .collect();
             // At most 30 futures: `join_all` then polls them in order, so they queue in order.
             let first = std::iter::once(&plug);
-            let mut got = futures_util::future::join_all(
+            // Polled as a connection's task polls the streams of one read.
+            let mut got = sluice::runtime::gathered(futures_util::future::join_all(
                 first
                     .chain(&batch)
                     .map(|b| script.check_micros(b, Some(fake))),
-            )
+            ))
             .await;
             got.remove(0).expect("redis answers");
             clock.set(fake);
@@ -318,11 +320,7 @@ async fn memory_and_lua_agree_on_batches(functions: bool) {
         }
     }
     let calls = redis.script_calls();
-    assert_eq!(
-        calls,
-        2 * batches,
-        "{requests} requests in {batches} batches"
-    );
+    assert_eq!(calls, batches, "{requests} requests in {batches} batches");
     assert!(requests > 3 * batches, "batches of several requests");
 }
 
@@ -334,6 +332,47 @@ async fn memory_and_lua_agree_on_batches_of_random_size_by_script() {
 #[tokio::test]
 async fn memory_and_lua_agree_on_batches_of_random_size_by_function() {
     memory_and_lua_agree_on_batches(true).await;
+}
+
+/// Requests polled together share the call of the one that finds the lane idle only under a
+/// gathering poll (a connection's task polling the streams of one read): there the leader lets
+/// the others queue first, and one call carries all six; anywhere else (a request on a task of
+/// its own) the leader sends at once, alone, and the five others go in the next call.
+#[tokio::test]
+async fn a_leader_waits_for_the_requests_polled_with_it_only_under_a_gathering_poll() {
+    let redis = RedisServer::start();
+    let settings = RedisSettings {
+        connections: 1,
+        ..redis.settings()
+    };
+    let limiter = RedisLimiter::new(&settings, 1).expect("valid settings");
+    let batch = |round: u64| -> Vec<Batch> {
+        (0..6)
+            .map(|i| Batch {
+                hits: vec![gc_hit(&mut Rng::new(round * 10 + i), round * 10 + i)],
+            })
+            .collect()
+    };
+    // Load the code first, so that every call below is one command.
+    limiter.check(&batch(0)[0]).await.expect("redis answers");
+    for (round, gathering, calls) in [(1, true, 1), (2, false, 2), (3, true, 1)] {
+        redis.reset_stats();
+        let requests = batch(round);
+        let all = futures_util::future::join_all(requests.iter().map(|b| limiter.check(b)));
+        let answers = if gathering {
+            sluice::runtime::gathered(all).await
+        } else {
+            all.await
+        };
+        for answer in answers {
+            answer.expect("redis answers");
+        }
+        assert_eq!(
+            redis.script_calls(),
+            calls,
+            "six requests polled together, gathering: {gathering}"
+        );
+    }
 }
 
 /// What one task of the kill test saw.

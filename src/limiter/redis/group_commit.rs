@@ -1,9 +1,13 @@
 //! Group commit: many requests, one script call.
 //!
 //! Each lane (one connection of `redis.connections`) has at most one script call in flight.
-//! A request picks a lane (in turn). When the lane is idle, the request sends its own call at
-//! once, from its own task (one request alone pays no delay and no hand-off: no timer waits
-//! for a batch). While a call is in flight, the requests that arrive queue; when it returns,
+//! A request picks a lane (in turn). When the lane is idle, the request leads: it queues, and
+//! under a gathering poll (`crate::runtime::gathering`: its gRPC connection's task polling
+//! the streams decoded from one read) it yields once, so that the requests polled in the same
+//! pass queue behind it; then it sends one call for everything queued, from its own task. One
+//! request alone thus goes at once (after one more round of that poll), with no hand-off to
+//! another task; no timer waits for a batch. While a call is in flight,
+//! the requests that arrive queue; when it returns,
 //! the lane's task sends the next call, carrying all of them (up to [`MAX_REQUESTS`] requests
 //! and about [`MAX_BYTES`] of arguments; it hands that call to the connection before it
 //! answers the requests of the call that returned), and so on until the queue is empty. The
@@ -135,6 +139,23 @@ impl Drop for Leading<'_> {
     }
 }
 
+/// Ready at its second poll: the first asks for another one at once (in a connection's task,
+/// another round of its poll, after the streams already ready).
+struct YieldOnce(bool);
+
+impl Future for YieldOnce {
+    type Output = ();
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        if self.0 {
+            return Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
 /// The lanes; their tasks start on first use (they need the runtime).
 pub struct GroupCommit {
     shared: Arc<Shared>,
@@ -186,22 +207,31 @@ impl GroupCommit {
             slot: request.slot,
             reply,
         };
-        let alone = {
+        let lead = {
             let mut state = lane.state.lock();
-            if state.busy {
-                state.queue.push_back(job);
-                None
-            } else {
-                state.busy = true;
-                Some(job)
-            }
+            state.queue.push_back(job);
+            !std::mem::replace(&mut state.busy, true)
         };
-        if let Some(job) = alone {
+        if lead {
             let _leading = Leading(lane);
+            // Under a gathering poll (a connection's task polling its streams), the requests
+            // polled in the same pass (the others decoded from the same read of the
+            // connection) queue behind this one before it sends: its call carries them all.
+            // One more round of that poll, not a timer: alone, it goes at once. Elsewhere
+            // (a stream on a task of its own) it sends at once.
+            if crate::runtime::gathering() {
+                YieldOnce(false).await;
+            }
+            let jobs = lane.next_jobs();
             // Boxed: a call's future (encoding, sending, retrying by script) is about 4 KiB,
             // which would otherwise be part of every request's future, and be copied with it
             // each time that future moves, though most requests never lead a call.
-            Box::pin(call(&self.shared, index, vec![job])).await;
+            Box::pin(join_all(
+                split(jobs)
+                    .into_iter()
+                    .map(|jobs| call(&self.shared, index, jobs)),
+            ))
+            .await;
         }
         answer
             .await
