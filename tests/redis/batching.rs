@@ -248,8 +248,9 @@ fn gc_hit(rng: &mut Rng, seed: u64) -> Hit {
 /// Random requests in batches of random size (1 to 29), each batch sent at once behind a
 /// first request on an unrelated key, all polled in one gathering pass (`join_all`, as a
 /// connection's task polls the streams of one read): the first finds the lane idle and
-/// leads, the others queue behind it in that pass, and the leader's call carries them all. The memory backend decides the same requests one after the other at the
-/// same instant. Identical outcomes required, and exactly one script call per batch.
+/// leads, the others queue behind it in that pass, and the leader's call carries them all.
+/// The memory backend decides the same requests one after the other at the same instant.
+/// Identical outcomes required, and exactly one script call per batch.
 ///
 /// (The batch's requests share one `now` here, which does not follow real time between two
 /// calls: a key written by one call with a TTL of a millisecond could expire in Redis before

@@ -6,14 +6,13 @@
 //! the streams decoded from one read) it yields once, so that the requests polled in the same
 //! pass queue behind it; then it sends one call for everything queued, from its own task. One
 //! request alone thus goes at once (after one more round of that poll), with no hand-off to
-//! another task; no timer waits for a batch. While a call is in flight,
-//! the requests that arrive queue; when it returns,
-//! the lane's task sends the next call, carrying all of them (up to [`MAX_REQUESTS`] requests
-//! and about [`MAX_BYTES`] of arguments; it hands that call to the connection before it
-//! answers the requests of the call that returned), and so on until the queue is empty. The
-//! script decides them one after the other in arrival order, each exactly as if alone. In a
-//! Cluster, the queued requests are split by slot (each call's keys must share one) and the
-//! calls of one turn go out together.
+//! another task; no timer waits for a batch. While a call is in flight, the requests that
+//! arrive queue; when it returns, the lane's task sends the next call, carrying all of them
+//! (up to [`MAX_REQUESTS`] requests and about [`MAX_BYTES`] of arguments; it hands that call
+//! to the connection before it answers the requests of the call that returned), and so on
+//! until the queue is empty. The script decides them one after the other in arrival order,
+//! each exactly as if alone. In a Cluster, the queued requests are split by slot (each call's
+//! keys must share one) and the calls of one turn go out together.
 //!
 //! A call that fails (time-out, lost connection, error reply) fails every request it carried,
 //! each with the same error; each request then gets its own `on_error` answer from the
