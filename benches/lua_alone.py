@@ -2,7 +2,7 @@
 """The limiter's Lua alone: redis-server's time per script call, without sluice.
 
 Starts a redis-server on a free loopback port, loads the script (or the function library)
-made of src/limiter/redis/lua/*.lua exactly as src/limiter/redis/script.rs makes it, and sends
+made of core/src/limiter/redis/lua/*.lua exactly as core/src/limiter/redis/script.rs makes it, and sends
 CALLS calls, each a batch of REQUESTS requests of HITS funnel hits (the shape of
 benches/e2e.py's scenarios `one` and `ten` under group commit: each hit on the key of a user
 drawn from 10,000, as `sluice bench --spread` draws one per descriptor), pipelined 16 at a time over one connection. Prints Redis's
@@ -33,7 +33,7 @@ import tempfile
 import time
 
 LUA = os.environ.get("SLUICE_LUA_DIR") or os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "..", "src", "limiter", "redis", "lua")
+    os.path.dirname(os.path.abspath(__file__)), "..", "core", "src", "limiter", "redis", "lua")
 ALGORITHMS = ["funnel", "token_bucket", "fixed_window", "sliding_window", "sliding_log"]
 SCRIPT_MAKERS = "for l = 1, tonumber(ARGV[2]) or 0 do MAKERS[ARGV[5 * l - 2]] = true end"
 LIBRARY_MAKERS = "MAKERS.f, MAKERS.b, MAKERS.w, MAKERS.s, MAKERS.l = true, true, true, true, true"

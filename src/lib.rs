@@ -3,7 +3,9 @@
 //! # Layout
 //!
 //! Dependencies point one way:
-//! `main (CLI) -> app -> { grpc, admin } -> engine -> { rules, limiter } -> config model`;
+//! `main (CLI) -> app -> { grpc, admin } -> engine -> { rules, limiter } -> config model`.
+//! The decision (`config`, `rules`, `limiter`, `engine`) is the `sluice-core` crate (`core/`),
+//! re-exported here under the same names, so no arrow can point back up into this crate.
 //! `metrics`, `reload` and `health` are the operations side that `app` wires in; `runtime`,
 //! `signal` and `telemetry` are what the binary starts with.
 //!
@@ -36,20 +38,18 @@
 
 #![forbid(unsafe_code)]
 
+pub use sluice_core::{config, engine, limiter, rules};
+
 pub mod admin;
 pub mod app;
 pub mod bench;
 pub mod compat;
-pub mod config;
-pub mod engine;
 pub mod grpc;
 pub mod health;
-pub mod limiter;
 pub mod metrics;
 pub mod proto;
 pub mod reload;
 pub mod rlqs;
-pub mod rules;
 pub mod runtime;
 pub mod signal;
 pub mod telemetry;

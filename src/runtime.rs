@@ -3,10 +3,9 @@
 //! serving stack.
 
 mod connection;
-mod gathering;
 
 pub use connection::{Http2Server, Streams};
-pub use gathering::{gathered, gathering};
+pub use sluice_core::limiter::gathering::{gathered, gathering};
 
 /// The multi-threaded runtime that serves: `worker_threads` workers, or one per CPU the
 /// process may use when 0 (`std::thread::available_parallelism`, which follows the affinity

@@ -1,7 +1,7 @@
 //! TLS on the gRPC port: a certificate chain and key from PEM files, optionally a client CA
 //! (then every client must present a certificate it signed: mTLS), all reloaded when the
-//! files change. Also the PEM files sluice presents and trusts as a TLS client
-//! ([`read_ca`], [`read_identity`]), checked before the first connection.
+//! files change. The PEM files are read by `sluice_core::pem`, which the Redis backend's
+//! client TLS shares.
 //!
 //! The active `rustls` configuration sits in an `ArcSwap`; each new connection's handshake
 //! uses the one active when it starts, so a reload never disturbs an open connection. A
@@ -9,7 +9,7 @@
 //! configuration and is logged. Handshakes run concurrently (a slow client never holds up
 //! the others) and time out after [`HANDSHAKE_TIMEOUT`].
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,12 +18,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
-use tokio_rustls::rustls::pki_types::pem::PemObject;
-use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{self, RootCertStore, ServerConfig};
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
+
+use sluice_core::pem::{PemError, certificates, private_key};
 
 use crate::config::settings::TlsSettings;
 use crate::reload::ReloadTrigger;
@@ -47,8 +47,8 @@ pub struct TlsFiles {
 /// Why a TLS configuration cannot be built.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("{}: {message}", path.display())]
-    File { path: PathBuf, message: String },
+    #[error(transparent)]
+    File(#[from] PemError),
     #[error("TLS: {0}")]
     Rustls(#[from] rustls::Error),
     #[error("client CA: {0}")]
@@ -90,65 +90,10 @@ impl TlsFiles {
             }
             None => builder.with_no_client_auth(),
         };
-        let key = PrivateKeyDer::from_pem_file(&self.key).map_err(|e| file(&self.key, e))?;
+        let key = private_key(&self.key)?;
         let mut config = builder.with_single_cert(certificates(&self.cert)?, key)?;
         config.alpn_protocols = vec![b"h2".to_vec()];
         Ok(Arc::new(config))
-    }
-}
-
-/// A CA file of a TLS client: its PEM text, checked to hold at least one certificate usable
-/// as a trust anchor.
-pub fn read_ca(path: &Path) -> Result<Vec<u8>, TlsError> {
-    let mut roots = RootCertStore::empty();
-    for cert in certificates(path)? {
-        roots.add(cert).map_err(|e| file(path, e))?;
-    }
-    std::fs::read(path).map_err(|e| file(path, e))
-}
-
-/// A TLS client's certificate chain and private key: their PEM texts, checked to parse and
-/// to belong together.
-pub fn read_identity(cert: &Path, key: &Path) -> Result<(Vec<u8>, Vec<u8>), TlsError> {
-    let chain = certificates(cert)?;
-    let der = PrivateKeyDer::from_pem_file(key).map_err(|e| file(key, e))?;
-    let provider = rustls::crypto::ring::default_provider();
-    let signing = provider
-        .key_provider
-        .load_private_key(der)
-        .map_err(|e| file(key, e))?;
-    match rustls::sign::CertifiedKey::new(chain, signing).keys_match() {
-        Ok(()) | Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {}
-        Err(rustls::Error::InconsistentKeys(_)) => {
-            let why = format!("is not the key of the certificate {}", cert.display());
-            return Err(file(key, why));
-        }
-        Err(e) => {
-            return Err(file(
-                cert,
-                format!("not usable as a client certificate: {e}"),
-            ));
-        }
-    }
-    let read = |path: &Path| std::fs::read(path).map_err(|e| file(path, e));
-    Ok((read(cert)?, read(key)?))
-}
-
-fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|e| file(path, e))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| file(path, e))?;
-    if certs.is_empty() {
-        return Err(file(path, "no certificate found"));
-    }
-    Ok(certs)
-}
-
-fn file(path: &Path, message: impl std::fmt::Display) -> TlsError {
-    TlsError::File {
-        path: path.to_path_buf(),
-        message: message.to_string(),
     }
 }
 

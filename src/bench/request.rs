@@ -10,6 +10,7 @@ use serde_json::{Map, Number, Value};
 
 use crate::proto::rate_limit_descriptor::Entry;
 use crate::proto::{RateLimitDescriptor, RateLimitRequest};
+pub use sluice_core::rng::Rng;
 
 /// How spread values are drawn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -242,24 +243,6 @@ impl ThrottleTemplate {
             }
         }
         request
-    }
-}
-
-/// A small, fast, seeded generator (SplitMix64): the same seed gives the same spread.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
     }
 }
 

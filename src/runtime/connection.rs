@@ -283,7 +283,7 @@ impl<C: Future> Future for Driven<C> {
         this.exec.shared.task.register(cx.waker());
         this.exec.shared.polling.store(true, Ordering::SeqCst);
         // A stream that wakes itself is polled again in the next round of this poll.
-        let polled = super::gathering::gather(|| this.rounds());
+        let polled = sluice_core::limiter::gathering::gather(|| this.rounds());
         let shared = &this.exec.shared;
         shared.polling.store(false, Ordering::SeqCst);
         match polled {

@@ -258,7 +258,7 @@ fn unescape(text: &str) -> Result<String, DecodeError> {
 }
 
 /// Appends `text` with every separator character escaped.
-pub(crate) fn escape_into(out: &mut String, text: &str) {
+pub fn escape_into(out: &mut String, text: &str) {
     if !text.contains(|c| escaped(c).is_some()) {
         out.push_str(text);
         return;

@@ -197,7 +197,7 @@ impl std::error::Error for RuleErrors {}
 
 /// The rules used when no rules path is given, and the name they are reported under.
 pub const EMBEDDED_NAME: &str = "<embedded>/demo.yaml";
-pub const EMBEDDED_RULES: &str = include_str!("../../../examples/rules/demo.yaml");
+pub const EMBEDDED_RULES: &str = include_str!("../../../../examples/rules/demo.yaml");
 
 /// What validation takes from the settings.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

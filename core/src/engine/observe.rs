@@ -60,12 +60,12 @@ pub struct DescriptorReport<'a> {
     pub local_cache: bool,
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "test-util"))]
 impl<'a> DescriptorReport<'a> {
     /// For tests: a descriptor of `domain` with `entries` and no rule (an override), costing 1,
     /// denied by a limit of capacity 1 with nothing left, from the backend; change a field with
     /// struct update syntax.
-    pub(crate) fn denied(domain: &'a str, entries: &'a [Entry]) -> DescriptorReport<'a> {
+    pub fn denied(domain: &'a str, entries: &'a [Entry]) -> DescriptorReport<'a> {
         DescriptorReport {
             domain,
             entries,

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::Criterion;
-pub use sluice::bench::Rng;
-use sluice::config::model::{Algorithm, Charge};
-use sluice::limiter::{Batch, Hit, LimitParams, Role};
+use sluice_core::config::model::{Algorithm, Charge};
+use sluice_core::limiter::{Batch, Hit, LimitParams, Role};
+pub use sluice_core::rng::Rng;
 
 /// Criterion with a modest time budget (the whole suite runs in a few minutes).
 pub fn criterion() -> Criterion {

@@ -8,11 +8,11 @@
 use std::path::PathBuf;
 
 use libfuzzer_sys::fuzz_target;
-use sluice::config::model::{Algorithm, Policy, ValueMatch};
-use sluice::config::rules::{self, LoadOptions};
-use sluice::limiter::LimitParams;
-use sluice::rules::key::{descriptor_part, state_key};
-use sluice::rules::{Domain, Entry, Rule, RuleSet};
+use sluice_core::config::model::{Algorithm, Policy, ValueMatch};
+use sluice_core::config::rules::{self, LoadOptions};
+use sluice_core::limiter::LimitParams;
+use sluice_core::rules::key::{descriptor_part, state_key};
+use sluice_core::rules::{Domain, Entry, Rule, RuleSet};
 
 const ALGORITHMS: [Algorithm; 5] = [
     Algorithm::Funnel,
@@ -102,7 +102,7 @@ fn value_for(value: &ValueMatch) -> String {
 fn keys_of(
     domain: &Domain,
     entries: &[Entry],
-    found: Option<&sluice::rules::Match<'_>>,
+    found: Option<&sluice_core::rules::Match<'_>>,
     rule: &Rule,
 ) {
     let part = descriptor_part(domain.name(), entries, found);

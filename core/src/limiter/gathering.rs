@@ -1,10 +1,12 @@
 //! Gathering polls: a poll that goes over many requests in one pass, and polls again at once
-//! (in the same pass of its task) a request that asks for it. A connection's task polls its
-//! streams so (src/runtime/connection.rs). Under such a poll, a request that would send a Redis
-//! call alone may first let the requests polled with it queue behind it, so that one call
-//! carries them all (src/limiter/redis/group_commit.rs); anywhere else, asking to be polled
-//! again costs a trip through tokio's queues (and, at one request in flight, a wake-up of
-//! another worker), so a request there sends at once.
+//! (in the same pass of its task) a request that asks for it. The gRPC port's connection task
+//! polls its streams so. Under such a poll, a request that would send a Redis call alone may
+//! first let the requests polled with it queue behind it, so that one call carries them all
+//! (`redis/group_commit.rs`); anywhere else, asking to be polled again costs a trip through
+//! tokio's queues (and, at one request in flight, a wake-up of another worker), so a request
+//! there sends at once. The flag lives here, in the lowest layer that reads it; the layers
+//! above only set it ([`gather`], [`gathered`]). The contract is on
+//! [`Limiter::check`](super::Limiter::check).
 
 use std::cell::Cell;
 use std::future::Future;
@@ -21,7 +23,7 @@ pub fn gathering() -> bool {
 
 /// Runs `poll` as a gathering poll: the caller polls again, in the same pass, whatever wakes
 /// itself under it.
-pub(crate) fn gather<R>(poll: impl FnOnce() -> R) -> R {
+pub fn gather<R>(poll: impl FnOnce() -> R) -> R {
     /// Puts the flag back as it was, even if `poll` panics.
     struct Restore(bool);
     impl Drop for Restore {

@@ -15,6 +15,7 @@ pub mod clock;
 pub mod counters;
 pub mod fixed_window;
 pub mod funnel;
+pub mod gathering;
 pub mod memory;
 pub mod plan;
 pub mod redis;
@@ -129,6 +130,13 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub trait Limiter: Send + Sync + 'static {
     /// Decides a whole batch atomically: either every admitted hit consumes, or (when the request
     /// is denied) only `charge: always` hits do.
+    ///
+    /// A caller that polls many requests in one pass (a connection's task polling its streams)
+    /// should poll them inside [`gathering::gather`]. Under such a poll a backend may return
+    /// `Pending` once, having woken itself, so that the requests polled after it can join its
+    /// round trip (the Redis backend's group commit does); the caller must then poll it again in
+    /// the same pass, after the others. Outside a gathering poll, a backend never waits on
+    /// purpose: a lone request goes at once.
     fn check<'a>(&'a self, batch: &'a Batch) -> BoxFuture<'a, Result<BatchOutcome, LimiterError>>;
 
     /// A short name for logs and metrics.

@@ -7,9 +7,9 @@ use std::hint::black_box;
 use std::path::PathBuf;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use sluice::config::model::Algorithm;
-use sluice::config::rules;
-use sluice::rules::{Entry, RuleSet, key};
+use sluice_core::config::model::Algorithm;
+use sluice_core::config::rules;
+use sluice_core::rules::{Entry, RuleSet, key};
 
 /// Exactly this many rules, over four levels.
 const RULES: usize = 1_000;

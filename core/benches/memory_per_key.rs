@@ -7,8 +7,8 @@
 mod common;
 
 use futures_util::FutureExt as _;
-use sluice::config::model::Algorithm;
-use sluice::limiter::{Limiter, MemoryLimiter};
+use sluice_core::config::model::Algorithm;
+use sluice_core::limiter::{Limiter, MemoryLimiter};
 
 /// Resident set size in bytes, from /proc/self/statm (pages).
 fn rss() -> u64 {

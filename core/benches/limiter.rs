@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use futures_util::FutureExt as _;
-use sluice::config::model::{Algorithm, Charge};
-use sluice::limiter::algorithm::{Algo, State};
-use sluice::limiter::funnel::{FRESH, Funnel};
-use sluice::limiter::{Batch, LimitParams, Limiter, MemoryLimiter};
+use sluice_core::config::model::{Algorithm, Charge};
+use sluice_core::limiter::algorithm::{Algo, State};
+use sluice_core::limiter::funnel::{FRESH, Funnel};
+use sluice_core::limiter::{Batch, LimitParams, Limiter, MemoryLimiter};
 use tokio::time::Instant;
 
 use common::batch;

@@ -2,7 +2,7 @@
 //!
 //! Each lane (one connection of `redis.connections`) has at most one script call in flight.
 //! A request picks a lane (in turn). When the lane is idle, the request leads: it queues, and
-//! under a gathering poll (`crate::runtime::gathering`: its gRPC connection's task polling
+//! under a gathering poll (`crate::limiter::gathering`: its gRPC connection's task polling
 //! the streams decoded from one read) it yields once, so that the requests polled in the same
 //! pass queue behind it; then it sends one call for everything queued, from its own task. One
 //! request alone thus goes at once (after one more round of that poll), with no hand-off to
@@ -218,7 +218,7 @@ impl GroupCommit {
             // connection) queue behind this one before it sends: its call carries them all.
             // One more round of that poll, not a timer: alone, it goes at once. Elsewhere
             // (a stream on a task of its own) it sends at once.
-            if crate::runtime::gathering() {
+            if crate::limiter::gathering::gathering() {
                 YieldOnce(false).await;
             }
             let jobs = lane.next_jobs();

@@ -1,5 +1,5 @@
 //! Arbitrary sequences of operations (take if admitted, take always, give back, check) with
-//! costs and clock steps, against every algorithm through `sluice::limiter::algorithm::Algo`.
+//! costs and clock steps, against every algorithm through `sluice_core::limiter::algorithm::Algo`.
 //!
 //! Before each operation, whatever the state: `remaining` is at most the capacity (the burst
 //! of `funnel` and `token_bucket`, the quota of a window); a denied cost gets an exact retry
@@ -13,9 +13,9 @@
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use sluice::config::model::{Algorithm, Charge};
-use sluice::limiter::LimitParams;
-use sluice::limiter::algorithm::{Algo, State};
+use sluice_core::config::model::{Algorithm, Charge};
+use sluice_core::limiter::LimitParams;
+use sluice_core::limiter::algorithm::{Algo, State};
 
 /// The longest period rules allow: 100 years of 365 days.
 const MAX_PERIOD: u64 = 100 * 365 * 86_400 * 1_000_000_000;

@@ -37,7 +37,7 @@ use redis::{
 };
 
 use crate::config::settings::RedisSettings;
-use crate::tls::{read_ca, read_identity};
+use crate::pem::{read_ca, read_identity};
 
 /// TLS beyond the URL's scheme: the CA that Redis's certificate must chain to and the
 /// certificate sluice presents (`None`: the system's roots, no client certificate), and

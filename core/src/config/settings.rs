@@ -366,7 +366,13 @@ fn apply_overrides(mut b: Builder, cli: &Overrides) -> Result<Builder, config::C
 mod tests {
     use super::*;
 
-    use crate::testing::env_map as env;
+    /// An environment of `(name, value)` pairs.
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
 
     #[test]
     fn defaults_without_any_layer() {

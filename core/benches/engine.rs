@@ -9,10 +9,10 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use criterion::{Criterion, criterion_group, criterion_main};
 use futures_util::FutureExt as _;
-use sluice::config::rules;
-use sluice::engine::{Descriptor, Engine, Options, Request};
-use sluice::limiter::MemoryLimiter;
-use sluice::rules::{Entry, RuleSet};
+use sluice_core::config::rules;
+use sluice_core::engine::{Descriptor, Engine, Options, Request};
+use sluice_core::limiter::MemoryLimiter;
+use sluice_core::rules::{Entry, RuleSet};
 
 const RULES: &str = "
 domain: bench
