@@ -1,7 +1,7 @@
 //! Prometheus metrics: one registry per app (no global registry), fed by the engine through
 //! its [`Observer`] seam and by the reloads, encoded as text by `/metrics`.
 //!
-//! Every metric is listed, with its labels, in README.md ("Metrics"). The per-rule counters
+//! Every metric is listed, with its labels, in docs/operating.md ("Metrics"). The per-rule counters
 //! and how their label sets are bounded are in [`rules`].
 
 /// Registers each `name, help, metric;` in `registry`, with a clone of the metric (the registry

@@ -1,6 +1,6 @@
-//! README.md documents every setting: each key of every section, read from the settings types
-//! themselves, has a row in the "Settings" table with its file key and its `SLUICE_*`
-//! environment name, and the table names no key that does not exist.
+//! docs/settings.md documents every setting: each key of every section, read from the settings
+//! types themselves, has a row in its "Settings" table with its file key and its `SLUICE_*`
+//! environment name, and the table names no key that does not exist. (README.md links there.)
 
 use serde::Deserialize as _;
 use serde::de::value::{Error, MapDeserializer, StrDeserializer};
@@ -92,14 +92,14 @@ fn setting_keys() -> Vec<String> {
     found
 }
 
-/// The rows of README.md's "Settings" table: `(key, env)` from the first two cells.
+/// The rows of docs/settings.md's "Settings" table: `(key, env)` from the first two cells.
 fn documented() -> Vec<(String, String)> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
-    let section = readme
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/settings.md"))
+        .expect("docs/settings.md");
+    let section = doc
         .split("\n## ")
         .find(|s| s.starts_with("Settings\n"))
-        .expect("a Settings section in README.md");
+        .expect("a Settings section in docs/settings.md");
     section
         .lines()
         .filter_map(|line| {
@@ -124,17 +124,17 @@ fn every_setting_has_a_row_with_its_key_and_environment_name() {
         let env = format!("`SLUICE_{}`", key.to_uppercase().replace('.', "__"));
         let row = rows.iter().find(|(k, _)| k == key);
         let Some((_, documented_env)) = row else {
-            panic!("README.md's Settings table has no row for `{key}`");
+            panic!("docs/settings.md's Settings table has no row for `{key}`");
         };
         assert!(
             documented_env.starts_with(&env),
-            "`{key}`: the README gives {documented_env}, not {env}"
+            "`{key}`: docs/settings.md gives {documented_env}, not {env}"
         );
     }
     for (key, _) in &rows {
         assert!(
             keys.contains(key),
-            "README.md documents `{key}`, not a setting"
+            "docs/settings.md documents `{key}`, not a setting"
         );
     }
 }
