@@ -155,7 +155,7 @@ impl ActiveRules {
             return Reloaded::Unchanged;
         }
         let mut status = self.status.lock();
-        match load(&self.paths, self.options) {
+        match load(&self.paths, self.options.clone()) {
             Ok(model) => swap(&self.current, &mut status, RuleSet::compile(model)),
             Err(errors) => {
                 status.last_failure = Some((SystemTime::now(), errors.0.len()));
@@ -274,6 +274,7 @@ descriptors:
             domain: _,
             descriptors: _,
             location: _,
+            defaults: _,
         } = &model.domains[0];
         let DescriptorRule {
             key: _,
@@ -310,6 +311,9 @@ descriptors:
                 m.domains[0].descriptors.pop();
             }),
             ("domain location", |m| m.domains[0].location.line += 1),
+            ("domain defaults", |m| {
+                m.domains[0].defaults.charge = Charge::Always;
+            }),
             ("key", |m| child(m).key.push('2')),
             ("value", |m| {
                 child(m).value = ValueMatch::Wildcard("y*".into())

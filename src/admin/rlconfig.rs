@@ -80,10 +80,7 @@ fn params(l: &LimitRule) -> String {
         l.requests_per_unit,
         l.burst,
         l.algorithm.as_str(),
-        match l.charge {
-            crate::config::model::Charge::Admitted => "admitted",
-            crate::config::model::Charge::Always => "always",
-        },
+        l.charge.as_str(),
         l.borrow
     )
 }

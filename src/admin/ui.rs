@@ -96,6 +96,7 @@ fn rule(r: &Rule) -> Value {
                     "period_seconds": l.period_nanos() / 1_000_000_000,
                     "algorithm": l.algorithm.as_str(),
                     "burst": l.burst,
+                    "charge": l.charge.as_str(),
                     "name": l.name,
                 })
             })

@@ -90,10 +90,6 @@ const IGNORED: &[(&str, &str)] = &[
         "sluice's keys expire when their state is spent",
     ),
     (
-        "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
-        "sluice never counts denied requests",
-    ),
-    (
         "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
         "readiness always waits for rules",
     ),
@@ -146,21 +142,28 @@ pub fn translate(env: &HashMap<String, String>) -> Result<Translation, Unsupport
 
 /// The settings of the environment. A setting that an envoyproxy/ratelimit variable set
 /// gives wins over the same `SLUICE_*` variable (the image's own `SLUICE_SERVER__*` defaults
-/// must not undo `GRPC_PORT`); one that only comes from its defaults yields to it.
+/// must not undo `GRPC_PORT`); one that only comes from its defaults yields to it, and to a
+/// settings file named by [`CONFIG_FILE`] (where `limits.domains` can be set).
 pub fn settings(env: &HashMap<String, String>) -> Result<(Settings, Translation), CompatError> {
     let translation = spans_if_built(translate(env)?);
     let defaults = translate(&HashMap::new())?.settings;
     let mut layered = env.clone();
+    let file = layered.remove(CONFIG_FILE).map(std::path::PathBuf::from);
+    let mut base = HashMap::new();
     for (k, v) in &translation.settings {
         if defaults.iter().any(|(dk, dv)| dk == k && dv == v) {
-            layered.entry(k.clone()).or_insert_with(|| v.clone());
+            base.insert(k.clone(), v.clone());
         } else {
             layered.insert(k.clone(), v.clone());
         }
     }
-    let settings = Settings::load(None, layered, &Overrides::default())?;
+    let settings = Settings::load_over(base, file.as_deref(), layered, &Overrides::default())?;
     Ok((settings, translation))
 }
+
+/// The variable that names a settings file (TOML or YAML) under envoyproxy/ratelimit's
+/// environment, read below that environment's own variables.
+pub const CONFIG_FILE: &str = "SLUICE_CONFIG_FILE";
 
 /// `translation` without span export when this sluice is built without the `otel` feature:
 /// tracing changes no answer, so `TRACING_ENABLED` is then ignored (and logged) rather than
@@ -528,6 +531,16 @@ impl Reader<'_> {
     }
 
     fn behaviour(&mut self) -> Result<(), Unsupported> {
+        // envoyproxy/ratelimit's counting: fixed windows, every cost added even past the
+        // limit; STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT keeps denied costs out
+        // (docs/token-budgets.md).
+        self.set("LIMITS__DEFAULT_ALGORITHM", "fixed_window");
+        let charge = if self.flag("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", false)? {
+            "admitted"
+        } else {
+            "always"
+        };
+        self.set("LIMITS__DEFAULT_CHARGE", charge);
         for (name, key) in [
             ("SHADOW_MODE", "RULES__SHADOW_MODE"),
             ("QUOTA_MODE", "LIMITS__QUOTA_MODE"),

@@ -220,7 +220,7 @@ impl XdsClient {
         let version = response.version_info;
         let nonce = response.nonce;
         let loaded = if response.type_url == TYPE_URL {
-            convert::load(&response.resources, self.options)
+            convert::load(&response.resources, self.options.clone())
         } else {
             Err(crate::config::rules::RuleErrors(vec![
                 crate::config::rules::RuleError {

@@ -68,6 +68,7 @@ async fn the_worked_example_of_the_docs() {
 async fn serve_defaulting_to(algorithm: Algorithm) -> TestServer {
     let options = LoadOptions {
         default_algorithm: algorithm,
+        ..LoadOptions::default()
     };
     let text = "domain: edge\ndescriptors:\n  - key: k\n".to_owned();
     let model = from_sources_with(&[(PathBuf::from("t.yaml"), text)], options)
@@ -126,7 +127,7 @@ async fn a_sliding_log_override_above_the_cap_is_invalid() {
         err.message(),
         "descriptors[1].limit.requests_per_unit: sliding_log keeps one entry per admitted \
          request: an override must be at most 10000 with it, got 10001 \
-         (limits.default_algorithm is sliding_log)"
+         (the domain's default algorithm is sliding_log)"
     );
     let r = call(&mut c, req("edge", vec![overridden(10_000, hour)])).await;
     assert_eq!(overall(&r), Code::Ok);

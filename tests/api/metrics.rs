@@ -185,11 +185,8 @@ fn every_family() -> Vec<String> {
 
 #[test]
 fn every_metric_is_in_the_operating_guide() {
-    let readme = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/docs/operating.md"
-    ))
-    .unwrap();
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operating.md")).unwrap();
     let families = every_family();
     // Five per-rule counters, and eight service metrics: requests, latency, backend errors,
     // backend events, keys in memory, reloads, config version and load time; and the RLQS

@@ -306,6 +306,31 @@ async fn request_echo_and_rate_limit_headers_when_enabled() {
     assert_eq!(headers(&r), owned_pairs(&over));
 }
 
+/// The echo names each descriptor's own verdict and its reported limit, so that a gateway can
+/// tell which quota is spent (docs/token-budgets.md).
+#[tokio::test]
+async fn the_echo_gives_each_descriptors_code_and_limit_name() {
+    let mut settings = Settings::default();
+    settings.response.dynamic_metadata = true;
+    settings.limits.quota_mode = true;
+    let (_s, mut c) = serve_with(settings).await;
+    let both = || each(&[("multi", "x"), ("one_per_minute", "x")]);
+    call(&mut c, both()).await;
+    let r = call(&mut c, both()).await;
+    assert_eq!(overall(&r), Code::Ok, "one quota descriptor still passes");
+    let md = metadata_json(&r).expect("echo");
+    let descriptors = md["descriptors"].as_array().expect("descriptors");
+    assert_eq!(descriptors[0]["entries"], json!(["multi=x"]));
+    assert_eq!(descriptors[0]["code"], json!("OK"));
+    assert_eq!(descriptors[0]["limitName"], json!("per_second"));
+    assert_eq!(descriptors[1]["entries"], json!(["one_per_minute=x"]));
+    assert_eq!(descriptors[1]["code"], json!("OVER_LIMIT"));
+    assert!(
+        descriptors[1].get("limitName").is_none(),
+        "an unnamed limit: {md}"
+    );
+}
+
 #[tokio::test]
 async fn metadata_of_several_descriptors_merges_first_value_wins() {
     let (_s, mut c) = serve(EDGES).await;

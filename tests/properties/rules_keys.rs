@@ -249,6 +249,7 @@ fn shared_rules() -> RuleSet {
             domain: "d".into(),
             descriptors: vec![user],
             location: location.clone(),
+            defaults: Default::default(),
         }],
         ..RulesModel::default()
     })

@@ -22,7 +22,7 @@ const SECOND_MICROS: u64 = 1_000_000;
 /// A random hit; periods are in microseconds, the unit of the script (and of the memory
 /// limiter in this test, whose clock counts microseconds too).
 fn random_hit(rng: &mut Rng, seed: u64) -> Hit {
-    let group = rng.below(5) as usize;
+    let group = rng.below(6) as usize;
     let limit = LimitParams {
         algorithm: Algorithm::Funnel,
         quota: rng.pick(&[0, 1, 2, 3, 5, 7]),
@@ -49,7 +49,7 @@ fn random_hit(rng: &mut Rng, seed: u64) -> Hit {
     }
 }
 
-/// The role of a random hit's descriptor `group` (0 to 4).
+/// The role of a random hit's descriptor `group` (0 to 5).
 fn role_of(group: usize) -> Role {
     [
         Role::Enforced,
@@ -57,7 +57,8 @@ fn role_of(group: usize) -> Role {
         Role::Shadow,
         Role::Quota,
         Role::Quota,
-    ][group % 5]
+        Role::QuotaShadow,
+    ][group % 6]
 }
 
 fn random_batch(rng: &mut Rng, seed: u64) -> Batch {

@@ -407,6 +407,7 @@ async fn started_as_ratelimit_with_its_redis_tls_variables() {
     let _ratelimit = Served(child);
     wait_listening(grpc);
     ok_then_over(format!("http://{}", loopback(grpc)), "v").await;
-    let exists: i64 = redis.cmd(&["EXISTS", "sluice:{t|k=v}:funnel:60"]);
+    // envoyproxy/ratelimit's counting: a fixed window (docs/ratelimit-compat.md).
+    let exists: i64 = redis.cmd(&["EXISTS", "sluice:{t|k=v}:fixed_window:60"]);
     assert_eq!(exists, 1, "the state is in the TLS server");
 }

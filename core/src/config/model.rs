@@ -39,6 +39,8 @@ pub struct DomainRules {
     pub domain: String,
     pub descriptors: Vec<DescriptorRule>,
     pub location: Location,
+    /// The defaults its limits were loaded with; a client's limit override takes them too.
+    pub defaults: LimitDefaults,
 }
 
 /// How a rule's `value` matches a request entry's value.
@@ -252,4 +254,44 @@ pub enum Charge {
     Admitted,
     /// Always, even when denied (usage reporting).
     Always,
+}
+
+impl Charge {
+    /// The name used in rules and settings.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Charge::Admitted => "admitted",
+            Charge::Always => "always",
+        }
+    }
+
+    /// The charge policy named `name` (lower case), if there is one.
+    pub fn parse(name: &str) -> Option<Charge> {
+        match name {
+            "admitted" => Some(Charge::Admitted),
+            "always" => Some(Charge::Always),
+            _ => None,
+        }
+    }
+}
+
+/// A charge policy in the settings (`limits.default_charge`), by name.
+impl<'de> serde::Deserialize<'de> for Charge {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Charge, D::Error> {
+        let name = String::deserialize(d)?;
+        Charge::parse(&name).ok_or_else(|| {
+            let message = format!("unknown charge '{name}' (expected admitted or always)");
+            serde::de::Error::custom(message)
+        })
+    }
+}
+
+/// What a domain's limits take when they do not say: from the settings (`limits.default_*`,
+/// or the domain's own entry of `limits.domains`), resolved when the rules are loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LimitDefaults {
+    /// The algorithm of a limit (or a client's override) that names none.
+    pub algorithm: Algorithm,
+    /// Whether a denied cost is charged, for a limit (or a client's override) that does not say.
+    pub charge: Charge,
 }

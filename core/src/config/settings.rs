@@ -5,13 +5,13 @@
 //! `SLUICE_RULES__PATHS=/etc/sluice/rules,/etc/sluice/extra.yaml`). Unknown keys are errors.
 //! The environment is passed in as a map, so tests never touch the process environment.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::model::Algorithm;
+use super::model::{Algorithm, Charge};
 
 mod admin;
 mod dropin;
@@ -189,10 +189,25 @@ pub struct LimiterSettings {
 pub struct LimitsSettings {
     /// The algorithm of a limit without `algorithm` (see docs/algorithms.md).
     pub default_algorithm: Algorithm,
+    /// Whether a denied cost is charged, for a limit without `charge` (docs/token-budgets.md).
+    pub default_charge: Charge,
+    /// Per domain (the key), the defaults of its limits, whatever their source (files or xDS):
+    /// `[limits.domains."ai-gateway-quota"]` with `charge` and `algorithm`.
+    pub domains: BTreeMap<String, DomainLimits>,
     /// Global quota mode, as envoyproxy/ratelimit's `QUOTA_MODE`: every descriptor with limits
-    /// (a rule's that is not in shadow mode, or a client's override) is a quota-mode one, so a
-    /// request is denied only when all of them are over the limit.
+    /// (a rule's, or a client's override) is a quota-mode one, so a request is denied only when
+    /// all of them are over the limit; a shadow-mode rule's counts as one that never is.
     pub quota_mode: bool,
+}
+
+/// `[limits.domains."D"]`: the defaults of domain D's limits; unset keys take the global ones.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct DomainLimits {
+    /// The algorithm of a limit of the domain without `algorithm`.
+    pub algorithm: Option<Algorithm>,
+    /// Whether a denied cost is charged, for a limit of the domain without `charge`.
+    pub charge: Option<Charge>,
 }
 
 /// `[memory]`: the in-process backend.
@@ -266,19 +281,25 @@ impl Settings {
         env: HashMap<String, String>,
         cli: &Overrides,
     ) -> Result<Settings, SettingsError> {
+        Settings::load_over(HashMap::new(), file, env, cli)
+    }
+
+    /// As [`Settings::load`], over a layer of defaults given as `SLUICE_*` variables (`base`),
+    /// which the file, the environment and the flags all override.
+    pub fn load_over(
+        base: HashMap<String, String>,
+        file: Option<&Path>,
+        env: HashMap<String, String>,
+        cli: &Overrides,
+    ) -> Result<Settings, SettingsError> {
         let mut builder = config::Config::builder();
+        if !base.is_empty() {
+            builder = builder.add_source(env_source(base));
+        }
         if let Some(file) = file {
             builder = builder.add_source(config::File::from(file).required(true));
         }
-        builder = builder.add_source(
-            config::Environment::with_prefix("SLUICE")
-                .prefix_separator("_")
-                .separator("__")
-                .list_separator(",")
-                .with_list_parse_key("rules.paths")
-                .try_parsing(true)
-                .source(Some(env)),
-        );
+        builder = builder.add_source(env_source(env));
         builder = apply_overrides(builder, cli)?;
         let settings: Settings = builder.build()?.try_deserialize()?;
         settings.check()?;
@@ -360,6 +381,17 @@ fn apply_overrides(mut b: Builder, cli: &Overrides) -> Result<Builder, config::C
         b = b.set_override("log.format", name)?;
     }
     Ok(b)
+}
+
+/// `SLUICE_<SECTION>__<KEY>` variables of `env` as a settings source.
+fn env_source(env: HashMap<String, String>) -> config::Environment {
+    config::Environment::with_prefix("SLUICE")
+        .prefix_separator("_")
+        .separator("__")
+        .list_separator(",")
+        .with_list_parse_key("rules.paths")
+        .try_parsing(true)
+        .source(Some(env))
 }
 
 #[cfg(test)]

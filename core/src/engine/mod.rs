@@ -187,13 +187,12 @@ impl Engine {
         let rules = self.rules.load_full();
         let domain = rules.domain(&request.domain);
         match domain {
-            Some(_) => check_overrides(request, rules.default_algorithm())?,
+            Some(d) => check_overrides(request, d.defaults().algorithm)?,
             None => self
                 .observer
                 .unknown_domain(&request.domain, request.descriptors.len()),
         }
         let modes = plan::Modes {
-            override_algorithm: rules.default_algorithm(),
             quota_mode: self.options.quota_mode,
         };
         let planned = plan::plan_request(domain, request, modes);
@@ -284,7 +283,7 @@ fn check_overrides(request: &Request, algorithm: Algorithm) -> Result<(), Engine
             return Err(invalid(format!(
                 "descriptors[{i}].limit.requests_per_unit: sliding_log keeps one entry per \
                  admitted request: an override must be at most {SLIDING_LOG_MAX_QUOTA} with it, \
-                 got {} (limits.default_algorithm is sliding_log)",
+                 got {} (the domain's default algorithm is sliding_log)",
                 limit.requests_per_unit
             )));
         }

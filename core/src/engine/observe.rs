@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::plan::{Applies, Planned};
 use super::{Options, Request, response};
-use crate::limiter::{BatchOutcome, LimiterError, Role};
+use crate::limiter::{BatchOutcome, LimiterError};
 use crate::rules::{Entry, Match};
 
 /// Receives what the engine decided. Called on the request path: keep it cheap, never block.
@@ -127,8 +127,8 @@ pub(super) fn report(
             cost: plan.cost,
             refund: d.refund,
             over: !hit.admitted,
-            shadow: *role == Role::Shadow || options.shadow_mode,
-            rule_shadow: *role == Role::Shadow,
+            shadow: role.is_shadow() || options.shadow_mode,
+            rule_shadow: role.is_shadow(),
             capacity: u64::from(rule.burst),
             remaining: hit.remaining,
             local_cache: hit.from_local_cache,

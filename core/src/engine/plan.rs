@@ -6,7 +6,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use super::{Descriptor, Override, Request};
-use crate::config::model::{Algorithm, Charge, LimitRule, Policy};
+use crate::config::model::{LimitDefaults, LimitRule, Policy};
 use crate::limiter::{Batch, Hit, LimitParams, Role};
 use crate::rules::{Domain, Match, Rule, key};
 
@@ -50,8 +50,6 @@ enum Candidate<'r> {
 /// What planning takes from the rules and the settings, besides the request.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Modes {
-    /// The algorithm of a client's limit override (`limits.default_algorithm`).
-    pub override_algorithm: Algorithm,
     /// Global quota mode (`limits.quota_mode`).
     pub quota_mode: bool,
 }
@@ -65,7 +63,7 @@ pub(super) fn plan_request<'r>(
     let candidates: Vec<Candidate<'r>> = request
         .descriptors
         .iter()
-        .map(|d| candidate(domain, d, modes.override_algorithm))
+        .map(|d| candidate(domain, d))
         .collect();
     let replaced = replaced_names(&candidates);
     let mut batch = Batch::default();
@@ -87,11 +85,7 @@ pub(super) fn plan_request<'r>(
     Planned { descriptors, batch }
 }
 
-fn candidate<'r>(
-    domain: Option<&'r Domain>,
-    d: &Descriptor,
-    algorithm: Algorithm,
-) -> Candidate<'r> {
+fn candidate<'r>(domain: Option<&'r Domain>, d: &Descriptor) -> Candidate<'r> {
     let Some(domain) = domain else {
         return Candidate::Nothing;
     };
@@ -99,7 +93,7 @@ fn candidate<'r>(
         return Candidate::Nothing;
     }
     if let Some(limit) = d.limit {
-        return Candidate::Override(override_rule(limit, algorithm));
+        return Candidate::Override(override_rule(limit, domain.defaults()));
     }
     match domain.find(&d.entries) {
         Some(m) => Candidate::Rule(m),
@@ -107,16 +101,17 @@ fn candidate<'r>(
     }
 }
 
-/// A client-sent limit as a rule: the default algorithm, burst equal to the quota.
-fn override_rule(limit: Override, algorithm: Algorithm) -> LimitRule {
+/// A client-sent limit as a rule: the domain's default algorithm and charge, burst equal to
+/// the quota.
+fn override_rule(limit: Override, defaults: LimitDefaults) -> LimitRule {
     LimitRule {
         name: None,
         unit: limit.unit,
         requests_per_unit: limit.requests_per_unit,
         unit_multiplier: NonZeroU32::MIN,
-        algorithm,
+        algorithm: defaults.algorithm,
         burst: limit.requests_per_unit,
-        charge: Charge::Admitted,
+        charge: defaults.charge,
         borrow: false,
         replaces: Vec::new(),
     }
@@ -226,12 +221,11 @@ fn descriptor_plan<'r>(
 
 /// A rule's role: shadow mode wins over quota mode (the rule's or the global one).
 fn role_of(rule: &Rule, quota_mode: bool) -> Role {
-    if rule.shadow_mode {
-        Role::Shadow
-    } else if rule.quota_mode || quota_mode {
-        Role::Quota
-    } else {
-        Role::Enforced
+    match (rule.shadow_mode, rule.quota_mode || quota_mode) {
+        (true, true) => Role::QuotaShadow,
+        (true, false) => Role::Shadow,
+        (false, true) => Role::Quota,
+        (false, false) => Role::Enforced,
     }
 }
 

@@ -85,7 +85,7 @@ fn status(d: &DescriptorPlan<'_>, hits: &[HitOutcome]) -> (DescriptorStatus, Opt
             };
             let over = !chosen.admitted;
             let status = DescriptorStatus {
-                code: if over && *role != Role::Shadow {
+                code: if over && !role.is_shadow() {
                     Code::OverLimit
                 } else {
                     Code::Ok
@@ -183,7 +183,7 @@ fn metadata(
         }
     }
     let mut out = if options.echo_metadata {
-        echo(request)
+        echo(request, reported)
     } else {
         Map::new()
     };
@@ -205,11 +205,15 @@ fn merge(into: &mut Map<String, Value>, from: &Map<String, Value>) {
     }
 }
 
-fn echo(request: &Request) -> Map<String, Value> {
+/// The request, each descriptor with its own verdict: `code` (`OK` or `OVER_LIMIT`) and, when
+/// the limit reported for it has a name, `limitName`, so that a gateway can tell which quota
+/// is spent.
+fn echo(request: &Request, reported: &[(DescriptorStatus, Option<Role>)]) -> Map<String, Value> {
     let descriptors = request
         .descriptors
         .iter()
-        .map(|d| {
+        .zip(reported)
+        .map(|(d, (status, _))| {
             let mut m = Map::new();
             let entries = d
                 .entries
@@ -223,6 +227,14 @@ fn echo(request: &Request) -> Map<String, Value> {
             }
             if let Some(h) = d.hits_addend {
                 m.insert("hitsAddend".to_owned(), Value::from(h));
+            }
+            let code = match status.code {
+                Code::Ok => "OK",
+                Code::OverLimit => "OVER_LIMIT",
+            };
+            m.insert("code".to_owned(), Value::String(code.to_owned()));
+            if let Some(name) = status.current_limit.as_ref().and_then(|l| l.name.as_ref()) {
+                m.insert("limitName".to_owned(), Value::String(name.clone()));
             }
             Value::Object(m)
         })

@@ -34,6 +34,10 @@ descriptors:
   - key: q2
     quota_mode: true
     rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: qs
+    quota_mode: true
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
 ";
 
 /// The memory limiter, counting its calls and the hits they carried.
@@ -276,6 +280,22 @@ async fn quota_mode_denies_only_when_every_quota_descriptor_is_over() {
     f.ask("d", &["b"]).await;
     let enforced = f.ask("d", &["b"]).await;
     assert_eq!(enforced.overall_code, Over);
+}
+
+/// AI Gateway's shadow buckets: a descriptor in quota and shadow mode is reported OK even when
+/// over, and counts among the quota descriptors, so quota mode cannot deny while it is there.
+#[tokio::test]
+async fn a_shadow_quota_descriptor_keeps_quota_mode_from_denying() {
+    let f = Fixture::new(Options::default());
+    f.ask("d", &["q1"]).await;
+    f.ask("d", &["qs"]).await;
+    let r = f.ask("d", &["q1", "qs"]).await;
+    assert_eq!((r.overall_code, codes(&r)), (Fine, vec![Over, Fine]));
+    let alone = f.ask("d", &["q1"]).await;
+    assert_eq!(
+        alone.overall_code, Over,
+        "without it, the spent quota denies"
+    );
 }
 
 #[tokio::test]

@@ -65,7 +65,7 @@ impl Algo {
     /// Takes `cost` at `now`, admitted or not.
     pub fn take(&self, state: &mut State, now: u64, cost: u64) {
         *state = match self {
-            Algo::Funnel(f) => State::Funnel(f.consume(tat(state), now, cost)),
+            Algo::Funnel(f) => State::Funnel(f.take(tat(state), now, cost)),
             Algo::TokenBucket(b) => State::TokenBucket(b.consume(bucket(state), now, cost)),
             Algo::FixedWindow(w) => State::FixedWindow(w.consume(window(state), now, cost)),
             Algo::SlidingWindow(w) => State::SlidingWindow(w.consume(counters(state), now, cost)),

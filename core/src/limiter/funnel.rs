@@ -75,6 +75,23 @@ impl Funnel {
             .saturating_add(cost.saturating_mul(self.interval))
     }
 
+    /// The state after charging `cost` at `now`: as [`Funnel::consume`], but never more than
+    /// [`Funnel::debt_cap`] ahead of `now` (nor behind where it was). Only a cost taken
+    /// beyond the capacity meets the cap: one charged while denied (`charge: always`), or a
+    /// borrowed one.
+    pub fn take(&self, tat: u64, now: u64, cost: u64) -> u64 {
+        let next = self.consume(tat, now, cost);
+        next.min(self.debt_cap(now).max(tat))
+    }
+
+    /// How far `tat` may run ahead of `now`: the capacity plus one period, so at most one
+    /// period's quota is owed beyond the burst, and a key charged at `now` is admitted again
+    /// by `now + period + interval` at the latest.
+    pub fn debt_cap(&self, now: u64) -> u64 {
+        now.saturating_add(self.tolerance)
+            .saturating_add(self.period)
+    }
+
     /// Whether `cost` at `now` is admitted, and the state if it is taken.
     pub fn evaluate(&self, tat: u64, now: u64, cost: u64) -> Step {
         let admitted = if self.is_zero() {
@@ -85,7 +102,7 @@ impl Funnel {
         };
         Step {
             admitted,
-            tat: self.consume(tat, now, cost),
+            tat: self.take(tat, now, cost),
         }
     }
 
@@ -205,5 +222,76 @@ mod tests {
         assert!(s.admitted);
         assert_eq!(s.tat, u64::MAX);
         assert_eq!(f.remaining(s.tat, 0), 0);
+    }
+
+    /// The AI Gateway example: a 1,000-token budget per hour, an answer of 1,200 tokens
+    /// charged while denied: the 200 tokens of debt are owed exactly (under the cap), so a
+    /// check of cost 0 is denied until they have drained.
+    #[test]
+    fn a_report_under_the_cap_is_owed_exactly() {
+        const HOUR: u64 = 3_600 * SEC;
+        let f = Funnel::new(1_000, HOUR, 1_000, false);
+        let now = 10 * HOUR;
+        let report = f.evaluate(FRESH, now, 1_200);
+        assert!(!report.admitted);
+        assert_eq!(report.tat, now + 1_200 * f.interval);
+        assert!(
+            !f.evaluate(report.tat, now, 0).admitted,
+            "in debt: a check is denied"
+        );
+        let paid = now + 200 * f.interval;
+        assert!(!f.evaluate(report.tat, paid - 1, 0).admitted);
+        assert!(
+            f.evaluate(report.tat, paid, 0).admitted,
+            "debt paid: a check passes"
+        );
+    }
+
+    /// A client that hammers under `charge: always` owes at most one period beyond the
+    /// burst, so once it stops it is admitted again within a period and one interval of its
+    /// last try, however many tries it made.
+    #[test]
+    fn a_hammering_client_is_admitted_again_within_the_bound() {
+        let f = Funnel::new(10, SEC, 20, false);
+        let mut tat = FRESH;
+        let mut now = SEC;
+        for _ in 0..100_000 {
+            tat = f.evaluate(tat, now, 1).tat;
+            now += SEC / 1_000;
+        }
+        let last = now - SEC / 1_000;
+        assert!(tat <= f.debt_cap(last), "owes at most the cap");
+        let bound = last + SEC + f.interval;
+        assert!(f.evaluate(tat, bound, 1).admitted, "admitted within P + T");
+        assert!(
+            !f.evaluate(tat, last + SEC / 2, 1).admitted,
+            "still owing half-way"
+        );
+    }
+
+    proptest::proptest! {
+        /// Whatever is charged, `tat` never runs more than the capacity plus one period
+        /// ahead, never moves back, and a charge below the cap is taken whole.
+        #[test]
+        fn debt_never_passes_the_cap(
+            quota in 1u32..1_000,
+            period in 1u64..100 * SEC,
+            burst in 1u32..2_000,
+            steps in proptest::collection::vec((0u64..SEC, 0u64..5_000), 1..60),
+        ) {
+            let f = Funnel::new(quota, period, burst, false);
+            let (mut tat, mut now) = (FRESH, SEC);
+            for (gap, cost) in steps {
+                now += gap;
+                let next = f.evaluate(tat, now, cost).tat;
+                proptest::prop_assert!(next <= f.debt_cap(now).max(tat));
+                proptest::prop_assert!(next >= tat);
+                let whole = f.consume(tat, now, cost);
+                if whole <= f.debt_cap(now) {
+                    proptest::prop_assert_eq!(next, whole);
+                }
+                tat = next;
+            }
+        }
     }
 }

@@ -56,6 +56,17 @@ pub enum Role {
     Shadow,
     /// Denies the request only when every quota-mode descriptor of it denies (`quota_mode`).
     Quota,
+    /// Both: computed and counted, never denies, and counts among the quota-mode descriptors
+    /// as one that passes, so that while one is in a request the quota-mode descriptors never
+    /// all deny it (envoyproxy/ratelimit's reading of `shadow_mode` with `quota_mode`).
+    QuotaShadow,
+}
+
+impl Role {
+    /// Whether the descriptor is reported OK whatever its limits say.
+    pub fn is_shadow(self) -> bool {
+        matches!(self, Role::Shadow | Role::QuotaShadow)
+    }
 }
 
 /// One limit to check for one descriptor of a request.

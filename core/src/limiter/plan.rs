@@ -2,7 +2,8 @@
 //!
 //! A descriptor is admitted when every one of its hits is. The request is denied when an
 //! enforced descriptor is denied, or when it has quota-mode descriptors and all of them are
-//! denied; shadow descriptors never deny it. When the request is admitted, the hits of admitted
+//! denied (a descriptor in both quota and shadow mode is one that never is); shadow
+//! descriptors never deny it. When the request is admitted, the hits of admitted
 //! descriptors consume; nothing else does, except hits whose limit has `charge: always`, which
 //! always consume. Every backend follows this one function (the Lua script mirrors it).
 
@@ -32,6 +33,10 @@ pub fn plan(hits: &[Hit], admitted: &[bool]) -> Plan {
             Role::Quota => {
                 quota_seen = true;
                 quota_admitted |= ok;
+            }
+            Role::QuotaShadow => {
+                quota_seen = true;
+                quota_admitted = true;
             }
             Role::Shadow => {}
         }
@@ -115,6 +120,28 @@ mod tests {
         let none = plan(&hits, &[false, false]);
         assert!(!none.admitted);
         assert_eq!(none.consume, vec![false, false]);
+    }
+
+    /// A descriptor in quota and shadow mode counts among the quota descriptors as one that
+    /// passes: while it is in the request, quota mode cannot deny it.
+    #[test]
+    fn a_shadow_quota_descriptor_keeps_quota_mode_from_denying() {
+        let hits = [
+            hit(0, Role::Quota, Charge::Admitted),
+            hit(1, Role::QuotaShadow, Charge::Admitted),
+        ];
+        let p = plan(&hits, &[false, false]);
+        assert!(p.admitted);
+        assert_eq!(
+            p.consume,
+            vec![false, false],
+            "a denied descriptor takes nothing"
+        );
+        let enforced = [hits[1].clone(), hit(2, Role::Enforced, Charge::Admitted)];
+        assert!(
+            !plan(&enforced, &[true, false]).admitted,
+            "an enforced denial still denies"
+        );
     }
 
     #[test]

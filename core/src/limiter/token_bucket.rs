@@ -109,16 +109,29 @@ impl TokenBucket {
         used.saturating_add(self.probe(cost)) <= self.burst
     }
 
-    /// The bucket after taking `cost` at `now`, admitted or not.
+    /// The bucket after taking `cost` at `now`, admitted or not. What is owed is capped: the
+    /// bucket never lacks more than [`TokenBucket::debt_cap`] tokens (nor more than it lacked
+    /// before). Only a cost taken beyond what is left meets the cap: one charged while denied
+    /// (`charge: always`), or a borrowed one.
     pub fn consume(&self, bucket: Bucket, now: u64, cost: u64) -> Bucket {
         if self.is_zero() || cost == 0 {
             return bucket;
         }
         let at = self.refilled(bucket, now);
+        let used = at
+            .used
+            .saturating_add(cost)
+            .min(self.debt_cap().max(at.used));
         Bucket {
-            used: at.used.saturating_add(cost),
+            used,
             anchor: if at.used == 0 { now } else { at.anchor },
         }
+    }
+
+    /// The most tokens a bucket may lack: the burst plus one refill, so at most one period's
+    /// quota is owed beyond empty.
+    pub fn debt_cap(&self) -> u64 {
+        self.burst.saturating_add(self.quota)
     }
 
     /// Whether `cost` at `now` is admitted, and the bucket if it is taken.
@@ -270,5 +283,60 @@ mod tests {
         assert!(s.admitted);
         assert_eq!(b.remaining(s.bucket, u64::MAX), 0);
         assert_eq!(b.until_full(s.bucket, 0), u64::MAX);
+    }
+
+    /// A bucket charged while denied owes at most one refill beyond empty: a client that
+    /// hammers is admitted again once two refills have come (one pays the debt, the next
+    /// makes room), however many tries it made.
+    #[test]
+    fn debt_is_capped_at_one_refill() {
+        let b = TokenBucket::new(10, SEC, 20, false);
+        let mut bucket = FULL;
+        let mut now = SEC;
+        for _ in 0..10_000 {
+            bucket = b.evaluate(bucket, now, 1).bucket;
+            now += SEC / 1_000;
+        }
+        let last = now - SEC / 1_000;
+        assert_eq!(
+            b.refilled(bucket, last).used,
+            b.debt_cap(),
+            "20 + 10 missing, no more"
+        );
+        assert!(b.admits(bucket, bucket.anchor + 2 * SEC, 1));
+        assert!(
+            bucket.anchor + 2 * SEC <= last + 2 * SEC,
+            "within two periods of the last try"
+        );
+        assert!(
+            !b.admits(bucket, bucket.anchor + SEC, 1),
+            "one refill pays the debt only"
+        );
+    }
+
+    proptest::proptest! {
+        /// Whatever is charged, a bucket never lacks more than the burst plus one refill, and
+        /// a charge that fits under that is taken whole.
+        #[test]
+        fn debt_never_passes_the_cap(
+            quota in 1u32..1_000,
+            period in 1u64..100 * SEC,
+            burst in 1u32..2_000,
+            steps in proptest::collection::vec((0u64..SEC, 0u64..5_000), 1..60),
+        ) {
+            let b = TokenBucket::new(quota, period, burst, false);
+            let (mut bucket, mut now) = (FULL, SEC);
+            for (gap, cost) in steps {
+                now += gap;
+                let before = b.refilled(bucket, now).used;
+                let next = b.evaluate(bucket, now, cost).bucket;
+                let used = b.refilled(next, now).used;
+                proptest::prop_assert!(used <= b.debt_cap().max(before));
+                if before + cost <= b.debt_cap() {
+                    proptest::prop_assert_eq!(used, before + cost);
+                }
+                bucket = next;
+            }
+        }
     }
 }

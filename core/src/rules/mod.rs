@@ -22,7 +22,7 @@ use std::sync::{Arc, OnceLock};
 use ahash::RandomState;
 
 use crate::config::model::{
-    Algorithm, DescriptorRule, DomainRules, Location, Policy, RulesModel, ValueMatch,
+    Algorithm, DescriptorRule, DomainRules, LimitDefaults, Location, Policy, RulesModel, ValueMatch,
 };
 use tree::Level;
 
@@ -119,6 +119,7 @@ pub struct Domain {
     name: String,
     root: Level,
     location: Location,
+    defaults: LimitDefaults,
 }
 
 impl Domain {
@@ -127,7 +128,13 @@ impl Domain {
             name: rules.domain,
             root: Level::compile(rules.descriptors),
             location: rules.location,
+            defaults: rules.defaults,
         }
+    }
+
+    /// The defaults its limits were loaded with, which a client's limit override takes.
+    pub fn defaults(&self) -> LimitDefaults {
+        self.defaults
     }
 
     pub fn name(&self) -> &str {
@@ -170,7 +177,7 @@ impl Domain {
     /// let user = rule("remote_address", ValueMatch::Any, vec![]);
     /// let login = rule("path", ValueMatch::Exact("/login".into()), vec![user]);
     /// let model = RulesModel {
-    ///     domains: vec![DomainRules { domain: "api".into(), descriptors: vec![login], location }],
+    ///     domains: vec![DomainRules { domain: "api".into(), descriptors: vec![login], location, defaults: Default::default() }],
     ///     ..RulesModel::default()
     /// };
     /// let rules = RuleSet::compile(model);

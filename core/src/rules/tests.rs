@@ -69,6 +69,7 @@ fn domain(descriptors: Vec<DescriptorRule>) -> RuleSet {
             domain: "d".into(),
             descriptors,
             location: location(),
+            defaults: Default::default(),
         }],
         ..RulesModel::default()
     })
@@ -290,6 +291,7 @@ fn domains_and_dumps() {
                 vec![pass("b", ValueMatch::Any, vec![])],
             )],
             location: location(),
+            defaults: Default::default(),
         });
     }
     let rules = RuleSet::compile(model);
@@ -311,6 +313,7 @@ fn a_repeated_domain_keeps_its_first_definition() {
             domain: "d".into(),
             descriptors: vec![limited(key, ValueMatch::Any, key, vec![])],
             location: location(),
+            defaults: Default::default(),
         });
     }
     let rules = RuleSet::compile(model);

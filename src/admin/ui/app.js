@@ -124,7 +124,8 @@
 
   function limitText(l) {
     var per = l.unit_multiplier > 1 ? l.unit_multiplier + " " + l.unit.toLowerCase() + "s" : l.unit.toLowerCase();
-    return l.requests_per_unit + " / " + per + " · " + l.algorithm + (l.burst !== l.requests_per_unit ? " · burst " + l.burst : "");
+    return l.requests_per_unit + " / " + per + " · " + l.algorithm + (l.burst !== l.requests_per_unit ? " · burst " + l.burst : "") +
+      (l.charge === "always" ? " · charge always" : "");
   }
 
   function tree(rules) {

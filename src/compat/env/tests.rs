@@ -637,3 +637,59 @@ fn tracing_names_and_sampling_reach_the_settings() {
     assert_eq!(err.name, "TRACING_SAMPLING_RATE");
     assert!(err.to_string().contains("TRACING_SAMPLING_RATE"), "{err}");
 }
+
+#[test]
+fn every_cost_counts_in_fixed_windows_unless_told_otherwise() {
+    use crate::config::model::{Algorithm, Charge};
+    let (s, _) = settings(&HashMap::new()).unwrap();
+    assert_eq!(
+        s.limits.default_charge,
+        Charge::Always,
+        "as envoyproxy/ratelimit"
+    );
+    assert_eq!(s.limits.default_algorithm, Algorithm::FixedWindow);
+    let stop = env(&[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true")]);
+    assert_eq!(
+        settings(&stop).unwrap().0.limits.default_charge,
+        Charge::Admitted
+    );
+    let own = env(&[
+        ("SLUICE_LIMITS__DEFAULT_CHARGE", "admitted"),
+        ("SLUICE_LIMITS__DEFAULT_ALGORITHM", "funnel"),
+    ]);
+    let (s, _) = settings(&own).unwrap();
+    assert_eq!(s.limits.default_charge, Charge::Admitted);
+    assert_eq!(s.limits.default_algorithm, Algorithm::Funnel);
+}
+
+#[test]
+fn a_settings_file_sets_what_the_environment_leaves_and_the_domains() {
+    use crate::config::model::{Algorithm, Charge};
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sluice.toml");
+    let text = "[limits]\ndefault_algorithm = \"funnel\"\n\n\
+                [limits.domains.\"ai-gateway-quota\"]\ncharge = \"always\"\n\
+                algorithm = \"fixed_window\"\n";
+    std::fs::write(&file, text).unwrap();
+    let path = file.to_string_lossy().into_owned();
+    let (s, _) = settings(&env(&[(CONFIG_FILE, path.as_str()), ("GRPC_PORT", "9081")])).unwrap();
+    assert_eq!(
+        s.limits.default_algorithm,
+        Algorithm::Funnel,
+        "the file over the defaults"
+    );
+    assert_eq!(
+        s.limits.default_charge,
+        Charge::Always,
+        "the environment's default"
+    );
+    assert_eq!(s.server.grpc_listen.port(), 9081);
+    let quota = &s.limits.domains["ai-gateway-quota"];
+    assert_eq!(quota.charge, Some(Charge::Always));
+    assert_eq!(quota.algorithm, Some(Algorithm::FixedWindow));
+    let missing = env(&[(CONFIG_FILE, "/no/such/sluice.toml")]);
+    assert!(
+        settings(&missing).is_err(),
+        "a named file that is missing stops the start"
+    );
+}

@@ -114,7 +114,7 @@ impl Pure for Funnel {
         self.evaluate(*tat, now, cost).admitted
     }
     fn take(&self, tat: &mut u64, now: u64, cost: u64) {
-        *tat = self.consume(*tat, now, cost);
+        *tat = Funnel::take(self, *tat, now, cost);
     }
     fn give_back(&self, tat: &mut u64, now: u64, cost: u64) {
         *tat = self.refund(*tat, now, cost);
@@ -373,6 +373,7 @@ pub fn descriptor() -> impl Strategy<Value = Descriptor> {
         3 => Just(Role::Enforced),
         1 => Just(Role::Shadow),
         1 => Just(Role::Quota),
+        1 => Just(Role::QuotaShadow),
     ];
     let hit = (0usize..4, 0u64..4, prop::bool::weighted(0.15));
     (role, vec(hit, 1..=3))

@@ -9,7 +9,7 @@ use crate::config::model::{Algorithm, SLIDING_LOG_MAX_QUOTA as MAX_QUOTA};
 /// The algorithm and whether it was written (`false`: the default of the settings).
 pub(super) fn algorithm(fields: &Fields<'_>, ctx: &mut Ctx<'_>) -> Option<(Algorithm, bool)> {
     let Some(f) = fields.get("algorithm") else {
-        return Some((ctx.default_algorithm, false));
+        return Some((ctx.defaults.algorithm, false));
     };
     let name = string(f, ctx)?;
     let algorithm = Algorithm::parse(&name);
@@ -38,8 +38,9 @@ pub(super) fn fits_algorithm(
         format!("this limit's algorithm is {}", algorithm.as_str())
     } else {
         format!(
-            "this limit's algorithm is {} (limits.default_algorithm)",
-            algorithm.as_str()
+            "this limit's algorithm is {} ({})",
+            algorithm.as_str(),
+            ctx.algorithm_source()
         )
     };
     let mut ok = true;

@@ -37,12 +37,14 @@ pub fn domain<'a>(doc: &'a MarkedYaml<'a>, ctx: &mut Ctx<'_>) -> Option<DomainRu
     }
     let fields = mapping(doc, "", line(doc), DOCUMENT_KEYS, ctx)?;
     let name = domain_name(&fields, ctx);
+    ctx.enter_domain(name.as_ref().map_or("", |(n, _)| n.as_str()));
     let descriptors = list(fields.get("descriptors"), ctx);
     let (domain, line) = name?;
     Some(DomainRules {
         domain,
         descriptors,
         location: ctx.location(line),
+        defaults: ctx.defaults,
     })
 }
 

@@ -325,17 +325,15 @@ fn burst(fields: &Fields<'_>, ctx: &mut Ctx<'_>) -> Option<Option<u32>> {
 
 fn charge(fields: &Fields<'_>, ctx: &mut Ctx<'_>) -> Option<Charge> {
     let Some(f) = fields.get("charge") else {
-        return Some(Charge::default());
+        return Some(ctx.defaults.charge);
     };
-    match string(f, ctx)?.as_str() {
-        "admitted" => Some(Charge::Admitted),
-        "always" => Some(Charge::Always),
-        other => {
-            let message = format!("unknown charge '{other}' (expected admitted or always)");
-            ctx.error(f.line, &f.path, message);
-            None
-        }
+    let name = string(f, ctx)?;
+    let charge = Charge::parse(&name);
+    if charge.is_none() {
+        let message = format!("unknown charge '{name}' (expected admitted or always)");
+        ctx.error(f.line, &f.path, message);
     }
+    charge
 }
 
 /// `replaces: [{name: X}, ...]`: names must be non-empty and not the limit's own.

@@ -149,12 +149,12 @@ mod tree;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::model::{Algorithm, DomainRules, Location, RulesModel};
-use super::settings::LimitsSettings;
+use super::model::{Algorithm, Charge, DomainRules, LimitDefaults, Location, RulesModel};
+use super::settings::{DomainLimits, LimitsSettings};
 
 /// One problem in a rules file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -200,16 +200,48 @@ pub const EMBEDDED_NAME: &str = "<embedded>/demo.yaml";
 pub const EMBEDDED_RULES: &str = include_str!("../../../../examples/rules/demo.yaml");
 
 /// What validation takes from the settings.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LoadOptions {
     /// The algorithm of a limit that names none (`limits.default_algorithm`).
     pub default_algorithm: Algorithm,
+    /// Whether a denied cost is charged, for a limit that does not say (`limits.default_charge`).
+    pub default_charge: Charge,
+    /// Per domain, defaults that win over the two above (`limits.domains`).
+    pub domains: Arc<BTreeMap<String, DomainLimits>>,
+}
+
+impl LoadOptions {
+    /// The defaults of `domain`'s limits, and for each whether the domain's own entry set it.
+    pub fn defaults(&self, domain: &str) -> (LimitDefaults, DefaultsFrom) {
+        let own = self.domains.get(domain);
+        let algorithm = own.and_then(|d| d.algorithm);
+        let charge = own.and_then(|d| d.charge);
+        let defaults = LimitDefaults {
+            algorithm: algorithm.unwrap_or(self.default_algorithm),
+            charge: charge.unwrap_or(self.default_charge),
+        };
+        let from = DefaultsFrom {
+            algorithm: algorithm.is_some(),
+            charge: charge.is_some(),
+        };
+        (defaults, from)
+    }
+}
+
+/// Whether a domain's defaults came from its own `limits.domains` entry (`true`) or from the
+/// global settings.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DefaultsFrom {
+    pub algorithm: bool,
+    pub charge: bool,
 }
 
 impl From<&LimitsSettings> for LoadOptions {
     fn from(limits: &LimitsSettings) -> LoadOptions {
         LoadOptions {
             default_algorithm: limits.default_algorithm,
+            default_charge: limits.default_charge,
+            domains: Arc::new(limits.domains.clone()),
         }
     }
 }
@@ -277,7 +309,7 @@ impl Loader {
 
     fn add(&mut self, file: PathBuf, text: &str) {
         let mut ctx = tree::Ctx::new(Arc::new(file), text);
-        ctx.default_algorithm = self.options.default_algorithm;
+        ctx.options = self.options.clone();
         let docs = tree::parse(&mut ctx);
         for doc in &docs {
             if let Some(domain) = document::domain(doc, &mut ctx) {

@@ -30,7 +30,10 @@ fn embedded_rules_load() {
 #[test]
 fn embedded_rules_load_whatever_the_default_algorithm() {
     for default_algorithm in crate::config::model::Algorithm::ALL {
-        let options = LoadOptions { default_algorithm };
+        let options = LoadOptions {
+            default_algorithm,
+            ..LoadOptions::default()
+        };
         let sources = [(PathBuf::from(EMBEDDED_NAME), EMBEDDED_RULES.to_owned())];
         if let Err(e) = from_sources_with(&sources, options) {
             panic!("embedded rules are invalid with {default_algorithm:?}:\n{e}");
@@ -44,6 +47,7 @@ fn a_limit_without_algorithm_takes_the_default() {
     let text = "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: second, requests_per_unit: 1}\n      - {unit: minute, requests_per_unit: 1, algorithm: funnel}\n";
     let options = LoadOptions {
         default_algorithm: Algorithm::TokenBucket,
+        ..LoadOptions::default()
     };
     let model = from_sources_with(&[(PathBuf::from("t.yaml"), text.to_owned())], options)
         .unwrap_or_else(|e| panic!("{e}"));
@@ -60,6 +64,7 @@ fn burst_on_a_default_window_names_the_setting() {
     let text = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, burst: 2, borrow: true}\n";
     let options = LoadOptions {
         default_algorithm: Algorithm::FixedWindow,
+        ..LoadOptions::default()
     };
     let errors = from_sources_with(&[(PathBuf::from("t.yaml"), text.to_owned())], options)
         .expect_err("burst on a window");
@@ -262,3 +267,74 @@ const FRAGMENTS: &[&str] = &[
     "\u{feff}", "\r", "%YAML 1.2\n", "%TAG ! tag:x,2000:\n", "é", "\\u0000", "1e999", "-1",
     "99999999999999999999", "0x", "~", "null", "True",
 ];
+
+/// The charge and algorithm of a limit that names neither: the domain's own entry of
+/// `limits.domains`, else the global defaults; a limit's own keys win over both.
+#[test]
+fn a_domains_defaults_win_over_the_global_ones_and_a_limits_own_keys_over_both() {
+    use crate::config::model::{Algorithm, Charge};
+    use crate::config::settings::DomainLimits;
+    let text = "domain: budget\ndescriptors:\n  - key: user\n    rate_limits:\n      \
+                - {unit: hour, requests_per_unit: 1000}\n      \
+                - {unit: day, requests_per_unit: 9000, charge: admitted, algorithm: funnel}\n\
+                ---\ndomain: api\ndescriptors:\n  - key: ip\n    rate_limit: {unit: second, requests_per_unit: 5}\n";
+    let mut domains = std::collections::BTreeMap::new();
+    domains.insert(
+        "budget".to_owned(),
+        DomainLimits {
+            algorithm: Some(Algorithm::FixedWindow),
+            charge: Some(Charge::Always),
+        },
+    );
+    let options = LoadOptions {
+        default_algorithm: Algorithm::TokenBucket,
+        default_charge: Charge::Admitted,
+        domains: std::sync::Arc::new(domains),
+    };
+    let model = from_sources_with(&[(PathBuf::from("t.yaml"), text.to_owned())], options)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let limits = |d: usize| match &model.domains[d].descriptors[0].policy {
+        Policy::Limited(l) => l
+            .iter()
+            .map(|l| (l.algorithm, l.charge))
+            .collect::<Vec<_>>(),
+        _ => panic!("limited"),
+    };
+    assert_eq!(
+        limits(0),
+        [
+            (Algorithm::FixedWindow, Charge::Always),
+            (Algorithm::Funnel, Charge::Admitted)
+        ]
+    );
+    assert_eq!(model.domains[0].defaults.charge, Charge::Always);
+    assert_eq!(limits(1), [(Algorithm::TokenBucket, Charge::Admitted)]);
+    assert_eq!(model.domains[1].defaults.algorithm, Algorithm::TokenBucket);
+}
+
+#[test]
+fn burst_on_a_domains_default_window_names_the_domains_setting() {
+    use crate::config::model::Algorithm;
+    use crate::config::settings::DomainLimits;
+    let text = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, burst: 2}\n";
+    let mut domains = std::collections::BTreeMap::new();
+    domains.insert(
+        "d".to_owned(),
+        DomainLimits {
+            algorithm: Some(Algorithm::SlidingWindow),
+            charge: None,
+        },
+    );
+    let options = LoadOptions {
+        domains: std::sync::Arc::new(domains),
+        ..LoadOptions::default()
+    };
+    let errors = from_sources_with(&[(PathBuf::from("t.yaml"), text.to_owned())], options)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        errors
+            .contains("this limit's algorithm is sliding_window (limits.domains.\"d\".algorithm)"),
+        "{errors}"
+    );
+}

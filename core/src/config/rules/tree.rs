@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use saphyr::{LoadableYamlNode, MarkedYaml, Scalar, YamlData};
 
-use super::RuleError;
-use crate::config::model::{Algorithm, Location};
+use super::{DefaultsFrom, LoadOptions, RuleError};
+use crate::config::model::{LimitDefaults, Location};
 
 /// The deepest indentation (in columns) a line of a rules file may have.
 pub const MAX_INDENT: usize = 100;
@@ -23,8 +23,14 @@ pub struct Ctx<'t> {
     text: &'t str,
     chars: CharIndex,
     pub errors: Vec<RuleError>,
-    /// The algorithm of a limit that names none.
-    pub default_algorithm: Algorithm,
+    /// The settings' defaults, for every domain.
+    pub options: LoadOptions,
+    /// The defaults of the domain being read (set once its name is known).
+    pub defaults: LimitDefaults,
+    /// Whether those came from the domain's own `limits.domains` entry.
+    pub defaults_from: DefaultsFrom,
+    /// The domain being read.
+    domain: String,
 }
 
 impl<'t> Ctx<'t> {
@@ -34,7 +40,25 @@ impl<'t> Ctx<'t> {
             text,
             chars: CharIndex::new(text),
             errors: Vec::new(),
-            default_algorithm: Algorithm::default(),
+            options: LoadOptions::default(),
+            defaults: LimitDefaults::default(),
+            defaults_from: DefaultsFrom::default(),
+            domain: String::new(),
+        }
+    }
+
+    /// Reads the limits of `domain` from here on with that domain's defaults.
+    pub fn enter_domain(&mut self, domain: &str) {
+        (self.defaults, self.defaults_from) = self.options.defaults(domain);
+        domain.clone_into(&mut self.domain);
+    }
+
+    /// Where the default algorithm of the current domain comes from, for messages.
+    pub fn algorithm_source(&self) -> String {
+        if self.defaults_from.algorithm {
+            format!("limits.domains.\"{}\".algorithm", self.domain)
+        } else {
+            "limits.default_algorithm".to_owned()
         }
     }
 

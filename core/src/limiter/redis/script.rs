@@ -346,6 +346,7 @@ fn encode_hit(hit: &Hit, slot: usize, limit: usize) -> [u8; HIT_BYTES] {
         Role::Enforced => 0,
         Role::Shadow => 1,
         Role::Quota => 2,
+        Role::QuotaShadow => 3,
     } + if hit.refund { 8 } else { 0 };
     let mut out = [0; HIT_BYTES];
     out[0..4].copy_from_slice(&index(slot).to_le_bytes());

@@ -1,7 +1,7 @@
 -- funnel: mirrors src/limiter/funnel.rs. State: the tat, one decimal integer ("0" = fresh).
 -- Made only when a request uses it (see MAKERS in the prelude). main.lua's fast path writes
 -- out admits, take, remaining and reset for the requests it decides: a change here is made
--- there too.
+-- there too (its take has Funnel::take's cap).
 
 MAKERS.f = MAKERS.f and function()
   -- Funnel::new
@@ -37,7 +37,14 @@ MAKERS.f = MAKERS.f and function()
     return funnel_consume(f, tat, now, probe) - now <= f.tolerance
   end
 
-  local take = funnel_consume
+  -- Funnel::take: consume, but never past debt_cap (now + tolerance + period) nor behind tat.
+  local function take(f, tat, now, cost)
+    local next = funnel_consume(f, tat, now, cost)
+    local cap = sat_add(sat_add(now, f.tolerance), f.period)
+    if cap < tat then cap = tat end
+    if next > cap then return cap end
+    return next
+  end
 
   local function give(f, tat, now, cost)
     if f.interval == 0 then return tat end

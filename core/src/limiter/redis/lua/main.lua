@@ -64,7 +64,7 @@ for r = 1, nrequests do
     local refund = role >= 8
     if refund then role = role - 8 end
     local algo = limit_algo[limit]
-    if algo == nil or KEYS[slot] == nil or role > 2 or not (cost >= 0) then
+    if algo == nil or KEYS[slot] == nil or role > 3 or not (cost >= 0) then
       return redis.error_reply("sluice: malformed hit " .. h .. " of request " .. r)
     end
     -- floor(cost) without a call (cost is at least 0 here)
@@ -187,6 +187,11 @@ for r = 1, nrequests do
         if tat < now then tat = now end
         tat = tat + cost * interval
         if tat > MAX then tat = MAX end
+        -- Funnel::take's cap (met only by a borrowed cost: every other one here fits)
+        local cap = now + tolerance + p.period
+        if cap > MAX then cap = MAX end
+        if cap < hit_tat[i] then cap = hit_tat[i] end
+        if tat > cap then tat = cap end
         if key_ttl[s] == nil then
           ndirty = ndirty + 1
           dirty[ndirty] = key_text[s] and s or -s
@@ -274,6 +279,9 @@ for r = 1, nrequests do
         elseif role == ROLE_QUOTA then
           quota_seen = true
           quota_ok = quota_ok or ok
+        elseif role == ROLE_QUOTA_SHADOW then
+          quota_seen = true
+          quota_ok = true
         end
       end
       request_ok = not enforced_denied and (not quota_seen or quota_ok)

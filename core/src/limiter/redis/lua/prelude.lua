@@ -92,7 +92,7 @@ local floor, format
 -- The binary layout of ARGV[4+5L] (see above), and the role codes.
 local REQUEST_FORMAT, REQUEST_BYTES = "<BI4", 5
 local HIT_FORMAT, HIT_BYTES = "<I4I4dI4B", 21
-local ROLE_ENFORCED, ROLE_QUOTA = 0, 2
+local ROLE_ENFORCED, ROLE_QUOTA, ROLE_QUOTA_SHADOW = 0, 2, 3
 -- The reply's markers (see above), and how many of its numbers one struct.pack takes (they go
 -- through Lua's stack as arguments, like MGET's keys below).
 local REPLY_DENIED, REPLY_SAME = -1, -2

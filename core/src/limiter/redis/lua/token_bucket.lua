@@ -40,7 +40,11 @@ MAKERS.b = MAKERS.b and function()
     local at = bucket_refilled(b, s, now)
     local anchor = at.anchor
     if at.used == 0 then anchor = now end
-    return { used = sat_add(at.used, cost), anchor = anchor }
+    -- TokenBucket::consume's cap: never more than burst + quota missing (nor more than before).
+    local used, cap = sat_add(at.used, cost), sat_add(b.burst, b.quota)
+    if cap < at.used then cap = at.used end
+    if used > cap then used = cap end
+    return { used = used, anchor = anchor }
   end
 
   local function give(b, s, now, cost)
