@@ -17,37 +17,33 @@
 
 use sluice::testing::ratelimit_env::{ENVOY_GATEWAY, ISTIO};
 use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor as WireDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use prost::Message as _;
-use sluice::proto::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
-use sluice::proto::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use sluice::proto::envoy::service::discovery::v3::DiscoveryResponse;
 use sluice::proto::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
 };
-use sluice::testing::http::{Answer, get, try_get};
-use sluice::testing::process::{free_port, loopback};
+use sluice::testing::http::{Answer, get};
+use sluice::testing::process::loopback;
 use sluice::testing::redis::RedisServer;
-use sluice::xds::TYPE_URL;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity, Server, ServerTlsConfig};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig};
 
-use crate::support::ads::Ads;
-use crate::support::certs::Ca;
+use crate::support::ads::snapshot;
 use crate::support::envoy::EnvoyProcess;
+use crate::support::ratelimit::{
+    self, EG_DOMAIN, EnvoyGateway, Ports, Ratelimit, RlsFilter, WITHIN, clear_of_window_end,
+    healthy, node_id, plain_client, ratelimit_link, runtime_root, swap, write,
+};
 use crate::support::upstream::Upstream;
 use crate::support::yaml;
-
-const WITHIN: Duration = Duration::from_secs(20);
 
 /// Istio's sample rules (its `ratelimit-config` ConfigMap), at `config.yaml`.
 const ISTIO_RULES: &str = "\
@@ -64,9 +60,9 @@ descriptors:
       requests_per_unit: 100
 ";
 
-/// What Envoy Gateway's translator emits for an HTTPRoute `default/http-ratelimit` with one
-/// rule of 3 per minute on a header match (the dashboard's example).
-const EG_DOMAIN: &str = "default/eg/http";
+/// What Envoy Gateway's translator emits (domain [`EG_DOMAIN`]) for an HTTPRoute
+/// `default/http-ratelimit` with one rule of 3 per minute on a header match (the dashboard's
+/// example).
 const EG_ROUTE: &str = "httproute/default/http-ratelimit/rule/0/match/0/ratelimit_example";
 const EG_RULE: &str = "rule-0-match-0";
 
@@ -94,151 +90,10 @@ const MAPPING_NAMES: &[&str] = &[
 ];
 
 // ---------------------------------------------------------------------------------------
-// The binary as `ratelimit`.
-
-/// A symlink named `ratelimit` to the sluice binary, in `dir`.
-fn ratelimit_link(dir: &Path) -> PathBuf {
-    let link = dir.join("ratelimit");
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &link).expect("symlink");
-    link
-}
-
-/// `ratelimit` with exactly `env` (nothing inherited), killed when dropped.
-struct Ratelimit(Child);
-
-impl Ratelimit {
-    fn start(link: &Path, env: &HashMap<String, String>) -> Ratelimit {
-        let child = Command::new(link)
-            .env_clear()
-            .envs(env)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start ratelimit");
-        Ratelimit(child)
-    }
-}
-
-impl Drop for Ratelimit {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The ports given to one instance (envoyproxy/ratelimit's 8081, 8080, 6070, and the
-/// Prometheus one), free ones here.
-struct Ports {
-    grpc: u16,
-    http: u16,
-    debug: u16,
-    prometheus: u16,
-}
-
-impl Ports {
-    fn new() -> Ports {
-        Ports {
-            grpc: free_port(),
-            http: free_port(),
-            debug: free_port(),
-            prometheus: free_port(),
-        }
-    }
-}
-
-/// `base` with the test's addresses: values swapped by `swaps`, plus the listeners on
-/// loopback free ports (the same variables, so still envoyproxy/ratelimit's).
-fn swap(base: &[(&str, &str)], swaps: &[(&str, String)], ports: &Ports) -> HashMap<String, String> {
-    let mut env: HashMap<String, String> = base
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
-    for (k, v) in swaps {
-        assert!(
-            env.contains_key(*k) || k.ends_with("HOST") || k.ends_with("PORT"),
-            "{k}"
-        );
-        env.insert((*k).to_owned(), v.clone());
-    }
-    for (k, v) in [
-        ("GRPC_HOST", "127.0.0.1".to_owned()),
-        ("GRPC_PORT", ports.grpc.to_string()),
-        ("HOST", "127.0.0.1".to_owned()),
-        ("PORT", ports.http.to_string()),
-        ("DEBUG_HOST", "127.0.0.1".to_owned()),
-        ("DEBUG_PORT", ports.debug.to_string()),
-    ] {
-        env.insert(k.to_owned(), v);
-    }
-    if env.contains_key("PROMETHEUS_ADDR") {
-        env.insert(
-            "PROMETHEUS_ADDR".into(),
-            format!("127.0.0.1:{}", ports.prometheus),
-        );
-    }
-    env
-}
-
-/// Waits until `GET /healthcheck` on the HTTP port answers 200.
-async fn healthy(ports: &Ports) {
-    let deadline = Instant::now() + WITHIN;
-    loop {
-        let answer = try_get(loopback(ports.http), "/healthcheck").await;
-        if answer.as_ref().is_some_and(|a| a.status == 200) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "/healthcheck never answered 200: {answer:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+// The listeners, and the rules Envoy Gateway pushes.
 
 fn listening(port: u16) -> bool {
     std::net::TcpStream::connect(loopback(port)).is_ok()
-}
-
-// ---------------------------------------------------------------------------------------
-// Certificates.
-
-fn write(dir: &Path, name: &str, text: &str) -> String {
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    path.display().to_string()
-}
-
-// ---------------------------------------------------------------------------------------
-// The management server (Envoy Gateway's role).
-
-/// Envoy Gateway's xDS server: mTLS (client certificates from `ca`), on a free port.
-async fn ads_server(
-    server_cert: &(String, String),
-    ca: &str,
-    snapshot: watch::Receiver<Option<DiscoveryResponse>>,
-) -> (SocketAddr, mpsc::UnboundedReceiver<DiscoveryRequest>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (requests_tx, requests) = mpsc::unbounded_channel();
-    let config = ServerTlsConfig::new()
-        .identity(Identity::from_pem(&server_cert.0, &server_cert.1))
-        .client_ca_root(Certificate::from_pem(ca));
-    let ads = Ads {
-        snapshot,
-        requests: requests_tx,
-        kill: CancellationToken::new(),
-    };
-    let incoming = tonic::transport::server::TcpIncoming::from(listener);
-    tokio::spawn(async move {
-        Server::builder()
-            .tls_config(config)
-            .unwrap()
-            .add_service(AggregatedDiscoveryServiceServer::new(ads))
-            .serve_with_incoming(incoming)
-            .await
-            .unwrap();
-    });
-    (addr, requests)
 }
 
 fn eg_rules(requests_per_unit: u32) -> DiscoveryResponse {
@@ -261,16 +116,7 @@ fn eg_rules(requests_per_unit: u32) -> DiscoveryResponse {
             ..Default::default()
         }],
     };
-    DiscoveryResponse {
-        version_info: "eg-1".into(),
-        resources: vec![prost_types::Any {
-            type_url: TYPE_URL.into(),
-            value: config.encode_to_vec(),
-        }],
-        type_url: TYPE_URL.into(),
-        nonce: "n1".into(),
-        ..Default::default()
-    }
+    snapshot("eg-1", &[config])
 }
 
 // ---------------------------------------------------------------------------------------
@@ -286,75 +132,15 @@ async fn envoy(
     ca: Option<&str>,
     upstream: u16,
 ) -> (EnvoyProcess, u16) {
-    let (port, admin) = (free_port(), free_port());
-    let tls = ca.map_or(String::new(), |ca| {
-        format!(
-            "
-      transport_socket:
-        name: envoy.transport_sockets.tls
-        typed_config:
-          \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
-          sni: localhost
-          common_tls_context:
-            validation_context:
-              trusted_ca: {{ filename: \"{ca}\" }}"
-        )
-    });
-    let config = format!(
-        "
-admin:
-  address: {{ socket_address: {{ address: 127.0.0.1, port_value: {admin} }} }}
-static_resources:
-  listeners:
-    - name: main
-      address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }}
-      filter_chains:
-        - filters:
-            - name: envoy.filters.network.http_connection_manager
-              typed_config:
-                \"@type\": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-                stat_prefix: ingress
-                route_config:
-                  virtual_hosts:
-                    - name: all
-                      domains: [\"*\"]
-                      routes:
-                        - match: {{ prefix: \"/\" }}
-                          route:
-                            cluster: upstream
-                            rate_limits:
-                              - actions: {actions}
-                http_filters:
-                  - name: envoy.filters.http.ratelimit
-                    typed_config:
-                      \"@type\": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
-                      domain: \"{domain}\"
-                      failure_mode_deny: true
-                      timeout: 5s
-                      rate_limit_service:
-                        transport_api_version: V3
-                        grpc_service: {{ envoy_grpc: {{ cluster_name: ratelimit }} }}
-                  - name: envoy.filters.http.router
-                    typed_config:
-                      \"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-    - name: upstream
-      type: STATIC
-      load_assignment:
-        cluster_name: upstream
-        endpoints: [{{ lb_endpoints: [{{ endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {upstream} }} }} }} }}] }}]
-    - name: ratelimit
-      type: STATIC
-      typed_extension_protocol_options:
-        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-          \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-          explicit_http_config: {{ http2_protocol_options: {{}} }}
-      load_assignment:
-        cluster_name: ratelimit
-        endpoints: [{{ lb_endpoints: [{{ endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {rls} }} }} }} }}] }}]{tls}
-"
+    let filter = RlsFilter {
+        name: "envoy.filters.http.ratelimit",
+        domain,
+        settings: "failure_mode_deny: true, timeout: 5s,",
+    };
+    let route = format!(
+        "{{ match: {{ prefix: \"/\" }}, route: {{ cluster: upstream, rate_limits: [{{ actions: {actions} }}] }} }}"
     );
-    (EnvoyProcess::start(&config, admin).await, port)
+    ratelimit::envoy(&filter, &[route], rls, ca, upstream).await
 }
 
 async fn through(port: u16, path: &str) -> Answer {
@@ -437,50 +223,19 @@ async fn check_settings(ports: &Ports, expect: &Expect, domain: &str, entries: &
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_gateway_env_starts_as_intended_and_envoy_gets_answers() {
     let dir = tempfile::tempdir().unwrap();
-    let link = ratelimit_link(dir.path());
     let redis = RedisServer::start();
     let upstream = Upstream::start().await;
-    // Envoy Gateway's certificates: one CA, the xDS server's, and the rate-limit's own (used
-    // both for its gRPC port and as its xDS client certificate).
-    let ca = Ca::new();
-    let ca_pem = ca.0.pem();
-    let control_plane = ca.leaf(&["localhost", "envoy-gateway"]);
-    let (cert, key) = ca.leaf(&["localhost", "envoy-ratelimit"]);
-    let ca_file = write(dir.path(), "ca.crt", &ca_pem);
-    let cert_file = write(dir.path(), "tls.crt", &cert);
-    let key_file = write(dir.path(), "tls.key", &key);
+    // Under that environment the limits are fixed windows of a minute: the requests below
+    // must not straddle a window's end.
+    clear_of_window_end(Duration::from_secs(60), Duration::from_secs(20)).await;
     let (push, snapshot) = watch::channel(Some(eg_rules(3)));
-    let (xds, mut requests) = ads_server(&control_plane, &ca_pem, snapshot).await;
-
-    let ports = Ports::new();
-    let env = swap(
-        ENVOY_GATEWAY,
-        &[
-            (
-                "CONFIG_GRPC_XDS_SERVER_URL",
-                format!("localhost:{}", xds.port()),
-            ),
-            ("GRPC_SERVER_TLS_CERT", cert_file.clone()),
-            ("GRPC_SERVER_TLS_KEY", key_file.clone()),
-            ("GRPC_SERVER_TLS_CA_CERT", ca_file.clone()),
-            ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", cert_file),
-            ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", key_file),
-            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", ca_file.clone()),
-            ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
-            // Envoy Gateway mounts its statsd-exporter mapping there; sluice's built-in
-            // mapping is that naming.
-            (
-                "PROMETHEUS_MAPPER_YAML",
-                write(
-                    dir.path(),
-                    "conf.yaml",
-                    sluice::compat::mapper::DEFAULT_YAML,
-                ),
-            ),
-        ],
-        &ports,
-    );
-    let _rl = Ratelimit::start(&link, &env);
+    let EnvoyGateway {
+        ca_pem,
+        ca_file,
+        ports,
+        mut requests,
+        process: _rl,
+    } = EnvoyGateway::start(dir.path(), redis.port, snapshot).await;
     let expect = Expect {
         tls_ca: Some(ca_pem.clone()),
         rlconfig: "# xds version eg-1",
@@ -493,14 +248,7 @@ async fn envoy_gateway_env_starts_as_intended_and_envoy_gets_answers() {
         &[(EG_ROUTE, EG_ROUTE), (EG_RULE, EG_RULE)],
     )
     .await;
-    let node = tokio::time::timeout(WITHIN, requests.recv())
-        .await
-        .unwrap()
-        .unwrap()
-        .node
-        .map(|n| n.id)
-        .unwrap_or_default();
-    assert_eq!(node, "envoy-ratelimit");
+    assert_eq!(node_id(&mut requests).await, "envoy-ratelimit");
 
     // Envoy, as Envoy Gateway configures it: generic keys for the route and the rule, over
     // TLS to the rate-limit service.
@@ -594,22 +342,24 @@ async fn istio_sample_env_starts_as_intended_and_envoy_gets_answers() {
     let link = ratelimit_link(dir.path());
     let redis = RedisServer::start();
     let upstream = Upstream::start().await;
-    let data = dir.path().join("data");
-    let config = data.join("ratelimit/config");
-    std::fs::create_dir_all(&config).unwrap();
-    write(&config, "config.yaml", ISTIO_RULES);
-    // A ConfigMap's internals: dot-files that must be ignored.
-    write(&config, "..2026_11_24.yaml", "not: [rules");
+    // A ConfigMap's internals beside the rules: dot-files that must be ignored.
+    let files = [
+        ("config.yaml", ISTIO_RULES),
+        ("..2026_11_24.yaml", "not: [rules"),
+    ];
+    let data = runtime_root(dir.path(), "ratelimit/config", &files);
 
     let ports = Ports::new();
     let env = swap(
         ISTIO,
         &[
-            ("RUNTIME_ROOT", data.display().to_string()),
+            ("RUNTIME_ROOT", data),
             ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
         ],
         &ports,
     );
+    // Fixed windows of a minute under that environment: keep clear of a window's end.
+    clear_of_window_end(Duration::from_secs(60), Duration::from_secs(20)).await;
     let _rl = Ratelimit::start(&link, &env);
     let expect = Expect {
         tls_ca: None,
@@ -792,10 +542,7 @@ async fn statsd_lines(dog: bool) {
     } else {
         StatsdServer::tcp(0).await
     };
-    let data = dir.path().join("data");
-    let config = data.join("config");
-    std::fs::create_dir_all(&config).unwrap();
-    write(&config, "rules.yaml", STATS_RULES);
+    let data = runtime_root(dir.path(), "config", &[("rules.yaml", STATS_RULES)]);
     let ports = Ports::new();
     let env = swap(
         &[
@@ -809,9 +556,12 @@ async fn statsd_lines(dog: bool) {
             ("STATS_FLUSH_INTERVAL", "100ms"),
             ("EXTRA_TAGS", "env:test"),
             ("SHADOW_MODE", if dog { "false" } else { "true" }),
+            // Denied costs not charged: the deny cache then answers a key already over, as
+            // that project's local cache does (a charged cost always goes to Redis).
+            ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"),
         ],
         &[
-            ("RUNTIME_ROOT", data.display().to_string()),
+            ("RUNTIME_ROOT", data),
             ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
             ("STATSD_HOST", "127.0.0.1".into()),
             ("STATSD_PORT", server.port.to_string()),
@@ -895,10 +645,7 @@ async fn a_mapper_file_names_the_prometheus_series() {
     let dir = tempfile::tempdir().unwrap();
     let link = ratelimit_link(dir.path());
     let redis = RedisServer::start();
-    let data = dir.path().join("data");
-    let config = data.join("config");
-    std::fs::create_dir_all(&config).unwrap();
-    write(&config, "rules.yaml", STATS_RULES);
+    let data = runtime_root(dir.path(), "config", &[("rules.yaml", STATS_RULES)]);
     let mapper = write(
         dir.path(),
         "mapper.yaml",
@@ -934,9 +681,11 @@ mappings:
             ("PROMETHEUS_ADDR", ":19001"),
             ("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml"),
             ("SHADOW_MODE", "true"),
+            // As in statsd_lines: the deny cache answers only costs that are not charged.
+            ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"),
         ],
         &[
-            ("RUNTIME_ROOT", data.display().to_string()),
+            ("RUNTIME_ROOT", data),
             ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
             ("PROMETHEUS_MAPPER_YAML", mapper),
         ],
@@ -1102,13 +851,6 @@ fn envoy_gateways_deployment_with_sluices_image_validates() {
         .map(|p| yaml::int_at(p, "containerPort"))
         .collect();
     assert_eq!(ports, [8081, 19001]);
-}
-
-/// A client of the plain-text gRPC port of a started `ratelimit`.
-async fn plain_client(ports: &Ports) -> RateLimitServiceClient<Channel> {
-    let url = format!("http://127.0.0.1:{}", ports.grpc);
-    let channel = Channel::from_shared(url).unwrap().connect().await.unwrap();
-    RateLimitServiceClient::new(channel)
 }
 
 /// The requests whose stats the tests read: `alice` for user alice and `ips` for one IP in

@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use prost::Message as _;
 use sluice::proto::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
 use sluice::proto::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use sluice::proto::ratelimit::config::ratelimit::v3::{
@@ -25,7 +24,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
-use crate::support::ads::Ads;
+use crate::support::ads::{Ads, snapshot};
 use crate::support::certs::Ca;
 
 const WITHIN: Duration = Duration::from_secs(10);
@@ -50,22 +49,6 @@ fn rules(n: u32, unit: RateLimitUnit) -> RateLimitConfig {
             }),
             ..Default::default()
         }],
-    }
-}
-
-fn snapshot(version: &str, configs: &[RateLimitConfig]) -> DiscoveryResponse {
-    DiscoveryResponse {
-        version_info: version.into(),
-        resources: configs
-            .iter()
-            .map(|c| prost_types::Any {
-                type_url: TYPE_URL.into(),
-                value: c.encode_to_vec(),
-            })
-            .collect(),
-        type_url: TYPE_URL.into(),
-        nonce: format!("nonce-{version}"),
-        ..Default::default()
     }
 }
 

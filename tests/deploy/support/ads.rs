@@ -1,11 +1,15 @@
 //! A management server for the xDS tests (sluice's `xds` source, and Envoy Gateway's role in
 //! the ratelimit compatibility test): every ADS stream gets the current snapshot, and each
-//! later one; every request received is passed on to the test.
+//! later one; every request received is passed on to the test. [`snapshot`] makes the
+//! response that carries a set of rules.
 
 use std::pin::Pin;
 
+use prost::Message as _;
 use sluice::proto::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryService;
 use sluice::proto::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use sluice::proto::ratelimit::config::ratelimit::v3::RateLimitConfig;
+use sluice::xds::TYPE_URL;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -58,5 +62,22 @@ impl AggregatedDiscoveryService for Ads {
             }
         });
         Ok(tonic::Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// The response of version `version` that carries `configs` (one resource per domain).
+pub fn snapshot(version: &str, configs: &[RateLimitConfig]) -> DiscoveryResponse {
+    DiscoveryResponse {
+        version_info: version.into(),
+        resources: configs
+            .iter()
+            .map(|c| prost_types::Any {
+                type_url: TYPE_URL.into(),
+                value: c.encode_to_vec(),
+            })
+            .collect(),
+        type_url: TYPE_URL.into(),
+        nonce: format!("nonce-{version}"),
+        ..Default::default()
     }
 }

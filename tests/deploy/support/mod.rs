@@ -1,5 +1,6 @@
 //! Helpers of the deployment tests: a real Envoy, YAML documents, an upstream stub, the real
-//! `sluice` behind them, and certificates for TLS.
+//! `sluice` behind them (also as envoyproxy/ratelimit, with a management server), and
+//! certificates for TLS.
 
 use std::path::{Path, PathBuf};
 
@@ -8,6 +9,7 @@ use sluice::testing::process::SluiceProcess;
 pub mod ads;
 pub mod certs;
 pub mod envoy;
+pub mod ratelimit;
 pub mod upstream;
 pub mod yaml;
 
