@@ -269,3 +269,34 @@ scenario!(statuses_follow_request_order, |c| {
     assert_eq!(r.statuses[1].current_limit, None);
     assert_eq!(limit_of(&r.statuses[2]).map(|l| l.0), Some(1));
 });
+
+/// 10 a second (a funnel, burst 10) with every cost charged, denied or not.
+const METERED: &str = "domain: test\ndescriptors:\n  - key: metered\n    rate_limit: {unit: second, requests_per_unit: 10, charge: always}\n";
+
+// A client that hammers a limit charged `always` owes at most one period beyond the burst
+// (docs/algorithms.md): 300 tries would owe 30 s uncapped, yet a check right after reports a
+// wait of at most a second, and the key is admitted again a period and one interval (1.1 s)
+// after the last try.
+scenario!(
+    a_hammering_client_is_admitted_again_within_the_debt_bound,
+    rules = METERED,
+    |c, b| {
+        let mut over = 0;
+        for _ in 0..300 {
+            if hit_code(&mut c, "metered", "x").await == Code::OverLimit {
+                over += 1;
+            }
+        }
+        assert!(over >= 280, "the tries past the burst are denied: {over}");
+        let check = req("test", vec![with_hits(desc(&[("metered", "x")]), 0)]);
+        let r = call(&mut c, check).await;
+        assert_eq!(overall(&r), Code::OverLimit, "in debt: a check is denied");
+        let wait = reset_secs(&r.statuses[0]).expect("a reset");
+        assert!(wait <= 1, "the debt is capped: {wait} s");
+        match b.memory_clock() {
+            Some(clock) => clock.advance(1_100 * SECOND / 1_000),
+            None => tokio::time::sleep(std::time::Duration::from_millis(1_150)).await,
+        }
+        assert_eq!(hit_code(&mut c, "metered", "x").await, Code::Ok);
+    }
+);
