@@ -1,5 +1,5 @@
 //! The service in process, through its own interfaces: gRPC on loopback with the `envoy-types`
-//! client (the request semantics of DESIGN.md §4, input limits, garbage, TLS, the response
+//! client (the request semantics of docs/semantics.md, input limits, garbage, TLS, the response
 //! headers), the admin server, metrics, reload and the lifecycle; the memory backend through
 //! the `Limiter` trait; the rules loader's errors; and the Rate Limit Quota Service in process
 //! (`rlqs`: assignments, the quota it shares with RLS, rebalancing, malformed reports, drain,

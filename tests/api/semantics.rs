@@ -1,4 +1,4 @@
-//! The request semantics of DESIGN.md §4, through gRPC on loopback with the `envoy-types`
+//! The request semantics of docs/semantics.md, through gRPC on loopback with the `envoy-types`
 //! client, against the memory backend on a manual clock. The scenarios that hold on both
 //! backends are written once in tests/redis/semantics.rs, which runs each over memory and over
 //! a real Redis; those here use what only this file's servers have (settings, a limiter of

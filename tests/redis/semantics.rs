@@ -1,4 +1,4 @@
-//! The request semantics of DESIGN.md §4, run against both backends: every scenario is a
+//! The request semantics of docs/semantics.md, run against both backends: every scenario is a
 //! module with a `memory` and a `redis` test (the latter over a real `redis-server` on a
 //! loopback port), serving tests/fixtures/semantics.yaml. Redis reads its own clock, so the
 //! scenarios need no control of time; where the memory backend's manual clock shows more
