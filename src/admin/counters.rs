@@ -23,7 +23,7 @@ use super::{Admin, text};
 use crate::config::model::{LimitRule, Policy};
 use crate::limiter::LimitParams;
 use crate::limiter::counters::{CounterEntry, CounterQuery, Resolved};
-use crate::metrics::rules::segment;
+use crate::rules::naming::segment;
 use crate::metrics::top::Window;
 use crate::rules::RuleSet;
 use crate::rules::key::{self, Decoded};

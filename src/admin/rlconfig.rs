@@ -7,7 +7,7 @@
 //! demo.internal: unlimited shadow_mode=false quota_mode=false
 //! ```
 //!
-//! The path is the per-rule metrics label (see [`crate::metrics::rules`]); a descriptor with
+//! The path is the per-rule metrics label (see [`crate::rules::naming`]); a descriptor with
 //! several limits has several lines; pass-through rules (no limit) have none. A failed reload
 //! since the active rules were loaded adds a `# last failed reload` header line.
 
@@ -15,7 +15,7 @@ use std::fmt::Write as _;
 use std::time::SystemTime;
 
 use crate::config::model::{LimitRule, Policy};
-use crate::metrics::rules::segment;
+use crate::rules::naming::segment;
 use crate::reload::ConfigStatus;
 use crate::rules::{Rule, RuleSet};
 

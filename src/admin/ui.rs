@@ -106,7 +106,7 @@ fn rule(r: &Rule) -> Value {
     json!({
         "key": r.key,
         "value": value,
-        "segment": crate::metrics::rules::segment(r),
+        "segment": crate::rules::naming::segment(r),
         "unlimited": matches!(r.policy, Policy::Unlimited { .. }),
         "shadow_mode": r.shadow_mode,
         "limits": limits,

@@ -24,7 +24,8 @@ use std::time::Duration;
 use parking_lot::{Mutex, RwLock};
 
 use crate::engine::{DescriptorReport, Observer, RequestResult};
-use crate::metrics::rules::{OTHER, rule_label, value_segments};
+use crate::metrics::rules::OTHER;
+use crate::rules::naming::{rule_label, value_segments};
 use crate::reload::Reloaded;
 
 /// The per-rule stats, in this order.

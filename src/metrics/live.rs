@@ -22,7 +22,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use super::rules::segment;
+use crate::rules::naming::segment;
 use crate::config::model::Policy;
 use crate::engine::DescriptorReport;
 use crate::rules::{Rule, RuleSet};

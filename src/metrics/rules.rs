@@ -10,7 +10,7 @@
 //! | `sluice_rule_over_limit_total` | its limits denied it (shadow or not) |
 //! | `sluice_rule_shadow_mode_total` | denied, but shadow mode (the rule's or the global) let it through |
 //!
-//! `rule` is the rule's path, one segment per level joined by `.`: `key` for a key-only rule,
+//! `rule` is the rule's path (named by `rules::naming`), one segment per level joined by `.`: `key` for a key-only rule,
 //! `key_value` for a value, `key_pattern` for a wildcard (`user.route_/reports/*`). A rule
 //! with `detailed_metric` uses the request's values at every level (`user_alice.route_/x`),
 //! and a level with `value_to_metric` uses the request's value there. `share_threshold`
@@ -32,9 +32,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
 use super::MetricsOptions;
-use crate::config::model::ValueMatch;
 use crate::engine::DescriptorReport;
-use crate::rules::{Match, Rule};
+use crate::rules::Match;
+use crate::rules::naming::{rule_label, value_segments};
 
 /// The `rule` label of label sets past the cap.
 pub const OTHER: &str = "__other__";
@@ -195,38 +195,6 @@ impl RuleCounters {
             }
         }
         labels
-    }
-}
-
-/// The `rule` label of a client's limit override: the request's `key_value` segments.
-pub(crate) fn value_segments(entries: &[crate::rules::Entry]) -> String {
-    let segments = entries.iter().map(|e| format!("{}_{}", e.key, e.value));
-    segments.collect::<Vec<_>>().join(".")
-}
-
-/// The `rule` label of a match, and whether it holds request values (taken from `entries`,
-/// one per level; with no entries, only whether it would).
-pub(crate) fn rule_label(m: &Match<'_>, entries: &[crate::rules::Entry]) -> (String, bool) {
-    let detailed = m.rule().detailed_metric;
-    let mut from_values = false;
-    let mut segments = Vec::with_capacity(m.path().len());
-    for (level, rule) in m.path().iter().enumerate() {
-        if rule.share_threshold || !(detailed || rule.value_to_metric) {
-            segments.push(segment(rule));
-        } else {
-            from_values = true;
-            let value = entries.get(level).map_or("", |e| e.value.as_str());
-            segments.push(format!("{}_{}", rule.key, value));
-        }
-    }
-    (segments.join("."), from_values)
-}
-
-/// A rule's own path segment: `key`, `key_value` or `key_pattern`.
-pub fn segment(rule: &Rule) -> String {
-    match &rule.value {
-        ValueMatch::Any => rule.key.clone(),
-        ValueMatch::Exact(v) | ValueMatch::Wildcard(v) => format!("{}_{v}", rule.key),
     }
 }
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use crate::config::model::{Charge, LimitRule, Policy};
 use crate::limiter::{Hit, LimitParams, Role};
-use crate::metrics::rules::segment;
+use crate::rules::naming::segment;
 use crate::rules::{Domain, Entry, Match, Rule, key};
 
 /// A bucket id: its entries sorted by key (a map has no order; this is its identity).

@@ -9,6 +9,7 @@
 //! [`key`] turns a match into the text keys the limiters keep their state under.
 
 pub mod key;
+pub mod naming;
 mod tree;
 mod wildcard;
 
