@@ -1,0 +1,281 @@
+//! A call encoded: the KEYS, the limits and the requests as the script reads them.
+
+use super::*;
+
+/// ARGV fields per distinct limit.
+pub(super) const LIMIT_FIELDS: usize = 5;
+
+/// Bytes of a request's header in the binary ARGV (mode `B`, hit count `I4`).
+const REQUEST_BYTES: usize = 5;
+
+/// Bytes per hit in the binary ARGV (slot `I4`, limit `I4`, cost `d`, group `I4`, role `B`).
+const HIT_BYTES: usize = 21;
+
+/// The largest integer the script handles exactly (2^53 - 1); larger inputs are clamped.
+pub const MAX_EXACT: u64 = (1 << 53) - 1;
+
+/// Above this many items, distinct keys and limits are found with a hash map, not a scan.
+const LINEAR_SCAN_MAX: usize = 16;
+
+/// How the script plans one request's hits (its mode field).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// All or nothing over every hit of the call.
+    Request,
+    /// Each descriptor group consumes when all its hits admit (one slot group of a Cluster
+    /// request; the caller plans the request and refunds).
+    Independent,
+}
+
+/// The time unit of a batch's periods and of its outcome's resets (the script's is always
+/// microseconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    /// The limiters' nanoseconds: periods are rounded up to the microsecond (at least 1),
+    /// resets scaled back.
+    Nanos,
+    /// Already microseconds (the differential tests, which drive the script's clock).
+    Micros,
+}
+
+/// One request of a call: its hits, and how the script plans them.
+#[derive(Debug, Clone, Copy)]
+pub struct Part<'a> {
+    pub hits: &'a [Hit],
+    pub mode: Mode,
+}
+
+/// One call, encoded once: `FCALL <name>` or `EVALSHA <sha>`, then `<numkeys> KEYS... ARGV...`,
+/// ready to send. It carries a batch of requests (group commit), each decided as if alone.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub(super) cmd: Cmd,
+    pub(super) via: Via,
+    /// The number of hits of each request, in order.
+    pub(super) hits: Vec<usize>,
+    pub(super) unit: Unit,
+}
+
+/// One hit as the binary ARGV carries it: slot, limit, cost, group, role (for tests).
+#[cfg(test)]
+pub(super) type EncodedHit = (u32, u32, f64, u32, u8);
+
+impl Call {
+    /// Its requests, read back from the binary ARGV: per request its mode byte and its hits.
+    #[cfg(test)]
+    pub(super) fn requests(&self) -> Vec<(u8, Vec<EncodedHit>)> {
+        let Some(redis::Arg::Simple(blob)) = self.cmd.args_iter().last() else {
+            return Vec::new();
+        };
+        let u32_at = |at: usize| u32::from_le_bytes(blob[at..at + 4].try_into().unwrap());
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at < blob.len() {
+            let (mode, count) = (blob[at], u32_at(at + 1));
+            at += REQUEST_BYTES;
+            let hits = (0..count)
+                .map(|_| {
+                    let cost = f64::from_le_bytes(blob[at + 8..at + 16].try_into().unwrap());
+                    let hit = (
+                        u32_at(at),
+                        u32_at(at + 4),
+                        cost,
+                        u32_at(at + 16),
+                        blob[at + 20],
+                    );
+                    at += HIT_BYTES;
+                    hit
+                })
+                .collect();
+            out.push((mode, hits));
+        }
+        out
+    }
+
+    /// Its KEYS and ARGV, as text (for tests and debugging; the last ARGV, the requests, is
+    /// binary).
+    pub fn keys_and_args(&self) -> (Vec<String>, Vec<String>) {
+        let mut args = self.cmd.args_iter().skip(2).map(|a| match a {
+            redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+            _ => String::new(),
+        });
+        let count = args.next().and_then(|n| n.parse().ok()).unwrap_or(0);
+        let keys = args.by_ref().take(count).collect();
+        (keys, args.collect())
+    }
+}
+
+/// Builds the call for `parts` (one or more requests, decided in this order), whose periods
+/// are in `unit`, in the form `via`. `now_micros` overrides Redis `TIME` (tests only).
+pub fn encode(
+    parts: &[Part<'_>],
+    prefix: &[u8],
+    unit: Unit,
+    now_micros: Option<u64>,
+    via: Via,
+) -> Call {
+    let count: usize = parts.iter().map(|p| p.hits.len()).sum();
+    let all = || parts.iter().flat_map(|p| p.hits.iter());
+    let (keys, slot_of) = distinct(all().map(|h| &*h.key), count);
+    let (limits, limit_of) = distinct(all().map(|h| script_limit(&h.limit, unit)), count);
+    let key_bytes: usize = keys.iter().map(|k| prefix.len() + k.len()).sum();
+    let blob_bytes = REQUEST_BYTES * parts.len() + HIT_BYTES * count;
+    let mut cmd = Cmd::with_capacity(
+        6 + keys.len() + LIMIT_FIELDS * limits.len(),
+        80 + key_bytes + 40 * limits.len() + blob_bytes,
+    );
+    match via {
+        Via::Function => cmd.arg("FCALL").arg(LIBRARY.name.as_str()),
+        Via::Script => cmd.arg("EVALSHA").arg(SHA.as_str()),
+    };
+    cmd.arg(keys.len());
+    for key in &keys {
+        let mut arg = cmd.writer_for_next_arg();
+        // Writing into the command's own buffer cannot fail.
+        let _ = arg.write_all(prefix).and_then(|()| arg.write_all(key));
+    }
+    match now_micros {
+        Some(n) => cmd.arg(n.min(MAX_EXACT)),
+        None => cmd.arg(""),
+    };
+    cmd.arg(limits.len());
+    for limit in &limits {
+        push_limit(&mut cmd, limit);
+    }
+    cmd.arg(parts.len());
+    // The requests, one binary argument written in place (writing into the command's own
+    // buffer cannot fail).
+    let mut blob = cmd.writer_for_next_arg();
+    let mut indices = slot_of.into_iter().zip(limit_of);
+    for part in parts {
+        let mut head = [0; REQUEST_BYTES];
+        head[0] = u8::from(part.mode == Mode::Independent);
+        head[1..].copy_from_slice(&index(part.hits.len()).to_le_bytes());
+        let _ = blob.write_all(&head);
+        for (hit, (slot, limit)) in part.hits.iter().zip(indices.by_ref()) {
+            let _ = blob.write_all(&encode_hit(hit, slot + 1, limit + 1));
+        }
+    }
+    drop(blob);
+    Call {
+        cmd,
+        via,
+        hits: parts.iter().map(|p| p.hits.len()).collect(),
+        unit,
+    }
+}
+
+/// The encoded size of a call's arguments for `hits`, roughly (for bounding a batch).
+pub fn encoded_size(hits: &[Hit], prefix: &[u8]) -> usize {
+    hits.iter()
+        .map(|h| prefix.len() + h.key.len() + HIT_BYTES + 40)
+        .sum::<usize>()
+        + REQUEST_BYTES
+}
+
+/// A limit as the script takes it: period in microseconds, flags (1 borrow, 2 always).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct ScriptLimit {
+    code: &'static str,
+    quota: u32,
+    period_micros: u64,
+    burst: u32,
+    flags: u8,
+}
+
+fn script_limit(l: &LimitParams, unit: Unit) -> ScriptLimit {
+    let period_micros = match unit {
+        Unit::Nanos => l.period_nanos.div_ceil(1_000).max(1),
+        Unit::Micros => l.period_nanos,
+    };
+    ScriptLimit {
+        code: algorithm_code(l.algorithm),
+        quota: l.quota,
+        period_micros: period_micros.min(MAX_EXACT),
+        burst: l.burst,
+        flags: u8::from(l.borrow) + 2 * u8::from(l.charge == Charge::Always),
+    }
+}
+
+fn push_limit(cmd: &mut Cmd, l: &ScriptLimit) {
+    cmd.arg(l.code)
+        .arg(l.quota)
+        .arg(l.period_micros)
+        .arg(l.burst)
+        .arg(l.flags);
+}
+
+/// A hit's 21 bytes in the binary ARGV (see `HIT_FORMAT` in `prelude.lua`).
+fn encode_hit(hit: &Hit, slot: usize, limit: usize) -> [u8; HIT_BYTES] {
+    let role = match hit.role {
+        Role::Enforced => 0,
+        Role::Shadow => 1,
+        Role::Quota => 2,
+        Role::QuotaShadow => 3,
+    } + if hit.refund { 8 } else { 0 };
+    let mut out = [0; HIT_BYTES];
+    out[0..4].copy_from_slice(&index(slot).to_le_bytes());
+    out[4..8].copy_from_slice(&index(limit).to_le_bytes());
+    // Exact: at most 2^53 - 1.
+    #[allow(clippy::cast_precision_loss)]
+    let cost = hit.cost.min(MAX_EXACT) as f64;
+    out[8..16].copy_from_slice(&cost.to_le_bytes());
+    out[16..20].copy_from_slice(&index(hit.group).to_le_bytes());
+    out[20] = role;
+    out
+}
+
+/// A count or index as the binary ARGV's `I4` (a call never holds 2^32 keys, limits, hits or
+/// descriptors; saturated rather than wrapped, so a larger one is refused by the script).
+fn index(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// The distinct items (`len` of them in all), in order of first appearance, and the index of
+/// each item among them.
+pub(super) fn distinct<T: Copy + Eq + Hash>(
+    items: impl Iterator<Item = T>,
+    len: usize,
+) -> (Vec<T>, Vec<usize>) {
+    let mut found = Vec::new();
+    let mut index = Vec::with_capacity(len);
+    if len <= LINEAR_SCAN_MAX {
+        for item in items {
+            let at = found.iter().position(|f| *f == item).unwrap_or_else(|| {
+                found.push(item);
+                found.len() - 1
+            });
+            index.push(at);
+        }
+    } else {
+        let mut seen = HashMap::with_capacity_and_hasher(len, ahash::RandomState::new());
+        for item in items {
+            let next = found.len();
+            let at = *seen.entry(item).or_insert(next);
+            if at == next {
+                found.push(item);
+            }
+            index.push(at);
+        }
+    }
+    (found, index)
+}
+
+/// The script's code for an algorithm (a limit's ARGV field +0).
+fn algorithm_code(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::Funnel => "f",
+        Algorithm::TokenBucket => "b",
+        Algorithm::FixedWindow => "w",
+        Algorithm::SlidingWindow => "s",
+        Algorithm::SlidingLog => "l",
+    }
+}
+
+/// `prefix` then `key`.
+pub fn prefixed(prefix: &[u8], key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(prefix.len() + key.len());
+    out.extend_from_slice(prefix);
+    out.extend_from_slice(key);
+    out
+}
