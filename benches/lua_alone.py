@@ -2,7 +2,7 @@
 """The limiter's Lua alone: redis-server's time per script call, without sluice.
 
 Starts a redis-server on a free loopback port, loads the script (or the function library)
-made of core/src/limiter/redis/lua/*.lua exactly as core/src/limiter/redis/script.rs makes it, and sends
+made of core/src/limiter/redis/lua/*.lua exactly as core/src/limiter/redis/script/mod.rs makes it, and sends
 CALLS calls, each a batch of REQUESTS requests of HITS funnel hits (the shape of
 benches/e2e.py's scenarios `one` and `ten` under group commit: each hit on the key of a user
 drawn from 10,000, as `sluice bench --spread` draws one per descriptor), pipelined 16 at a time over one connection. Prints Redis's
@@ -19,7 +19,7 @@ SLUICE_LUA_DIR=DIR reads the Lua files from DIR instead (another version, for an
 in Redis costs, without deciding anything: `TIME`, then per distinct key of the call one `GET`
 and one `SET ... PX` (the floor of a read and a write per key), or one `MGET` of every key and
 then one `SET ... PX` per key (the floor of one read per call and one write per key).
-The encoding mirrors script.rs's `encode` (the contract at the top of lua/prelude.lua).
+The encoding mirrors script/encode.rs's `encode` (the contract at the top of lua/prelude.lua).
 """
 
 import argparse

@@ -1,7 +1,7 @@
 
 -- library: the function-library form (FUNCTION LOAD, then FCALL) ends with this, after every
 -- algorithm file, and then registers main.lua's code as its one function (see
--- src/limiter/redis/script.rs). The prelude's MAKERS are all `true` here, so every maker is
+-- src/limiter/redis/script/mod.rs). The prelude's MAKERS are all `true` here, so every maker is
 -- defined; each algorithm is made now, once, and its maker replaced by one that hands back
 -- what was made. A call then makes no closure or table for its algorithms.
 local function made(make)

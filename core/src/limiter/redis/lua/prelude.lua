@@ -2,7 +2,7 @@
 -- every algorithm.
 --
 -- This script is the concatenation of src/limiter/redis/lua/*.lua, in the order given by
--- src/limiter/redis/script.rs: this prelude (the contract and integer helpers), one file per
+-- src/limiter/redis/script/mod.rs: this prelude (the contract and integer helpers), one file per
 -- algorithm, then main.lua (evaluate, plan, commit, write, report). It mirrors the Rust pure
 -- functions (src/limiter/{funnel,token_bucket,fixed_window,sliding_window,sliding_log}.rs), src/limiter/plan.rs (all or nothing) and
 -- src/limiter/memory/decide.rs (evaluate with an overlay, plan, commit from the original states,
