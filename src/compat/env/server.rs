@@ -1,0 +1,158 @@
+//! Where sluice listens, how it logs, TLS on the gRPC port, and where its rules come from
+//! (files or xDS).
+
+use super::{Reader, Unsupported};
+
+impl Reader<'_> {
+    pub(super) fn listeners(&mut self) -> Result<(), Unsupported> {
+        self.refuse("GRPC_UDS", "sluice serves gRPC on TCP only")?;
+        for (host, port, dh, dp, key) in [
+            (
+                "GRPC_HOST",
+                "GRPC_PORT",
+                "0.0.0.0",
+                "8081",
+                "SERVER__GRPC_LISTEN",
+            ),
+            ("HOST", "PORT", "0.0.0.0", "8080", "SERVER__ADMIN_LISTEN"),
+            (
+                "DEBUG_HOST",
+                "DEBUG_PORT",
+                "0.0.0.0",
+                "6070",
+                "DEBUG__LISTEN",
+            ),
+        ] {
+            let addr = self.address(host, port, dh, dp)?;
+            self.set(key, addr);
+        }
+        Ok(())
+    }
+
+    /// `host` and `port` as a socket address (`localhost` is 127.0.0.1).
+    fn address(&self, host: &str, port: &str, dh: &str, dp: &str) -> Result<String, Unsupported> {
+        let ip = ip(self.or(host, dh)).ok_or_else(|| {
+            self.unsupported(host, "sluice listens on an IP address (or localhost)")
+        })?;
+        let p: u16 = self
+            .or(port, dp)
+            .parse()
+            .map_err(|_| self.unsupported(port, "expected a port number"))?;
+        Ok(std::net::SocketAddr::new(ip, p).to_string())
+    }
+
+    pub(super) fn log(&mut self) -> Result<(), Unsupported> {
+        let level = match self.or("LOG_LEVEL", "WARN").to_ascii_lowercase().as_str() {
+            // sluice's own debug lines, not those of every library (HTTP/2 frames...).
+            "trace" => "info,sluice=trace",
+            "debug" => "info,sluice=debug",
+            "info" => "info",
+            "warn" | "warning" => "warn",
+            "error" | "fatal" | "panic" => "error",
+            _ => {
+                return Err(self.unsupported(
+                    "LOG_LEVEL",
+                    "expected trace, debug, info, warn, error, fatal or panic",
+                ));
+            }
+        };
+        self.set("LOG__LEVEL", level);
+        match self.or("LOG_FORMAT", "text") {
+            "text" => self.set("LOG__FORMAT", "text"),
+            "json" => self.set("LOG__FORMAT", "json"),
+            _ => return Err(self.unsupported("LOG_FORMAT", "expected text or json")),
+        }
+        Ok(())
+    }
+
+    pub(super) fn tls(&mut self) -> Result<(), Unsupported> {
+        if !self.flag("GRPC_SERVER_USE_TLS", false)? {
+            return Ok(());
+        }
+        for (name, key) in [
+            ("GRPC_SERVER_TLS_CERT", "TLS__CERT_FILE"),
+            ("GRPC_SERVER_TLS_KEY", "TLS__KEY_FILE"),
+        ] {
+            let Some(v) = self.get(name).map(str::to_owned) else {
+                return Err(self.unsupported(name, "GRPC_SERVER_USE_TLS=true needs it"));
+            };
+            self.set(key, v);
+        }
+        if let Some(ca) = self.get("GRPC_CLIENT_TLS_CACERT").map(str::to_owned) {
+            self.set("TLS__CLIENT_CA_FILE", ca);
+        }
+        self.refuse(
+            "GRPC_CLIENT_TLS_SAN",
+            "sluice checks that a client certificate is signed by the CA, not its SAN",
+        )
+    }
+
+    pub(super) fn rules(&mut self) -> Result<(), Unsupported> {
+        self.refuse(
+            "MERGE_DOMAIN_CONFIG",
+            "sluice refuses a domain defined twice",
+        )?;
+        match self.or("CONFIG_TYPE", "FILE").to_ascii_uppercase().as_str() {
+            "FILE" => {
+                let root = self
+                    .or("RUNTIME_ROOT", "/srv/runtime_data/current")
+                    .to_owned();
+                let sub = self.or("RUNTIME_SUBDIRECTORY", "").to_owned();
+                let app = self.or("RUNTIME_APPDIRECTORY", "config").to_owned();
+                let mut path = std::path::PathBuf::from(root);
+                for part in [sub, app] {
+                    if !part.is_empty() {
+                        path.push(part);
+                    }
+                }
+                self.set("RULES__PATHS", path.display().to_string());
+            }
+            "GRPC_XDS_SOTW" => self.xds()?,
+            _ => return Err(self.unsupported("CONFIG_TYPE", "expected FILE or GRPC_XDS_SOTW")),
+        }
+        Ok(())
+    }
+
+    pub(super) fn xds(&mut self) -> Result<(), Unsupported> {
+        let server = self
+            .or("CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000")
+            .to_owned();
+        self.set("XDS__SERVER", server);
+        let node = self.or("CONFIG_GRPC_XDS_NODE_ID", "default").to_owned();
+        self.set("XDS__NODE_ID", node);
+        for (name, key) in [
+            ("CONFIG_GRPC_XDS_NODE_METADATA", "XDS__NODE_METADATA"),
+            ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "XDS__HEADERS"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "XDS__CERT_FILE"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "XDS__KEY_FILE"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "XDS__CA_FILE"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "XDS__SERVER_NAME"),
+            ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "XDS__MAX_MESSAGE_BYTES"),
+        ] {
+            if let Some(v) = self.get(name).map(str::to_owned) {
+                self.set(key, v);
+            }
+        }
+        if self.flag("CONFIG_GRPC_XDS_SERVER_USE_TLS", false)? {
+            self.set("XDS__TLS", "true");
+        }
+        if self.flag("FORCE_START_WITHOUT_INITIAL_CONFIG", false)? {
+            self.set("XDS__START_WITHOUT_RULES", "true");
+        }
+        if let Some(ms) = self.duration_ms("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL")? {
+            self.set("XDS__RETRY_INITIAL_MS", ms.max(1).to_string());
+        }
+        if let Some(ms) = self.duration_ms("XDS_CLIENT_BACKOFF_MAX_INTERVAL")? {
+            self.set("XDS__RETRY_MAX_MS", ms.max(1).to_string());
+        }
+        Ok(())
+    }
+}
+
+/// An IP address, `[v6]`, or `localhost` (127.0.0.1).
+pub(super) fn ip(host: &str) -> Option<std::net::IpAddr> {
+    if host == "localhost" {
+        return Some(std::net::IpAddr::from([127, 0, 0, 1]));
+    }
+    host.trim_matches(|c| c == '[' || c == ']').parse().ok()
+}
