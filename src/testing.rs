@@ -9,7 +9,7 @@
 //! | [`limits`] | limits and hits for driving a `Limiter` directly |
 //! | [`process`] | the real `sluice` binary as a child process, free ports, `/proc` readings |
 //! | [`ratelimit_env`] | envoyproxy/ratelimit's container env in Envoy Gateway and Istio's sample |
-//! | [`redis`] | real `redis-server` processes (standalone, Sentinel, Cluster) |
+//! | [`redis`] | real `redis-server` (or `valkey-server`) processes (standalone, Sentinel, Cluster) |
 //! | [`rlqs`] | an in-process server with handles on its RLQS state, RLQS streams and reports |
 
 pub mod grpc;

