@@ -246,6 +246,7 @@ pub(crate) fn to_proto(r: engine::Response) -> pb::RateLimitResponse {
             })
             .collect(),
         dynamic_metadata: r.dynamic_metadata.map(struct_of),
+        raw_body: r.raw_body.map(String::into_bytes).unwrap_or_default(),
         ..Default::default()
     }
 }

@@ -184,7 +184,7 @@ mod tests {
 
     use super::*;
     use crate::config::model::{
-        Algorithm, Charge, DescriptorRule, DomainRules, LimitRule, Location, Policy, Unit,
+        Algorithm, Charge, DescriptorRule, DomainRules, LimitRule, Location, OnDeny, Policy, Unit,
         ValueMatch,
     };
 
@@ -299,6 +299,7 @@ descriptors:
             charge: _,
             borrow: _,
             replaces: _,
+            on_deny: _,
         } = limit(&mut model);
         let Location { file: _, line: _ } = &model.domains[0].location;
         vec![
@@ -344,6 +345,13 @@ descriptors:
             ("charge", |m| limit(m).charge = Charge::Always),
             ("borrow", |m| limit(m).borrow = false),
             ("limit replaces", |m| limit(m).replaces.clear()),
+            ("on_deny", |m| {
+                limit(m).on_deny = Some(Arc::new(OnDeny {
+                    body: "slow down".into(),
+                    content_type: None,
+                    headers: Vec::new(),
+                }));
+            }),
             ("unlimited name", |m| *unlimited(m).0 = None),
             ("unlimited replaces", |m| unlimited(m).1.push("x".into())),
         ]

@@ -15,8 +15,8 @@ use std::fmt::Write as _;
 use std::time::SystemTime;
 
 use crate::config::model::{LimitRule, Policy};
-use crate::rules::naming::segment;
 use crate::reload::ConfigStatus;
+use crate::rules::naming::segment;
 use crate::rules::{Rule, RuleSet};
 
 /// The whole dump.
@@ -92,6 +92,17 @@ fn extra(l: &LimitRule) -> String {
     }
     if !l.replaces.is_empty() {
         let _ = write!(out, " replaces={}", l.replaces.join(","));
+    }
+    if let Some(d) = &l.on_deny {
+        let headers = d
+            .all_headers()
+            .map(|(k, _)| k)
+            .collect::<Vec<_>>()
+            .join(",");
+        let _ = write!(out, " on_deny=body:{}B", d.body.len());
+        if !headers.is_empty() {
+            let _ = write!(out, ",headers:{headers}");
+        }
     }
     out
 }

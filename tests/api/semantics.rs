@@ -509,3 +509,33 @@ async fn global_quota_mode_makes_every_descriptor_a_quota_one() {
     hit(&mut c, "shadow", "q").await;
     assert_eq!(hit_code(&mut c, "shadow", "q").await, Code::Ok);
 }
+
+/// A limit's `on_deny`: the denied request's answer carries its body as `raw_body` and its
+/// headers in `response_headers_to_add` (Envoy's 429); an admitted request carries neither,
+/// and a shadow-mode rule's never applies.
+#[tokio::test]
+async fn a_denied_request_carries_the_limits_custom_denial() {
+    const RULES: &str = "domain: d\ndescriptors:\n  - key: plan\n    rate_limit:\n      unit: minute\n      requests_per_unit: 1\n      on_deny:\n        body: '{\"error\":\"upgrade\"}'\n        content_type: application/json\n        headers: {x-upgrade: /plans}\n  - key: quiet\n    shadow_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 1, on_deny: {body: never}}\n";
+    let (_s, mut c) = serve(RULES).await;
+    let ask = |key: &'static str| req("d", vec![desc(&[(key, "free")])]);
+    let ok = call(&mut c, ask("plan")).await;
+    assert_eq!(overall(&ok), Code::Ok);
+    assert!(ok.raw_body.is_empty() && ok.response_headers_to_add.is_empty());
+    let over = call(&mut c, ask("plan")).await;
+    assert_eq!(overall(&over), Code::OverLimit);
+    assert_eq!(over.raw_body, b"{\"error\":\"upgrade\"}");
+    assert_eq!(
+        headers(&over),
+        owned_pairs(&[
+            ("content-type", "application/json"),
+            ("x-upgrade", "/plans")
+        ])
+    );
+    call(&mut c, ask("quiet")).await;
+    let shadow = call(&mut c, ask("quiet")).await;
+    assert_eq!(overall(&shadow), Code::Ok);
+    assert!(
+        shadow.raw_body.is_empty(),
+        "a shadow rule never answers with its denial"
+    );
+}

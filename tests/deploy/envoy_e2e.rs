@@ -264,3 +264,43 @@ async fn envoy_reports_llm_tokens_after_the_answer() {
         .await;
     assert_eq!(bob.status, 200, "{bob:?}");
 }
+
+/// A limit's `on_deny` through the shipped Envoy: the 429 carries the rule's body, its
+/// content type and its headers, and an admitted request none of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_answers_a_denial_with_the_limits_custom_body_and_headers() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(
+        &rules,
+        "domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit:\n      unit: minute\n      \
+         requests_per_unit: 1\n      on_deny:\n        body: '{\"error\":\"quota spent\",\"upgrade\":\"/plans\"}'\n        \
+         content_type: application/json\n        headers: {x-quota-plan: free}\n",
+    )
+    .unwrap();
+    let upstream = Upstream::start().await;
+    let sluice = start_sluice(&rules, &[]).await;
+    let proxy = Proxy::start("envoy.yaml", upstream.port, sluice.port, true).await;
+    let key = [("x-api-key", "k-free")];
+    let first = proxy.get("/orders", &key).await;
+    assert_eq!(first.status, 200, "{first:?}");
+    assert_eq!(first.header("x-quota-plan"), None);
+    let denied = proxy.get("/orders", &key).await;
+    assert_eq!(denied.status, 429, "{denied:?}");
+    assert_eq!(
+        denied.body,
+        "{\"error\":\"quota spent\",\"upgrade\":\"/plans\"}"
+    );
+    assert_eq!(
+        header(&denied, "content-type"),
+        "application/json",
+        "{denied:?}"
+    );
+    assert_eq!(header(&denied, "x-quota-plan"), "free");
+    let types = denied
+        .headers
+        .iter()
+        .filter(|(k, _)| k == "content-type")
+        .count();
+    assert_eq!(types, 1, "one content type: {denied:?}");
+}

@@ -235,6 +235,7 @@ fn shared_rules() -> RuleSet {
         charge: Charge::Admitted,
         borrow: false,
         replaces: vec![],
+        on_deny: None,
     };
     let files = rule(
         "path",

@@ -106,6 +106,38 @@ pub struct LimitRule {
     /// Names of other limits this one replaces when both match in one request. Never empty
     /// strings, never this limit's own name.
     pub replaces: Vec<String>,
+    /// What Envoy answers a request this limit denies, when set (`on_deny`).
+    pub on_deny: Option<Arc<OnDeny>>,
+}
+
+/// A custom denial (`on_deny`): the body and headers of the 429 Envoy sends when this limit
+/// denies a request, carried by the answer's `raw_body` and `response_headers_to_add`.
+/// Checked at load: sizes bounded, header names tokens, no line breaks in values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OnDeny {
+    /// The body, at most [`OnDeny::MAX_BODY`] bytes (may be empty).
+    pub body: String,
+    /// Sent as the `content-type` header, when set.
+    pub content_type: Option<String>,
+    /// More headers, by name (lower case, sorted); at most [`OnDeny::MAX_HEADERS`].
+    pub headers: Vec<(String, String)>,
+}
+
+impl OnDeny {
+    /// The largest body, in bytes.
+    pub const MAX_BODY: usize = 4096;
+    /// The most headers (besides `content-type`).
+    pub const MAX_HEADERS: usize = 16;
+    /// The longest header value, in bytes.
+    pub const MAX_HEADER_VALUE: usize = 1024;
+
+    /// Every header to send: `content-type` first when set, then the others.
+    pub fn all_headers(&self) -> impl Iterator<Item = (&str, &str)> {
+        let content_type = self.content_type.as_deref().map(|v| ("content-type", v));
+        content_type
+            .into_iter()
+            .chain(self.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+    }
 }
 
 impl LimitRule {

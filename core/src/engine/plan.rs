@@ -114,6 +114,7 @@ fn override_rule(limit: Override, defaults: LimitDefaults) -> LimitRule {
         charge: defaults.charge,
         borrow: false,
         replaces: Vec::new(),
+        on_deny: None,
     }
 }
 

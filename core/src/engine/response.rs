@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 
 use super::plan::{Applies, DescriptorPlan, Planned};
 use super::{Options, Request};
-use crate::config::model::{LimitRule, Unit};
+use crate::config::model::{LimitRule, OnDeny, Unit};
 use crate::limiter::{BatchOutcome, HitOutcome, Role};
 
 /// A verdict. Never "unknown": Envoy would let such an answer through.
@@ -45,6 +45,8 @@ pub struct Response {
     pub statuses: Vec<DescriptorStatus>,
     pub response_headers: Vec<(String, String)>,
     pub dynamic_metadata: Option<Map<String, Value>>,
+    /// The body Envoy answers a denied request with (`on_deny` of the limit that denied it).
+    pub raw_body: Option<String>,
 }
 
 const NANOS_PER_SEC: u64 = 1_000_000_000;
@@ -65,14 +67,40 @@ pub(super) fn assemble(
     } else {
         Code::OverLimit
     };
-    let response_headers = headers(&reported, overall_code, options);
+    let mut response_headers = headers(&reported, overall_code, options);
     let dynamic_metadata = metadata(request, planned, &reported, options);
+    let denial = (overall_code == Code::OverLimit)
+        .then(|| custom_denial(planned, &outcome.hits))
+        .flatten();
+    let raw_body = denial.map(|d| {
+        let own = d.all_headers().map(|(k, v)| (k.to_owned(), v.to_owned()));
+        response_headers.extend(own);
+        d.body.clone()
+    });
     Response {
         overall_code,
         statuses: reported.into_iter().map(|(s, _)| s).collect(),
         response_headers,
         dynamic_metadata,
+        raw_body,
     }
+}
+
+/// The `on_deny` of a denied request: the first descriptor, in request order, that is not in
+/// shadow mode and one of whose limits denied it and has one.
+fn custom_denial<'p>(planned: &'p Planned<'_>, hits: &[HitOutcome]) -> Option<&'p OnDeny> {
+    planned.descriptors.iter().find_map(|d| {
+        let Applies::Limits { limits, role } = &d.applies else {
+            return None;
+        };
+        if role.is_shadow() {
+            return None;
+        }
+        limits.iter().find_map(|(rule, i)| {
+            let denied = hits.get(*i).is_some_and(|o| !o.admitted);
+            denied.then_some(rule.on_deny.as_deref()).flatten()
+        })
+    })
 }
 
 fn status(d: &DescriptorPlan<'_>, hits: &[HitOutcome]) -> (DescriptorStatus, Option<Role>) {

@@ -24,6 +24,7 @@ fn limited(
         charge: Charge::Admitted,
         borrow: false,
         replaces: vec![],
+        on_deny: None,
     };
     DescriptorRule {
         policy: Policy::Limited(vec![limit]),

@@ -81,6 +81,13 @@ pub const INVALID: &[(&str, &[&str])] = &[
     ("not_utf8.yaml", &[
         "not_utf8.yaml:4: not valid UTF-8 (rules files must be UTF-8)",
     ]),
+    ("on_deny_invalid.yaml", &[
+        "on_deny_invalid.yaml:9: descriptors[0].rate_limit.on_deny: unknown key 'status'",
+        "on_deny_invalid.yaml:15: descriptors[1].rate_limit.on_deny.headers.Content-Type: set content_type instead",
+        "on_deny_invalid.yaml:15: descriptors[1].rate_limit.on_deny.headers.connection: a header Envoy sets itself",
+        "on_deny_invalid.yaml:15: descriptors[1].rate_limit.on_deny.headers.x bad: not a valid header name",
+        "on_deny_invalid.yaml:20: descriptors[2].rate_limit.on_deny.content_type: a header value cannot hold a line break or NUL",
+    ]),
     ("period_too_long.yaml", &[
         "period_too_long.yaml:7: descriptors[0].rate_limit.unit_multiplier: a period of 101 x year is longer than 100 years",
         "period_too_long.yaml:17: descriptors[2].rate_limit.unit_multiplier: a period of 4294967295 x second is longer than 100 years",

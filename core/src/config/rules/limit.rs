@@ -6,6 +6,7 @@ use std::num::NonZeroU32;
 use saphyr::{MarkedYaml, YamlData};
 
 use super::algorithm::{algorithm, fits_algorithm};
+use super::deny::on_deny;
 use super::scalar::{boolean, string, uint};
 use super::tree::{Ctx, Field, Fields, describe, index, is_null, line, mapping};
 use crate::config::model::{Charge, LimitRule, Policy, Unit};
@@ -22,6 +23,7 @@ const LIMIT_KEYS: &[&str] = &[
     "burst",
     "charge",
     "borrow",
+    "on_deny",
 ];
 
 /// The keys that mean nothing on an unlimited limit.
@@ -32,6 +34,7 @@ const LIMITED_ONLY: &[&str] = &[
     "burst",
     "charge",
     "borrow",
+    "on_deny",
 ];
 
 /// The longest period a limit may have: 100 years of 365 days.
@@ -223,6 +226,7 @@ fn limited(
     let burst = burst(fields, ctx);
     let charge = charge(fields, ctx);
     let borrow = flag(fields, "borrow", ctx);
+    let on_deny = on_deny(fields, ctx);
     let fits = algorithm.is_none_or(|a| fits_algorithm(fields, a, (requests, borrow), ctx));
     let requests = requests?;
     let (algorithm, _) = algorithm?;
@@ -245,6 +249,7 @@ fn limited(
         charge: charge?,
         borrow,
         replaces: replaces?,
+        on_deny: on_deny?,
     })
 }
 

@@ -121,6 +121,12 @@
 //!   sliding_log` (same suffix).
 //! - **Unknown charge** (`charge_unknown.yaml`): `charge: unknown charge 'x' (expected
 //!   admitted or always)`.
+//! - **A bad `on_deny`** (`on_deny_invalid.yaml`): a key other than `body`, `content_type`,
+//!   `headers` (`on_deny: unknown key 'x'`); a body over 4096 bytes or a value over 1024
+//!   (`at most N bytes`); more than 16 headers (`at most 16 headers`); a header name that is
+//!   not an HTTP token (`not a valid header name`), `content-type` among the headers (`set
+//!   content_type instead`), a header Envoy frames itself (`a header Envoy sets itself`); a
+//!   line break or NUL in a value (`a header value cannot hold a line break or NUL`).
 //! - **Limits sharing a state** (`limits_share_state.yaml`): two limits of one descriptor
 //!   with the same algorithm and the same period (unit x multiplier: `60 x second` equals
 //!   `1 x minute`), reported on the later one: `same algorithm (funnel) and period (60s) as
@@ -140,6 +146,7 @@
 //! is an empty model, not an error.
 
 mod algorithm;
+mod deny;
 mod document;
 mod files;
 mod limit;

@@ -338,3 +338,51 @@ fn burst_on_a_domains_default_window_names_the_domains_setting() {
         "{errors}"
     );
 }
+
+#[test]
+fn on_deny_gives_the_body_and_headers_of_the_429() {
+    let text = "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      on_deny:\n        body: '{\"error\": \"slow down\"}'\n        content_type: application/json\n        headers: {X-Upgrade-At: https://example.com/plans, Retry-Policy: 3}\n";
+    let model = load(text).unwrap_or_else(|e| panic!("{e:?}"));
+    let Policy::Limited(limits) = &model.domains[0].descriptors[0].policy else {
+        panic!("limited");
+    };
+    let d = limits[0].on_deny.as_deref().expect("on_deny");
+    assert_eq!(d.body, "{\"error\": \"slow down\"}");
+    assert_eq!(
+        d.all_headers().collect::<Vec<_>>(),
+        [
+            ("content-type", "application/json"),
+            ("retry-policy", "3"),
+            ("x-upgrade-at", "https://example.com/plans"),
+        ]
+    );
+}
+
+#[test]
+fn a_bad_on_deny_names_its_line_and_key() {
+    let at = |on_deny: &str| {
+        format!(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      on_deny: {on_deny}\n"
+        )
+    };
+    let big = "x".repeat(4097);
+    let many: Vec<String> = (0..17).map(|i| format!("h{i}: v")).collect();
+    for (on_deny, want) in [
+        ("{colour: red}".to_owned(), "t.yaml:7: descriptors[0].rate_limit.on_deny: unknown key 'colour'".to_owned()),
+        (format!("{{body: {big}}}"), "t.yaml:7: descriptors[0].rate_limit.on_deny.body: at most 4096 bytes".to_owned()),
+        ("{headers: {\"bad name\": v}}".to_owned(), "t.yaml:7: descriptors[0].rate_limit.on_deny.headers.bad name: not a valid header name".to_owned()),
+        ("{headers: {Content-Type: text/html}}".to_owned(), "t.yaml:7: descriptors[0].rate_limit.on_deny.headers.Content-Type: set content_type instead".to_owned()),
+        ("{headers: {content-length: \"3\"}}".to_owned(), "t.yaml:7: descriptors[0].rate_limit.on_deny.headers.content-length: a header Envoy sets itself".to_owned()),
+        ("{content_type: \"a\\nb\"}".to_owned(), "t.yaml:7: descriptors[0].rate_limit.on_deny.content_type: a header value cannot hold a line break or NUL".to_owned()),
+        (format!("{{headers: {{{}}}}}", many.join(", ")), "t.yaml:7: descriptors[0].rate_limit.on_deny.headers: at most 16 headers".to_owned()),
+    ] {
+        assert_eq!(errors(&at(&on_deny)), [want], "{on_deny}");
+    }
+    let unlimited = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, on_deny: {body: x}}\n";
+    assert_eq!(
+        errors(unlimited),
+        [
+            "t.yaml:4: descriptors[0].rate_limit.on_deny: on_deny must not be set on an unlimited limit"
+        ]
+    );
+}
