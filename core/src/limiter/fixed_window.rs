@@ -19,7 +19,7 @@
 //! saturates; nothing divides by zero or panics.
 //!
 //! ```
-//! use sluice::limiter::fixed_window::{FixedWindow, EMPTY};
+//! use sluice_core::limiter::fixed_window::{FixedWindow, EMPTY};
 //! const SEC: u64 = 1_000_000_000;
 //! // 2 per minute.
 //! let w = FixedWindow::new(2, 60 * SEC);

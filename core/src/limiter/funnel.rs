@@ -8,7 +8,7 @@
 //! and no state is ever kept.
 //!
 //! ```
-//! use sluice::limiter::funnel::{Funnel, FRESH};
+//! use sluice_core::limiter::funnel::{Funnel, FRESH};
 //! // 2 per second, burst 2.
 //! let f = Funnel::new(2, 1_000_000_000, 2, false);
 //! let a = f.evaluate(FRESH, 0, 1);

@@ -68,8 +68,8 @@ use store::{Found, Kind};
 ///
 /// ```
 /// use futures_util::FutureExt;
-/// use sluice::config::model::{Algorithm, Charge};
-/// use sluice::limiter::{Batch, Hit, LimitParams, Limiter, ManualClock, MemoryLimiter, Role};
+/// use sluice_core::config::model::{Algorithm, Charge};
+/// use sluice_core::limiter::{Batch, Hit, LimitParams, Limiter, ManualClock, MemoryLimiter, Role};
 ///
 /// let clock = ManualClock::at(1_000_000_000);
 /// let limiter = MemoryLimiter::with_clock(10_000, clock.clone());

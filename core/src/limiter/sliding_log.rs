@@ -15,7 +15,7 @@
 //! nothing here (rules refuse it). A zero quota admits nothing with a cost and keeps no state.
 //!
 //! ```
-//! use sluice::limiter::sliding_log::{Log, SlidingLog};
+//! use sluice_core::limiter::sliding_log::{Log, SlidingLog};
 //! const SEC: u64 = 1_000_000_000;
 //! // 3 per minute.
 //! let l = SlidingLog::new(3, 60 * SEC);

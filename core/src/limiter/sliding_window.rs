@@ -23,7 +23,7 @@
 //! exact integer math (128-bit products); nothing divides by zero or panics.
 //!
 //! ```
-//! use sluice::limiter::sliding_window::{SlidingWindow, EMPTY};
+//! use sluice_core::limiter::sliding_window::{SlidingWindow, EMPTY};
 //! const SEC: u64 = 1_000_000_000;
 //! // 10 per minute; 10 taken in the last second of a minute.
 //! let w = SlidingWindow::new(10, 60 * SEC);

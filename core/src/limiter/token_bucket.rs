@@ -17,7 +17,7 @@
 //! with a cost and keeps no state. Arithmetic saturates; nothing divides by zero or panics.
 //!
 //! ```
-//! use sluice::limiter::token_bucket::{TokenBucket, FULL};
+//! use sluice_core::limiter::token_bucket::{TokenBucket, FULL};
 //! const SEC: u64 = 1_000_000_000;
 //! // 2 tokens every second, at most 4 held.
 //! let b = TokenBucket::new(2, SEC, 4, false);

@@ -42,8 +42,8 @@ const NANOS_PER_SECOND: u64 = 1_000_000_000;
 /// from these entries never has, use the request value.
 ///
 /// ```
-/// use sluice::rules::Entry;
-/// use sluice::rules::key::descriptor_part;
+/// use sluice_core::rules::Entry;
+/// use sluice_core::rules::key::descriptor_part;
 ///
 /// let entries = [Entry::new("remote_address", "10.0.0.1"), Entry::new("path", "/a|b")];
 /// assert_eq!(
@@ -80,9 +80,9 @@ pub fn descriptor_part(domain: &str, entries: &[Entry], matched: Option<&Match<'
 /// The state key of one limit of a descriptor: its descriptor part, algorithm and period.
 ///
 /// ```
-/// use sluice::config::model::Algorithm;
-/// use sluice::rules::Entry;
-/// use sluice::rules::key::{descriptor_part, hash_tag, state_key};
+/// use sluice_core::config::model::Algorithm;
+/// use sluice_core::rules::Entry;
+/// use sluice_core::rules::key::{descriptor_part, hash_tag, state_key};
 ///
 /// let part = descriptor_part("api", &[Entry::new("user", "alice")], None);
 /// let key = state_key(&part, Algorithm::Funnel, 60_000_000_000);
@@ -176,8 +176,8 @@ pub struct DecodeError(&'static str);
 /// Reads a state key back (without the Redis prefix): the inverse of [`state_key`].
 ///
 /// ```
-/// use sluice::config::model::Algorithm;
-/// use sluice::rules::key::decode;
+/// use sluice_core::config::model::Algorithm;
+/// use sluice_core::rules::key::decode;
 ///
 /// let key = decode(b"{api|user=a%7Cb|path~/files/*}:funnel:60").unwrap();
 /// assert_eq!(key.domain, "api");

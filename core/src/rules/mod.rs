@@ -159,9 +159,9 @@ impl Domain {
     /// the path it follows, and no retry of other rules when a deeper level does not match.
     ///
     /// ```
-    /// use sluice::config::model::RulesModel;
-    /// use sluice::rules::{Entry, RuleSet};
-    /// # use sluice::config::model::*;
+    /// use sluice_core::config::model::RulesModel;
+    /// use sluice_core::rules::{Entry, RuleSet};
+    /// # use sluice_core::config::model::*;
     /// # fn rule(key: &str, value: ValueMatch, children: Vec<DescriptorRule>) -> DescriptorRule {
     /// #     let location = Location { file: std::sync::Arc::new("r.yaml".into()), line: 1 };
     /// #     DescriptorRule { key: key.into(), value, policy: Policy::None, shadow_mode: false,
