@@ -8,8 +8,8 @@
 //! - [`ThrottleLayer`]: a `tower` layer for axum or tonic services, answering 429 (HTTP) or
 //!   `RESOURCE_EXHAUSTED` (gRPC) with `RateLimit-*` and `Retry-After` headers.
 //!
-//! This crate depends on no part of the server: the stubs in [`pb`] are generated from the
-//! repository's protos.
+//! This crate depends on no part of the server: the stubs in [`pb`] are the `sluice-proto`
+//! crate, generated from the repository's protos and shared with the server.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -50,9 +50,11 @@
 mod client;
 mod error;
 mod layer;
-pub mod pb;
 mod rls;
 mod throttle;
+
+/// The generated wire types and clients (the `sluice-proto` crate).
+pub use sluice_proto as pb;
 
 pub use client::{Client, ClientBuilder, DEFAULT_TIMEOUT, FailPolicy};
 pub use error::{AcquireError, Error};

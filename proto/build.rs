@@ -3,7 +3,8 @@
 
 use std::path::PathBuf;
 
-const PROTOS: &[&str] = &[
+/// What the server answers: generated, and served by reflection.
+const SERVED: &[&str] = &[
     "envoy/service/ratelimit/v3/rls.proto",
     "envoy/extensions/common/ratelimit/v3/ratelimit.proto",
     "envoy/config/core/v3/base.proto",
@@ -12,24 +13,28 @@ const PROTOS: &[&str] = &[
     "sluice/v1/throttle.proto",
 ];
 
-/// Spoken as a client only (rules over xDS, src/xds/): generated, but not in the set that
-/// server reflection serves, which lists what the server answers.
-const CLIENT_PROTOS: &[&str] = &[
+/// Spoken as a client only (rules over xDS, the server's `src/xds/`): generated, but not in
+/// the set that server reflection serves, which lists what the server answers.
+const CLIENT_ONLY: &[&str] = &[
     "envoy/service/discovery/v3/ads.proto",
     "ratelimit/config/ratelimit/v3/rls_conf.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    println!("cargo:rerun-if-changed=proto");
-    let mut compiler = protox::Compiler::new(["proto"])?;
+    // The .proto files sit in this crate's directory, beside Cargo.toml and src/.
+    let mut compiler = protox::Compiler::new(["."])?;
     compiler.include_imports(true).include_source_info(false);
-    compiler.open_files(PROTOS)?;
+    compiler.open_files(SERVED)?;
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(
         out.join("sluice_descriptor.bin"),
         compiler.encode_file_descriptor_set(),
     )?;
-    compiler.open_files(CLIENT_PROTOS)?;
+    compiler.open_files(CLIENT_ONLY)?;
+    // Every file read, imports included: an edit to src/ does not rerun the code generation.
+    for path in compiler.files().filter_map(|f| f.path()) {
+        println!("cargo:rerun-if-changed={}", path.display());
+    }
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
