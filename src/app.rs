@@ -60,6 +60,8 @@ struct OpsSettings {
     max_concurrent_streams: u32,
     /// Each gRPC stream on a task of its own (`server.stream_tasks`).
     stream_tasks: bool,
+    /// The gRPC port's preface and idle timeouts and connection cap.
+    connections: crate::transport::ConnectionLimits,
 }
 
 impl App {
@@ -123,6 +125,7 @@ impl App {
                 debounce: Duration::from_millis(settings.reload.debounce_ms),
                 max_concurrent_streams: settings.input.max_concurrent_streams,
                 stream_tasks: settings.server.stream_tasks,
+                connections: (&settings.server).into(),
             },
             tls: None,
             rlqs,

@@ -3,7 +3,7 @@
 //! # Layout
 //!
 //! Dependencies point one way:
-//! `main (CLI) -> app -> { grpc, admin } -> engine -> { rules, limiter } -> config model`.
+//! `main (CLI) -> app -> { transport, grpc, admin } -> engine -> { rules, limiter } -> config model`.
 //! The decision (`config`, `rules`, `limiter`, `engine`) is the `sluice-core` crate (`core/`),
 //! re-exported here under the same names, so no arrow can point back up into this crate.
 //! `metrics`, `reload` and `health` are the operations side that `app` wires in; `runtime`,
@@ -23,10 +23,11 @@
 //! | [`rlqs`] | the Rate Limit Quota Service: usage reports in, fair-share assignments out |
 //! | [`throttle`] | `sluice.v1.Throttle`: CL.THROTTLE as gRPC, straight to the limiter |
 //! | [`health`] | readiness: rules loaded, backend ready, not draining |
-//! | [`tls`] | TLS and mTLS on the gRPC port, certificates reloaded from files |
+//! | [`transport`] | the gRPC port below tonic's routes: accept loop, HTTP/2 driver, `grpc-timeout`, TLS handshakes, connection limits |
+//! | [`tls`] | TLS and mTLS on the gRPC port: certificates reloaded from files |
 //! | [`telemetry`] | logs to stderr, and spans over OTLP (feature `otel`) |
 //! | [`app`] | serving: listeners, tasks, the ordered drain |
-//! | [`runtime`] | the tokio runtime and gRPC server settings shared by `serve` and the no-op server |
+//! | [`runtime`] | the tokio runtime shared by `serve` and the no-op server |
 //! | [`signal`] | SIGTERM/SIGINT (shutdown) and SIGHUP (reload), for the binary |
 //! | [`compat`] | drop-in for envoyproxy/ratelimit: its environment, stat names, debug port |
 //! | [`xds`] | rules over xDS: the ADS client for envoyproxy/ratelimit's `RateLimitConfig` |
@@ -57,4 +58,5 @@ pub mod telemetry;
 pub mod testing;
 pub mod throttle;
 pub mod tls;
+pub mod transport;
 pub mod xds;

@@ -1,10 +1,7 @@
-//! The tokio runtime and the gRPC server settings that `sluice serve` and the no-op server
-//! (`sluice bench --noop-server`) share, so that the no-op is measured on exactly sluice's
-//! serving stack.
+//! The tokio runtime that `sluice serve` and the no-op server (`sluice bench --noop-server`)
+//! share, so that the no-op is measured on exactly sluice's serving stack. The gRPC port
+//! itself is [`crate::transport`].
 
-mod connection;
-
-pub use connection::{Http2Server, Streams};
 pub use sluice_core::limiter::gathering::{gathered, gathering};
 
 /// The multi-threaded runtime that serves: `worker_threads` workers, or one per CPU the
@@ -22,20 +19,4 @@ pub fn build(worker_threads: usize) -> std::io::Result<tokio::runtime::Runtime> 
         .thread_name("sluice-worker")
         .worker_threads(workers)
         .build()
-}
-
-/// The gRPC server with the HTTP/2 settings of the gRPC port. Beyond `max_concurrent_streams`
-/// a client queues its requests (or opens another connection); a stream opened anyway is
-/// refused (REFUSED_STREAM). HTTP/2 flow-control windows and frame sizes keep hyper's
-/// defaults: a request and its answer are a few hundred bytes, far below them. `stream_tasks`:
-/// each stream on a task of its own instead of on its connection's (src/runtime/connection.rs).
-pub fn grpc_server(max_concurrent_streams: u32, stream_tasks: bool) -> Http2Server {
-    Http2Server {
-        max_concurrent_streams,
-        streams: if stream_tasks {
-            Streams::OwnTasks
-        } else {
-            Streams::OnConnection
-        },
-    }
 }

@@ -6,21 +6,16 @@
 //! The active `rustls` configuration sits in an `ArcSwap`; each new connection's handshake
 //! uses the one active when it starts, so a reload never disturbs an open connection. A
 //! reload that fails (a missing file, a key that does not match) keeps the active
-//! configuration and is logged. Handshakes run concurrently (a slow client never holds up
-//! the others) and time out after [`HANDSHAKE_TIMEOUT`].
+//! configuration and is logged. The handshakes themselves are the gRPC port's
+//! ([`crate::transport`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
-use tokio::task::JoinSet;
-use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{self, RootCertStore, ServerConfig};
-use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 
 use sluice_core::pem::{PemError, certificates, private_key};
@@ -28,9 +23,6 @@ use sluice_core::pem::{PemError, certificates, private_key};
 use crate::config::settings::TlsSettings;
 use crate::reload::ReloadTrigger;
 use crate::reload::watch::{debounced, start_watcher};
-
-/// A handshake that takes longer is dropped.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where the certificates are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,48 +91,6 @@ impl TlsFiles {
 
 /// The active configuration, swapped whole on reload.
 pub type ActiveTls = Arc<ArcSwap<ServerConfig>>;
-
-/// Accepts TCP connections on `listener` until `stop`, and sends each one whose handshake
-/// succeeded to `accepted` (the gRPC server's incoming stream).
-pub async fn accept(
-    listener: TcpListener,
-    tls: ActiveTls,
-    accepted: mpsc::Sender<std::io::Result<TlsStream<TcpStream>>>,
-    stop: CancellationToken,
-) {
-    // Owned here: dropping it (when this task ends) aborts unfinished handshakes.
-    let mut handshakes = JoinSet::new();
-    loop {
-        let (tcp, peer) = tokio::select! {
-            () = stop.cancelled() => return,
-            () = accepted.closed() => return,
-            Some(_) = handshakes.join_next(), if !handshakes.is_empty() => continue,
-            got = listener.accept() => match got {
-                Ok(conn) => conn,
-                Err(e) => {
-                    tracing::warn!(error = %e, "gRPC accept failed");
-                    continue;
-                }
-            },
-        };
-        // As on the plain port: a response is flushed as soon as it is written, not held back
-        // by Nagle's algorithm until the peer's delayed ACK.
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(%peer, error = %e, "TCP_NODELAY could not be set");
-        }
-        let acceptor = TlsAcceptor::from(tls.load_full());
-        let accepted = accepted.clone();
-        handshakes.spawn(async move {
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(stream)) => {
-                    let _ = accepted.send(Ok(stream)).await;
-                }
-                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-            }
-        });
-    }
-}
 
 /// Reloads `tls` from `files` whenever one of them changes (their contents, not only their
 /// directory), until `stop`.

@@ -14,14 +14,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::net::TcpListener;
 use tokio::task::JoinSet;
-use tokio_rustls::server::TlsStream;
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::service::Routes;
-use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
@@ -29,10 +25,11 @@ use super::App;
 use crate::admin::{self, Admin};
 use crate::grpc::RateLimiter;
 use crate::health::Readiness;
-use crate::limiter::{BoxFuture, Limiter};
+use crate::limiter::Limiter;
 use crate::proto::rate_limit_service_server::RateLimitServiceServer;
 use crate::reload::{self, WatchOptions};
-use crate::tls;
+use crate::tls::{self, ActiveTls};
+use crate::transport::Http2Server;
 
 /// Names under which gRPC health reports the service.
 const HEALTH_NAMES: [&str; 5] = [
@@ -59,14 +56,6 @@ impl From<TcpListener> for Listeners {
 
 type Tasks = JoinSet<anyhow::Result<()>>;
 
-/// Where the gRPC server's connections come from.
-enum Incoming {
-    /// Accepted connections with `TCP_NODELAY` (an answer is sent at once, not held back by
-    /// Nagle's algorithm waiting for the ACK of the previous one).
-    Plain(TcpIncoming),
-    Tls(ReceiverStream<std::io::Result<TlsStream<TcpStream>>>),
-}
-
 pub(super) async fn run(
     app: App,
     listeners: Listeners,
@@ -79,7 +68,12 @@ pub(super) async fn run(
     let engine = app.engine.clone();
     let rlqs = app.rlqs.clone();
     let drain_delay = app.ops.drain_delay;
-    let server = crate::runtime::grpc_server(app.ops.max_concurrent_streams, app.ops.stream_tasks);
+    let ops = app.ops;
+    let server = Http2Server::new(
+        ops.max_concurrent_streams,
+        ops.stream_tasks,
+        ops.connections,
+    );
     let stop = CancellationToken::new();
     let failed = CancellationToken::new();
     let grpc_stop = CancellationToken::new();
@@ -89,7 +83,7 @@ pub(super) async fn run(
         crate::throttle::Throttler::new(engine.limiter().clone(), *engine.input_limits())
             .with_observer(app.metrics.clone())
             .into_service();
-    let incoming = incoming(&app, listeners.grpc, &mut tasks, &failed, &grpc_stop, &stop);
+    let tls = tls_watched(&app, &mut tasks, &failed, &stop);
     spawn_tasks(&mut tasks, app, listeners.admin, &readiness, &stop, &failed);
     let (health, health_service) = tonic_health::server::health_reporter();
     // Every name is registered before the first connection is served, so an early health
@@ -101,8 +95,8 @@ pub(super) async fn run(
         Ok::<_, std::convert::Infallible>(())
     });
     let (reflection_v1, reflection_v1alpha) = reflection()?;
-    let tls = matches!(incoming, Incoming::Tls(_));
-    tracing::info!(?addr, tls, backend = engine.backend_name(), "serving gRPC");
+    let backend = engine.backend_name();
+    tracing::info!(?addr, tls = tls.is_some(), backend, "serving gRPC");
     let routes = Routes::new(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -111,10 +105,7 @@ pub(super) async fn run(
         .add_service(rlqs.service(grpc_stop.clone()))
         .add_service(throttle);
     let signal = grpc_stop.clone().cancelled_owned();
-    let mut server: BoxFuture<'_, ()> = match incoming {
-        Incoming::Tls(s) => Box::pin(server.serve(routes, s, signal)),
-        Incoming::Plain(s) => Box::pin(server.serve(routes, s, signal)),
-    };
+    let mut server = std::pin::pin!(server.serve(routes, listeners.grpc, tls, signal));
     let drain = async {
         tokio::select! {
             () = shutdown => {}
@@ -143,28 +134,18 @@ pub(super) async fn run(
     Ok(())
 }
 
-/// The gRPC server's connections: the listener's, or over TLS those whose handshake
-/// succeeded (accepted by a task that stops with `grpc_stop`, certificates watched by another).
-fn incoming(
+/// The gRPC port's TLS configuration, when it serves TLS, kept current by a task that
+/// watches the certificates.
+fn tls_watched(
     app: &App,
-    listener: TcpListener,
     tasks: &mut Tasks,
     failed: &CancellationToken,
-    grpc_stop: &CancellationToken,
     stop: &CancellationToken,
-) -> Incoming {
-    let Some((files, active)) = app.tls.clone() else {
-        return Incoming::Plain(TcpIncoming::from(listener).with_nodelay(Some(true)));
-    };
-    let (tx, rx) = mpsc::channel(64);
-    let accept = tls::accept(listener, active.clone(), tx, grpc_stop.clone());
-    guarded(tasks, failed, async {
-        accept.await;
-        Ok::<_, std::convert::Infallible>(())
-    });
-    let watch = tls::watch(files, active, app.ops.debounce, stop.clone());
+) -> Option<ActiveTls> {
+    let (files, active) = app.tls.clone()?;
+    let watch = tls::watch(files, active.clone(), app.ops.debounce, stop.clone());
     guarded(tasks, failed, watch);
-    Incoming::Tls(ReceiverStream::new(rx))
+    Some(active)
 }
 
 /// Starts the admin server, the rules watcher and the housekeeping; each task that fails

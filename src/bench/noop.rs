@@ -6,12 +6,12 @@ use std::future::Future;
 
 use tokio::net::TcpListener;
 use tonic::service::Routes;
-use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
 use crate::proto::rate_limit_response::{Code, DescriptorStatus};
 use crate::proto::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
 use crate::proto::{RateLimitRequest, RateLimitResponse};
+use crate::transport::{ConnectionLimits, Http2Server};
 
 /// Answers OK to everything.
 #[derive(Debug, Clone, Copy, Default)]
@@ -41,17 +41,18 @@ impl RateLimitService for Noop {
 }
 
 /// Serves [`Noop`] on `listener` until `shutdown` resolves; `stream_tasks` as
-/// `server.stream_tasks`.
+/// `server.stream_tasks`, the connection limits the `[server]` defaults.
 pub async fn serve_noop(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
     stream_tasks: bool,
 ) {
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    crate::runtime::grpc_server(1024, stream_tasks)
+    let limits = ConnectionLimits::default();
+    Http2Server::new(1024, stream_tasks, limits)
         .serve(
             Routes::new(RateLimitServiceServer::new(Noop)),
-            incoming,
+            listener,
+            None,
             shutdown,
         )
         .await;

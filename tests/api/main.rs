@@ -23,3 +23,4 @@ mod rlqs;
 mod rules_validation;
 mod semantics;
 mod tls;
+mod transport;

@@ -79,8 +79,18 @@ pub struct ServerSettings {
     /// Worker threads of the runtime; 0: one per CPU the process may use.
     pub worker_threads: usize,
     /// Each gRPC stream (request) on a task of its own, spread over the workers, instead of
-    /// on its connection's task (src/runtime/connection.rs).
+    /// on its connection's task (src/transport/driven.rs).
     pub stream_tasks: bool,
+    /// A gRPC connection that has not sent its whole HTTP/2 preface (the magic and a SETTINGS
+    /// frame) this long after it was accepted (over TLS: after its handshake) is closed;
+    /// 0: no limit.
+    pub preface_timeout_ms: u64,
+    /// A gRPC connection with no request open for this long (since it was opened or since its
+    /// last request ended) is closed with a GOAWAY; 0: never.
+    pub idle_timeout_secs: u64,
+    /// gRPC connections open at once; one more is accepted and closed at once, while those
+    /// open keep being served. 0: no cap.
+    pub max_connections: usize,
 }
 
 impl Default for ServerSettings {
@@ -92,6 +102,9 @@ impl Default for ServerSettings {
             drain_delay_secs: 0,
             worker_threads: 0,
             stream_tasks: false,
+            preface_timeout_ms: 5_000,
+            idle_timeout_secs: 300,
+            max_connections: 10_000,
         }
     }
 }

@@ -1,5 +1,5 @@
-//! The gRPC port's HTTP/2 server: the accept loop, one task per connection, and where a
-//! connection's streams (its requests) run.
+//! Where a connection's streams (its requests) run, and how they are polled with the
+//! connection.
 //!
 //! By default a connection's streams run on the connection's own task, not one task each
 //! ([`Streams::OnConnection`]). When a Redis script call answers a batch of requests, the lane
@@ -11,130 +11,34 @@
 //! at a time, so a single client connection that sends CPU-heavy requests faster than one
 //! core decides them is better served with `server.stream_tasks = true` (a task per stream,
 //! spread over every worker).
+//!
+//! Either way each stream is counted open in the connection's [`Activity`] from its start to
+//! its end, for the idle timeout.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::pin::{Pin, pin};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
-use std::time::Duration;
 
 use futures_util::FutureExt as _;
-use futures_util::stream::{FuturesUnordered, Stream, StreamExt as _};
+use futures_util::stream::{FuturesUnordered, StreamExt as _};
 use futures_util::task::AtomicWaker;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use parking_lot::Mutex;
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::watch;
-use tonic::Status;
-use tonic::body::Body;
-use tonic::codegen::Service;
-use tonic::codegen::http::{HeaderMap, Request, Response};
-use tonic::service::Routes;
 
-/// Where a connection's streams run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Streams {
-    /// On the connection's task: the answers a wake-up finishes leave in one write.
-    OnConnection,
-    /// One task each, spread over the workers.
-    OwnTasks,
-}
-
-/// The HTTP/2 settings of the gRPC port.
-#[derive(Debug, Clone, Copy)]
-pub struct Http2Server {
-    /// Streams a client may open at once on one connection (advertised in SETTINGS).
-    pub max_concurrent_streams: u32,
-    pub streams: Streams,
-}
-
-impl Http2Server {
-    /// Serves `routes` on every connection `incoming` yields until `shutdown` resolves; then
-    /// stops accepting (`incoming` is dropped), asks every connection to close (GOAWAY: the
-    /// requests in flight finish, no new ones start) and returns once all are closed. An
-    /// accept error is logged and skipped.
-    pub async fn serve<I, IO, E>(
-        self,
-        routes: Routes,
-        incoming: I,
-        shutdown: impl Future<Output = ()>,
-    ) where
-        I: Stream<Item = Result<IO, E>>,
-        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-        E: std::fmt::Display,
-    {
-        let routes = routes.prepare();
-        let (stop, stopped) = watch::channel(());
-        {
-            let mut incoming = pin!(incoming);
-            let mut shutdown = pin!(shutdown);
-            loop {
-                tokio::select! {
-                    () = &mut shutdown => break,
-                    next = incoming.next() => match next {
-                        Some(Ok(io)) => {
-                            let serve = self.connection(io, routes.clone(), stopped.clone());
-                            tokio::spawn(serve);
-                        }
-                        Some(Err(e)) => tracing::debug!(error = %e, "accepting a gRPC connection failed"),
-                        None => break,
-                    },
-                }
-            }
-        }
-        drop(stopped);
-        // Every connection task holds a receiver: `closed` resolves when the last one ends.
-        let _ = stop.send(());
-        stop.closed().await;
-    }
-
-    /// Serves one connection until it closes, or closes it gracefully once `stop` changes.
-    async fn connection<IO>(self, io: IO, routes: Routes, mut stop: watch::Receiver<()>)
-    where
-        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    {
-        let exec = StreamExecutor::new(self.streams);
-        let mut builder = hyper::server::conn::http2::Builder::new(exec.clone());
-        builder
-            .timer(TokioTimer::new())
-            .max_concurrent_streams(self.max_concurrent_streams);
-        let service = TowerToHyperService::new(GrpcTimeout(routes));
-        let conn = builder.serve_connection(TokioIo::new(io), service);
-        let mut conn = pin!(Driven::new(conn, exec));
-        let mut stopping = false;
-        let served = loop {
-            tokio::select! {
-                served = &mut conn => break served,
-                changed = stop.changed(), if !stopping => {
-                    stopping = true;
-                    if changed.is_ok() {
-                        conn.as_mut().connection().graceful_shutdown();
-                    }
-                }
-            }
-        };
-        if let Err(e) = served {
-            tracing::debug!(error = %e, "gRPC connection ended with an error");
-        }
-        // The connection is closed: the server's stop no longer waits on this task.
-        drop(stop);
-        // Streams the connection left (it closed under them) run to their end, as spawned
-        // tasks would have: a decision under way is finished, its answer then goes nowhere.
-        conn.drain().await;
-    }
-}
+use super::Streams;
+use super::activity::Activity;
 
 type StreamTask = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// hyper's executor for one connection's streams: queues them for the connection's task
 /// ([`Streams::OnConnection`]) or spawns them ([`Streams::OwnTasks`]).
 #[derive(Clone)]
-struct StreamExecutor {
+pub(super) struct StreamExecutor {
     streams: Streams,
     shared: Arc<Shared>,
+    activity: Arc<Activity>,
 }
 
 /// What a connection's task and the wakers it hands out share.
@@ -167,10 +71,11 @@ impl Wake for Shared {
 }
 
 impl StreamExecutor {
-    fn new(streams: Streams) -> StreamExecutor {
+    pub(super) fn new(streams: Streams, activity: Arc<Activity>) -> StreamExecutor {
         StreamExecutor {
             streams,
             shared: Arc::default(),
+            activity,
         }
     }
 }
@@ -180,6 +85,12 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     fn execute(&self, stream: F) {
+        let open = self.activity.stream_opened();
+        // Counted open until it ends, or is dropped unfinished.
+        let stream = async move {
+            let _open = open;
+            stream.await;
+        };
         match self.streams {
             Streams::OwnTasks => {
                 tokio::spawn(stream);
@@ -201,7 +112,7 @@ where
 const ROUNDS_PER_POLL: usize = 8;
 
 /// A connection and the streams it started, polled together.
-struct Driven<C> {
+pub(super) struct Driven<C> {
     conn: Pin<Box<C>>,
     exec: StreamExecutor,
     /// The waker the connection and the streams are polled with: [`Shared`]'s.
@@ -210,7 +121,7 @@ struct Driven<C> {
 }
 
 impl<C: Future> Driven<C> {
-    fn new(conn: C, exec: StreamExecutor) -> Driven<C> {
+    pub(super) fn new(conn: C, exec: StreamExecutor) -> Driven<C> {
         let waker = Waker::from(exec.shared.clone());
         Driven {
             conn: Box::pin(conn),
@@ -220,12 +131,12 @@ impl<C: Future> Driven<C> {
         }
     }
 
-    fn connection(self: Pin<&mut Self>) -> Pin<&mut C> {
+    pub(super) fn connection(self: Pin<&mut Self>) -> Pin<&mut C> {
         self.get_mut().conn.as_mut()
     }
 
     /// Runs the streams left to their end.
-    async fn drain(self: Pin<&mut Self>) {
+    pub(super) async fn drain(self: Pin<&mut Self>) {
         let this = self.get_mut();
         take_queued(&this.exec.shared, &mut this.streams);
         while this.streams.next().await.is_some() {}
@@ -299,79 +210,6 @@ impl<C: Future> Future for Driven<C> {
     }
 }
 
-/// Honours a request's `grpc-timeout`: past it the request is answered `CANCELLED`
-/// ("Timeout expired") and its work dropped.
-#[derive(Clone)]
-struct GrpcTimeout(Routes);
-
-/// What tonic's routes answer a request with.
-type Routed = <Routes as Service<Request<hyper::body::Incoming>>>::Future;
-
-impl Service<Request<hyper::body::Incoming>> for GrpcTimeout {
-    type Response = Response<Body>;
-    type Error = std::convert::Infallible;
-    type Future = Answer;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: Request<hyper::body::Incoming>) -> Answer {
-        let deadline = grpc_timeout(request.headers()).map(|t| Box::pin(tokio::time::sleep(t)));
-        Answer {
-            routed: self.0.call(request),
-            deadline,
-        }
-    }
-}
-
-/// A request's answer, or `CANCELLED` once its deadline (if any) passed.
-struct Answer {
-    routed: Routed,
-    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
-}
-
-impl Future for Answer {
-    type Output = Result<Response<Body>, std::convert::Infallible>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.get_mut();
-        if let Poll::Ready(answered) = Pin::new(&mut this.routed).poll(cx) {
-            return Poll::Ready(answered);
-        }
-        let Some(deadline) = this.deadline.as_mut() else {
-            return Poll::Pending;
-        };
-        deadline
-            .as_mut()
-            .poll(cx)
-            .map(|()| Ok(Status::cancelled("Timeout expired").into_http()))
-    }
-}
-
-/// The `grpc-timeout` header's duration: at most 8 digits and a unit (H, M, S, m, u, n).
-/// Absent or malformed: none.
-fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
-    let value = headers.get("grpc-timeout")?.to_str().ok()?;
-    if value.len() < 2 || value.len() > 9 {
-        return None;
-    }
-    let (digits, unit) = value.split_at(value.len() - 1);
-    if !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let n: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(n * 3600),
-        "M" => Duration::from_secs(n * 60),
-        "S" => Duration::from_secs(n),
-        "m" => Duration::from_millis(n),
-        "u" => Duration::from_micros(n),
-        "n" => Duration::from_nanos(n),
-        _ => return None,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -380,7 +218,7 @@ mod tests {
     /// connection's other streams.
     #[test]
     fn a_panicking_stream_does_not_take_its_connection_down() {
-        let exec = StreamExecutor::new(Streams::OnConnection);
+        let exec = StreamExecutor::new(Streams::OnConnection, Activity::new());
         let done = Arc::new(AtomicBool::new(false));
         hyper::rt::Executor::execute(&exec, async { panic!("a stream's bug") });
         let flag = done.clone();
@@ -396,14 +234,15 @@ mod tests {
     /// polled again within the same poll of the connection's task, after the others.
     #[test]
     fn streams_are_polled_gathering_and_a_self_wake_is_another_round() {
-        let exec = StreamExecutor::new(Streams::OnConnection);
+        let exec = StreamExecutor::new(Streams::OnConnection, Activity::new());
         let order = Arc::new(parking_lot::Mutex::new(Vec::new()));
         let log = order.clone();
         let mut yielded = false;
         hyper::rt::Executor::execute(
             &exec,
             std::future::poll_fn(move |cx| {
-                log.lock().push(("first", crate::runtime::gathering()));
+                log.lock()
+                    .push(("first", sluice_core::limiter::gathering::gathering()));
                 if std::mem::replace(&mut yielded, true) {
                     return Poll::Ready(());
                 }
@@ -413,7 +252,8 @@ mod tests {
         );
         let log = order.clone();
         hyper::rt::Executor::execute(&exec, async move {
-            log.lock().push(("second", crate::runtime::gathering()));
+            log.lock()
+                .push(("second", sluice_core::limiter::gathering::gathering()));
         });
         let mut driven = Box::pin(Driven::new(std::future::pending::<()>(), exec));
         let mut cx = Context::from_waker(Waker::noop());
@@ -424,35 +264,8 @@ mod tests {
         );
         assert!(driven.streams.is_empty(), "both ended in one poll");
         assert!(
-            !crate::runtime::gathering(),
+            !sluice_core::limiter::gathering::gathering(),
             "only while the streams are polled"
         );
-    }
-
-    fn timeout_of(value: &str) -> Option<Duration> {
-        let mut headers = HeaderMap::new();
-        headers.insert("grpc-timeout", value.parse().expect("header value"));
-        grpc_timeout(&headers)
-    }
-
-    #[test]
-    fn grpc_timeout_units() {
-        assert_eq!(timeout_of("2H"), Some(Duration::from_secs(7200)));
-        assert_eq!(timeout_of("3M"), Some(Duration::from_secs(180)));
-        assert_eq!(timeout_of("1S"), Some(Duration::from_secs(1)));
-        assert_eq!(timeout_of("20m"), Some(Duration::from_millis(20)));
-        assert_eq!(
-            timeout_of("99999999u"),
-            Some(Duration::from_micros(99_999_999))
-        );
-        assert_eq!(timeout_of("5n"), Some(Duration::from_nanos(5)));
-    }
-
-    #[test]
-    fn malformed_grpc_timeouts_are_ignored() {
-        for bad in ["", "m", "123456789m", "-1m", "+1m", "1x", "1.5S", "1 S"] {
-            assert_eq!(timeout_of(bad), None, "{bad:?}");
-        }
-        assert_eq!(grpc_timeout(&HeaderMap::new()), None);
     }
 }
