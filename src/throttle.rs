@@ -128,8 +128,8 @@ impl Throttler {
 }
 
 /// The Throttle service as served: tonic's `OUT_OF_RANGE` for a message over its decoding
-/// limit becomes `RESOURCE_EXHAUSTED` (see [`crate::grpc::SizeLimited`]).
-pub type ThrottleService = crate::grpc::SizeLimited<ThrottleServer<Throttler>>;
+/// limit becomes `RESOURCE_EXHAUSTED` (see [`crate::transport::SizeLimited`]).
+pub type ThrottleService = crate::transport::SizeLimited<ThrottleServer<Throttler>>;
 
 /// A backend failure is `UNAVAILABLE` (the caller's fail policy decides), as for RLS.
 fn unavailable(e: &LimiterError) -> tonic::Status {

@@ -7,7 +7,7 @@
 //! | the accept loop: `TCP_NODELAY`, a pause after an accept error such as EMFILE, the drain (stop accepting, GOAWAY every connection, wait for them) | `accept.rs` |
 //! | HTTP/2 settings: `max_concurrent_streams` (`input.max_concurrent_streams`); flow-control windows, frame and header-list sizes are hyper's defaults (a request and its answer are a few hundred bytes) | [`Http2Server`], `connection.rs` |
 //! | `grpc-timeout`: past it a request is answered `CANCELLED` and its work dropped | `grpc_timeout.rs` |
-//! | size limits: HTTP/2 frames and header lists (hyper's defaults); a message's size is still tonic's codec limit, its status rewritten by `grpc::SizeLimited` | `connection.rs`, [`crate::grpc`] |
+//! | size limits: HTTP/2 frames and header lists (hyper's defaults); a message's size is still tonic's codec limit, its status rewritten by [`SizeLimited`] | `connection.rs`, `size_limit.rs` |
 //! | server TLS handshakes, bounded by [`HANDSHAKE_TIMEOUT`] (certificates and their reload: [`crate::tls`]) | `tls.rs` |
 //! | connection limits, which tonic's server never had: the preface timeout, the idle timeout, the cap on open connections ([`ConnectionLimits`]) | `accept.rs`, `connection.rs`, `preface.rs`, `activity.rs` |
 //! | where a connection's streams run, polled gathering ([`Streams`]) | `driven.rs` |
@@ -27,6 +27,7 @@ mod connection;
 mod driven;
 mod grpc_timeout;
 mod preface;
+mod size_limit;
 mod tls;
 
 use std::time::Duration;
@@ -34,6 +35,7 @@ use std::time::Duration;
 use crate::config::settings::ServerSettings;
 
 pub use connection::CLOSE_GRACE;
+pub use size_limit::SizeLimited;
 pub use tls::HANDSHAKE_TIMEOUT;
 
 /// Where a connection's streams run.
