@@ -11,7 +11,7 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | [`proto`] | the generated wire types (the only place they are included) |
+//! | [`proto`] | the generated wire types, from the `sluice-proto` crate (`proto/`) that the client shares |
 //! | [`config`] | settings, and the rules files: parse, check, validate into a model |
 //! | [`rules`] | the compiled descriptor tree per domain, matching, state keys |
 //! | [`limiter`] | the algorithms as pure functions, the `Limiter` trait and its backends |
@@ -23,7 +23,7 @@
 //! | [`rlqs`] | the Rate Limit Quota Service: usage reports in, fair-share assignments out |
 //! | [`throttle`] | `sluice.v1.Throttle`: CL.THROTTLE as gRPC, straight to the limiter |
 //! | [`health`] | readiness: rules loaded, backend ready, not draining |
-//! | [`transport`] | the gRPC port below tonic's routes: accept loop, HTTP/2 driver, `grpc-timeout`, TLS handshakes, connection limits |
+//! | [`transport`] | the gRPC port below tonic's routes: accept loop, HTTP/2 driver, `grpc-timeout`, the size limit, TLS handshakes, connection limits |
 //! | [`tls`] | TLS and mTLS on the gRPC port: certificates reloaded from files |
 //! | [`telemetry`] | logs to stderr, and spans over OTLP (feature `otel`) |
 //! | [`app`] | serving: listeners, tasks, the ordered drain |
