@@ -25,6 +25,7 @@
 //! | [`health`] | readiness: rules loaded, backend ready, not draining |
 //! | [`transport`] | the gRPC port below tonic's routes: accept loop, HTTP/2 driver, `grpc-timeout`, the size limit, TLS handshakes, connection limits |
 //! | [`tls`] | TLS and mTLS on the gRPC port: certificates reloaded from files |
+//! | [`watcher`] | watching files for changes (the rules, the certificates), debounced |
 //! | [`telemetry`] | logs to stderr, and spans over OTLP (feature `otel`) |
 //! | [`app`] | serving: listeners, tasks, the ordered drain |
 //! | [`runtime`] | the tokio runtime shared by `serve` and the no-op server |
@@ -58,5 +59,6 @@ pub mod telemetry;
 pub mod testing;
 pub mod throttle;
 pub mod tls;
+pub mod watcher;
 pub mod transport;
 pub mod xds;

@@ -22,7 +22,7 @@ use sluice_core::pem::{PemError, certificates, private_key};
 
 use crate::config::settings::TlsSettings;
 use crate::reload::ReloadTrigger;
-use crate::reload::watch::{debounced, start_watcher};
+use crate::watcher::{FileWatcher, debounced};
 
 /// Where the certificates are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,7 +101,7 @@ pub async fn watch(
     stop: CancellationToken,
 ) -> Result<(), tokio::task::JoinError> {
     let (trigger, mut requests) = ReloadTrigger::channel();
-    let _watcher = start_watcher(&files.paths(), trigger);
+    let _watcher = FileWatcher::start("TLS certificates", &files.paths(), trigger);
     let mut active = contents_hash(&files);
     while debounced(&mut requests, debounce, &stop).await {
         let loading = files.clone();
