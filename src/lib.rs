@@ -59,6 +59,6 @@ pub mod telemetry;
 pub mod testing;
 pub mod throttle;
 pub mod tls;
-pub mod watcher;
 pub mod transport;
+pub mod watcher;
 pub mod xds;

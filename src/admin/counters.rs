@@ -23,10 +23,10 @@ use super::{Admin, text};
 use crate::config::model::{LimitRule, Policy};
 use crate::limiter::LimitParams;
 use crate::limiter::counters::{CounterEntry, CounterQuery, Resolved};
-use crate::rules::naming::segment;
 use crate::metrics::top::Window;
 use crate::rules::RuleSet;
 use crate::rules::key::{self, Decoded};
+use crate::rules::naming::segment;
 
 const DEFAULT_COUNT: usize = 100;
 const MAX_COUNT: usize = 1000;

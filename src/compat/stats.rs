@@ -25,8 +25,8 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::engine::{DescriptorReport, Observer, RequestResult};
 use crate::metrics::rules::OTHER;
-use crate::rules::naming::{rule_label, value_segments};
 use crate::reload::Reloaded;
+use crate::rules::naming::{rule_label, value_segments};
 
 /// The per-rule stats, in this order.
 pub const RULE_STATS: [&str; 6] = [

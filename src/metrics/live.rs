@@ -22,9 +22,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::rules::naming::segment;
 use crate::config::model::Policy;
 use crate::engine::DescriptorReport;
+use crate::rules::naming::segment;
 use crate::rules::{Rule, RuleSet};
 
 /// Shares are kept in millionths.

@@ -273,7 +273,11 @@ fn describe(r: &DescriptorReport<'_>) -> Name {
         key.truncate(cut);
     }
     let rule = r.matched.map(|m| {
-        let segments: Vec<String> = m.path().iter().map(|r| crate::rules::naming::segment(r)).collect();
+        let segments: Vec<String> = m
+            .path()
+            .iter()
+            .map(|r| crate::rules::naming::segment(r))
+            .collect();
         segments.join(".")
     });
     (key.into(), rule.unwrap_or_default().into())
