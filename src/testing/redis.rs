@@ -18,6 +18,10 @@ use tokio::time::Instant;
 use super::process::free_port;
 use crate::config::settings::RedisSettings;
 
+mod cluster;
+
+pub use cluster::{ClusterNode, RedisCluster};
+
 /// How to get the programs these tests need.
 pub const INSTALL: &str =
     "command -v redis-server || (apt-get update && apt-get install -y redis-server)";
@@ -194,16 +198,18 @@ impl RedisServer {
     }
 
     /// A Cluster node on a free port (its bus on another free port), not yet in a cluster,
-    /// with `extra` arguments.
-    fn cluster_node(extra: &[String]) -> RedisServer {
+    /// whose peers are failing after `node_timeout_ms` without an answer, with `extra`
+    /// arguments.
+    fn cluster_node(node_timeout_ms: u64, extra: &[String]) -> RedisServer {
         let bus = free_port().to_string();
+        let timeout = node_timeout_ms.to_string();
         let mut args = vec![
             "--cluster-enabled",
             "yes",
             "--cluster-port",
             &bus,
             "--cluster-node-timeout",
-            "2000",
+            &timeout,
         ];
         args.extend(extra.iter().map(String::as_str));
         Self::start_with(&args)
@@ -295,6 +301,11 @@ impl RedisServer {
         let text = std::fs::read_to_string(self.log()).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    /// Whether its process runs (it was neither killed nor stopped by a failed start).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
     }
 
     /// Kills the server (SIGKILL) and waits for it to exit.
@@ -470,57 +481,5 @@ pub fn wait_until(within: Duration, what: &str, mut ready: impl FnMut() -> bool)
     while !ready() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// A 3-master Redis Cluster (no replicas) built with `redis-cli --cluster create`
-/// (`valkey-cli` for Valkey).
-pub struct RedisCluster {
-    pub nodes: Vec<RedisServer>,
-}
-
-impl RedisCluster {
-    pub fn start() -> RedisCluster {
-        Self::start_with(Vec::new)
-    }
-
-    /// The same, each node started with the arguments `extra` gives it (e.g. a TLS port).
-    pub fn start_with(mut extra: impl FnMut() -> Vec<String>) -> RedisCluster {
-        let nodes: Vec<RedisServer> = (0..3)
-            .map(|_| RedisServer::cluster_node(&extra()))
-            .collect();
-        let flavor = Flavor::current();
-        let cli = flavor.cli();
-        let mut create = Command::new(flavor.program(cli));
-        create.arg("--cluster").arg("create");
-        for n in &nodes {
-            create.arg(n.addr());
-        }
-        let out = create
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {cli} ({e}); run: {}", flavor.install()));
-        assert!(
-            out.status.success(),
-            "{cli} --cluster create failed: {out:?}"
-        );
-        for n in &nodes {
-            wait_until(Duration::from_secs(20), "cluster_state:ok", || {
-                n.cmd::<String>(&["CLUSTER", "INFO"])
-                    .contains("cluster_state:ok")
-            });
-        }
-        RedisCluster { nodes }
-    }
-
-    /// `redis+cluster://` with every node as a seed.
-    pub fn url(&self) -> String {
-        let seeds: Vec<String> = self.nodes.iter().map(RedisServer::addr).collect();
-        format!("redis+cluster://{}", seeds.join(","))
-    }
-
-    /// Calls of the limiter's code (see [`RedisServer::script_calls`]) summed over the nodes.
-    pub fn script_calls(&self) -> u64 {
-        self.nodes.iter().map(RedisServer::script_calls).sum()
     }
 }

@@ -1,20 +1,27 @@
 //! Redis Cluster: three masters built with `redis-cli --cluster create`. A request whose
 //! descriptors live in different slots stays all or nothing (admitted groups are given back
-//! when another denies), and three `sluice` processes on the cluster stay within the limit.
+//! when another denies), three `sluice` processes on the cluster stay within the limit, and a
+//! key is decided through every stage of its slot moving. (The same under load, and a master
+//! lost, are in tests/serial/redis_cluster.rs.)
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::cluster_routing::Slot;
+use sluice::config::model::Algorithm;
 use sluice::config::settings::{RedisSettings, Settings};
-use sluice::limiter::RedisLimiter;
+use sluice::limiter::{Batch, BatchOutcome, Limiter as _, RedisLimiter};
 use sluice::testing::grpc::*;
+use sluice::testing::limits::{hit, limit};
 use sluice::testing::process::SluiceProcess;
 use sluice::testing::redis::RedisCluster;
+use tokio::time::Instant;
 
 use crate::support::load;
 
 const RULES: &str = include_str!("../fixtures/rules/suites/redis.yaml");
+
+const SECOND: u64 = 1_000_000_000;
 
 fn slot(key: &str, value: &str, period: u32) -> Slot {
     Slot::for_key(format!("sluice:{{redis|{key}={value}}}:funnel:{period}"))
@@ -160,4 +167,87 @@ async fn three_sluice_processes_on_a_cluster_admit_no_more_than_the_limit() {
     })
     .await;
     load::assert_exact(tally, 20.0, 10.0);
+}
+
+/// A key's state follows it through every stage of a slot migration, and each stage's answer
+/// from the Cluster (ASK, TRYAGAIN, MOVED) is followed, never surfaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_is_decided_through_every_stage_of_its_slot_moving() {
+    let cluster = Arc::new(RedisCluster::start());
+    let settings = RedisSettings {
+        url: cluster.url(),
+        timeout_ms: 5_000,
+        ..RedisSettings::default()
+    };
+    let limiter = RedisLimiter::new(&settings, 100).expect("valid settings");
+    let hasty = RedisLimiter::new(
+        &RedisSettings {
+            timeout_ms: 100,
+            ..settings.clone()
+        },
+        100,
+    )
+    .expect("valid settings");
+    let ten = limit(Algorithm::Funnel, 10, 60 * SECOND);
+    let one = |key: &str| Batch {
+        hits: vec![hit(key, ten, 1)],
+    };
+    let both = Batch {
+        hits: vec![hit("{mig}:a", ten, 1), hit("{mig}:b", ten, 1)],
+    };
+    let remaining = |outcome: BatchOutcome| -> Vec<u64> {
+        assert!(outcome.admitted);
+        outcome.hits.iter().map(|h| h.remaining).collect()
+    };
+    assert_eq!(remaining(limiter.check(&both).await.unwrap()), [9, 9]);
+    let slot = cluster.slot_of("sluice:{mig}");
+    let to = *cluster
+        .masters()
+        .iter()
+        .find(|&&m| m != cluster.owner(slot))
+        .expect("another master");
+
+    // One key moved, the other not yet: each alone goes where it is (ASK for the moved one),
+    // and both together get TRYAGAIN until the other one moves too.
+    let from = cluster.begin_migration(slot, to);
+    assert_eq!(cluster.migrate_keys(slot, from, to, 1, Duration::ZERO), 1);
+    assert_eq!(
+        remaining(limiter.check(&one("{mig}:a")).await.unwrap()),
+        [8]
+    );
+    assert_eq!(
+        remaining(limiter.check(&one("{mig}:b")).await.unwrap()),
+        [8]
+    );
+    assert!(cluster.nodes[to].calls("asking") > 0, "ASK was followed");
+    let split = hasty
+        .check(&both)
+        .await
+        .expect_err("split past the time-out");
+    assert!(
+        split.transient && split.message.contains("TryAgain"),
+        "{split:?}"
+    );
+    let moving = cluster.clone();
+    let rest = tokio::task::spawn_blocking(move || {
+        std::thread::sleep(Duration::from_millis(150));
+        moving.migrate_keys(slot, from, to, usize::MAX, Duration::ZERO)
+    });
+    let asked = Instant::now();
+    assert_eq!(remaining(limiter.check(&both).await.unwrap()), [7, 7]);
+    assert!(
+        asked.elapsed() >= Duration::from_millis(100),
+        "waited for the migration"
+    );
+    assert_eq!(rest.await.expect("the rest migrated"), 1);
+    // A key the slot never held is made on the target (ASK).
+    assert_eq!(
+        remaining(limiter.check(&one("{mig}:new")).await.unwrap()),
+        [9]
+    );
+
+    // The slot handed over: MOVED, then the refreshed map sends calls there at once.
+    cluster.end_migration(slot, from, to);
+    assert_eq!(remaining(limiter.check(&both).await.unwrap()), [6, 6]);
+    assert_eq!(cluster.owner(slot), to);
 }

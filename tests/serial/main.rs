@@ -12,6 +12,9 @@
 //! - Redis faults: answers within the Redis time-out (100 ms, with 400 ms of slack) while
 //!   Redis is down or hung; on two shared cores, another test's load beside them is what
 //!   would be measured.
+//! - A Redis Cluster changing under load (`redis_cluster`): a slot moving to another master
+//!   and back, a master killed and its replica promoted; no request may fail but those of the
+//!   lost master during its failover, with every answer within the Redis time-out.
 //! - The ordered drain (in process and of the real binary on SIGTERM): the drain delay kept,
 //!   the ports closed, within bounds that a load test beside them breaks.
 //! - The RLQS bounds under stress (`rlqs_bounds`): thousands of buckets on dozens of streams,
@@ -27,6 +30,7 @@ mod allocations;
 mod drain;
 mod memory_bounds;
 mod memory_footprint;
+mod redis_cluster;
 mod redis_faults;
 mod request_tracing;
 mod rlqs_bounds;

@@ -1,14 +1,93 @@
-//! A circuit breaker: after `failures` consecutive transient failures, calls are refused at once
-//! for `cooldown`; then one call at a time is let through as a probe (at most one per
-//! `cooldown`), and the first success closes the breaker again.
+//! Circuit breakers, one per node: after `failures` consecutive transient failures of calls to
+//! a node, calls to it are refused at once for `cooldown`; then one call at a time is let
+//! through as a probe (at most one per `cooldown`), and the first success closes the breaker
+//! again. A node's trouble never refuses a call to another node: in a Cluster, losing a master
+//! refuses only the calls for its slots.
 //!
 //! A probe that never finishes (its request was cancelled) cannot wedge the breaker: the next
 //! probe is simply allowed one `cooldown` later.
+//!
+//! Only nodes with failures are remembered (a success forgets the node), at most
+//! [`MAX_NODES`] of them.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::time::Instant;
+
+use super::topology::Node;
+
+/// The most nodes with failures remembered at once (a Cluster has at most about 1000 nodes).
+pub const MAX_NODES: usize = 1024;
+
+/// A breaker per node.
+#[derive(Debug)]
+pub struct Breakers {
+    failures: u32,
+    cooldown: Duration,
+    nodes: Mutex<HashMap<Node, Breaker>>,
+    /// Some node has failures (`nodes` is not empty): while none has, nothing is locked.
+    failing: AtomicBool,
+}
+
+impl Breakers {
+    /// Breakers that open after `failures` consecutive failures (0 = never open).
+    pub fn new(failures: u32, cooldown: Duration) -> Breakers {
+        Breakers {
+            failures,
+            cooldown,
+            nodes: Mutex::new(HashMap::new()),
+            failing: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether a call to `node` may be made now (a probe, when open and cooled down).
+    pub fn allow(&self, node: &str) -> bool {
+        !self.failing.load(Ordering::Acquire)
+            || self.nodes.lock().get(node).is_none_or(Breaker::allow)
+    }
+
+    /// Records the result of a call to `node`.
+    pub fn record(&self, node: &Node, ok: bool) {
+        if ok && !self.failing.load(Ordering::Acquire) {
+            return;
+        }
+        let mut nodes = self.nodes.lock();
+        if ok {
+            if let Some(breaker) = nodes.remove(node)
+                && breaker.is_open()
+            {
+                tracing::info!(%node, "redis circuit breaker closed");
+            }
+            self.failing.store(!nodes.is_empty(), Ordering::Release);
+            return;
+        }
+        if !nodes.contains_key(node) && nodes.len() >= MAX_NODES {
+            nodes.retain(|_, b| b.is_open());
+            if nodes.len() >= MAX_NODES {
+                self.failing.store(true, Ordering::Release);
+                return;
+            }
+        }
+        nodes
+            .entry(node.clone())
+            .or_insert_with(|| Breaker::new(self.failures, self.cooldown))
+            .record(false, node);
+        self.failing.store(true, Ordering::Release);
+    }
+
+    /// Whether no node has failures (then every call is allowed).
+    pub fn quiet(&self) -> bool {
+        !self.failing.load(Ordering::Acquire)
+    }
+
+    /// Whether calls to some node are being refused.
+    pub fn any_open(&self) -> bool {
+        self.failing.load(Ordering::Acquire) && self.nodes.lock().values().any(Breaker::is_open)
+    }
+}
 
 /// The breaker's state.
 #[derive(Debug)]
@@ -52,8 +131,8 @@ impl Breaker {
         }
     }
 
-    /// Records a call's result.
-    pub fn record(&self, ok: bool) {
+    /// Records the result of a call to `node` (named in the log when it opens).
+    pub fn record(&self, ok: bool, node: &str) {
         let mut state = self.state.lock();
         *state = match (*state, ok) {
             (_, true) => State::Closed(0),
@@ -61,7 +140,12 @@ impl Breaker {
             (State::Closed(n), false) => {
                 let n = n.saturating_add(1);
                 if self.failures > 0 && n >= self.failures {
-                    tracing::warn!(failures = n, cooldown = ?self.cooldown, "redis circuit breaker open");
+                    tracing::warn!(
+                        %node,
+                        failures = n,
+                        cooldown = ?self.cooldown,
+                        "redis circuit breaker open"
+                    );
                     State::Open(Instant::now() + self.cooldown)
                 } else {
                     State::Closed(n)
@@ -84,34 +168,57 @@ mod tests {
     async fn opens_after_failures_probes_after_cooldown_and_closes_on_success() {
         let b = Breaker::new(2, Duration::from_millis(100));
         assert!(b.allow());
-        b.record(false);
+        b.record(false, "n");
         assert!(b.allow());
-        b.record(false);
+        b.record(false, "n");
         assert!(b.is_open());
         assert!(!b.allow());
         tokio::time::advance(Duration::from_millis(100)).await;
         assert!(b.allow(), "one probe");
         assert!(!b.allow(), "only one");
-        b.record(false);
+        b.record(false, "n");
         assert!(!b.allow());
         tokio::time::advance(Duration::from_millis(100)).await;
         assert!(b.allow());
-        b.record(true);
+        b.record(true, "n");
         assert!(!b.is_open());
         assert!(b.allow() && b.allow());
     }
 
     #[tokio::test(start_paused = true)]
+    async fn one_node_open_refuses_only_that_node() {
+        let b = Breakers::new(2, Duration::from_millis(100));
+        let (down, up): (Node, Node) = ("10.0.0.1:7000".into(), "10.0.0.2:7000".into());
+        b.record(&down, false);
+        b.record(&up, false);
+        b.record(&down, false);
+        assert!(b.any_open());
+        assert!(!b.allow(&down));
+        assert!(b.allow(&up), "one failure of another node refuses nothing");
+        assert!(b.allow("10.0.0.3:7000"), "nor does a node never seen");
+        b.record(&up, true);
+        assert_eq!(b.nodes.lock().len(), 1, "a success forgets the node");
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert!(b.allow(&down), "a probe after the cooldown");
+        b.record(&down, true);
+        assert!(!b.any_open() && b.allow(&down));
+        for i in 0..MAX_NODES + 10 {
+            b.record(&format!("n{i}:1").into(), false);
+        }
+        assert!(b.nodes.lock().len() <= MAX_NODES, "bounded");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_lost_probe_does_not_wedge_it_and_zero_never_opens() {
         let b = Breaker::new(1, Duration::from_millis(50));
-        b.record(false);
+        b.record(false, "n");
         tokio::time::advance(Duration::from_millis(50)).await;
         assert!(b.allow());
         tokio::time::advance(Duration::from_millis(50)).await;
         assert!(b.allow(), "the next probe comes one cooldown later");
         let never = Breaker::new(0, Duration::from_millis(50));
         for _ in 0..10 {
-            never.record(false);
+            never.record(false, "n");
         }
         assert!(never.allow());
     }

@@ -14,15 +14,18 @@
 //! Between steps 3 and 4 other requests can see the tentative consumption: a request that
 //! ends up denied may, for a round trip, make another one look fuller than it is. That errs
 //! on the side of denying, never of admitting more than the limit.
+//!
+//! Each slot group's call goes to its slot's master and follows the Cluster from there
+//! (`super::redirect`); a group that fails fails the request (after the give-back), and counts
+//! against its own master's breaker only.
 
 use std::collections::HashMap;
 
 use futures_util::future::join_all;
 use redis::RedisError;
-use redis::cluster_routing::Slot;
 
-use super::RedisLimiter;
-use super::script::{self, Mode, Unit};
+use super::script::Mode;
+use super::{Call, RedisLimiter, slots};
 use crate::config::model::Charge;
 use crate::limiter::{Batch, BatchOutcome, Hit, HitOutcome, plan};
 
@@ -38,37 +41,36 @@ const UNKNOWN: HitOutcome = HitOutcome {
 async fn independent(
     limiter: &RedisLimiter,
     hits: Vec<Hit>,
-    now_micros: Option<u64>,
+    call: Call,
 ) -> Result<BatchOutcome, RedisError> {
-    limiter
-        .submit(hits, Mode::Independent, Unit::Nanos, now_micros)
-        .await
+    let call = Call {
+        mode: Mode::Independent,
+        ..call
+    };
+    limiter.submit(hits, call).await
 }
 
-/// The Cluster slot of a key (with the prefix in front).
-pub(super) fn slot(prefix: &[u8], key: &[u8]) -> Slot {
-    Slot::for_key(script::prefixed(prefix, key))
+/// The Cluster slot of a key (with the prefix, which holds no `{`, in front).
+pub(super) fn slot(prefix: &[u8], key: &[u8]) -> u16 {
+    slots::prefixed_slot(prefix, key)
 }
 
-/// Decides `batch` on a Cluster.
+/// Decides `batch` on a Cluster (`call` in `Request` mode).
 pub(super) async fn check(
     limiter: &RedisLimiter,
     batch: &Batch,
-    now_micros: Option<u64>,
+    call: Call,
 ) -> Result<BatchOutcome, RedisError> {
     let groups = by_slot(limiter.prefix(), &batch.hits);
     if groups.len() <= 1 {
-        let hits = batch.hits.clone();
-        return limiter
-            .submit(hits, Mode::Request, Unit::Nanos, now_micros)
-            .await;
+        return limiter.submit(batch.hits.clone(), call).await;
     }
     let calls = groups.iter().map(|indices| {
         let hits: Vec<Hit> = indices
             .iter()
             .filter_map(|&i| batch.hits.get(i).cloned())
             .collect();
-        independent(limiter, hits, now_micros)
+        independent(limiter, hits, call)
     });
     let results = join_all(calls).await;
     let mut outcome = BatchOutcome {
@@ -86,7 +88,7 @@ pub(super) async fn check(
     let planned = plan::plan(&batch.hits, &verdicts);
     outcome.admitted = planned.admitted && failed.is_none();
     let undo = to_undo(batch, &verdicts, outcome.admitted);
-    give_back(limiter, batch, &groups, &undo, &mut outcome, now_micros).await?;
+    give_back(limiter, batch, &groups, &undo, &mut outcome, call).await?;
     match failed {
         Some(e) => Err(e),
         None => Ok(outcome),
@@ -96,7 +98,7 @@ pub(super) async fn check(
 /// Hit indices grouped by the Cluster slot of their prefixed key, in order of first slot.
 fn by_slot(prefix: &[u8], hits: &[Hit]) -> Vec<Vec<usize>> {
     let mut order: Vec<Vec<usize>> = Vec::new();
-    let mut index: HashMap<Slot, usize> = HashMap::new();
+    let mut index: HashMap<u16, usize> = HashMap::new();
     for (i, hit) in hits.iter().enumerate() {
         let slot = slot(prefix, &hit.key);
         let next = order.len();
@@ -144,7 +146,7 @@ async fn give_back(
     groups: &[Vec<usize>],
     undo: &[bool],
     outcome: &mut BatchOutcome,
-    now_micros: Option<u64>,
+    call: Call,
 ) -> Result<(), RedisError> {
     let todo: Vec<Vec<usize>> = groups
         .iter()
@@ -165,7 +167,7 @@ async fn give_back(
                 ..h.clone()
             })
             .collect();
-        independent(limiter, hits, now_micros)
+        independent(limiter, hits, call)
     });
     for (indices, result) in todo.iter().zip(join_all(calls).await) {
         let mut part = result?;

@@ -12,14 +12,18 @@
 //! server: a multiplexed [`ConnectionManager`] per lane, which reconnects by itself. Sentinel:
 //! per lane, a multiplexed connection to the master it last resolved, asking the sentinels
 //! again after an error (a failover shows up as a lost connection or a `READONLY` reply).
-//! Cluster: per lane, a cluster connection, which follows slot moves and node changes itself.
+//! Cluster: per lane and master, a multiplexed connection, routed by sluice's own slot map
+//! ([`Topology`]); `super::redirect` follows the Cluster's redirections.
+//!
+//! Each deployment has nodes, named by address ([`Node`]): the server, the master Sentinel
+//! last named, or each master of a Cluster. The circuit breaker and readiness act per node.
 //!
 //! TLS ([`Tls`], from the `redis.tls_*` settings) applies to every kind: Redis's certificate
 //! must chain to `tls_ca_file` when given (else to the system's roots), and sluice presents
 //! `tls_cert_file` when given. With Sentinel, the sentinels get the same as the master.
 //!
-//! [`Conn`] is where the three kinds meet: it is a [`ConnectionLike`], so everything above
-//! this module sends commands without asking which kind it holds.
+//! [`Conn`] is where the kinds meet: it is a [`ConnectionLike`], so everything above this
+//! module sends commands without asking which kind it holds.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,14 +32,13 @@ use arc_swap::ArcSwapOption;
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
-use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
     AsyncConnectionConfig, ClientTlsConfig, Cmd, ConnectionAddr, Pipeline, RedisError, RedisFuture,
     RedisResult, TlsCertificates, TlsMode, Value,
 };
 
+use super::topology::{Node, Topology};
 use crate::config::settings::RedisSettings;
 use crate::pem::{read_ca, read_identity};
 
@@ -77,6 +80,16 @@ impl Tls {
             skip_hostname_verification: s.tls_skip_hostname_verification,
         })
     }
+
+    /// The CA and client certificate, when the settings give either.
+    pub fn certificates(&self) -> Option<&TlsCertificates> {
+        self.certificates.as_ref()
+    }
+
+    /// Whether the certificate's names go unchecked.
+    pub fn skips_hostname_verification(&self) -> bool {
+        self.skip_hostname_verification
+    }
 }
 
 /// Time limits of connections.
@@ -89,17 +102,17 @@ pub struct Timeouts {
 /// A connection ready for one call (cheap to clone: all of them are multiplexed handles).
 #[derive(Clone)]
 pub enum Conn {
+    /// One server, reconnecting by itself.
     Single(ConnectionManager),
-    Sentinel(MultiplexedConnection),
-    Cluster(ClusterConnection),
+    /// One node: the master Sentinel named, or a node of a Cluster.
+    Node(MultiplexedConnection),
 }
 
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Sentinel(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Node(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -111,16 +124,14 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
-            Conn::Sentinel(c) => c.req_packed_commands(cmd, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Node(c) => c.req_packed_commands(cmd, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             Conn::Single(c) => c.get_db(),
-            Conn::Sentinel(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
+            Conn::Node(c) => c.get_db(),
         }
     }
 }
@@ -141,9 +152,11 @@ struct Lane {
 }
 
 enum Kind {
-    Single(redis::Client, ConnectionManagerConfig),
-    Sentinel(tokio::sync::Mutex<SentinelClient>),
-    Cluster(ClusterClient),
+    /// The client, its manager's settings, and the server's address.
+    Single(redis::Client, ConnectionManagerConfig, Node),
+    /// The client, and the master it last named (its name until it names one).
+    Sentinel(tokio::sync::Mutex<SentinelClient>, parking_lot::Mutex<Node>),
+    Cluster(Topology),
 }
 
 impl Connector {
@@ -155,9 +168,9 @@ impl Connector {
         } else if let Some(rest) = url.strip_prefix("rediss+sentinel://") {
             sentinel(rest, Some(tls))?
         } else if let Some(rest) = url.strip_prefix("redis+cluster://") {
-            cluster(rest, None, timeouts)?
+            cluster(rest, None, timeouts, lanes)?
         } else if let Some(rest) = url.strip_prefix("rediss+cluster://") {
-            cluster(rest, Some(tls), timeouts)?
+            cluster(rest, Some(tls), timeouts, lanes)?
         } else {
             single(url, tls, timeouts)?
         };
@@ -179,6 +192,24 @@ impl Connector {
         matches!(self.kind, Kind::Cluster(_))
     }
 
+    /// The Cluster, for a Cluster.
+    pub fn topology(&self) -> Option<&Topology> {
+        match &self.kind {
+            Kind::Cluster(topology) => Some(topology),
+            _ => None,
+        }
+    }
+
+    /// The node a call of `slot` goes to now, when known: the server, the master Sentinel
+    /// last named, or the master of `slot` by the Cluster's slot map.
+    pub fn node(&self, slot: Option<u16>) -> Option<Node> {
+        match &self.kind {
+            Kind::Single(.., node) => Some(node.clone()),
+            Kind::Sentinel(_, master) => Some(master.lock().clone()),
+            Kind::Cluster(topology) => slot.and_then(|s| topology.owner_now(s)),
+        }
+    }
+
     /// How many lanes (connections) it keeps.
     pub fn lanes(&self) -> usize {
         self.lanes.len()
@@ -190,6 +221,11 @@ impl Connector {
 
     /// Lane `lane`'s connection: the cached one, or a new one.
     pub async fn get(&self, lane: usize) -> RedisResult<Conn> {
+        // A Cluster's calls go to their slot's master (`super::redirect`); this is any node,
+        // for a `PING`.
+        if let Kind::Cluster(topology) = &self.kind {
+            return Ok(Conn::Node(topology.any(lane).await?));
+        }
         let lane = self.lane(lane);
         if let Some(conn) = lane.cached.load_full() {
             return Ok((*conn).clone());
@@ -200,18 +236,25 @@ impl Connector {
         }
         let conn = match &self.kind {
             // Lazy: this makes no connection yet, but needs the runtime (so not in `new`).
-            Kind::Single(client, config) => Conn::Single(ConnectionManager::new_lazy_with_config(
-                client.clone(),
-                config.clone(),
-            )?),
-            Kind::Sentinel(client) => {
+            Kind::Single(client, config, _) => Conn::Single(
+                ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?,
+            ),
+            Kind::Sentinel(client, named) => {
                 let config = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(self.timeouts.connect))
                     .set_response_timeout(Some(self.timeouts.response));
-                let mut client = client.lock().await;
-                Conn::Sentinel(client.get_async_connection_with_config(&config).await?)
+                let master = client.lock().await.async_get_client().await?;
+                let addr: Node = master.get_connection_info().addr().to_string().into();
+                let conn = master
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await?;
+                let previous = std::mem::replace(&mut *named.lock(), addr.clone());
+                if previous != addr {
+                    tracing::info!(master = %addr, "redis sentinel: connected to the master");
+                }
+                Conn::Node(conn)
             }
-            Kind::Cluster(client) => Conn::Cluster(client.get_async_connection().await?),
+            Kind::Cluster(_) => return Err(invalid("a Cluster has no connection of its own")),
         };
         lane.cached.store(Some(Arc::new(conn.clone())));
         Ok(conn)
@@ -220,7 +263,7 @@ impl Connector {
     /// Tells the connector that a call took too long: a Sentinel connection is dropped (a
     /// master that hangs is as lost as one that is gone).
     pub fn timed_out(&self, lane: usize) {
-        if matches!(self.kind, Kind::Sentinel(_)) {
+        if matches!(self.kind, Kind::Sentinel(..)) {
             self.lane(lane).cached.store(None);
         }
     }
@@ -234,7 +277,7 @@ impl Connector {
             || err.is_unrecoverable_error()
             || err.code() == Some("READONLY")
             || err.code() == Some("MASTERDOWN");
-        if lost && matches!(self.kind, Kind::Sentinel(_)) {
+        if lost && matches!(self.kind, Kind::Sentinel(..)) {
             self.lane(lane).cached.store(None);
         }
     }
@@ -267,7 +310,8 @@ fn single(url: &str, tls: &Tls, t: Timeouts) -> RedisResult<Kind> {
         .set_number_of_retries(1)
         .set_min_delay(Duration::from_millis(20))
         .set_max_delay(Duration::from_millis(200));
-    Ok(Kind::Single(client, config))
+    let node = client.get_connection_info().addr().to_string().into();
+    Ok(Kind::Single(client, config, node))
 }
 
 /// `[user:password@]host:port,host:port[/rest]`, split.
@@ -359,37 +403,15 @@ fn sentinel(rest: &str, tls: Option<&Tls>) -> RedisResult<Kind> {
                 .set_client_to_sentinel_certificates(certificates.clone());
         }
     }
-    Ok(Kind::Sentinel(tokio::sync::Mutex::new(b.build()?)))
+    let named = parking_lot::Mutex::new(master.into());
+    Ok(Kind::Sentinel(tokio::sync::Mutex::new(b.build()?), named))
 }
 
 /// `tls`: `None` for plain TCP.
-fn cluster(rest: &str, tls: Option<&Tls>, t: Timeouts) -> RedisResult<Kind> {
+fn cluster(rest: &str, tls: Option<&Tls>, t: Timeouts, lanes: usize) -> RedisResult<Kind> {
     let h = hosts(rest)?;
-    let scheme = if tls.is_some() { "rediss" } else { "redis" };
-    let nodes: Vec<String> = h
-        .hosts
-        .iter()
-        .map(|(host, port)| format!("{scheme}://{host}:{port}"))
-        .collect();
-    let mut b = ClusterClient::builder(nodes)
-        .connection_timeout(t.connect)
-        .response_timeout(t.response)
-        .retries(1);
-    if let Some(user) = h.user {
-        b = b.username(user);
-    }
-    if let Some(password) = h.password {
-        b = b.password(password);
-    }
-    if let Some(tls) = tls {
-        b = b
-            .tls(TlsMode::Secure)
-            .danger_accept_invalid_hostnames(tls.skip_hostname_verification);
-        if let Some(certificates) = &tls.certificates {
-            b = b.certs(certificates.clone());
-        }
-    }
-    Ok(Kind::Cluster(b.build()?))
+    let topology = Topology::new(&h.hosts, h.user, h.password, tls, t, lanes.max(1))?;
+    Ok(Kind::Cluster(topology))
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Group commit: many requests, one script call.
 //!
-//! Each lane (one connection of `redis.connections`) has at most one script call in flight.
+//! Each lane (one connection of `redis.connections`; in a Cluster, one per master, each master
+//! with lanes of its own) has at most one script call in flight.
 //! A request picks a lane (in turn). When the lane is idle, the request leads: it queues, and
 //! under a gathering poll (`crate::limiter::gathering`: its gRPC connection's task polling
 //! the streams decoded from one read) it yields once, so that the requests polled in the same
@@ -14,10 +15,12 @@
 //! each exactly as if alone. In a Cluster, the queued requests are split by slot (each call's
 //! keys must share one) and the calls of one turn go out together.
 //!
-//! A call that fails (time-out, lost connection, error reply) fails every request it carried,
-//! each with the same error; each request then gets its own `on_error` answer from the
-//! limiter. A request whose caller stopped waiting (its time-out passed while it queued) is
-//! dropped before it is sent.
+//! In a Cluster, a call follows the Cluster's redirections and transient errors within the
+//! time-out (`super::redirect`), whole: every request of it goes where the slot is. A call that
+//! fails (time-out, lost connection, error reply) fails every request it carried, each with the
+//! same error and the node it failed on; each request then gets its own `on_error` answer from
+//! the limiter. A request whose caller stopped waiting (its time-out passed while it queued)
+//! is dropped before it is sent.
 //!
 //! # The bounds
 //!
@@ -29,21 +32,24 @@
 //! requests) keeps a call within a few TCP segments' worth of a socket buffer; only requests
 //! with many descriptors reach it before the count.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::task::Poll;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use futures_util::future::join_all;
 use parking_lot::Mutex;
-use redis::cluster_routing::Slot;
 use redis::{RedisError, RedisResult, Value};
 use tokio::sync::{Notify, oneshot};
 use tokio::task::AbortHandle;
+use tokio::time::Instant;
 
 use super::connection::Connector;
+use super::redirect;
 use super::script::{self, Functions, Mode, Part, Unit};
+use super::topology::Node;
 use crate::limiter::{BatchOutcome, Hit};
 
 /// The most requests one call carries.
@@ -61,6 +67,13 @@ pub struct Shared {
     pub timeout: Duration,
 }
 
+/// What a request's call came to.
+pub struct Answer {
+    /// The node that answered, or that the call failed on (when it got that far).
+    pub node: Option<Node>,
+    pub result: RedisResult<BatchOutcome>,
+}
+
 /// One request, queued for a call.
 struct Job {
     hits: Vec<Hit>,
@@ -68,9 +81,9 @@ struct Job {
     unit: Unit,
     now_micros: Option<u64>,
     /// The Cluster slot of its keys (one call per slot).
-    slot: Option<Slot>,
+    slot: Option<u16>,
     size: usize,
-    reply: oneshot::Sender<RedisResult<BatchOutcome>>,
+    reply: oneshot::Sender<Answer>,
 }
 
 impl Job {
@@ -155,12 +168,49 @@ impl Future for YieldOnce {
     }
 }
 
-/// The lanes; their tasks start on first use (they need the runtime).
+/// The lanes, per node; their tasks start on first use (they need the runtime).
 pub struct GroupCommit {
     shared: Arc<Shared>,
-    lanes: Vec<Arc<Lane>>,
-    tasks: OnceLock<Vec<AbortHandle>>,
+    /// Per node its own lanes (`None`: the deployment's one node, or a Cluster slot whose
+    /// master is not known yet), so that a node slow to answer or gone holds up no call to
+    /// another: at most [`MAX_NODES`] sets, then the others share `None`'s. Read without a
+    /// lock; replaced whole when a node is added.
+    nodes: ArcSwap<HashMap<Option<Node>, Arc<Lanes>>>,
+    /// Held while adding a node.
+    adding: Mutex<()>,
     next: AtomicUsize,
+}
+
+/// The most nodes with lanes of their own.
+pub const MAX_NODES: usize = 1024;
+
+/// A node's lanes and their tasks, stopped when dropped.
+struct Lanes {
+    lanes: Vec<Arc<Lane>>,
+    tasks: Vec<AbortHandle>,
+}
+
+impl Lanes {
+    fn start(shared: &Arc<Shared>) -> Lanes {
+        let lanes: Vec<Arc<Lane>> = (0..shared.connector.lanes().max(1))
+            .map(|_| Arc::new(Lane::default()))
+            .collect();
+        let tasks = lanes
+            .iter()
+            .enumerate()
+            .map(|(index, lane)| tokio::spawn(drive(shared.clone(), index, lane.clone())))
+            .map(|task| task.abort_handle())
+            .collect();
+        Lanes { lanes, tasks }
+    }
+}
+
+impl Drop for Lanes {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
 }
 
 /// One request for [`GroupCommit::submit`].
@@ -169,18 +219,17 @@ pub struct Request {
     pub mode: Mode,
     pub unit: Unit,
     pub now_micros: Option<u64>,
-    pub slot: Option<Slot>,
+    pub slot: Option<u16>,
+    /// The node it is for, when known (it picks the lanes).
+    pub node: Option<Node>,
 }
 
 impl GroupCommit {
     pub fn new(shared: Shared) -> GroupCommit {
-        let lanes = (0..shared.connector.lanes())
-            .map(|_| Arc::new(Lane::default()))
-            .collect();
         GroupCommit {
             shared: Arc::new(shared),
-            lanes,
-            tasks: OnceLock::new(),
+            nodes: ArcSwap::default(),
+            adding: Mutex::new(()),
             next: AtomicUsize::new(0),
         }
     }
@@ -189,12 +238,33 @@ impl GroupCommit {
         &self.shared
     }
 
-    /// Decides `request` in the next call of a lane, as if alone.
-    pub async fn submit(&self, request: Request) -> RedisResult<BatchOutcome> {
-        self.tasks.get_or_init(|| self.start());
-        let index = self.next.fetch_add(1, Ordering::Relaxed) % self.lanes.len().max(1);
-        let Some(lane) = self.lanes.get(index) else {
-            return Err(dropped("no lane to send it on"));
+    /// `node`'s lanes, started now if it has none yet.
+    fn lanes(&self, node: Option<Node>) -> Arc<Lanes> {
+        if let Some(lanes) = self.nodes.load().get(&node) {
+            return lanes.clone();
+        }
+        let _adding = self.adding.lock();
+        let nodes = self.nodes.load_full();
+        let key = if nodes.len() >= MAX_NODES { None } else { node };
+        if let Some(lanes) = nodes.get(&key) {
+            return lanes.clone();
+        }
+        let lanes = Arc::new(Lanes::start(&self.shared));
+        let mut more = (*nodes).clone();
+        more.insert(key, lanes.clone());
+        self.nodes.store(Arc::new(more));
+        lanes
+    }
+
+    /// Decides `request` in the next call of a lane of its node, as if alone.
+    pub async fn submit(&self, request: Request) -> Answer {
+        let lanes = self.lanes(request.node);
+        let index = self.next.fetch_add(1, Ordering::Relaxed) % lanes.lanes.len().max(1);
+        let Some(lane) = lanes.lanes.get(index) else {
+            return Answer {
+                node: None,
+                result: Err(dropped("no lane to send it on")),
+            };
         };
         let (reply, answer) = oneshot::channel();
         let job = Job {
@@ -232,28 +302,10 @@ impl GroupCommit {
             ))
             .await;
         }
-        answer
-            .await
-            .unwrap_or_else(|_| Err(dropped("the call carrying it was dropped")))
-    }
-
-    fn start(&self) -> Vec<AbortHandle> {
-        self.lanes
-            .iter()
-            .enumerate()
-            .map(|(index, lane)| {
-                let task = tokio::spawn(drive(self.shared.clone(), index, lane.clone()));
-                task.abort_handle()
-            })
-            .collect()
-    }
-}
-
-impl Drop for GroupCommit {
-    fn drop(&mut self) {
-        for task in self.tasks.get().into_iter().flatten() {
-            task.abort();
-        }
+        answer.await.unwrap_or_else(|_| Answer {
+            node: None,
+            result: Err(dropped("the call carrying it was dropped")),
+        })
     }
 }
 
@@ -310,10 +362,12 @@ fn split(jobs: Vec<Job>) -> Vec<Vec<Job>> {
     calls
 }
 
-/// A call that returned: its jobs, the call, and Redis's reply (or the failure).
+/// A call that returned: its jobs, the call, the node it last went to, and Redis's reply (or
+/// the failure).
 struct Exchanged {
     jobs: Vec<Job>,
     call: Option<script::Call>,
+    node: Option<Node>,
     reply: RedisResult<Value>,
 }
 
@@ -328,6 +382,7 @@ async fn exchange(shared: &Shared, lane: usize, jobs: Vec<Job>) -> Exchanged {
         return Exchanged {
             jobs,
             call: None,
+            node: None,
             reply: Ok(Value::Nil),
         };
     };
@@ -340,8 +395,11 @@ async fn exchange(shared: &Shared, lane: usize, jobs: Vec<Job>) -> Exchanged {
         .collect();
     let via = shared.functions.via();
     let call = script::encode(&parts, &shared.prefix, head.unit, head.now_micros, via);
+    let slot = head.slot;
     drop(parts);
-    let reply = match tokio::time::timeout(shared.timeout, send(shared, lane, &call)).await {
+    let mut node = None;
+    let sent = send(shared, lane, slot, &call, &mut node);
+    let reply = match tokio::time::timeout(shared.timeout, sent).await {
         Ok(result) => result,
         Err(_) => {
             shared.connector.timed_out(lane);
@@ -354,6 +412,7 @@ async fn exchange(shared: &Shared, lane: usize, jobs: Vec<Job>) -> Exchanged {
     Exchanged {
         jobs,
         call: Some(call),
+        node,
         reply,
     }
 }
@@ -366,26 +425,50 @@ fn answer_all(returned: Vec<Exchanged>) {
 
 /// Gives each job of a returned call its outcome, or the call's failure.
 fn answer(exchanged: Exchanged) {
-    let Exchanged { jobs, call, reply } = exchanged;
+    let Exchanged {
+        jobs,
+        call,
+        node,
+        reply,
+    } = exchanged;
     let Some(call) = call else { return };
+    let give = |job: Job, result| {
+        let node = node.clone();
+        let _ = job.reply.send(Answer { node, result });
+    };
     match reply.and_then(|reply| script::decode(reply, &call)) {
         Ok(outcomes) => {
             for (job, outcome) in jobs.into_iter().zip(outcomes) {
-                let _ = job.reply.send(Ok(outcome));
+                give(job, Ok(outcome));
             }
         }
         Err(e) => {
             for job in jobs {
-                let _ = job.reply.send(Err(e.clone()));
+                give(job, Err(e.clone()));
             }
         }
     }
 }
 
-async fn send(shared: &Shared, lane: usize, call: &script::Call) -> RedisResult<Value> {
+/// Sends `call` (of `slot`, in a Cluster) and waits for its reply; `at` is the node it last
+/// went to.
+async fn send(
+    shared: &Shared,
+    lane: usize,
+    slot: Option<u16>,
+    call: &script::Call,
+    at: &mut Option<Node>,
+) -> RedisResult<Value> {
+    if let (Some(topology), Some(slot)) = (shared.connector.topology(), slot) {
+        let deadline = Instant::now() + shared.timeout;
+        return redirect::send(shared, topology, lane, slot, call, deadline, at).await;
+    }
+    *at = shared.connector.node(None);
     let reply = match shared.connector.get(lane).await {
         Ok(mut conn) => script::invoke(&mut conn, call, &shared.functions).await,
         Err(e) => Err(e),
     };
+    // Sentinel: the master it connected to.
+    *at = shared.connector.node(None);
     reply.inspect_err(|e| shared.connector.failed(lane, e))
 }

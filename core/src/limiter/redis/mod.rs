@@ -8,47 +8,57 @@
 //! |---|---|
 //! | `script` | encoding a batch for the Lua code (`lua/`), EVALSHA of the script (EVAL on NOSCRIPT) or FCALL of the function library (`redis.functions`), decoding |
 //! | `connection` | URL forms (one server, Sentinel, Cluster), lazy, self-healing connections (one per lane), and the one place the three kinds are told apart |
+//! | `topology` | a Cluster's slot map (refreshed apart from the calls) and a connection per master and lane |
+//! | `slots` | a key's Cluster slot; `CLUSTER SLOTS` read into the slot map |
+//! | `redirect` | a Cluster call following MOVED, ASK, TRYAGAIN and CLUSTERDOWN within the time-out, never running the script twice |
 //! | `group_commit` | the lanes: while a call is in flight, requests queue; the next call carries them all |
 //! | `cluster` | splitting a request by Cluster slot, planning it whole, refunding |
-//! | `breaker` | the circuit breaker that stops waiting on a dead Redis |
+//! | `breaker` | the circuit breakers, one per node, that stop waiting on a dead node |
 //! | `deny_cache` | the exact local deny cache |
 //!
 //! # One request
 //!
 //! 1. If every hit is a cached denial, answer from the deny cache (no round trip).
-//! 2. If the breaker is open, answer from `on_error` at once.
+//! 2. If the breaker of a node the request needs is open (the server; the master Sentinel
+//!    named; in a Cluster, the master of one of its slots), answer from `on_error` at once.
 //! 3. Otherwise the request joins a lane's next script call (group commit: one call carries
 //!    every request that queued while the previous one was in flight; per slot group in a
-//!    Cluster), bounded by `timeout_ms` (queueing and connecting included). Time is Redis
-//!    `TIME`, in microseconds.
-//! 4. On failure (time-out, connection lost, error reply), count it in the breaker and answer
-//!    from `on_error`: `error` (a transient [`LimiterError`], which the gRPC layer maps to
-//!    `UNAVAILABLE`), `allow`, `deny`, or `local` (an in-process [`MemoryLimiter`]).
+//!    Cluster), bounded by `timeout_ms` (queueing, connecting and following the Cluster
+//!    included). Time is Redis `TIME`, in microseconds.
+//! 4. On failure (time-out, connection lost, error reply), count it in the breaker of the node
+//!    it failed on and answer from `on_error`: `error` (a transient [`LimiterError`], which the
+//!    gRPC layer maps to `UNAVAILABLE`), `allow`, `deny`, or `local` (an in-process
+//!    [`MemoryLimiter`]).
 
 mod breaker;
 mod cluster;
 pub mod connection;
 mod deny_cache;
 mod group_commit;
+mod redirect;
 mod scan;
 pub mod script;
+mod slots;
+mod topology;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::{RedisError, RedisResult};
+use tokio::time::Instant;
 
 use super::{
     Batch, BatchOutcome, BoxFuture, Clock, HitOutcome, Limiter, LimiterError, MemoryLimiter,
     MonotonicClock, plan,
 };
 use crate::config::settings::{OnError, RedisSettings};
-use breaker::Breaker;
+use breaker::Breakers;
 use connection::{Connector, Timeouts, Tls};
 use deny_cache::DenyCache;
 use group_commit::{GroupCommit, Request, Shared};
 use script::{Functions, Mode, Unit};
+use topology::Node;
 
 /// Limiter state in Redis, shared by every replica.
 pub struct RedisLimiter {
@@ -56,7 +66,7 @@ pub struct RedisLimiter {
     commit: GroupCommit,
     timeout: Duration,
     on_error: OnError,
-    breaker: Breaker,
+    breakers: Breakers,
     deny: DenyCache,
     /// The deny cache's time; with `script_clock`, the script's too.
     clock: Arc<dyn Clock>,
@@ -133,7 +143,7 @@ impl RedisLimiter {
             }),
             timeout: timeouts.response,
             on_error: settings.on_error,
-            breaker: Breaker::new(
+            breakers: Breakers::new(
                 settings.breaker_failures,
                 Duration::from_millis(settings.breaker_cooldown_ms),
             ),
@@ -156,7 +166,14 @@ impl RedisLimiter {
         batch: &Batch,
         now_micros: Option<u64>,
     ) -> Result<BatchOutcome, LimiterError> {
-        self.submit(batch.hits.clone(), Mode::Request, Unit::Micros, now_micros)
+        let whenever = Instant::now() + Duration::from_secs(3600);
+        let call = Call {
+            mode: Mode::Request,
+            unit: Unit::Micros,
+            now_micros,
+            deadline: whenever,
+        };
+        self.submit(batch.hits.clone(), call)
             .await
             .map_err(limiter_error)
     }
@@ -174,21 +191,28 @@ impl RedisLimiter {
         ]
     }
 
-    /// Whether Redis answered the last exchange (request or probe); the reason if not.
+    /// Whether Redis answered the last exchange (request or probe); the reason if not. In a
+    /// Cluster, a failed request does not count (it failed on one master, and the others may
+    /// serve): only whether some node answers the probe, and the last request's success.
     pub fn health(&self) -> Result<(), String> {
         self.health.lock().clone()
     }
 
-    /// Sends one `PING` within the time-out and records the result as the health. It also
-    /// makes the first connection, so that the first request does not pay for it.
+    /// Sends one `PING` within the time-out (in a Cluster, to a few nodes at once: one answer
+    /// will do) and records the result as the health. It also makes the first
+    /// connection (in a Cluster, loads the slot map), so that the first request does not pay
+    /// for it.
     pub async fn probe(&self) {
         let ping = async {
             let connector = &self.commit.shared().connector;
+            if let Some(topology) = connector.topology() {
+                return topology.ping().await;
+            }
             let reply: RedisResult<String> = match connector.get(0).await {
                 Ok(mut c) => redis::cmd("PING").query_async(&mut c).await,
                 Err(e) => Err(e),
             };
-            reply.inspect_err(|e| connector.failed(0, e))
+            reply.map(drop).inspect_err(|e| connector.failed(0, e))
         };
         let result = match tokio::time::timeout(self.timeout, ping).await {
             Ok(Ok(_)) => Ok(()),
@@ -221,32 +245,21 @@ impl RedisLimiter {
             bump(&self.events.deny_cache_hits);
             return Ok(outcome);
         }
-        if !self.breaker.allow() {
+        if let Some(node) = self.refused(batch) {
             bump(&self.events.breaker_open);
-            return self
-                .fallback(
-                    batch,
-                    unavailable("circuit breaker open after repeated failures"),
-                )
-                .await;
+            let why = format!("circuit breaker open for {node} after repeated failures");
+            return self.fallback(batch, unavailable(&why)).await;
         }
-        let result = match tokio::time::timeout(self.timeout, self.remote(batch, sent)).await {
-            Ok(result) => result,
-            // The lane's own time-out (which drops a Sentinel connection) fires a little
-            // later, if the call is still in flight then.
-            Err(_) => Err(unavailable(&format!("no answer within {:?}", self.timeout))),
-        };
-        match result {
+        let deadline = Instant::now() + self.timeout;
+        match self.remote(batch, sent, deadline).await {
             Ok(outcome) => {
                 *self.health.lock() = Ok(());
-                self.breaker.record(true);
                 self.deny.learn(batch, &outcome, sent);
                 Ok(outcome)
             }
             Err(e) => {
                 bump(&self.events.failures);
-                if e.transient {
-                    self.breaker.record(false);
+                if e.transient && !self.commit.shared().connector.is_cluster() {
                     *self.health.lock() = Err(format!("redis: {}", e.message));
                 }
                 self.fallback(batch, e).await
@@ -254,41 +267,83 @@ impl RedisLimiter {
         }
     }
 
-    /// The decision from Redis, times in nanoseconds.
-    async fn remote(&self, batch: &Batch, now: u64) -> Result<BatchOutcome, LimiterError> {
-        let now_micros = self.script_clock.then_some(now / 1_000);
-        let outcome = if self.commit.shared().connector.is_cluster() {
-            cluster::check(self, batch, now_micros).await
+    /// A node `batch` needs whose breaker refuses calls now, if any. In a Cluster, the masters
+    /// of its slots by the map (whose refresh this asks for, so that a failover is seen).
+    fn refused(&self, batch: &Batch) -> Option<Node> {
+        if self.breakers.quiet() {
+            return None;
+        }
+        let connector = &self.commit.shared().connector;
+        let mut nodes: Vec<Node> = Vec::new();
+        if connector.is_cluster() {
+            for hit in &batch.hits {
+                let node = connector.node(Some(cluster::slot(self.prefix(), &hit.key)));
+                if let Some(node) = node.filter(|n| !nodes.contains(n)) {
+                    nodes.push(node);
+                }
+            }
         } else {
-            let hits = batch.hits.clone();
-            self.submit(hits, Mode::Request, Unit::Nanos, now_micros)
-                .await
+            nodes.extend(connector.node(None));
+        }
+        let refused = nodes.into_iter().find(|n| !self.breakers.allow(n))?;
+        if let Some(topology) = connector.topology() {
+            topology.stale();
+        }
+        Some(refused)
+    }
+
+    /// The decision from Redis, times in nanoseconds; every call ends by `deadline`.
+    async fn remote(
+        &self,
+        batch: &Batch,
+        now: u64,
+        deadline: Instant,
+    ) -> Result<BatchOutcome, LimiterError> {
+        let call = Call {
+            mode: Mode::Request,
+            unit: Unit::Nanos,
+            now_micros: self.script_clock.then_some(now / 1_000),
+            deadline,
+        };
+        let outcome = if self.commit.shared().connector.is_cluster() {
+            cluster::check(self, batch, call).await
+        } else {
+            self.submit(batch.hits.clone(), call).await
         };
         outcome.map_err(limiter_error)
     }
 
-    /// Decides `hits` (all of one Cluster slot, in a Cluster) in a lane's next script call.
-    async fn submit(
-        &self,
-        hits: Vec<super::Hit>,
-        mode: Mode,
-        unit: Unit,
-        now_micros: Option<u64>,
-    ) -> Result<BatchOutcome, RedisError> {
+    /// Decides `hits` (all of one Cluster slot, in a Cluster) in a lane's next script call, by
+    /// `call.deadline`; the breaker of the node it went to learns how it went.
+    async fn submit(&self, hits: Vec<super::Hit>, call: Call) -> Result<BatchOutcome, RedisError> {
         let shared = self.commit.shared();
         let slot = shared
             .connector
             .is_cluster()
             .then(|| hits.first().map(|h| cluster::slot(&shared.prefix, &h.key)))
             .flatten();
+        let expected = shared.connector.node(slot);
         let request = Request {
             hits,
-            mode,
-            unit,
-            now_micros,
+            mode: call.mode,
+            unit: call.unit,
+            now_micros: call.now_micros,
             slot,
+            node: expected.clone(),
         };
-        self.commit.submit(request).await
+        let submitted = self.commit.submit(request);
+        let (node, result) = match tokio::time::timeout_at(call.deadline, submitted).await {
+            Ok(answer) => (answer.node.or(expected), answer.result),
+            // The lane's own time-out (which drops a Sentinel connection) fires a little
+            // later, if the call is still in flight then.
+            Err(_) => (expected, Err(timed_out(self.timeout))),
+        };
+        match (&node, &result) {
+            (Some(node), Ok(_)) => self.breakers.record(node, true),
+            (Some(node), Err(e)) if transient(e) => self.breakers.record(node, false),
+            _ => {}
+        }
+        result
     }
 
     async fn fallback(
@@ -354,9 +409,9 @@ fn unavailable(message: &str) -> LimiterError {
     }
 }
 
-/// Classifies a Redis error: transient when retrying later may work.
-fn limiter_error(e: RedisError) -> LimiterError {
-    let transient = e.is_io_error()
+/// Whether retrying later may work after `e`.
+fn transient(e: &RedisError) -> bool {
+    e.is_io_error()
         || e.is_timeout()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
@@ -365,13 +420,36 @@ fn limiter_error(e: RedisError) -> LimiterError {
         || matches!(
             e.code(),
             Some("READONLY" | "MASTERDOWN" | "LOADING" | "BUSY" | "TRYAGAIN" | "CLUSTERDOWN")
-        );
+        )
+}
+
+/// Classifies a Redis error: transient when retrying later may work.
+fn limiter_error(e: RedisError) -> LimiterError {
     LimiterError {
         backend: "redis",
         message: e.to_string(),
-        transient,
+        transient: transient(&e),
         source: Some(Box::new(e)),
     }
+}
+
+/// No answer within `timeout` (queueing, connecting and following the Cluster included).
+fn timed_out(timeout: Duration) -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("no answer within {timeout:?}"),
+    ))
+}
+
+/// How a request's script calls are made.
+#[derive(Debug, Clone, Copy)]
+struct Call {
+    mode: Mode,
+    unit: Unit,
+    /// The script's time instead of Redis `TIME` (tests).
+    now_micros: Option<u64>,
+    /// When the request stops waiting.
+    deadline: Instant,
 }
 
 impl Limiter for RedisLimiter {
@@ -427,7 +505,7 @@ impl std::fmt::Debug for RedisLimiter {
         f.debug_struct("RedisLimiter")
             .field("prefix", &String::from_utf8_lossy(self.prefix()))
             .field("on_error", &self.on_error)
-            .field("breaker_open", &self.breaker.is_open())
+            .field("breaker_open", &self.breakers.any_open())
             .finish_non_exhaustive()
     }
 }

@@ -14,7 +14,6 @@ use std::time::Duration;
 use redis::RedisResult;
 
 use super::RedisLimiter;
-use super::connection::Conn;
 use crate::limiter::counters::{
     BackendStatus, CounterEntry, CounterPage, CounterQuery, KeyState, Resolved,
 };
@@ -138,16 +137,15 @@ async fn scan(
         .arg(pattern)
         .arg("COUNT")
         .arg(count);
+    let connector = &limiter.commit.shared().connector;
+    if connector.is_cluster() {
+        return Err(refused("/counters cannot walk a Redis Cluster"));
+    }
     let call = async {
-        let reply: RedisResult<(u64, Vec<Vec<u8>>)> =
-            match limiter.commit.shared().connector.get(0).await {
-                Ok(Conn::Single(mut c)) => cmd.query_async(&mut c).await,
-                Ok(Conn::Sentinel(mut c)) => cmd.query_async(&mut c).await,
-                Ok(Conn::Cluster(_)) => {
-                    return Err(refused("/counters cannot walk a Redis Cluster"));
-                }
-                Err(e) => Err(e),
-            };
+        let reply: RedisResult<(u64, Vec<Vec<u8>>)> = match connector.get(0).await {
+            Ok(mut c) => cmd.query_async(&mut c).await,
+            Err(e) => Err(e),
+        };
         reply.map_err(super::limiter_error)
     };
     let wait = limiter.timeout.max(ADMIN_TIMEOUT);
@@ -173,7 +171,7 @@ fn pattern(redis_prefix: &[u8], key_prefix: &[u8]) -> Vec<u8> {
 pub(super) fn status(limiter: &RedisLimiter) -> BackendStatus {
     BackendStatus {
         reachable: Some(limiter.health()),
-        breaker_open: Some(limiter.breaker.is_open()),
+        breaker_open: Some(limiter.breakers.any_open()),
         deny_cache: Some(limiter.deny.len()),
         keys_held: Some(limiter.held()),
     }

@@ -1,0 +1,372 @@
+//! A Redis Cluster changing under load (DESIGN.md §13, "Redis operations"): callers keep
+//! asking the in-process Redis limiter while a slot moves to another master and back, or
+//! while a master is killed and its replica takes over. Redirections (MOVED, ASK) and
+//! transient cluster errors (TRYAGAIN, CLUSTERDOWN) are followed, never surfaced; one master's
+//! trouble never fails a key on another; the funnel stays exact while its slot moves.
+//! Serial: the answers are bounded by `timeout_ms`, which a load beside them would eat.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use redis::cluster_routing::Slot;
+use sluice::config::model::Algorithm;
+use sluice::config::settings::RedisSettings;
+use sluice::limiter::{Batch, BatchOutcome, LimitParams, Limiter, LimiterError, RedisLimiter};
+use sluice::testing::limits::{hit, limit};
+use sluice::testing::redis::RedisCluster;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+const SECOND: u64 = 1_000_000_000;
+
+/// Long enough that a loaded 2-core machine running six Redis nodes does not turn these into
+/// latency tests; short enough that a failover outlasts it.
+const TIMEOUT_MS: u64 = 500;
+
+fn settings(cluster: &RedisCluster) -> RedisSettings {
+    RedisSettings {
+        url: cluster.url(),
+        timeout_ms: TIMEOUT_MS,
+        connect_timeout_ms: 200,
+        ..RedisSettings::default()
+    }
+}
+
+/// What the callers of one class of keys got.
+#[derive(Debug, Default)]
+struct Tally {
+    admitted: u64,
+    denied: u64,
+    /// When each failed request was sent, and its error.
+    errors: Vec<(Instant, String)>,
+}
+
+impl Tally {
+    fn print(&self, class: &str) {
+        let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
+        for (_, e) in &self.errors {
+            *kinds.entry(e.as_str()).or_default() += 1;
+        }
+        eprintln!(
+            "{class}: admitted {}, denied {}, errors {} {kinds:?}",
+            self.admitted,
+            self.denied,
+            self.errors.len()
+        );
+    }
+}
+
+/// Callers asking the limiter in a loop until stopped, their answers tallied per class.
+struct Load {
+    tallies: Arc<Mutex<BTreeMap<&'static str, Tally>>>,
+    stop: CancellationToken,
+    tasks: tokio::task::JoinSet<()>,
+    start: Instant,
+}
+
+impl Load {
+    fn new() -> Load {
+        Load {
+            tallies: Arc::default(),
+            stop: CancellationToken::new(),
+            tasks: tokio::task::JoinSet::new(),
+            start: Instant::now(),
+        }
+    }
+
+    /// `callers` callers of `class`; caller `i` sends `batches[i % len]`.
+    fn add(
+        &mut self,
+        limiter: &Arc<RedisLimiter>,
+        class: &'static str,
+        callers: usize,
+        batches: &[Batch],
+    ) {
+        for i in 0..callers {
+            let batch = batches[i % batches.len()].clone();
+            let (limiter, tallies, stop) =
+                (limiter.clone(), self.tallies.clone(), self.stop.clone());
+            self.tasks.spawn(async move {
+                while !stop.is_cancelled() {
+                    let sent = Instant::now();
+                    let result = limiter.check(&batch).await;
+                    record(&mut tallies.lock(), class, sent, result);
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            });
+        }
+    }
+
+    /// Stops the callers; every class's tally, and how long the load ran.
+    async fn finish(mut self) -> (BTreeMap<&'static str, Tally>, Duration) {
+        self.stop.cancel();
+        while self.tasks.join_next().await.is_some() {}
+        let elapsed = self.start.elapsed();
+        let tallies = std::mem::take(&mut *self.tallies.lock());
+        for (class, tally) in &tallies {
+            tally.print(class);
+        }
+        (tallies, elapsed)
+    }
+}
+
+fn record(
+    tallies: &mut BTreeMap<&'static str, Tally>,
+    class: &'static str,
+    sent: Instant,
+    result: Result<BatchOutcome, LimiterError>,
+) {
+    let tally = tallies.entry(class).or_default();
+    match result {
+        Ok(o) if o.admitted => tally.admitted += 1,
+        Ok(_) => tally.denied += 1,
+        Err(e) => tally.errors.push((sent, e.message)),
+    }
+}
+
+/// A limit no load here reaches.
+fn roomy() -> LimitParams {
+    limit(Algorithm::Funnel, 10_000_000, SECOND)
+}
+
+/// One descriptor `{tag}` with one roomy limit.
+fn one(tag: &str) -> Batch {
+    Batch {
+        hits: vec![hit(format!("{{{tag}}}:funnel:1"), roomy(), 1)],
+    }
+}
+
+/// `count` tags whose keys share `tag`'s slot.
+fn same_slot(tag: &str, count: usize) -> Vec<String> {
+    let slot = Slot::for_key(format!("sluice:{{{tag}}}"));
+    (0..)
+        .map(|i| format!("{tag}{i}"))
+        .filter(|t| Slot::for_key(format!("sluice:{{{t}}}")) == slot)
+        .take(count)
+        .collect()
+}
+
+/// A tag whose slot master `node` serves, other than `except`.
+fn tag_on(cluster: &RedisCluster, node: usize, except: u16, name: &str) -> String {
+    (0..)
+        .map(|i| format!("{name}{i}"))
+        .find(|t| {
+            let slot = cluster.slot_of(&format!("sluice:{{{t}}}"));
+            slot != except && cluster.owner(slot) == node
+        })
+        .unwrap_or_default()
+}
+
+/// The first few errors, for a message.
+fn first(errors: &[(Instant, String)]) -> Vec<&str> {
+    errors.iter().take(5).map(|(_, e)| e.as_str()).collect()
+}
+
+fn no_redirection_surfaced(tallies: &BTreeMap<&'static str, Tally>) {
+    for (class, tally) in tallies {
+        for (_, e) in &tally.errors {
+            let upper = e.to_ascii_uppercase();
+            assert!(
+                !upper.contains("MOVED") && !upper.contains("ASK"),
+                "{class}: a redirection reached the caller: {e}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_moving_under_load_fails_no_request_and_stays_exact() {
+    let _serial = crate::serial_async().await;
+    let cluster = Arc::new(RedisCluster::start());
+    let limiter = Arc::new(RedisLimiter::new(&settings(&cluster), 1000).expect("settings"));
+    let slot = cluster.slot_of("sluice:{hot}");
+    let source = cluster.owner(slot);
+    let masters = cluster.masters();
+    let target = *masters
+        .iter()
+        .find(|&&m| m != source)
+        .expect("another master");
+    // The hot descriptor: a funnel of 100/s with a burst of 20, and a second, roomy limit, so
+    // that its calls carry two keys (which a migration may find on different nodes).
+    let funnel = LimitParams {
+        burst: 20,
+        ..limit(Algorithm::Funnel, 100, SECOND)
+    };
+    let hot = Batch {
+        hits: vec![
+            hit("{hot}:funnel:1", funnel, 1),
+            hit("{hot}:funnel:60", roomy(), 1),
+        ],
+    };
+    let neighbours: Vec<Batch> = same_slot("hot", 4).iter().map(|t| one(t)).collect();
+    let others: Vec<Batch> = masters
+        .iter()
+        .map(|&m| one(&tag_on(&cluster, m, slot, "other")))
+        .collect();
+
+    let mut load = Load::new();
+    load.add(&limiter, "hot", 6, &[hot]);
+    load.add(&limiter, "same slot", 4, &neighbours);
+    load.add(&limiter, "other slots", 3, &others);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let moving = cluster.clone();
+    let moved = tokio::task::spawn_blocking(move || {
+        let there = moving.migrate(slot, target, Duration::from_millis(20));
+        assert_eq!(moving.owner(slot), target);
+        std::thread::sleep(Duration::from_millis(500));
+        let back = moving.migrate(slot, source, Duration::from_millis(20));
+        assert_eq!(moving.owner(slot), source);
+        (there, back)
+    })
+    .await
+    .expect("the migrations");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (tallies, elapsed) = load.finish().await;
+    eprintln!(
+        "moved {moved:?} keys; ASKING: {} on the target, {} on the source",
+        cluster.nodes[target].calls("asking"),
+        cluster.nodes[source].calls("asking")
+    );
+
+    no_redirection_surfaced(&tallies);
+    for (class, tally) in &tallies {
+        assert!(
+            tally.errors.is_empty(),
+            "{class}: {:?}",
+            first(&tally.errors)
+        );
+    }
+    let hot = &tallies["hot"];
+    let bound = 20.0 + 100.0 * elapsed.as_secs_f64();
+    eprintln!(
+        "hot: admitted {} of a bound of {bound:.1} over {elapsed:?}",
+        hot.admitted
+    );
+    assert!(
+        hot.admitted as f64 <= bound,
+        "admitted {} > {bound:.1}",
+        hot.admitted
+    );
+    assert!(hot.denied > hot.admitted, "the load exceeded the limit");
+    assert!(moved.0 > 0 && moved.1 > 0, "keys moved each way");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_a_master_fails_only_its_keys_and_only_until_its_replica_takes_over() {
+    let _serial = crate::serial_async().await;
+    let mut cluster = RedisCluster::start_replicated(Duration::from_millis(500), false);
+    let limiter = Arc::new(RedisLimiter::new(&settings(&cluster), 1000).expect("settings"));
+    let slot = cluster.slot_of("sluice:{hot}");
+    let victim = cluster.owner(slot);
+    let replica = cluster.replica_of(victim);
+    let masters = cluster.masters();
+    let lost = [one("hot"), one(&tag_on(&cluster, victim, slot, "lost"))];
+    let healthy: Vec<Batch> = masters
+        .iter()
+        .filter(|&&m| m != victim)
+        .flat_map(|&m| [0, 1].map(|i| one(&tag_on(&cluster, m, slot, &format!("ok{i}_")))))
+        .collect();
+
+    let mut load = Load::new();
+    load.add(&limiter, "lost master", 6, &lost);
+    load.add(&limiter, "healthy masters", 6, &healthy);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let killed = Instant::now();
+    cluster.nodes[victim].kill();
+    let promoted = tokio::task::block_in_place(|| {
+        cluster.wait_new_owner(slot, victim, Duration::from_secs(15))
+    });
+    let taken_over = Instant::now();
+    eprintln!("failover took {:?}", taken_over - killed);
+    assert_eq!(promoted, replica, "the replica took over");
+    let calls_before = cluster.nodes[promoted].script_calls();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (tallies, _) = load.finish().await;
+
+    no_redirection_surfaced(&tallies);
+    let healthy = &tallies["healthy masters"];
+    assert!(healthy.errors.is_empty(), "{:?}", first(&healthy.errors));
+    // A request in flight when the master died may fail (whether it ran is unknown), and so
+    // may those sent before the replica took over, and for a second after.
+    let from = killed - Duration::from_millis(TIMEOUT_MS);
+    let until = taken_over + Duration::from_secs(1);
+    let lost_errors = &tallies["lost master"].errors;
+    if let (Some(a), Some(b)) = (lost_errors.first(), lost_errors.last()) {
+        eprintln!(
+            "lost master: errors from {:?} after the kill to {:?} after it",
+            a.0.saturating_duration_since(killed),
+            b.0.saturating_duration_since(killed)
+        );
+    }
+    for (sent, e) in lost_errors {
+        assert!(
+            *sent >= from && *sent <= until,
+            "an error {:?} after the kill, {:?} after the takeover: {e}",
+            *sent - from,
+            sent.saturating_duration_since(taken_over)
+        );
+    }
+    assert!(
+        cluster.nodes[promoted].script_calls() > calls_before,
+        "decided by the new master"
+    );
+    for batch in &lost {
+        let outcome = limiter
+            .check(batch)
+            .await
+            .expect("answered after the failover");
+        assert!(outcome.admitted);
+    }
+}
+
+/// A master that stops answering (SIGSTOP: as a network partition between sluice and it looks
+/// from sluice) for less than the Cluster's node time-out, so that no failover starts: its
+/// keys wait for `timeout_ms` until its breaker opens and are then answered at once; the
+/// other masters' keys never wait on it; after SIGCONT it decides again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_that_hangs_holds_up_only_its_own_keys() {
+    let _serial = crate::serial_async().await;
+    let cluster = RedisCluster::start();
+    let limiter = Arc::new(RedisLimiter::new(&settings(&cluster), 1000).expect("settings"));
+    let slot = cluster.slot_of("sluice:{hot}");
+    let victim = cluster.owner(slot);
+    let hung = [one("hot"), one(&tag_on(&cluster, victim, slot, "hung"))];
+    let healthy: Vec<Batch> = cluster
+        .masters()
+        .iter()
+        .filter(|&&m| m != victim)
+        .map(|&m| one(&tag_on(&cluster, m, slot, "ok")))
+        .collect();
+
+    let mut load = Load::new();
+    load.add(&limiter, "hung master", 4, &hung);
+    load.add(&limiter, "healthy masters", 6, &healthy);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cluster.nodes[victim].pause();
+    let paused = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    cluster.nodes[victim].resume();
+    let resumed = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (tallies, _) = load.finish().await;
+
+    no_redirection_surfaced(&tallies);
+    let healthy = &tallies["healthy masters"];
+    assert!(healthy.errors.is_empty(), "{:?}", first(&healthy.errors));
+    let waited = &tallies["hung master"];
+    assert!(!waited.errors.is_empty(), "the hung master's keys failed");
+    let until = resumed + Duration::from_secs(1);
+    for (sent, e) in &waited.errors {
+        assert!(
+            *sent >= paused - Duration::from_millis(50) && *sent <= until,
+            "an error {:?} after the resume: {e}",
+            sent.saturating_duration_since(resumed)
+        );
+    }
+    assert_eq!(cluster.owner(slot), victim, "no failover");
+    for batch in &hung {
+        assert!(limiter.check(batch).await.expect("answered again").admitted);
+    }
+}
