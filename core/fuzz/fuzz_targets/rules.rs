@@ -27,6 +27,7 @@ fuzz_target!(|data: &[u8]| {
     // The default algorithm changes which checks apply; pick one without eating the text.
     let options = LoadOptions {
         default_algorithm: ALGORITHMS[data.len() % ALGORITHMS.len()],
+        ..LoadOptions::default()
     };
     let sources = [(PathBuf::from("fuzz.yaml"), text.clone())];
     match rules::from_sources_with(&sources, options) {
