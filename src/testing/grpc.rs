@@ -48,6 +48,20 @@ pub fn desc(entries: &[(&str, &str)]) -> RateLimitDescriptor {
     }
 }
 
+/// `message` as one gRPC frame (uncompressed): a flag byte, its length in four bytes big-endian,
+/// then its bytes; for a client that speaks HTTP/2 itself.
+pub fn grpc_frame(message: &impl prost::Message) -> Vec<u8> {
+    let bytes = message.encode_to_vec();
+    let mut frame = vec![0];
+    frame.extend_from_slice(
+        &u32::try_from(bytes.len())
+            .expect("a small message")
+            .to_be_bytes(),
+    );
+    frame.extend_from_slice(&bytes);
+    frame
+}
+
 /// The same descriptor with its own cost.
 pub fn with_hits(mut d: RateLimitDescriptor, hits: u64) -> RateLimitDescriptor {
     d.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: hits });

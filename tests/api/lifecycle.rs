@@ -141,7 +141,6 @@ async fn shutdown_lets_in_flight_requests_finish_with_a_task_per_stream() {
 /// bare HTTP/2 client (tonic's client would enforce the deadline itself), and gives the
 /// answer's `grpc-status` and how long it took.
 async fn call_with_grpc_timeout(url: &str, timeout: &str) -> (String, Duration) {
-    use prost::Message as _;
     let authority = url.trim_start_matches("http://");
     let tcp = tokio::net::TcpStream::connect(authority)
         .await
@@ -159,10 +158,7 @@ async fn call_with_grpc_timeout(url: &str, timeout: &str) -> (String, Duration) 
         .header("grpc-timeout", timeout)
         .body(())
         .expect("request");
-    let message = req("test", vec![desc(&[("k", "v")])]).encode_to_vec();
-    let mut frame = vec![0];
-    frame.extend_from_slice(&u32::try_from(message.len()).expect("small").to_be_bytes());
-    frame.extend_from_slice(&message);
+    let frame = grpc_frame(&req("test", vec![desc(&[("k", "v")])]));
     let started = tokio::time::Instant::now();
     let (answer, mut body) = client.send_request(request, false).expect("send headers");
     body.send_data(frame.into(), true)

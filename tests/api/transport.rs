@@ -7,7 +7,6 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use prost::Message as _;
 use sluice::config::settings::{ServerSettings, Settings};
 use sluice::testing::eventually;
 use sluice::testing::grpc::*;
@@ -62,10 +61,7 @@ impl H2 {
             .header("te", "trailers")
             .body(())
             .expect("request");
-        let message = req("test", vec![desc(&[("k", "v")])]).encode_to_vec();
-        let mut frame = vec![0];
-        frame.extend_from_slice(&u32::try_from(message.len()).expect("small").to_be_bytes());
-        frame.extend_from_slice(&message);
+        let frame = grpc_frame(&req("test", vec![desc(&[("k", "v")])]));
         let mut send = self.send.clone().ready().await.ok()?;
         let (answer, mut body) = send.send_request(request, false).ok()?;
         body.send_data(frame.into(), true).ok()?;
