@@ -30,17 +30,10 @@ pub(super) fn on_deny(fields: &Fields<'_>, ctx: &mut Ctx<'_>) -> Option<Option<A
         return Some(None);
     };
     let own = mapping(f.node, &f.path, f.line, KEYS, ctx)?;
-    let body = own
-        .get("body")
-        .map_or(Some(String::new()), |b| string(b, ctx));
-    let body = body.filter(|b| {
-        let ok = b.len() <= OnDeny::MAX_BODY;
-        if !ok && let Some(b) = own.get("body") {
-            let message = format!("at most {} bytes", OnDeny::MAX_BODY);
-            ctx.error(b.line, &b.path, message);
-        }
-        ok
-    });
+    let body = match own.get("body") {
+        None => Some(String::new()),
+        Some(b) => string(b, ctx).filter(|v| within(v, OnDeny::MAX_BODY, b.line, &b.path, ctx)),
+    };
     let content_type = match own.get("content_type") {
         None => Some(None),
         Some(c) => string(c, ctx)
@@ -103,9 +96,7 @@ fn headers(f: &super::tree::Field<'_>, ctx: &mut Ctx<'_>) -> Option<Vec<(String,
 
 /// A header value: at most [`OnDeny::MAX_HEADER_VALUE`] bytes, no line break or NUL.
 fn value_fits(value: &str, line: usize, path: &str, ctx: &mut Ctx<'_>) -> bool {
-    if value.len() > OnDeny::MAX_HEADER_VALUE {
-        let message = format!("at most {} bytes", OnDeny::MAX_HEADER_VALUE);
-        ctx.error(line, path, message);
+    if !within(value, OnDeny::MAX_HEADER_VALUE, line, path, ctx) {
         return false;
     }
     if value.contains(['\r', '\n', '\0']) {
@@ -113,6 +104,15 @@ fn value_fits(value: &str, line: usize, path: &str, ctx: &mut Ctx<'_>) -> bool {
         return false;
     }
     true
+}
+
+/// Whether `text` is at most `max` bytes; an error at `line` and `path` when not.
+fn within(text: &str, max: usize, line: usize, path: &str, ctx: &mut Ctx<'_>) -> bool {
+    let ok = text.len() <= max;
+    if !ok {
+        ctx.error(line, path, format!("at most {max} bytes"));
+    }
+    ok
 }
 
 /// An HTTP token (RFC 9110): the characters a header name may hold.
