@@ -149,7 +149,7 @@ impl Metrics {
             "request_duration_seconds", "Time the engine took to answer ShouldRateLimit", m.latency;
             "backend_errors", "Limiter backend failures by backend and kind", m.backend_errors;
             "memory_keys", "Limiter states held in process (memory backend; Redis: deny cache and local fallback)", m.memory_keys;
-            "backend_events", "Backend events by backend and event: Redis deny_cache_hit, breaker_open, failure, fallback", m.backend_events;
+            "backend_events", "Backend events by backend and event: Redis deny_cache_hit, breaker_open, failure, fallback, redirect, wait_short", m.backend_events;
             "config_reloads", "Rules reloads by outcome", m.reloads;
             "config_version", "Version of the active rules", m.config_version;
             "config_loaded_timestamp_seconds", "When the active rules were loaded (Unix time)", m.config_loaded;

@@ -15,6 +15,7 @@ mod batching;
 mod cluster;
 mod footprint;
 mod replicas;
+mod replication;
 mod roundtrips;
 mod script;
 mod semantics;

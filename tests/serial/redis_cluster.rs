@@ -370,3 +370,124 @@ async fn a_master_that_hangs_holds_up_only_its_own_keys() {
         assert!(limiter.check(batch).await.expect("answered again").admitted);
     }
 }
+
+/// A tag whose slot is in `first..first + count`.
+fn tag_in(cluster: &RedisCluster, first: u16, count: u16, name: &str) -> String {
+    (0..)
+        .map(|i| format!("{name}{i}"))
+        .find(|t| {
+            let slot = cluster.slot_of(&format!("sluice:{{{t}}}"));
+            (first..first + count).contains(&slot)
+        })
+        .unwrap_or_default()
+}
+
+/// A live reshard as an operator runs it: `redis-cli --cluster reshard` moves 200 slots,
+/// the hot key's among them, from one master to another and then back, while two replicas of
+/// sluice (two limiters on the Cluster) keep deciding the hot key, keys in the moving slots
+/// and keys elsewhere. No request fails, and the hot funnel stays within its bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_reshard_there_and_back_fails_no_request_and_stays_exact() {
+    const MOVED: u16 = 200;
+    let _serial = crate::serial_async().await;
+    let cluster = Arc::new(RedisCluster::start());
+    let replicas =
+        [(); 2].map(|_| Arc::new(RedisLimiter::new(&settings(&cluster), 1000).expect("settings")));
+    let masters = cluster.masters();
+    let source = *masters
+        .iter()
+        .min_by_key(|&&m| cluster.first_slot(m))
+        .expect("masters");
+    let target = *masters.iter().find(|&&m| m != source).expect("another");
+    let lowest = cluster.first_slot(source);
+    let hot_tag = tag_in(&cluster, lowest, MOVED / 4, "hot");
+    let hot_slot = cluster.slot_of(&format!("sluice:{{{hot_tag}}}"));
+    let funnel = LimitParams {
+        burst: 20,
+        ..limit(Algorithm::Funnel, 100, SECOND)
+    };
+    let hot = Batch {
+        hits: vec![
+            hit(format!("{{{hot_tag}}}:funnel:1"), funnel, 1),
+            hit(format!("{{{hot_tag}}}:funnel:60"), roomy(), 1),
+        ],
+    };
+    let moving: Vec<Batch> = (0..6)
+        .map(|i| one(&tag_in(&cluster, lowest, MOVED, &format!("moving{i}_"))))
+        .collect();
+    let staying: Vec<Batch> = masters
+        .iter()
+        .map(|&m| {
+            let tag = (0..)
+                .map(|i| format!("staying{m}_{i}"))
+                .find(|t| {
+                    let slot = cluster.slot_of(&format!("sluice:{{{t}}}"));
+                    cluster.owner(slot) == m && !(lowest..lowest + MOVED).contains(&slot)
+                })
+                .unwrap_or_default();
+            one(&tag)
+        })
+        .collect();
+
+    let mut load = Load::new();
+    for limiter in &replicas {
+        load.add(limiter, "hot", 3, std::slice::from_ref(&hot));
+        load.add(limiter, "moving slots", 3, &moving);
+        load.add(limiter, "other slots", 2, &staying);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let resharding = cluster.clone();
+    let owners = tokio::task::spawn_blocking(move || {
+        resharding.reshard(source, target, usize::from(MOVED), 10);
+        let there = resharding.owner(hot_slot);
+        std::thread::sleep(Duration::from_millis(300));
+        resharding.reshard(target, source, usize::from(MOVED), 10);
+        (there, resharding.owner(hot_slot))
+    })
+    .await
+    .expect("the reshards");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (tallies, elapsed) = load.finish().await;
+
+    assert_eq!(
+        owners,
+        (target, source),
+        "the hot slot moved there and back"
+    );
+    no_redirection_surfaced(&tallies);
+    for (class, tally) in &tallies {
+        assert!(
+            tally.errors.is_empty(),
+            "{class}: {} errors: {:?}",
+            tally.errors.len(),
+            first(&tally.errors)
+        );
+    }
+    let hot = &tallies["hot"];
+    let bound = 20.0 + 100.0 * elapsed.as_secs_f64();
+    eprintln!(
+        "reshard: hot admitted {} of a bound of {bound:.1} over {elapsed:?}; {} redirections \
+         followed",
+        hot.admitted,
+        replicas.iter().map(|l| redirects(l)).sum::<u64>()
+    );
+    assert!(
+        hot.admitted as f64 <= bound,
+        "admitted {} > {bound:.1}",
+        hot.admitted
+    );
+    assert!(hot.denied > hot.admitted, "the load exceeded the limit");
+    assert!(
+        replicas.iter().map(|l| redirects(l)).sum::<u64>() > 0,
+        "the calls met the reshard (redirections followed)"
+    );
+}
+
+/// The `redirect` backend event: Cluster redirections and transient errors followed.
+fn redirects(limiter: &RedisLimiter) -> u64 {
+    limiter
+        .events()
+        .into_iter()
+        .find_map(|(event, n)| (event == "redirect").then_some(n))
+        .expect("the redirect event")
+}

@@ -350,6 +350,9 @@ impl Settings {
             self.redis
                 .check_tls()
                 .map_err(config::ConfigError::Message)?;
+            self.redis
+                .check_wait()
+                .map_err(config::ConfigError::Message)?;
         }
         let tls = &self.tls;
         if tls.cert_file.is_some() != tls.key_file.is_some()
@@ -417,6 +420,32 @@ mod tests {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect()
+    }
+
+    #[test]
+    fn a_wait_for_replicas_must_fit_in_the_request_time_out() {
+        let with = |wait: &str| {
+            Settings::load(
+                None,
+                env(&[
+                    ("SLUICE_LIMITER__BACKEND", "redis"),
+                    ("SLUICE_REDIS__TIMEOUT_MS", "100"),
+                    ("SLUICE_REDIS__WAIT_REPLICAS", "1"),
+                    ("SLUICE_REDIS__WAIT_TIMEOUT_MS", wait),
+                ]),
+                &Overrides::default(),
+            )
+        };
+        let message = with("100").expect_err("refused").to_string();
+        assert!(
+            message.contains("redis.wait_timeout_ms (100) must be below redis.timeout_ms (100)"),
+            "{message}"
+        );
+        let settings = with("60").expect("accepted");
+        assert_eq!(
+            (settings.redis.wait_replicas, settings.redis.wait_timeout_ms),
+            (1, 60)
+        );
     }
 
     #[test]

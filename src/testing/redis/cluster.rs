@@ -303,6 +303,43 @@ impl RedisCluster {
         }
     }
 
+    /// Moves `slots` slots from master `from` to master `to` with the operator's tool,
+    /// `redis-cli --cluster reshard` (`valkey-cli` for Valkey), which takes the lowest slots
+    /// `from` serves and migrates their keys in batches of `pipeline` (`MIGRATE ... KEYS`).
+    pub fn reshard(&self, from: usize, to: usize, slots: usize, pipeline: usize) {
+        let flavor = Flavor::current();
+        let cli = flavor.cli();
+        let out = Command::new(flavor.program(cli))
+            .arg("--cluster")
+            .arg("reshard")
+            .arg(self.nodes[from].addr())
+            .args(["--cluster-from", &self.id(from)])
+            .args(["--cluster-to", &self.id(to)])
+            .args(["--cluster-slots", &slots.to_string()])
+            .args(["--cluster-pipeline", &pipeline.to_string()])
+            .arg("--cluster-yes")
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {cli} ({e}); run: {}", flavor.install()));
+        assert!(
+            out.status.success(),
+            "{cli} --cluster reshard failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The lowest slot master `node` serves.
+    pub fn first_slot(&self, node: usize) -> u16 {
+        let port = self.nodes[node].port;
+        self.topology()
+            .into_iter()
+            .filter(|n| n.port == port)
+            .flat_map(|n| n.slots)
+            .map(|(first, _)| first)
+            .min()
+            .expect("a master serving slots")
+    }
+
     /// Waits until a running master other than `old` serves `slot` in every running node's
     /// view, and the cluster is ok again; returns that master's index.
     pub fn wait_new_owner(&self, slot: u16, old: usize, within: Duration) -> usize {

@@ -56,6 +56,13 @@ pub struct RedisSettings {
     /// Accept a certificate that `tls_ca_file` signed whatever names it carries (the chain is
     /// still verified); needs `tls_ca_file`, not with Sentinel.
     pub tls_skip_hostname_verification: bool,
+    /// After each script call, wait until this many replicas of the master that ran it have
+    /// its writes (`WAIT`), so that a failover does not lose them (0 = do not wait: Redis's
+    /// asynchronous replication).
+    pub wait_replicas: u32,
+    /// How long one `WAIT` may take; below `timeout_ms`. An answer is still given when fewer
+    /// replicas confirmed in time (counted as the `wait_short` backend event).
+    pub wait_timeout_ms: u64,
 }
 
 impl Default for RedisSettings {
@@ -75,6 +82,8 @@ impl Default for RedisSettings {
             tls_cert_file: None,
             tls_key_file: None,
             tls_skip_hostname_verification: false,
+            wait_replicas: 0,
+            wait_timeout_ms: 50,
         }
     }
 }
@@ -99,6 +108,8 @@ impl std::fmt::Debug for RedisSettings {
                 "tls_skip_hostname_verification",
                 &self.tls_skip_hostname_verification,
             )
+            .field("wait_replicas", &self.wait_replicas)
+            .field("wait_timeout_ms", &self.wait_timeout_ms)
             .finish()
     }
 }
@@ -110,6 +121,18 @@ impl RedisSettings {
             || self.tls_cert_file.is_some()
             || self.tls_key_file.is_some()
             || self.tls_skip_hostname_verification
+    }
+
+    /// Checks `wait_timeout_ms` against `timeout_ms`: the wait is part of the request's time.
+    pub(super) fn check_wait(&self) -> Result<(), String> {
+        if self.wait_replicas > 0 && self.wait_timeout_ms >= self.timeout_ms {
+            return Err(format!(
+                "redis.wait_timeout_ms ({}) must be below redis.timeout_ms ({}): the wait for \
+                 replicas is part of the time a request may wait for Redis",
+                self.wait_timeout_ms, self.timeout_ms
+            ));
+        }
+        Ok(())
     }
 
     /// Checks the `tls_*` settings against each other and the URL (the files are read when

@@ -65,6 +65,11 @@ pub struct Shared {
     pub prefix: Vec<u8>,
     /// How long one call may take.
     pub timeout: Duration,
+    /// `redis.wait_replicas`: what to wait for after each call.
+    pub wait: Option<super::replication::Wait>,
+    /// Cluster redirections and transient errors followed (`MOVED`, `ASK`, `TRYAGAIN`,
+    /// `CLUSTERDOWN`, ...): attempts after the first.
+    pub redirects: std::sync::atomic::AtomicU64,
 }
 
 /// What a request's call came to.
@@ -465,7 +470,10 @@ async fn send(
     }
     *at = shared.connector.node(None);
     let reply = match shared.connector.get(lane).await {
-        Ok(mut conn) => script::invoke(&mut conn, call, &shared.functions).await,
+        Ok(mut conn) => {
+            super::replication::invoke(&mut conn, call, &shared.functions, shared.wait.as_ref())
+                .await
+        }
         Err(e) => Err(e),
     };
     // Sentinel: the master it connected to.

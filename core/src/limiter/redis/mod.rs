@@ -36,6 +36,7 @@ pub mod connection;
 mod deny_cache;
 mod group_commit;
 mod redirect;
+mod replication;
 mod scan;
 pub mod script;
 mod slots;
@@ -140,6 +141,8 @@ impl RedisLimiter {
                 functions: Functions::new(settings.functions),
                 prefix: settings.prefix.as_bytes().to_vec(),
                 timeout: timeouts.response,
+                wait: replication::Wait::from_settings(settings),
+                redirects: Default::default(),
             }),
             timeout: timeouts.response,
             on_error: settings.on_error,
@@ -183,11 +186,17 @@ impl RedisLimiter {
     /// `on_error` (`allow`, `deny`, `local`) instead of Redis.
     pub fn events(&self) -> Vec<(&'static str, u64)> {
         let e = &self.events;
+        let shared = self.commit.shared();
         vec![
             ("deny_cache_hit", e.deny_cache_hits.load(Ordering::Relaxed)),
             ("breaker_open", e.breaker_open.load(Ordering::Relaxed)),
             ("failure", e.failures.load(Ordering::Relaxed)),
             ("fallback", e.fallbacks.load(Ordering::Relaxed)),
+            ("redirect", shared.redirects.load(Ordering::Relaxed)),
+            (
+                "wait_short",
+                shared.wait.as_ref().map_or(0, replication::Wait::short),
+            ),
         ]
     }
 

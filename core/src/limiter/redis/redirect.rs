@@ -25,7 +25,8 @@ use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, ServerErrorKind
 use tokio::time::Instant;
 
 use super::group_commit::Shared;
-use super::script::{self, Call};
+use super::replication;
+use super::script::Call;
 use super::topology::{Node, Topology};
 
 /// The first pause before trying again after `TRYAGAIN`, `CLUSTERDOWN` or an unreachable node.
@@ -98,6 +99,9 @@ pub async fn send(
             pause = (pause * 2).min(MAX_PAUSE);
         }
         tracing::debug!(error = %err, ?to, "redis cluster: trying the call again");
+        shared
+            .redirects
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         hop = to;
     }
 }
@@ -125,8 +129,13 @@ async fn attempt(
         Err(e) => return (false, Err(e)),
     };
     let result = match hop {
-        Hop::Ask(_) => script::invoke(&mut Asking(conn), call, &shared.functions).await,
-        _ => script::invoke(&mut { conn }, call, &shared.functions).await,
+        Hop::Ask(_) => {
+            let asking = &mut Asking(conn);
+            replication::invoke(asking, call, &shared.functions, shared.wait.as_ref()).await
+        }
+        _ => {
+            replication::invoke(&mut { conn }, call, &shared.functions, shared.wait.as_ref()).await
+        }
     };
     if let Err(e) = &result
         && lost(e)
