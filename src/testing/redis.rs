@@ -475,6 +475,62 @@ impl Drop for RedisServer {
     }
 }
 
+/// A master, its replica and three sentinels watching it as `mymaster` (quorum 2), ready:
+/// the replica in sync, every sentinel knowing the replica and the two other sentinels.
+pub struct SentinelGroup {
+    pub master: RedisServer,
+    pub replica: RedisServer,
+    pub sentinels: Vec<RedisServer>,
+}
+
+impl SentinelGroup {
+    pub fn start() -> SentinelGroup {
+        let master = RedisServer::start();
+        let replica =
+            RedisServer::start_with(&["--replicaof", "127.0.0.1", &master.port.to_string()]);
+        wait_until(Duration::from_secs(10), "replication", || {
+            replica
+                .cmd::<String>(&["INFO", "replication"])
+                .contains("master_link_status:up")
+        });
+        let sentinels: Vec<RedisServer> = (0..3)
+            .map(|_| RedisServer::sentinel("mymaster", master.port, 2))
+            .collect();
+        for s in &sentinels {
+            wait_until(
+                Duration::from_secs(15),
+                "sentinels to see the replica and each other",
+                || {
+                    let replicas: Vec<::redis::Value> =
+                        s.cmd(&["SENTINEL", "REPLICAS", "mymaster"]);
+                    let peers: Vec<::redis::Value> = s.cmd(&["SENTINEL", "SENTINELS", "mymaster"]);
+                    !replicas.is_empty() && peers.len() == 2
+                },
+            );
+        }
+        SentinelGroup {
+            master,
+            replica,
+            sentinels,
+        }
+    }
+
+    /// `redis+sentinel://` with every sentinel as a seed.
+    pub fn url(&self) -> String {
+        let seeds: Vec<String> = self.sentinels.iter().map(RedisServer::addr).collect();
+        format!("redis+sentinel://{}/mymaster", seeds.join(","))
+    }
+
+    /// The port of the master the first sentinel names now.
+    pub fn announced_port(&self) -> u16 {
+        let addr: Vec<String> =
+            self.sentinels[0].cmd(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "mymaster"]);
+        addr.get(1)
+            .and_then(|p| p.parse().ok())
+            .expect("a master address")
+    }
+}
+
 /// Waits up to `within` for `ready` to hold, polling every 50 ms.
 pub fn wait_until(within: Duration, what: &str, mut ready: impl FnMut() -> bool) {
     let deadline = Instant::now() + within;

@@ -2,7 +2,9 @@
 //! writes of every answer given (what a promoted replica would need to forget nothing), and an
 //! answer still given, and counted, when fewer replicas confirm in time.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use sluice::config::model::Algorithm;
 use sluice::config::settings::RedisSettings;

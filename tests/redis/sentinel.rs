@@ -8,7 +8,7 @@ use std::time::Duration;
 use sluice::config::settings::{RedisSettings, Settings};
 use sluice::limiter::RedisLimiter;
 use sluice::testing::grpc::*;
-use sluice::testing::redis::{RedisServer, wait_until};
+use sluice::testing::redis::SentinelGroup;
 use tokio::time::Instant;
 
 const RULES: &str = "
@@ -20,32 +20,16 @@ descriptors:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sluice_follows_a_sentinel_failover() {
-    let mut master = RedisServer::start();
-    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &master.port.to_string()]);
-    wait_until(Duration::from_secs(10), "replication", || {
-        replica
-            .cmd::<String>(&["INFO", "replication"])
-            .contains("master_link_status:up")
-    });
-    let sentinels: Vec<RedisServer> = (0..3)
-        .map(|_| RedisServer::sentinel("mymaster", master.port, 2))
-        .collect();
-    for s in &sentinels {
-        wait_until(
-            Duration::from_secs(15),
-            "sentinels to see the replica and each other",
-            || {
-                let replicas: Vec<redis::Value> = s.cmd(&["SENTINEL", "REPLICAS", "mymaster"]);
-                let peers: Vec<redis::Value> = s.cmd(&["SENTINEL", "SENTINELS", "mymaster"]);
-                !replicas.is_empty() && peers.len() == 2
-            },
-        );
-    }
-    let seeds: Vec<String> = sentinels.iter().map(RedisServer::addr).collect();
+    let group = SentinelGroup::start();
     let settings = RedisSettings {
-        url: format!("redis+sentinel://{}/mymaster", seeds.join(",")),
+        url: group.url(),
         ..RedisSettings::default()
     };
+    let SentinelGroup {
+        mut master,
+        replica,
+        sentinels: _sentinels,
+    } = group;
     let limiter = RedisLimiter::new(&settings, 100).expect("valid settings");
     let server = TestServer::start_over(Settings::default(), RULES, Arc::new(limiter)).await;
     let mut c = client(&server).await;

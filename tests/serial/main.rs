@@ -13,7 +13,8 @@
 //!   Redis is down or hung; on two shared cores, another test's load beside them is what
 //!   would be measured.
 //! - A Redis Cluster changing under load (`redis_cluster`): a slot moving to another master
-//!   and back, a master killed and its replica promoted; no request may fail but those of the
+//!   and back, a live `redis-cli --cluster reshard`, a master killed and its replica promoted,
+//!   and a Sentinel failover under load (`redis_sentinel`); no request may fail but those of the
 //!   lost master during its failover, with every answer within the Redis time-out.
 //! - The ordered drain (in process and of the real binary on SIGTERM): the drain delay kept,
 //!   the ports closed, within bounds that a load test beside them breaks.
@@ -32,6 +33,8 @@ mod memory_bounds;
 mod memory_footprint;
 mod redis_cluster;
 mod redis_faults;
+mod redis_load;
+mod redis_sentinel;
 mod request_tracing;
 mod rlqs_bounds;
 mod throttle_client;

@@ -5,19 +5,18 @@
 //! trouble never fails a key on another; the funnel stays exact while its slot moves.
 //! Serial: the answers are bounded by `timeout_ms`, which a load beside them would eat.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use redis::cluster_routing::Slot;
 use sluice::config::model::Algorithm;
 use sluice::config::settings::RedisSettings;
-use sluice::limiter::{Batch, BatchOutcome, LimitParams, Limiter, LimiterError, RedisLimiter};
+use sluice::limiter::{Batch, LimitParams, Limiter, RedisLimiter};
 use sluice::testing::limits::{hit, limit};
 use sluice::testing::redis::RedisCluster;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+
+use crate::redis_load::{Load, first, no_redirection_surfaced};
 
 const SECOND: u64 = 1_000_000_000;
 
@@ -31,98 +30,6 @@ fn settings(cluster: &RedisCluster) -> RedisSettings {
         timeout_ms: TIMEOUT_MS,
         connect_timeout_ms: 200,
         ..RedisSettings::default()
-    }
-}
-
-/// What the callers of one class of keys got.
-#[derive(Debug, Default)]
-struct Tally {
-    admitted: u64,
-    denied: u64,
-    /// When each failed request was sent, and its error.
-    errors: Vec<(Instant, String)>,
-}
-
-impl Tally {
-    fn print(&self, class: &str) {
-        let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
-        for (_, e) in &self.errors {
-            *kinds.entry(e.as_str()).or_default() += 1;
-        }
-        eprintln!(
-            "{class}: admitted {}, denied {}, errors {} {kinds:?}",
-            self.admitted,
-            self.denied,
-            self.errors.len()
-        );
-    }
-}
-
-/// Callers asking the limiter in a loop until stopped, their answers tallied per class.
-struct Load {
-    tallies: Arc<Mutex<BTreeMap<&'static str, Tally>>>,
-    stop: CancellationToken,
-    tasks: tokio::task::JoinSet<()>,
-    start: Instant,
-}
-
-impl Load {
-    fn new() -> Load {
-        Load {
-            tallies: Arc::default(),
-            stop: CancellationToken::new(),
-            tasks: tokio::task::JoinSet::new(),
-            start: Instant::now(),
-        }
-    }
-
-    /// `callers` callers of `class`; caller `i` sends `batches[i % len]`.
-    fn add(
-        &mut self,
-        limiter: &Arc<RedisLimiter>,
-        class: &'static str,
-        callers: usize,
-        batches: &[Batch],
-    ) {
-        for i in 0..callers {
-            let batch = batches[i % batches.len()].clone();
-            let (limiter, tallies, stop) =
-                (limiter.clone(), self.tallies.clone(), self.stop.clone());
-            self.tasks.spawn(async move {
-                while !stop.is_cancelled() {
-                    let sent = Instant::now();
-                    let result = limiter.check(&batch).await;
-                    record(&mut tallies.lock(), class, sent, result);
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
-            });
-        }
-    }
-
-    /// Stops the callers; every class's tally, and how long the load ran.
-    async fn finish(mut self) -> (BTreeMap<&'static str, Tally>, Duration) {
-        self.stop.cancel();
-        while self.tasks.join_next().await.is_some() {}
-        let elapsed = self.start.elapsed();
-        let tallies = std::mem::take(&mut *self.tallies.lock());
-        for (class, tally) in &tallies {
-            tally.print(class);
-        }
-        (tallies, elapsed)
-    }
-}
-
-fn record(
-    tallies: &mut BTreeMap<&'static str, Tally>,
-    class: &'static str,
-    sent: Instant,
-    result: Result<BatchOutcome, LimiterError>,
-) {
-    let tally = tallies.entry(class).or_default();
-    match result {
-        Ok(o) if o.admitted => tally.admitted += 1,
-        Ok(_) => tally.denied += 1,
-        Err(e) => tally.errors.push((sent, e.message)),
     }
 }
 
@@ -157,23 +64,6 @@ fn tag_on(cluster: &RedisCluster, node: usize, except: u16, name: &str) -> Strin
             slot != except && cluster.owner(slot) == node
         })
         .unwrap_or_default()
-}
-
-/// The first few errors, for a message.
-fn first(errors: &[(Instant, String)]) -> Vec<&str> {
-    errors.iter().take(5).map(|(_, e)| e.as_str()).collect()
-}
-
-fn no_redirection_surfaced(tallies: &BTreeMap<&'static str, Tally>) {
-    for (class, tally) in tallies {
-        for (_, e) in &tally.errors {
-            let upper = e.to_ascii_uppercase();
-            assert!(
-                !upper.contains("MOVED") && !upper.contains("ASK"),
-                "{class}: a redirection reached the caller: {e}"
-            );
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
