@@ -159,9 +159,13 @@ async fn losing_a_master_fails_only_its_keys_and_only_until_its_replica_takes_ov
         .flat_map(|&m| [0, 1].map(|i| one(&tag_on(&cluster, m, slot, &format!("ok{i}_")))))
         .collect();
 
+    // Two replicas of sluice: this test's limiter and another on the same Cluster.
+    let other = Arc::new(RedisLimiter::new(&settings(&cluster), 1000).expect("settings"));
     let mut load = Load::new();
-    load.add(&limiter, "lost master", 6, &lost);
-    load.add(&limiter, "healthy masters", 6, &healthy);
+    for replica in [&limiter, &other] {
+        load.add(replica, "lost master", 3, &lost);
+        load.add(replica, "healthy masters", 3, &healthy);
+    }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let killed = Instant::now();
     cluster.nodes[victim].kill();
