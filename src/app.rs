@@ -8,6 +8,7 @@
 //! caller bounds all of it with a grace period.
 
 mod lifecycle;
+pub mod server;
 
 use std::future::Future;
 use std::sync::Arc;

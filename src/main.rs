@@ -7,20 +7,14 @@
 
 mod cli;
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::time::Duration;
 
-use anyhow::Context as _;
 use clap::Parser as _;
 use cli::{CheckArgs, Cli, Command, ServeArgs};
+use sluice::app::server::{Server, StartError};
 use sluice::config::rules::{self, LoadOptions};
 use sluice::config::settings::{Overrides, Settings};
-use sluice::rules::RuleSet;
-use sluice::xds::XdsClient;
-use tokio_util::sync::CancellationToken;
 
 /// The binary's allocator: jemalloc (the default feature `jemalloc`). Against glibc's malloc it
 /// cut sluice's CPU per request on the Redis path by 10-19% (glibc consolidated its free lists
@@ -57,8 +51,8 @@ fn check(args: &CheckArgs) -> ExitCode {
         Err(code) => return code,
     };
     match load_rules(&settings.rules.paths, (&settings.limits).into()) {
-        Ok(set) => {
-            println!("ok: {} domain(s)", set.domains);
+        Ok(domains) => {
+            println!("ok: {domains} domain(s)");
             ExitCode::SUCCESS
         }
         Err(errors) => {
@@ -79,20 +73,11 @@ fn settings(file: Option<&Path>, flags: &Overrides) -> Result<Settings, ExitCode
 }
 
 /// The loaded model's domain count, or every error.
-struct Loaded {
-    domains: usize,
-    set: RuleSet,
-}
-
 fn load_rules(
     paths: &[std::path::PathBuf],
     options: LoadOptions,
-) -> Result<Loaded, rules::RuleErrors> {
-    let model = sluice::reload::load(paths, options)?;
-    Ok(Loaded {
-        domains: model.domains.len(),
-        set: RuleSet::compile(model),
-    })
+) -> Result<usize, rules::RuleErrors> {
+    Ok(sluice::reload::load(paths, options)?.domains.len())
 }
 
 /// Started as `ratelimit` (argv[0]'s file name) or with `--ratelimit-env`: serves with
@@ -147,38 +132,16 @@ fn serve_with(settings: Settings, ignored: &[(String, String)]) -> ExitCode {
     for (name, why) in ignored {
         tracing::info!("envoyproxy/ratelimit setting ignored: {name}={why}");
     }
-    let mapper = match sluice::compat::mapper::Mapper::for_settings(&settings.ratelimit_metrics) {
-        Ok(m) => Arc::new(m),
-        Err(e) => {
-            tracing::error!("ratelimit_metrics.mapper_file: {e}");
-            return ExitCode::from(EX_USAGE);
-        }
-    };
-    let loaded = match initial_rules(&settings) {
-        Ok(l) => l,
-        Err(errors) => {
-            for e in &errors.0 {
+    let server = match Server::build(settings) {
+        Ok(server) => server,
+        Err(StartError(errors)) => {
+            for e in &errors {
                 tracing::error!("{e}");
             }
             return ExitCode::from(EX_USAGE);
         }
     };
-    tracing::info!(domains = loaded.domains, "rules loaded");
-    let mut app = match sluice::app::App::build(&settings, loaded.set) {
-        Ok(app) => app,
-        Err(e) => {
-            tracing::error!("{e:#}");
-            return ExitCode::from(EX_USAGE);
-        }
-    };
-    let xds = match xds_client(&settings, &mut app) {
-        Ok(xds) => xds,
-        Err(e) => {
-            tracing::error!("{e:#}");
-            return ExitCode::from(EX_USAGE);
-        }
-    };
-    let done = runtime.block_on(run(app, &settings, xds, mapper));
+    let done = runtime.block_on(run(server));
     telemetry.shutdown();
     match done {
         Ok(()) => ExitCode::SUCCESS,
@@ -189,141 +152,18 @@ fn serve_with(settings: Settings, ignored: &[(String, String)]) -> ExitCode {
     }
 }
 
-/// The rules at start: from files, or none yet when they come over xDS.
-fn initial_rules(settings: &Settings) -> Result<Loaded, rules::RuleErrors> {
-    if settings.xds.enabled() {
-        let empty = rules::from_sources_with(&[], (&settings.limits).into())?;
-        return Ok(Loaded {
-            domains: 0,
-            set: RuleSet::compile(empty),
-        });
-    }
-    load_rules(&settings.rules.paths, (&settings.limits).into())
-}
-
-/// The xDS rules client, when rules come over xDS; the app's rules follow it from now on.
-fn xds_client(
-    settings: &Settings,
-    app: &mut sluice::app::App,
-) -> anyhow::Result<Option<(XdsClient, tonic::transport::Endpoint)>> {
-    if !settings.xds.enabled() {
-        return Ok(None);
-    }
-    let metrics = app.metrics();
-    let client = XdsClient::new(
-        &settings.xds,
-        app.active_rules(),
-        (&settings.limits).into(),
-        Box::new(move |outcome| metrics.reloaded(outcome)),
-    );
-    let endpoint = client.endpoint()?;
-    app.set_rules_source(client.state());
-    Ok(Some((client, endpoint)))
-}
-
-async fn run(
-    app: sluice::app::App,
-    settings: &Settings,
-    xds: Option<(XdsClient, tonic::transport::Endpoint)>,
-    mapper: Arc<sluice::compat::mapper::Mapper>,
-) -> anyhow::Result<()> {
-    let stop = CancellationToken::new();
-    if let Some((client, endpoint)) = xds {
-        let state = client.state();
-        tokio::spawn(client.run(endpoint, stop.clone()));
-        if !settings.xds.start_without_rules {
-            tracing::info!(server = %settings.xds.server, "waiting for the first rules over xDS");
-            tokio::select! {
-                () = state.first_rules() => {}
-                () = sluice::signal::shutdown() => return Ok(()),
-            }
-        }
-    }
-    let listeners = sluice::app::Listeners {
-        grpc: bind(settings.server.grpc_listen).await?,
-        admin: Some(bind(settings.server.admin_listen).await?),
+/// Serves until SIGTERM or SIGINT, reloading the rules on SIGHUP.
+async fn run(server: Server) -> anyhow::Result<()> {
+    let Some(bound) = server.bind(sluice::signal::shutdown()).await? else {
+        return Ok(());
     };
-    drop_in_listeners(&app, settings, &stop, mapper).await?;
-    let reload = app.reload_trigger();
-    let running = app.run(listeners, stop.clone().cancelled_owned());
-    tokio::pin!(running);
+    let reload = bound.reload_trigger();
+    let hangups = async {
+        sluice::signal::on_hangups(|| reload.reload()).await;
+        std::future::pending::<()>().await;
+    };
     tokio::select! {
-        done = &mut running => return done,
-        () = sluice::signal::shutdown() => stop.cancel(),
-        () = sluice::signal::on_hangups(|| reload.reload()) => {}
+        done = bound.run(sluice::signal::shutdown()) => done,
+        () = hangups => Ok(()),
     }
-    let grace =
-        Duration::from_secs(settings.server.shutdown_grace_secs + settings.server.drain_delay_secs);
-    match tokio::time::timeout(grace, running).await {
-        Ok(done) => done,
-        Err(_) => {
-            tracing::warn!(?grace, "grace period over with requests still in flight");
-            Ok(())
-        }
-    }
-}
-
-/// envoyproxy/ratelimit's stats (statsd, Prometheus series under its names) and debug port,
-/// when asked for; they stop with `stop`.
-async fn drop_in_listeners(
-    app: &sluice::app::App,
-    settings: &Settings,
-    stop: &CancellationToken,
-    mapper: Arc<sluice::compat::mapper::Mapper>,
-) -> anyhow::Result<()> {
-    use sluice::compat::{serve, stats::RatelimitStats, statsd};
-    let wanted = settings.statsd.enabled()
-        || settings.ratelimit_metrics.listen.is_some()
-        || settings.debug.listen.is_some();
-    let stats = wanted.then(|| {
-        let stats = Arc::new(RatelimitStats::new(
-            settings.metrics.near_limit_ratio,
-            settings.metrics.max_value_label_sets,
-        ));
-        app.metrics().count_ratelimit_stats(stats.clone());
-        stats
-    });
-    if let Some(stats) = &stats
-        && settings.statsd.enabled()
-    {
-        let sink = statsd::run(stats.clone(), settings.statsd.clone(), stop.clone());
-        tokio::spawn(async move {
-            if let Err(e) = sink.await {
-                tracing::error!("statsd sink stopped: {e}");
-            }
-        });
-    }
-    if let (Some(stats), Some(addr)) = (&stats, settings.ratelimit_metrics.listen) {
-        let listener = bind(addr).await?;
-        tracing::info!(%addr, path = %settings.ratelimit_metrics.path, "serving envoyproxy/ratelimit's metric names");
-        let serving = serve::metrics(
-            listener,
-            settings.ratelimit_metrics.path.clone(),
-            stats.clone(),
-            mapper.clone(),
-            stop.clone(),
-        );
-        tokio::spawn(async move {
-            if let Err(e) = serving.await {
-                tracing::error!("metrics listener stopped: {e}");
-            }
-        });
-    }
-    if let Some(addr) = settings.debug.listen {
-        let listener = bind(addr).await?;
-        tracing::info!(%addr, "serving the debug endpoints");
-        let serving = serve::debug(listener, app.active_rules(), stats, stop.clone());
-        tokio::spawn(async move {
-            if let Err(e) = serving.await {
-                tracing::error!("debug listener stopped: {e}");
-            }
-        });
-    }
-    Ok(())
-}
-
-async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {addr}"))
 }

@@ -11,6 +11,7 @@
 
 mod support;
 
+mod composition;
 mod envoy_configs;
 mod envoy_e2e;
 mod examples;
