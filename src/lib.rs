@@ -27,7 +27,7 @@
 //! | [`tls`] | TLS and mTLS on the gRPC port: certificates reloaded from files |
 //! | [`watcher`] | watching files for changes (the rules, the certificates), debounced |
 //! | [`telemetry`] | logs to stderr, and spans over OTLP (feature `otel`) |
-//! | [`app`] | serving: listeners, tasks, the ordered drain |
+//! | [`app`] | serving: listeners, tasks, the ordered drain; `app::server`, the composition root: the whole service from its settings (xDS, envoyproxy/ratelimit's listeners), bound after the first rules |
 //! | [`runtime`] | the tokio runtime shared by `serve` and the no-op server |
 //! | [`signal`] | SIGTERM/SIGINT (shutdown) and SIGHUP (reload), for the binary |
 //! | [`compat`] | drop-in for envoyproxy/ratelimit: its environment, stat names, debug port |
@@ -36,7 +36,7 @@
 //! | `testing` | test helpers (feature `test-util`): a real server on loopback ports, on a manual clock |
 //!
 //! The binary (`src/main.rs`) adds `cli`: the subcommands and flags (clap), turned into the
-//! top layer of the settings.
+//! top layer of the settings, and the signals; everything it serves comes from `app::server`.
 
 #![forbid(unsafe_code)]
 
