@@ -18,12 +18,13 @@ use anyhow::Context as _;
 use arc_swap::ArcSwap;
 use tokio::sync::mpsc;
 
+use crate::compat::stats::RatelimitStats;
 use crate::config::settings::{Backend, Settings};
-use crate::engine::{Engine, HeaderNames, Options};
+use crate::engine::{Engine, HeaderNames, Observers, Options};
 use crate::health::RulesProbe;
 use crate::limiter::{Limiter, MemoryLimiter, RedisLimiter};
 use crate::metrics::{Metrics, MetricsOptions};
-use crate::reload::{ActiveRules, ReloadTrigger};
+use crate::reload::{ActiveRules, ReloadTrigger, Reloaded};
 use crate::rules::RuleSet;
 use crate::tls::{ActiveTls, TlsError, TlsFiles};
 
@@ -34,6 +35,8 @@ pub struct App {
     engine: Arc<Engine>,
     rules: Arc<ActiveRules>,
     metrics: Arc<Metrics>,
+    /// envoyproxy/ratelimit's stats (statsd, its metric names, the debug port), when asked for.
+    ratelimit_stats: Option<Arc<RatelimitStats>>,
     /// The one backend: the engine decides with it; housekeeping, readiness and metrics ask
     /// it through the provided methods of [`Limiter`].
     limiter: Arc<dyn Limiter>,
@@ -101,8 +104,22 @@ impl App {
             near_limit_ratio: settings.metrics.near_limit_ratio,
             max_value_label_sets: settings.metrics.max_value_label_sets,
         });
+        // envoyproxy/ratelimit's stats, when something will send or serve them.
+        let ratelimit_stats = (settings.statsd.enabled()
+            || settings.ratelimit_metrics.listen.is_some()
+            || settings.debug.listen.is_some())
+        .then(|| {
+            Arc::new(RatelimitStats::new(
+                settings.metrics.near_limit_ratio,
+                settings.metrics.max_value_label_sets,
+            ))
+        });
+        let mut observers = Observers::new().with(metrics.clone());
+        if let Some(stats) = &ratelimit_stats {
+            observers = observers.with(stats.clone());
+        }
         let engine = Engine::new(rules.shared(), limiter.clone(), options_of(settings))
-            .with_observer(metrics.clone());
+            .with_observer(Arc::new(observers));
         let (reload_trigger, reload_requests) = ReloadTrigger::channel();
         let engine = Arc::new(engine);
         let rlqs = crate::rlqs::Rlqs::new(
@@ -115,6 +132,7 @@ impl App {
             engine,
             rules,
             metrics,
+            ratelimit_stats,
             limiter,
             rules_source: None,
             housekeeping: None,
@@ -162,6 +180,24 @@ impl App {
     /// The app's metrics registry.
     pub fn metrics(&self) -> Arc<Metrics> {
         self.metrics.clone()
+    }
+
+    /// envoyproxy/ratelimit's stats, counted when statsd, its metric names or the debug port
+    /// are asked for.
+    pub fn ratelimit_stats(&self) -> Option<Arc<RatelimitStats>> {
+        self.ratelimit_stats.clone()
+    }
+
+    /// What counts a rules load (from files or xDS): the metrics, and envoyproxy/ratelimit's
+    /// stats when counted.
+    pub fn reload_report(&self) -> impl Fn(&Reloaded) + Send + Sync + 'static {
+        let (metrics, stats) = (self.metrics.clone(), self.ratelimit_stats.clone());
+        move |outcome| {
+            metrics.reloaded(outcome);
+            if let Some(stats) = &stats {
+                stats.reloaded(outcome);
+            }
+        }
     }
 
     /// Asks the running app to reload its rules (what SIGHUP does).

@@ -20,7 +20,7 @@ pub mod rules;
 mod throttle;
 pub mod top;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -107,8 +107,6 @@ pub struct Metrics {
     config_version: Gauge,
     config_loaded: Gauge,
     rlqs: rlqs::RlqsMetrics,
-    /// envoyproxy/ratelimit's stats, when asked for (statsd, `[ratelimit_metrics]`).
-    ratelimit: OnceLock<Arc<crate::compat::stats::RatelimitStats>>,
     live: live::LiveRules,
     top: top::TopDenied,
     history: history::History,
@@ -140,7 +138,6 @@ impl Metrics {
             config_version: Gauge::default(),
             config_loaded: Gauge::default(),
             rlqs,
-            ratelimit: OnceLock::new(),
             registry: Registry::default(),
         };
         register!(
@@ -173,16 +170,8 @@ impl Metrics {
         &self.rlqs
     }
 
-    /// From now on, also counts envoyproxy/ratelimit's stats into `stats` (once).
-    pub fn count_ratelimit_stats(&self, stats: Arc<crate::compat::stats::RatelimitStats>) {
-        let _ = self.ratelimit.set(stats);
-    }
-
     /// Counts a reload.
     pub fn reloaded(&self, outcome: &Reloaded) {
-        if let Some(stats) = self.ratelimit.get() {
-            stats.reloaded(outcome);
-        }
         if let Reloaded::Failed(errors) = outcome {
             *self.last_reload_error.lock() = Some((SystemTime::now(), errors.to_string()));
         }
@@ -250,32 +239,36 @@ impl Metrics {
     }
 }
 
+impl crate::rlqs::RlqsObserver for Metrics {
+    fn reported(&self, domain: &str, rule: &str, allowed: u64, denied: u64) {
+        self.rlqs.reported(domain, rule, allowed, denied);
+    }
+
+    fn streams(&self, delta: i64) {
+        self.rlqs.streams(delta);
+    }
+
+    fn buckets(&self, delta: i64) {
+        self.rlqs.buckets(delta);
+    }
+
+    fn assigned(&self, kind: &'static str) {
+        self.rlqs.assigned(kind);
+    }
+
+    fn refused(&self, kind: &'static str) {
+        self.rlqs.refused(kind);
+    }
+}
+
 impl Observer for Metrics {
     fn descriptor(&self, report: &DescriptorReport<'_>) {
         self.rules.record(report);
-        if let Some(stats) = self.ratelimit.get() {
-            stats.descriptor(report);
-        }
         self.live.record(report, self.rules.near_part(report));
         self.top.record(report);
     }
 
-    fn unknown_domain(&self, domain: &str, descriptors: usize) {
-        if let Some(stats) = self.ratelimit.get() {
-            stats.unknown_domain(domain, descriptors);
-        }
-    }
-
-    fn global_shadow(&self) {
-        if let Some(stats) = self.ratelimit.get() {
-            stats.global_shadow();
-        }
-    }
-
     fn request(&self, result: RequestResult<'_>, elapsed: Duration) {
-        if let Some(stats) = self.ratelimit.get() {
-            stats.request(result, elapsed);
-        }
         let index = match result {
             RequestResult::Ok => 0,
             RequestResult::OverLimit => 1,

@@ -174,11 +174,10 @@ fn spawn_tasks(
             serve.await.context("admin server failed")
         });
     }
-    let metrics = app.metrics.clone();
     let options = WatchOptions {
         files: app.ops.watch,
         debounce: app.ops.debounce,
-        report: Box::new(move |outcome| metrics.reloaded(outcome)),
+        report: Box::new(app.reload_report()),
     };
     let watch = reload::watch(
         app.rules.clone(),

@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{App, Listeners};
 use crate::compat::mapper::Mapper;
-use crate::compat::{serve, stats::RatelimitStats, statsd};
+use crate::compat::{serve, statsd};
 use crate::config::rules::{self, LoadOptions};
 use crate::config::settings::Settings;
 use crate::reload::ReloadTrigger;
@@ -231,12 +231,11 @@ fn xds_client(
     if !settings.xds.enabled() {
         return Ok(None);
     }
-    let metrics = app.metrics();
     let client = XdsClient::new(
         &settings.xds,
         app.active_rules(),
         (&settings.limits).into(),
-        Box::new(move |outcome| metrics.reloaded(outcome)),
+        Box::new(app.reload_report()),
     );
     let endpoint = client.endpoint()?;
     app.set_rules_source(client.state());
@@ -266,15 +265,8 @@ impl DropIns {
     /// envoyproxy/ratelimit's stats (statsd, Prometheus series under its names) and debug
     /// port, when asked for; they stop with `stop`.
     fn serve(self, app: &App, settings: &Settings, stop: &CancellationToken, mapper: Arc<Mapper>) {
-        let wanted = settings.statsd.enabled() || self.metrics.is_some() || self.debug.is_some();
-        let stats = wanted.then(|| {
-            let stats = Arc::new(RatelimitStats::new(
-                settings.metrics.near_limit_ratio,
-                settings.metrics.max_value_label_sets,
-            ));
-            app.metrics().count_ratelimit_stats(stats.clone());
-            stats
-        });
+        // Counted by the engine since the app was built (`App::ratelimit_stats`).
+        let stats = app.ratelimit_stats();
         if let Some(stats) = &stats
             && settings.statsd.enabled()
         {

@@ -283,11 +283,9 @@ impl Observer for RatelimitStats {
             return;
         }
         add(WITHIN, r.cost);
-        if !r.refund {
-            let near = near_part(r, self.near_ratio);
-            if near > 0 {
-                add(NEAR, near);
-            }
+        let near = r.near_part(self.near_ratio);
+        if near > 0 {
+            add(NEAR, near);
         }
     }
 
@@ -314,19 +312,6 @@ impl Observer for RatelimitStats {
         if l.samples.len() < MAX_SAMPLES {
             l.samples.push(elapsed);
         }
-    }
-}
-
-/// The part of the cost that used capacity beyond `ratio` of it (as sluice's own counter).
-fn near_part(r: &DescriptorReport<'_>, ratio: f64) -> u64 {
-    // Metrics only: a float threshold is fine here.
-    let threshold = (r.capacity as f64 * ratio).floor() as u64;
-    let used_after = r.capacity.saturating_sub(r.remaining);
-    let used_before = used_after.saturating_sub(r.cost);
-    if used_after <= threshold {
-        0
-    } else {
-        used_after - used_before.max(threshold)
     }
 }
 

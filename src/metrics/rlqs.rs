@@ -43,8 +43,20 @@ impl RlqsMetrics {
         m
     }
 
+    /// Streams open now.
+    pub fn streams_open(&self) -> i64 {
+        self.streams.get()
+    }
+
+    /// Buckets held now.
+    pub fn buckets_held(&self) -> i64 {
+        self.buckets.get()
+    }
+}
+
+impl crate::rlqs::RlqsObserver for RlqsMetrics {
     /// Counts what a data plane reported for a bucket of `rule`.
-    pub fn reported(&self, domain: &str, rule: &str, allowed: u64, denied: u64) {
+    fn reported(&self, domain: &str, rule: &str, allowed: u64, denied: u64) {
         for (result, n) in [("allowed", allowed), ("denied", denied)] {
             let labels = ReportedLabels {
                 domain: domain.to_owned(),
@@ -56,32 +68,22 @@ impl RlqsMetrics {
     }
 
     /// A stream opened (`+1`) or closed (`-1`).
-    pub fn streams(&self, delta: i64) {
+    fn streams(&self, delta: i64) {
         self.streams.inc_by(delta);
     }
 
     /// Buckets taken (`+n`) or dropped (`-n`).
-    pub fn buckets(&self, delta: i64) {
+    fn buckets(&self, delta: i64) {
         self.buckets.inc_by(delta);
     }
 
     /// One bucket action of `kind` sent.
-    pub fn assigned(&self, kind: &'static str) {
+    fn assigned(&self, kind: &'static str) {
         self.assignments.get_or_create(&KindLabels { kind }).inc();
     }
 
     /// A stream or a bucket refused at a bound.
-    pub fn refused(&self, kind: &'static str) {
+    fn refused(&self, kind: &'static str) {
         self.refused.get_or_create(&KindLabels { kind }).inc();
-    }
-
-    /// Streams open now.
-    pub fn streams_open(&self) -> i64 {
-        self.streams.get()
-    }
-
-    /// Buckets held now.
-    pub fn buckets_held(&self) -> i64 {
-        self.buckets.get()
     }
 }

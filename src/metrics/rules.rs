@@ -156,7 +156,7 @@ impl RuleCounters {
             return;
         }
         add(Kind::Within, cost);
-        let near = if r.refund { 0 } else { self.near_part(r) };
+        let near = self.near_part(r);
         if near > 0 {
             add(Kind::Near, near);
         }
@@ -164,18 +164,7 @@ impl RuleCounters {
 
     /// The part of the cost that used capacity beyond `near_ratio` of it.
     pub(super) fn near_part(&self, r: &DescriptorReport<'_>) -> u64 {
-        if r.over || r.refund {
-            return 0;
-        }
-        // Metrics only: a float threshold is fine here (decisions never use floats).
-        let threshold = (r.capacity as f64 * self.near_ratio).floor() as u64;
-        let used_after = r.capacity.saturating_sub(r.remaining);
-        let used_before = used_after.saturating_sub(r.cost);
-        if used_after <= threshold {
-            0
-        } else {
-            used_after - used_before.max(threshold)
-        }
+        r.near_part(self.near_ratio)
     }
 
     fn labels(&self, r: &DescriptorReport<'_>) -> RuleLabels {

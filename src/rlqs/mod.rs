@@ -29,7 +29,6 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::config::settings::RlqsSettings;
 use crate::engine::Engine;
-use crate::metrics::Metrics;
 use crate::proto::envoy::service::rate_limit_quota::v3 as pb;
 use crate::rules::RuleSet;
 use pb::rate_limit_quota_service_server::{RateLimitQuotaService, RateLimitQuotaServiceServer};
@@ -39,11 +38,33 @@ use session::Session;
 /// How often a stream looks at its timers (deny lifts, rebalancing, stale buckets, reloads).
 const TICK: Duration = Duration::from_millis(250);
 
+/// Receives what the quota service does (sluice's metrics implement it).
+pub trait RlqsObserver: Send + Sync + 'static {
+    /// What a data plane reported for a bucket of `rule`.
+    fn reported(&self, domain: &str, rule: &str, allowed: u64, denied: u64);
+    /// A stream opened (`+1`) or closed (`-1`).
+    fn streams(&self, delta: i64);
+    /// Buckets taken (`+n`) or dropped (`-n`).
+    fn buckets(&self, delta: i64);
+    /// One bucket action of `kind` sent (`token_bucket`, `deny_all`, `allow_all`, `abandon`).
+    fn assigned(&self, kind: &'static str);
+    /// A stream or a bucket (`kind`) refused at a bound.
+    fn refused(&self, kind: &'static str);
+}
+
+impl RlqsObserver for () {
+    fn reported(&self, _: &str, _: &str, _: u64, _: u64) {}
+    fn streams(&self, _: i64) {}
+    fn buckets(&self, _: i64) {}
+    fn assigned(&self, _: &'static str) {}
+    fn refused(&self, _: &'static str) {}
+}
+
 /// What every RLQS stream shares.
 pub struct Rlqs {
     engine: Arc<Engine>,
     rules: Arc<ArcSwap<RuleSet>>,
-    metrics: Arc<Metrics>,
+    observer: Arc<dyn RlqsObserver>,
     settings: RlqsSettings,
     registry: Registry,
     streams: AtomicUsize,
@@ -55,13 +76,13 @@ impl Rlqs {
     pub fn new(
         engine: Arc<Engine>,
         rules: Arc<ArcSwap<RuleSet>>,
-        metrics: Arc<Metrics>,
+        observer: Arc<dyn RlqsObserver>,
         settings: RlqsSettings,
     ) -> Arc<Rlqs> {
         Arc::new(Rlqs {
             engine,
             rules,
-            metrics,
+            observer,
             settings,
             registry: Registry::default(),
             streams: AtomicUsize::new(0),
@@ -140,13 +161,13 @@ impl StreamSlot {
         let open = ctx.streams.fetch_add(1, Ordering::Relaxed);
         if open >= ctx.settings.max_streams {
             ctx.streams.fetch_sub(1, Ordering::Relaxed);
-            ctx.metrics.rlqs().refused("stream");
+            ctx.observer.refused("stream");
             return Err(Status::resource_exhausted(format!(
                 "{open} RLQS streams are open, rlqs.max_streams = {}",
                 ctx.settings.max_streams
             )));
         }
-        ctx.metrics.rlqs().streams(1);
+        ctx.observer.streams(1);
         Ok(StreamSlot(ctx.clone()))
     }
 }
@@ -154,7 +175,7 @@ impl StreamSlot {
 impl Drop for StreamSlot {
     fn drop(&mut self) {
         self.0.streams.fetch_sub(1, Ordering::Relaxed);
-        self.0.metrics.rlqs().streams(-1);
+        self.0.observer.streams(-1);
     }
 }
 

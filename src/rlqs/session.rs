@@ -86,8 +86,7 @@ impl Session {
         held.last_report = now;
         if let Some(rule) = held.target.rule() {
             self.ctx
-                .metrics
-                .rlqs()
+                .observer
                 .reported(&domain, rule, usage.allowed, usage.denied);
         }
         let limited = match &held.target {
@@ -131,10 +130,10 @@ impl Session {
         let total = self.ctx.buckets.fetch_add(1, Ordering::Relaxed);
         if self.buckets.len() >= s.max_buckets_per_stream || total >= s.max_buckets {
             self.ctx.buckets.fetch_sub(1, Ordering::Relaxed);
-            self.ctx.metrics.rlqs().refused("bucket");
+            self.ctx.observer.refused("bucket");
             return false;
         }
-        self.ctx.metrics.rlqs().buckets(1);
+        self.ctx.observer.buckets(1);
         let serial = self.next_serial;
         self.next_serial += 1;
         self.buckets.insert(
@@ -225,7 +224,7 @@ impl Session {
         if let Some(held) = self.buckets.get_mut(key) {
             held.sent = Some(assignment);
         }
-        self.ctx.metrics.rlqs().assigned(assignment.kind());
+        self.ctx.observer.assigned(assignment.kind());
         wire::assign(key, assignment, self.ctx.settings.assignment_ttl_secs)
     }
 
@@ -324,7 +323,7 @@ impl Session {
             let target = bucket::resolve(self.rules.domain(&domain), &key, shadow);
             if matches!(target, Target::Unmatched) {
                 self.drop_bucket(&key);
-                self.ctx.metrics.rlqs().assigned("abandon");
+                self.ctx.observer.assigned("abandon");
                 actions.push(wire::abandon(&key));
                 continue;
             }
@@ -342,7 +341,7 @@ impl Session {
         self.leave(key);
         if self.buckets.remove(key).is_some() {
             self.ctx.buckets.fetch_sub(1, Ordering::Relaxed);
-            self.ctx.metrics.rlqs().buckets(-1);
+            self.ctx.observer.buckets(-1);
         }
     }
 

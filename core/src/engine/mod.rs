@@ -22,7 +22,7 @@ use crate::config::settings::InputSettings;
 use crate::limiter::{Batch, BatchOutcome, Limiter, LimiterError};
 use crate::rules::{Entry, RuleSet};
 
-pub use observe::{DescriptorReport, NoObserver, Observer, RequestResult};
+pub use observe::{DescriptorReport, NoObserver, Observer, Observers, RequestResult};
 pub use response::{Code, CurrentLimit, DescriptorStatus, Response};
 
 /// A rate-limit request.

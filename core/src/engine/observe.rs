@@ -1,6 +1,7 @@
 //! What the engine tells the outside about each request: the seam the metrics implement,
 //! kept free of any metrics library.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::plan::{Applies, Planned};
@@ -32,6 +33,50 @@ pub struct NoObserver;
 
 impl Observer for NoObserver {}
 
+/// Several observers as one: each hears every call, in order (sluice's metrics, and
+/// envoyproxy/ratelimit's stats when they are asked for).
+#[derive(Default)]
+pub struct Observers(Vec<Arc<dyn Observer>>);
+
+impl Observers {
+    /// No observer yet.
+    pub fn new() -> Observers {
+        Observers::default()
+    }
+
+    /// `observer` hears every call from now on, after those added before.
+    pub fn with(mut self, observer: Arc<dyn Observer>) -> Observers {
+        self.0.push(observer);
+        self
+    }
+}
+
+impl Observer for Observers {
+    fn descriptor(&self, report: &DescriptorReport<'_>) {
+        for o in &self.0 {
+            o.descriptor(report);
+        }
+    }
+
+    fn unknown_domain(&self, domain: &str, descriptors: usize) {
+        for o in &self.0 {
+            o.unknown_domain(domain, descriptors);
+        }
+    }
+
+    fn global_shadow(&self) {
+        for o in &self.0 {
+            o.global_shadow();
+        }
+    }
+
+    fn request(&self, result: RequestResult<'_>, elapsed: Duration) {
+        for o in &self.0 {
+            o.request(result, elapsed);
+        }
+    }
+}
+
 /// The verdict on one descriptor.
 #[derive(Debug)]
 pub struct DescriptorReport<'a> {
@@ -58,6 +103,25 @@ pub struct DescriptorReport<'a> {
     /// That limit's answer came from the limiter's local copy of an earlier denial (the
     /// Redis deny cache), without asking the backend.
     pub local_cache: bool,
+}
+
+impl DescriptorReport<'_> {
+    /// The part of an admitted cost that used capacity beyond `ratio` of it (the near-limit
+    /// counts): 0 for a denial or a refund. Metrics only: a float threshold is fine here
+    /// (decisions never use floats).
+    pub fn near_part(&self, ratio: f64) -> u64 {
+        if self.over || self.refund {
+            return 0;
+        }
+        let threshold = (self.capacity as f64 * ratio).floor() as u64;
+        let used_after = self.capacity.saturating_sub(self.remaining);
+        let used_before = used_after.saturating_sub(self.cost);
+        if used_after <= threshold {
+            0
+        } else {
+            used_after - used_before.max(threshold)
+        }
+    }
 }
 
 #[cfg(any(test, feature = "test-util"))]
