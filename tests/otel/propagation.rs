@@ -1,7 +1,8 @@
 //! The caller's trace from a direct gRPC call to the real binary: with `traceparent` (and
-//! `tracestate`) or B3 headers, sluice's `should_rate_limit` span is exported in the caller's
-//! trace with the caller's span as its parent; an unsampled caller gets no span; malformed
-//! headers are ignored (a new root span, and the request answered as usual).
+//! `tracestate`) or B3 headers, sluice's `should_rate_limit` span (and a `sluice.v1.Throttle`
+//! call's `throttle` span) is exported in the caller's trace with the caller's span as its
+//! parent; an unsampled caller gets no span; malformed headers are ignored (a new root span,
+//! and the request answered as usual).
 
 use std::time::Duration;
 
@@ -9,7 +10,10 @@ use opentelemetry_proto::tonic::trace::v1::Span;
 use sluice::testing::grpc::{Client, Code, desc, overall, req};
 use sluice::testing::process::SluiceProcess;
 
-use crate::support::{Collector, Received, hex, traced_sluice};
+use sluice_client::pb::sluice::v1::throttle_client::ThrottleClient;
+use sluice_client::pb::sluice::v1::{ThrottleKey, ThrottleRequest, throttle_key};
+
+use crate::support::{Collector, Received, attribute, hex, traced_sluice};
 
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const SPAN: &str = "00f067aa0ba902b7";
@@ -130,4 +134,38 @@ async fn malformed_trace_headers_give_a_new_root_span() {
         );
         traces.push(trace);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttle_calls_span_joins_the_callers_trace() {
+    let mut t = traced().await;
+    let mut client = ThrottleClient::connect(t.sluice.url())
+        .await
+        .expect("connect");
+    let key = ThrottleKey {
+        id: Some(throttle_key::Id::Key("k".to_owned())),
+        max_burst: 15,
+        count: 30,
+        period_ms: 60_000,
+        quantity: Some(1),
+        refund: false,
+        algorithm: 0,
+    };
+    let mut request = tonic::Request::new(ThrottleRequest {
+        keys: vec![key],
+        name: "checkout".to_owned(),
+    });
+    let traceparent = format!("00-{TRACE}-{SPAN}-01");
+    let value = traceparent.parse().expect("an ASCII value");
+    request.metadata_mut().insert("traceparent", value);
+    let answer = client.throttle(request).await.expect("an answer");
+    assert!(!answer.into_inner().results[0].limited);
+
+    let is_throttle = |r: &Received| r.1.name == "throttle";
+    let within = Duration::from_secs(10);
+    let (_, span) = t.collector.until(within, is_throttle).await.pop().unwrap();
+    assert_eq!(ids(&span), (TRACE.to_owned(), SPAN.to_owned()));
+    assert_eq!(attribute(&span, "name").as_deref(), Some("checkout"));
+    assert_eq!(attribute(&span, "keys").as_deref(), Some("1"));
+    assert_eq!(attribute(&span, "result").as_deref(), Some("allowed"));
 }
