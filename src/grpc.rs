@@ -1,5 +1,7 @@
 //! The gRPC face: `ShouldRateLimit` converts protobuf to domain types, asks the engine, and
-//! converts back. [`status_of`] is the one place where errors become gRPC statuses.
+//! converts back. [`status_of`] is the one place where errors become gRPC statuses. With the
+//! `otel` feature the engine's request span joins the caller's trace (`traceparent` or B3 in
+//! the request's metadata: `telemetry::propagation`).
 
 use std::sync::Arc;
 
@@ -13,6 +15,7 @@ use crate::proto::rate_limit_response::{self as pb_resp, rate_limit::Unit as PbU
 use crate::proto::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
 use crate::proto::{self as pb, RateLimitUnit};
 use crate::rules::Entry;
+use crate::telemetry::propagation::join_caller_trace;
 use crate::transport::SizeLimited;
 
 /// The `envoy.service.ratelimit.v3.RateLimitService` implementation.
@@ -46,7 +49,9 @@ impl RateLimitService for RateLimiter {
         &self,
         request: Request<pb::RateLimitRequest>,
     ) -> Result<Response<pb::RateLimitResponse>, Status> {
-        let answer = decide(&self.engine, request.into_inner())
+        let (metadata, _, request) = request.into_parts();
+        let work = decide(&self.engine, request);
+        let answer = join_caller_trace(&metadata, work)
             .await
             .map_err(|e| status_of(&e))?;
         Ok(Response::new(answer))

@@ -26,7 +26,7 @@
 //! | [`transport`] | the gRPC port below tonic's routes: accept loop, HTTP/2 driver, `grpc-timeout`, the size limit, TLS handshakes, connection limits |
 //! | [`tls`] | TLS and mTLS on the gRPC port: certificates reloaded from files |
 //! | [`watcher`] | watching files for changes (the rules, the certificates), debounced |
-//! | [`telemetry`] | logs to stderr, and spans over OTLP (feature `otel`) |
+//! | [`telemetry`] | logs to stderr, and spans over OTLP joining the caller's trace (feature `otel`) |
 //! | [`app`] | serving: listeners, tasks, the ordered drain; `app::server`, the composition root: the whole service from its settings (xDS, envoyproxy/ratelimit's listeners), bound after the first rules |
 //! | [`runtime`] | the tokio runtime shared by `serve` and the no-op server |
 //! | [`signal`] | SIGTERM/SIGINT (shutdown) and SIGHUP (reload), for the binary |

@@ -9,7 +9,10 @@
 //! the same output.
 //!
 //! With `otel`, [`init`] must run inside a tokio runtime (the exporter's batch task lives
-//! there), and [`Telemetry::shutdown`] flushes what is left before the process exits.
+//! there), and [`Telemetry::shutdown`] flushes what is left before the process exits; a
+//! request's span joins the caller's trace when the request carries one ([`propagation`]).
+
+pub(crate) mod propagation;
 
 use std::io::IsTerminal as _;
 

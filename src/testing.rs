@@ -4,6 +4,7 @@
 //!
 //! | module | what |
 //! | --- | --- |
+//! | [`envoy`] | a real Envoy 1.40 as a child process on loopback ports |
 //! | [`grpc`] | an Envoy RLS client (`envoy-types`), requests and assertions on answers |
 //! | [`http`] | a minimal HTTP/1.1 client (admin server, Envoy), metrics samples |
 //! | [`limits`] | limits and hits for driving a `Limiter` directly |
@@ -12,6 +13,7 @@
 //! | [`redis`] | real `redis-server` (or `valkey-server`) processes (standalone, Sentinel, Cluster) |
 //! | [`rlqs`] | an in-process server with handles on its RLQS state, RLQS streams and reports |
 
+pub mod envoy;
 pub mod grpc;
 pub mod http;
 pub mod limits;

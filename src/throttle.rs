@@ -7,15 +7,21 @@
 //! check-only companion (cost 0, shadow: it never denies) whose report is read from the
 //! committed state. A denied key's own report says when it would be admitted; the companion
 //! says what it holds now (`remaining`, `reset_after`), as CL.THROTTLE reports both.
+//!
+//! Each call is a debug-level `throttle` span, which joins the caller's trace (`traceparent`
+//! or B3 in the metadata) with the `otel` feature, as RLS requests do.
 
 pub mod key;
 pub mod params;
 
 use std::sync::Arc;
 
+use tracing::Instrument as _;
+
 use crate::config::settings::InputSettings;
 use crate::limiter::{Batch, BatchOutcome, Hit, HitOutcome, Limiter, LimiterError, Role};
 use crate::proto::sluice::v1::{self as pb, throttle_server};
+use crate::telemetry::propagation::join_caller_trace;
 use params::KeyPlan;
 
 pub use pb::throttle_server::ThrottleServer;
@@ -88,18 +94,26 @@ impl Throttler {
         )
     }
 
-    /// Decides one request.
+    /// Decides one request, in a debug-level `throttle` span (the caller's `name`, the
+    /// number of `keys`, the `result`), as `should_rate_limit` is for RLS.
     pub async fn throttle(
         &self,
         request: &pb::ThrottleRequest,
     ) -> Result<pb::ThrottleResponse, tonic::Status> {
-        let answer = self.decide(request).await;
+        let span = tracing::debug_span!(
+            "throttle",
+            name = %request.name,
+            keys = request.keys.len(),
+            result = tracing::field::Empty,
+        );
+        let answer = self.decide(request).instrument(span.clone()).await;
         let result = match &answer {
             Ok(r) if r.limited => ThrottleResult::Limited,
             Ok(_) => ThrottleResult::Allowed,
             Err(s) if s.code() == tonic::Code::InvalidArgument => ThrottleResult::Invalid,
             Err(_) => ThrottleResult::Unavailable,
         };
+        span.record("result", result.as_str());
         self.observer.throttled(&request.name, result);
         answer
     }
@@ -230,7 +244,8 @@ impl throttle_server::Throttle for Throttler {
         &self,
         request: tonic::Request<pb::ThrottleRequest>,
     ) -> Result<tonic::Response<pb::ThrottleResponse>, tonic::Status> {
-        Throttler::throttle(self, request.get_ref())
+        let work = Throttler::throttle(self, request.get_ref());
+        join_caller_trace(request.metadata(), work)
             .await
             .map(tonic::Response::new)
     }

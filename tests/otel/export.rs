@@ -1,27 +1,18 @@
-//! With the `otel` feature: request spans reach an OTLP collector (fake ones, served here on
-//! loopback ports) under the configured service names, sampled by the configured ratio:
-//! over gRPC from the in-process engine, and over HTTP (protobuf bodies
+//! Request spans reach an OTLP collector under the configured service names, sampled by the
+//! configured ratio: over gRPC from the in-process engine, and over HTTP (protobuf bodies
 //! POSTed to `/v1/traces`) from the real binary started as `ratelimit` with Envoy Gateway's
-//! tracing variables. Run with `cargo test --features otel,test-util --test otel`; the last test
-//! needs `redis-server` and fails with the command that installs it when it is missing.
+//! tracing variables. The last test needs `redis-server` and fails with the command that
+//! installs it when it is missing.
 
-#![cfg(feature = "otel")]
-
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode, header};
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
-    TraceService, TraceServiceServer,
-};
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
-use opentelemetry_proto::tonic::common::v1::any_value::Value;
-use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message as _;
 use sluice::config::settings::{LogSettings, OtlpProtocol};
@@ -33,75 +24,17 @@ use sluice::testing::process::{Served, free_port, loopback, wait_listening};
 use sluice::testing::ratelimit_env::ISTIO;
 use sluice::testing::redis::RedisServer;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::TcpListenerStream;
 use tracing_subscriber::layer::SubscriberExt as _;
 
-/// The string attributes of a resource (`service.name`, ...).
-type ResourceAttributes = BTreeMap<String, String>;
-
-fn resource_attributes(resource: Option<&Resource>) -> ResourceAttributes {
-    let attributes = resource
-        .map(|r| r.attributes.as_slice())
-        .unwrap_or_default();
-    attributes
-        .iter()
-        .filter_map(|a| match a.value.as_ref()?.value.as_ref()? {
-            Value::StringValue(s) => Some((a.key.clone(), s.clone())),
-            _ => None,
-        })
-        .collect()
-}
-
-/// A fake OTLP/gRPC collector: sends each received span, with its resource's attributes.
-struct Collector(mpsc::UnboundedSender<(ResourceAttributes, Span)>);
-
-#[tonic::async_trait]
-impl TraceService for Collector {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportTraceServiceRequest>,
-    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        for resource in request.into_inner().resource_spans {
-            let attributes = resource_attributes(resource.resource.as_ref());
-            for span in resource.scope_spans.into_iter().flat_map(|s| s.spans) {
-                let _ = self.0.send((attributes.clone(), span));
-            }
-        }
-        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
-    }
-}
-
-fn attribute(span: &Span, key: &str) -> Option<String> {
-    let value = span
-        .attributes
-        .iter()
-        .find(|a| a.key == key)?
-        .value
-        .as_ref()?;
-    match value.value.as_ref()? {
-        Value::StringValue(s) => Some(s.clone()),
-        Value::IntValue(i) => Some(i.to_string()),
-        other => Some(format!("{other:?}")),
-    }
-}
+use crate::support::resource_attributes;
+use crate::support::{Collector, Received as Exported, ResourceAttributes, attribute};
 
 /// Exports through sluice's OTLP/gRPC layer with `log` (its endpoint set here to a fake
 /// collector) while the engine answers `requests` requests, then flushes by shutting the
 /// provider down, and returns every span the collector received.
-async fn grpc_export(mut log: LogSettings, requests: usize) -> Vec<(ResourceAttributes, Span)> {
-    let (tx, mut spans) = mpsc::unbounded_channel();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    let stop = tokio_util::sync::CancellationToken::new();
-    let server = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(TraceServiceServer::new(Collector(tx)))
-            .serve_with_incoming_shutdown(
-                TcpListenerStream::new(listener),
-                stop.clone().cancelled_owned(),
-            ),
-    );
-
+async fn grpc_export(mut log: LogSettings, requests: usize) -> Vec<Exported> {
+    let collector = Collector::start().await;
+    let endpoint = collector.url.clone();
     log.otlp_endpoint = Some(endpoint.clone());
     log.otlp_protocol = OtlpProtocol::Grpc;
     let (layer, provider) = sluice::telemetry::otel::layer(&endpoint, &log).unwrap();
@@ -129,13 +62,7 @@ async fn grpc_export(mut log: LogSettings, requests: usize) -> Vec<(ResourceAttr
         .await
         .unwrap()
         .unwrap();
-    stop.cancel();
-    server.await.unwrap().unwrap();
-    let mut got = Vec::new();
-    while let Ok(span) = spans.try_recv() {
-        got.push(span);
-    }
-    got
+    collector.stop().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -163,7 +90,7 @@ async fn request_spans_reach_the_collector_under_the_configured_service_names() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sampling_ratio_zero_exports_no_request_span_where_one_exports_each() {
-    let requests = |got: &[(ResourceAttributes, Span)]| {
+    let requests = |got: &[Exported]| {
         got.iter()
             .filter(|(_, s)| s.name == "should_rate_limit")
             .count()
