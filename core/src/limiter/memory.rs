@@ -57,6 +57,7 @@ mod store;
 mod walk;
 
 use super::algorithm::State;
+use crate::config::model::Algorithm;
 use super::counters::{BackendStatus, CounterPage, CounterQuery};
 use super::{Batch, BatchOutcome, BoxFuture, Clock, Hit, Limiter, LimiterError, MonotonicClock};
 use decide::{Scratch, Slots, Write};
@@ -165,6 +166,45 @@ impl<C: Clock> MemoryLimiter<C> {
         );
         outcome
     }
+
+    /// Decides a batch as [`MemoryLimiter::decide`] would, then puts every state back as it
+    /// was read: the verdict, with nothing changed (admin `/why`).
+    fn dry_run(&self, batch: &Batch) -> BatchOutcome {
+        let slots = Slots::new(&batch.hits);
+        let mut places: Scratch<Place> = Scratch::new();
+        places.extend(slots.first.iter().map(|hit| Place::new(&self.shards, hit)));
+        let mut locked = self.shards.lock(places.iter().map(|p| p.shard));
+        let now = self.clock.now_nanos();
+        let mut states: Scratch<State> = Scratch::new();
+        let read = places.iter_mut().zip(&slots.first);
+        states.extend(read.map(|(place, hit)| place.read(&mut locked, &hit.key)));
+        let originals = states.clone();
+        let mut writes = Scratch::new();
+        let outcome = decide::decide(&batch.hits, &slots.of_hit, &mut states, now, &mut writes);
+        for (place, state) in places.iter().zip(originals) {
+            if let (Some(found), Some(store)) = (place.found, locked.store(place.shard)) {
+                store.put(found, place.fresh_at, state);
+            }
+        }
+        outcome
+    }
+
+    /// Forgets the states of `keys` (each with its algorithm); returns how many were held.
+    fn reset_keys(&self, keys: &[(std::sync::Arc<[u8]>, Algorithm)]) -> usize {
+        let mut forgotten = 0;
+        for (key, algorithm) in keys {
+            let (hash, shard) = self.shards.place(key);
+            let mut locked = self.shards.lock(std::iter::once(shard));
+            if let Some(store) = locked.store(shard)
+                && let Some(found) = store.find(hash, key, Kind::of(*algorithm))
+            {
+                store.remove(found);
+                forgotten += 1;
+            }
+            locked.tidy();
+        }
+        forgotten
+    }
 }
 
 /// One distinct key of a batch: its hash and shard, and once read, where it was held.
@@ -250,6 +290,20 @@ impl<C: Clock> Limiter for MemoryLimiter<C> {
 
     fn name(&self) -> &'static str {
         "memory"
+    }
+
+    fn dry_run<'a>(
+        &'a self,
+        batch: &'a Batch,
+    ) -> BoxFuture<'a, Result<BatchOutcome, LimiterError>> {
+        Box::pin(std::future::ready(Ok(MemoryLimiter::dry_run(self, batch))))
+    }
+
+    fn reset<'a>(
+        &'a self,
+        keys: &'a [(std::sync::Arc<[u8]>, Algorithm)],
+    ) -> BoxFuture<'a, Result<usize, LimiterError>> {
+        Box::pin(std::future::ready(Ok(self.reset_keys(keys))))
     }
 
     fn sweep(&self) -> usize {
