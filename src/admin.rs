@@ -83,7 +83,10 @@ pub fn router(admin: Admin) -> Router {
     let guard = middleware::from_fn_with_state(admin.access.clone(), access::guard);
     let guarded = Router::new()
         .route("/json", post(json).layer(DefaultBodyLimit::max(max_body)))
-        .route("/why", post(why::why).layer(DefaultBodyLimit::max(max_body)))
+        .route(
+            "/why",
+            post(why::why).layer(DefaultBodyLimit::max(max_body)),
+        )
         .route(
             "/counters/reset",
             post(why::reset).layer(DefaultBodyLimit::max(max_body)),

@@ -199,7 +199,9 @@ impl Metrics {
     pub fn reset(&self, form: &'static str, held: usize) {
         self.resets.get_or_create(&FormLabels { form }).inc();
         let held = u64::try_from(held).unwrap_or(u64::MAX);
-        self.reset_keys.get_or_create(&FormLabels { form }).inc_by(held);
+        self.reset_keys
+            .get_or_create(&FormLabels { form })
+            .inc_by(held);
     }
 
     /// Counts a reload.

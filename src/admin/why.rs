@@ -94,7 +94,12 @@ fn descriptor_json(a: &Admin, domain: &str, d: &DescriptorWhy) -> Value {
     let limits: Vec<Value> = d
         .limits
         .iter()
-        .map(|l| limit_json(l, d.client_override.is_some() && matches!(d.matched, Matched::Override)))
+        .map(|l| {
+            limit_json(
+                l,
+                d.client_override.is_some() && matches!(d.matched, Matched::Override),
+            )
+        })
         .collect();
     let top = a.metrics.top_denied();
     let denied = |w| {
@@ -264,7 +269,12 @@ async fn rule_keys(a: &Admin, name: &str) -> Result<Vec<(Arc<[u8]>, Algorithm)>,
             count: PAGE,
             resolve: &resolve,
         };
-        let page = a.engine.limiter().counters(&query).await.map_err(|e| limiter_error(&e))?;
+        let page = a
+            .engine
+            .limiter()
+            .counters(&query)
+            .await
+            .map_err(|e| limiter_error(&e))?;
         for entry in page.entries {
             let Some(limit) = entry.limit else { continue };
             if seen.insert(entry.key.clone()) {

@@ -209,7 +209,12 @@ impl TopDenied {
 
     /// The denied cost of one key (a descriptor's entries) of `domain` in `window`, and the
     /// bound on its error (as [`Top::error_bound`]): a key no counter holds reads 0.
-    pub fn denied(&self, domain: &str, entries: &[crate::rules::Entry], window: Window) -> (u64, u64) {
+    pub fn denied(
+        &self,
+        domain: &str,
+        entries: &[crate::rules::Entry],
+        window: Window,
+    ) -> (u64, u64) {
         let Some(d) = self.domains.read().get(domain).cloned() else {
             return (0, 0);
         };

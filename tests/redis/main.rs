@@ -22,3 +22,4 @@ mod sentinel;
 mod sliding_log;
 mod tls;
 mod visibility;
+mod why;

@@ -10,7 +10,9 @@
 use std::sync::Arc;
 
 use super::plan::{self, Applies};
-use super::{Engine, EngineError, Override, Request, Response, check_overrides, response, validate};
+use super::{
+    Engine, EngineError, Override, Request, Response, check_overrides, response, validate,
+};
 use crate::config::model::{LimitRule, Policy};
 use crate::limiter::{Batch, BatchOutcome, HitOutcome, Role};
 use crate::rules::explain::{Walk, explain};

@@ -57,9 +57,9 @@ mod store;
 mod walk;
 
 use super::algorithm::State;
-use crate::config::model::Algorithm;
 use super::counters::{BackendStatus, CounterPage, CounterQuery};
 use super::{Batch, BatchOutcome, BoxFuture, Clock, Hit, Limiter, LimiterError, MonotonicClock};
+use crate::config::model::Algorithm;
 use decide::{Scratch, Slots, Write};
 use shards::{Locked, Shards};
 use smallvec::SmallVec;

@@ -88,7 +88,9 @@ impl RedisLimiter {
         };
         match tokio::time::timeout_at(deadline, work).await {
             Ok(result) => result.map_err(limiter_error),
-            Err(_) => Err(super::unavailable("no answer from Redis to a reset in time")),
+            Err(_) => Err(super::unavailable(
+                "no answer from Redis to a reset in time",
+            )),
         }
     }
 
@@ -110,7 +112,10 @@ impl RedisLimiter {
         for (key, _) in keys {
             let node = topology.owner(cluster::slot(prefix, key)).await?;
             let mut conn = topology.conn(&node, 0).await?;
-            let n: usize = redis::cmd("DEL").arg(full(key)).query_async(&mut conn).await?;
+            let n: usize = redis::cmd("DEL")
+                .arg(full(key))
+                .query_async(&mut conn)
+                .await?;
             deleted += n;
         }
         Ok(deleted)
