@@ -77,7 +77,10 @@ impl Walk<'_> {
     /// The reason in a sentence (for a match, which rule it is).
     pub fn reason(&self) -> String {
         match self {
-            Walk::Matched(m) => format!("matched the rule at level {}", m.path().len() - 1),
+            Walk::Matched(m) => format!(
+                "every entry matched, ending at level {} on a rule with a policy",
+                m.path().len() - 1
+            ),
             Walk::NoEntries => "the descriptor has no entries".to_owned(),
             Walk::NoKey { level, key } => {
                 format!("no rule at level {level} has the key {key:?}")
