@@ -22,6 +22,7 @@
 //! and stops once the gRPC server has.
 
 pub mod access;
+pub mod ask;
 mod counters;
 pub mod json;
 mod rlconfig;

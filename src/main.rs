@@ -1,4 +1,4 @@
-//! The `sluice` command: `serve`, `check`, `bench`.
+//! The `sluice` command: `serve`, `check`, `bench`, `why`.
 //!
 //! Settings and rules are loaded and validated before any port is bound; a bad setting or rule
 //! exits with code 64 (EX_USAGE).
@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser as _;
-use cli::{CheckArgs, Cli, Command, ServeArgs};
+use cli::{CheckArgs, Cli, Command, ServeArgs, WhyArgs};
 use sluice::config::rules::{self, LoadOptions};
 use sluice::config::settings::{Overrides, Settings};
 use sluice::rules::RuleSet;
@@ -39,6 +39,7 @@ fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Check(args) => check(&args),
         Command::Serve(args) => serve(args),
+        Command::Why(args) => why(&args),
         Command::Bench(args) => match sluice::bench::main(*args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -64,6 +65,54 @@ fn check(args: &CheckArgs) -> ExitCode {
         Err(errors) => {
             eprintln!("{errors}");
             eprintln!("{} error(s)", errors.0.len());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Asks the admin server `POST /why` and prints the answer: exit 0 when it answered, 1 when
+/// it refused (the reason on standard error), 64 on bad arguments.
+fn why(args: &WhyArgs) -> ExitCode {
+    let body = match sluice::admin::ask::body(&args.domain, &args.entries) {
+        Ok(body) => body,
+        Err(e) => {
+            eprintln!("sluice why: {e}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    let asked = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())
+        .and_then(|rt| {
+            rt.block_on(sluice::admin::ask::post(
+                &args.admin,
+                "/why",
+                args.token.as_deref(),
+                &body,
+            ))
+        });
+    match asked {
+        Ok((200, answer)) if args.json => {
+            println!("{answer}");
+            ExitCode::SUCCESS
+        }
+        Ok((200, answer)) => match serde_json::from_str(&answer) {
+            Ok(why) => {
+                print!("{}", sluice::admin::ask::render(&why));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("sluice why: not a /why answer ({e})");
+                ExitCode::FAILURE
+            }
+        },
+        Ok((status, answer)) => {
+            eprintln!("sluice why: {status}: {}", answer.trim());
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("sluice why: {e}");
             ExitCode::FAILURE
         }
     }
