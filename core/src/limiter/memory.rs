@@ -369,6 +369,43 @@ mod tests {
     }
 
     #[test]
+    fn a_dry_run_decides_as_a_check_would_and_changes_nothing() {
+        let limiter = MemoryLimiter::with_clock(100, ManualClock::at(SEC));
+        for algorithm in Algorithm::ALL {
+            let mut b = batch("k", algorithm);
+            b.hits[0].limit.charge = Charge::Always;
+            b.hits[0].cost = 4;
+            for _ in 0..3 {
+                let before = limiter.snapshot();
+                let dry = Limiter::dry_run(&limiter, &b)
+                    .now_or_never()
+                    .and_then(Result::ok);
+                assert_eq!(limiter.snapshot(), before, "{}", algorithm.as_str());
+                let real = limiter.check(&b).now_or_never().and_then(Result::ok);
+                assert_eq!(dry, real, "{}", algorithm.as_str());
+            }
+        }
+    }
+
+    #[test]
+    fn a_reset_forgets_exactly_its_keys() {
+        let limiter = MemoryLimiter::with_clock(100, ManualClock::at(SEC));
+        let check = |b: &Batch| limiter.check(b).now_or_never().and_then(Result::ok);
+        for key in ["a", "b"] {
+            check(&batch(key, Algorithm::Funnel));
+        }
+        check(&batch("a", Algorithm::FixedWindow));
+        let forget = [(std::sync::Arc::from(&b"a"[..]), Algorithm::Funnel)];
+        let held = limiter.reset(&forget).now_or_never().and_then(Result::ok);
+        assert_eq!(held, Some(1));
+        assert_eq!(limiter.len(), 2);
+        let again = limiter.reset(&forget).now_or_never().and_then(Result::ok);
+        assert_eq!(again, Some(0));
+        let fresh = check(&batch("a", Algorithm::Funnel)).map(|o| o.hits[0].remaining);
+        assert_eq!(fresh, Some(9));
+    }
+
+    #[test]
     fn the_same_key_bytes_under_two_algorithms_are_two_states() {
         let limiter = MemoryLimiter::with_clock(100, ManualClock::at(SEC));
         let check = |b: &Batch| limiter.check(b).now_or_never().and_then(Result::ok);

@@ -19,7 +19,7 @@
 //! #     domains: vec![DomainRules { domain: "api".into(), descriptors: vec![login], location, defaults: Default::default() }],
 //! #     ..RulesModel::default()
 //! # };
-//! // path=/login, then user=<any>
+//! // path=/login, then user=<any> (neither with a limit in this sketch)
 //! let rules = RuleSet::compile(model);
 //! let api = rules.domain("api").unwrap();
 //! let why = explain(api, &[Entry::new("path", "/logout")]);
@@ -27,7 +27,9 @@
 //! let why = explain(api, &[Entry::new("path", "/login")]);
 //! assert!(matches!(why, Walk::TooShort { .. }));
 //! let why = explain(api, &[Entry::new("path", "/login"), Entry::new("user", "al")]);
-//! assert!(matches!(why, Walk::Matched(_)));
+//! assert!(matches!(why, Walk::NoPolicy { .. }));
+//! let why = explain(api, &[Entry::new("user", "al")]);
+//! assert_eq!(why.code(), "no_key");
 //! ```
 
 use super::{Domain, Entry, Match, Rule, tree::Level};
