@@ -15,10 +15,9 @@ use serde_json::{Value, json};
 
 use super::counters::{Filter, json_response, resolve};
 use super::{Admin, text};
-use crate::config::model::Algorithm;
 use crate::engine::{DescriptorWhy, EngineError, Explanation, LimitWhy, Matched};
 use crate::limiter::counters::CounterQuery;
-use crate::limiter::{HitOutcome, LimiterError, Role};
+use crate::limiter::{HitOutcome, LimiterError, Role, StateKey};
 use crate::metrics::top::Window;
 use crate::rules::key;
 
@@ -237,7 +236,7 @@ pub async fn reset(State(a): State<Admin>, body: Bytes) -> Response {
 }
 
 /// Every key the backend holds of the rule `name` (`<domain>.<path>`).
-async fn rule_keys(a: &Admin, name: &str) -> Result<Vec<(Arc<[u8]>, Algorithm)>, Response> {
+async fn rule_keys(a: &Admin, name: &str) -> Result<Vec<StateKey>, Response> {
     let rules = a.rules.load_full();
     let found = rules.domains().find_map(|d| {
         let path = name.strip_prefix(d.name())?.strip_prefix('.')?;

@@ -132,7 +132,9 @@ async fn within_and_over(addr: SocketAddr) {
 }
 
 async fn no_rule_and_shadow(addr: SocketAddr) {
-    let cases: [(&str, &[(&str, &str)], &str, &str); 5] = [
+    // (domain, entries, match code, a part of the reason)
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str, &'a str);
+    let cases: [Case<'_>; 5] = [
         ("why", &[("path", "/logout")], "no_value", "\"/logout\""),
         ("why", &[("path", "/login")], "too_short", "depth mismatch"),
         (

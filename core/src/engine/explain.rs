@@ -161,7 +161,7 @@ impl Engine {
     pub fn state_keys(
         &self,
         request: &Request,
-    ) -> Result<Vec<(Arc<[u8]>, crate::config::model::Algorithm)>, EngineError> {
+    ) -> Result<Vec<crate::limiter::StateKey>, EngineError> {
         validate(request, &self.options.input)?;
         let rules = self.rules.load_full();
         let domain = rules.domain(&request.domain);
@@ -169,7 +169,7 @@ impl Engine {
             quota_mode: self.options.quota_mode,
         };
         let planned = plan::plan_request(domain, request, modes);
-        let mut keys: Vec<(Arc<[u8]>, crate::config::model::Algorithm)> = Vec::new();
+        let mut keys: Vec<crate::limiter::StateKey> = Vec::new();
         for hit in planned.batch.hits {
             let key = (hit.key, hit.limit.algorithm);
             if !keys.contains(&key) {

@@ -59,7 +59,6 @@ mod walk;
 use super::algorithm::State;
 use super::counters::{BackendStatus, CounterPage, CounterQuery};
 use super::{Batch, BatchOutcome, BoxFuture, Clock, Hit, Limiter, LimiterError, MonotonicClock};
-use crate::config::model::Algorithm;
 use decide::{Scratch, Slots, Write};
 use shards::{Locked, Shards};
 use smallvec::SmallVec;
@@ -190,7 +189,7 @@ impl<C: Clock> MemoryLimiter<C> {
     }
 
     /// Forgets the states of `keys` (each with its algorithm); returns how many were held.
-    fn reset_keys(&self, keys: &[(std::sync::Arc<[u8]>, Algorithm)]) -> usize {
+    fn reset_keys(&self, keys: &[super::StateKey]) -> usize {
         let mut forgotten = 0;
         for (key, algorithm) in keys {
             let (hash, shard) = self.shards.place(key);
@@ -301,7 +300,7 @@ impl<C: Clock> Limiter for MemoryLimiter<C> {
 
     fn reset<'a>(
         &'a self,
-        keys: &'a [(std::sync::Arc<[u8]>, Algorithm)],
+        keys: &'a [super::StateKey],
     ) -> BoxFuture<'a, Result<usize, LimiterError>> {
         Box::pin(std::future::ready(Ok(self.reset_keys(keys))))
     }

@@ -129,6 +129,10 @@ pub struct LimiterError {
     pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
 
+/// A state key with its algorithm (the same bytes under two algorithms are two states): what
+/// [`Limiter::reset`] forgets.
+pub type StateKey = (Arc<[u8]>, Algorithm);
+
 /// A boxed future, as returned by [`Limiter::check`].
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -170,10 +174,7 @@ pub trait Limiter: Send + Sync + 'static {
 
     /// Forgets the state of each key (a state key and its algorithm), as if it had never been
     /// used, for every replica (admin `/counters/reset`); returns how many keys were held.
-    fn reset<'a>(
-        &'a self,
-        _keys: &'a [(Arc<[u8]>, Algorithm)],
-    ) -> BoxFuture<'a, Result<usize, LimiterError>> {
+    fn reset<'a>(&'a self, _keys: &'a [StateKey]) -> BoxFuture<'a, Result<usize, LimiterError>> {
         Box::pin(std::future::ready(Ok(0)))
     }
 

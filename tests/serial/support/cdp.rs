@@ -244,7 +244,7 @@ async fn receive(ws: &mut TcpStream) -> Vec<u8> {
             *b ^= mask[i % 4];
         }
         let opcode = b0 & 0x0f;
-        if matches!(opcode, 0x0 | 0x1 | 0x2) {
+        if matches!(opcode, 0x0..=0x2) {
             message.extend(payload);
             if b0 & 0x80 != 0 {
                 return message;

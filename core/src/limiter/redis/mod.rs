@@ -471,7 +471,7 @@ impl Limiter for RedisLimiter {
 
     fn reset<'a>(
         &'a self,
-        keys: &'a [(Arc<[u8]>, crate::config::model::Algorithm)],
+        keys: &'a [super::StateKey],
     ) -> BoxFuture<'a, Result<usize, LimiterError>> {
         Box::pin(self.reset_keys(keys))
     }

@@ -27,7 +27,6 @@ use tokio::time::Instant;
 
 use super::script::{Mode, Unit};
 use super::{Call, RedisLimiter, cluster, limiter_error};
-use crate::config::model::Algorithm;
 use crate::limiter::{Batch, BatchOutcome, LimiterError, plan};
 
 /// The least time an admin call may wait for Redis.
@@ -77,7 +76,7 @@ impl RedisLimiter {
     /// keys Redis held.
     pub(super) async fn reset_keys(
         &self,
-        keys: &[(std::sync::Arc<[u8]>, Algorithm)],
+        keys: &[crate::limiter::StateKey],
     ) -> Result<usize, LimiterError> {
         let deadline = Instant::now() + self.timeout.max(ADMIN_TIMEOUT);
         let work = async {
@@ -94,7 +93,7 @@ impl RedisLimiter {
         }
     }
 
-    async fn delete(&self, keys: &[(std::sync::Arc<[u8]>, Algorithm)]) -> RedisResult<usize> {
+    async fn delete(&self, keys: &[crate::limiter::StateKey]) -> RedisResult<usize> {
         let prefix = self.prefix();
         let connector = &self.commit.shared().connector;
         let full = |key: &[u8]| [prefix, key].concat();
