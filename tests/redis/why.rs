@@ -3,7 +3,7 @@
 //! takes (with the reason), a shadow-mode rule; any number of `/why` calls charge nothing
 //! (a `charge: always` limit would show it at once); a reset by request and by rule unblocks
 //! the keys and is counted; and over Redis, a reset through one `sluice` process reaches
-//! another one's deny cache.
+//! another one's deny cache (one server, and through Sentinel).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -271,7 +271,20 @@ async fn resets_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_reaches_every_replicas_deny_cache() {
     let redis = RedisServer::start();
-    let (_rules, replicas) = crate::support::load::replicas(2, RULES, &redis.url());
+    reset_reaches_the_other_replica(&redis.url()).await;
+}
+
+/// The same through Sentinel: each replica listens on the master the sentinel names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_reaches_every_replicas_deny_cache_through_sentinel() {
+    let master = RedisServer::start();
+    let sentinel = RedisServer::sentinel("mymaster", master.port, 1);
+    let url = format!("redis+sentinel://{}/mymaster", sentinel.addr());
+    reset_reaches_the_other_replica(&url).await;
+}
+
+async fn reset_reaches_the_other_replica(url: &str) {
+    let (_rules, replicas) = crate::support::load::replicas(2, RULES, url);
     let mut ready = Vec::new();
     for r in replicas {
         ready.push(r.ready().await);
