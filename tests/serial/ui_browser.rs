@@ -330,6 +330,19 @@ async fn the_why_box_shows_the_answer_of_why_and_its_reset_unblocks_the_key() {
     let url = format!("http://{addr}/ui?token={TOKEN}");
     let mut page = support::cdp::Browser::open(&chromium(), &url, "1280,1000").await;
     page.wait_for("document.querySelector('#status .badge') && document.querySelector('#status .badge').textContent.startsWith('rules')").await;
+    // A click on the top denied key asks about it.
+    page.wait_for("document.querySelector('td.top-key')").await;
+    page.eval("document.querySelector('td.top-key').click()")
+        .await;
+    page.wait_for("document.getElementById('why-verdict')")
+        .await;
+    let asked = page
+        .eval("document.getElementById('why-domain').value + ' ' + document.getElementById('why-entries').value")
+        .await;
+    assert_eq!(asked, serde_json::json!("shop user=al"));
+    // Typed in the box (the answer above cleared first, so that the next one is awaited).
+    page.eval("document.getElementById('why-answer').replaceChildren()")
+        .await;
     page.eval(
         "document.getElementById('why-domain').value = 'shop';\
          document.getElementById('why-entries').value = 'user=al';\

@@ -106,8 +106,10 @@
     d.top.domains.forEach(function (dom) {
       if (!dom.keys.length) return;
       var rows = dom.keys.map(function (k) {
+        var cell = el("td", { "class": "top-key", text: k.key });
+        cell.addEventListener("click", function () { askAbout(dom.domain, k.key); });
         return el("tr", {}, [
-          el("td", { "class": "top-key", text: k.key }),
+          cell,
           el("td", { text: k.rule || "(override)" }),
           el("td", { "class": "num", text: String(k.denied) }),
         ]);
@@ -243,6 +245,15 @@
     document.getElementById("why-raw").textContent = JSON.stringify(w, null, 2);
     raw.hidden = false;
     reset.disabled = !w.domain_known;
+  }
+
+  // A top denied key (entries as in state keys: "k=v|k=v", escaped with %XX) in the box.
+  function askAbout(domain, key) {
+    document.getElementById("why-domain").value = domain;
+    document.getElementById("why-entries").value = key.split("|").map(function (kv) {
+      try { return decodeURIComponent(kv); } catch (e) { return kv; }
+    }).join(" ");
+    ask();
   }
 
   function ask() {
