@@ -242,8 +242,15 @@ async fn resets(addr: SocketAddr) {
 }
 
 async fn redis_server(rules: &str) -> (RedisServer, TestServer) {
+    redis_server_with(rules, false).await
+}
+
+/// Over Redis, calling the script (`EVALSHA`) or its function library (`FCALL`).
+async fn redis_server_with(rules: &str, functions: bool) -> (RedisServer, TestServer) {
     let redis = RedisServer::start();
-    let limiter = RedisLimiter::new(&redis.settings(), 1_000).expect("valid redis settings");
+    let mut settings = redis.settings();
+    settings.functions = functions;
+    let limiter = RedisLimiter::new(&settings, 1_000).expect("valid redis settings");
     let server = TestServer::start_over(Settings::default(), rules, Arc::new(limiter)).await;
     (redis, server)
 }
@@ -256,6 +263,12 @@ async fn within_and_over_memory() {
 #[tokio::test]
 async fn within_and_over_redis() {
     let (_redis, server) = redis_server(RULES).await;
+    within_and_over(server.admin_addr).await;
+}
+
+#[tokio::test]
+async fn within_and_over_redis_functions() {
+    let (_redis, server) = redis_server_with(RULES, true).await;
     within_and_over(server.admin_addr).await;
 }
 
