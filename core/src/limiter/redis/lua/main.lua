@@ -332,8 +332,9 @@ for r = 1, nrequests do
     -- (judged by the limit of their first hit), or deleted when they already are. A string
     -- state is written to key_text, for the next requests, and to Redis after the last one.
     -- A dry run (mode 2) writes nothing: its commit stays in key_state, for its report only.
-    if req_dry[r] then last = first - 1 end
-    for i = first, last do
+    local written = last
+    if req_dry[r] then written = first - 1 end
+    for i = first, written do
       local s = hit_slot[i]
       if key_first[s] == i and key_changed[s] then
         local l = hit_limit[i]
