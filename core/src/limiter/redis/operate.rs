@@ -5,11 +5,10 @@
 //!
 //! The request goes to the same script, in its `dry` mode (see `lua/prelude.lua`): decided
 //! and reported exactly as a request, but nothing is written (but for what every read of a
-//! sliding log does: its expired entries are dropped, which counts for nothing). It skips
-//! the deny cache (whose
-//! answers are Redis's own anyway), the breaker and `on_error`: a failure is an error. In a
-//! Cluster, each slot group is a dry call of its own and the request is planned whole from
-//! every hit's verdict, as `cluster.rs` plans a request.
+//! sliding log does: its expired entries are dropped, which counts for nothing). It skips the
+//! deny cache (whose answers are Redis's own anyway), the breaker and `on_error`: a failure
+//! is an error. In a Cluster, each slot group is a dry call of its own and the request is
+//! planned whole from every hit's verdict, as `cluster.rs` plans a request.
 //!
 //! # Reset
 //!
