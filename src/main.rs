@@ -71,7 +71,7 @@ fn check(args: &CheckArgs) -> ExitCode {
 }
 
 /// Asks the admin server `POST /why` and prints the answer: exit 0 when it answered, 1 when
-/// it refused (the reason on standard error), 64 on bad arguments.
+/// it refused or could not be reached (the reason on standard error), 64 on bad arguments.
 fn why(args: &WhyArgs) -> ExitCode {
     let body = match sluice::admin::ask::body(&args.domain, &args.entries) {
         Ok(body) => body,
@@ -80,36 +80,10 @@ fn why(args: &WhyArgs) -> ExitCode {
             return ExitCode::from(EX_USAGE);
         }
     };
-    let asked = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())
-        .and_then(|rt| {
-            rt.block_on(sluice::admin::ask::post(
-                &args.admin,
-                "/why",
-                args.token.as_deref(),
-                &body,
-            ))
-        });
-    match asked {
-        Ok((200, answer)) if args.json => {
-            println!("{answer}");
+    match sluice::admin::ask::why(&args.admin, args.token.as_deref(), &body, args.json) {
+        Ok(text) => {
+            print!("{text}");
             ExitCode::SUCCESS
-        }
-        Ok((200, answer)) => match serde_json::from_str(&answer) {
-            Ok(why) => {
-                print!("{}", sluice::admin::ask::render(&why));
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("sluice why: not a /why answer ({e})");
-                ExitCode::FAILURE
-            }
-        },
-        Ok((status, answer)) => {
-            eprintln!("sluice why: {status}: {}", answer.trim());
-            ExitCode::FAILURE
         }
         Err(e) => {
             eprintln!("sluice why: {e}");

@@ -26,6 +26,25 @@ pub fn body(domain: &str, entries: &[String]) -> Result<String, String> {
     Ok(json!({ "domain": domain, "descriptors": [{ "entries": entries }] }).to_string())
 }
 
+/// Asks `/why` with `body` (from [`body`]) on a runtime of its own: the answer for people
+/// (or as it came, with `json`), or why there is none (`<status>: <reason>` when refused).
+pub fn why(admin: &str, token: Option<&str>, body: &str, json: bool) -> Result<String, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let (status, answer) = runtime.block_on(post(admin, "/why", token, body))?;
+    if status != 200 {
+        return Err(format!("{status}: {}", answer.trim()));
+    }
+    if json {
+        return Ok(format!("{answer}\n"));
+    }
+    let why: Value =
+        serde_json::from_str(&answer).map_err(|e| format!("not a /why answer ({e})"))?;
+    Ok(render(&why))
+}
+
 /// `POST <path>` with `body` to the admin server at `admin` (`http://host:port` or
 /// `host:port`); its status and body.
 pub async fn post(
