@@ -11,19 +11,23 @@
 //! | `GET /counters` | the live state of keys, filtered and paginated (see `counters.rs`) |
 //! | `GET /counters/top` | the keys denied most per domain, last minute or hour |
 //! | `GET /ui` | a live page for people; `GET /ui/data` is what it polls |
+//! | `POST /why` | the `/json` request in, for each descriptor: the rule it matched or why none did, each limit's state and verdict, the answer `/json` would give now, its denials in the last minute and hour; nothing is charged (see `why.rs`) |
+//! | `POST /counters/reset` | the `/json` request (or `{"rule": "<name as in /rlconfig>"}`) in: forgets the state of every limit it matches (every key of the rule), for every replica |
 //! | `POST /json` | a proto3-JSON `RateLimitRequest` in, the JSON `RateLimitResponse` out: 200 OK, 429 over the limit; 400 bad JSON or invalid request; 413 body over `input.max_request_bytes`; 503 backend unavailable |
 //!
-//! With `admin.token`, `/json`, `/counters*` and `/ui*` (and `/metrics` with
+//! With `admin.token`, `/json`, `/why`, `/counters*` and `/ui*` (and `/metrics` with
 //! `admin.token_metrics`) need it (see `access.rs`).
 //!
 //! The server keeps answering while the service drains (so that probes see `/readyz` fail)
 //! and stops once the gRPC server has.
 
 pub mod access;
+pub mod ask;
 mod counters;
 pub mod json;
 mod rlconfig;
 mod ui;
+mod why;
 
 use std::sync::Arc;
 
@@ -67,6 +71,8 @@ const INDEX: &str = "\
 /metrics     Prometheus metrics
 /rlconfig    the active rules
 /json        POST a JSON RateLimitRequest, get the RateLimitResponse
+/why         POST a JSON RateLimitRequest, get why it is (or is not) limited; charges nothing
+/counters/reset POST a JSON RateLimitRequest, or a rule by name: forget its keys' state
 /counters    the live state of keys (?domain= &rule= &prefix= &count= &cursor= &format=text)
 /counters/top the keys denied most (?domain= &window=minute|hour &n=)
 /ui          a live page
@@ -78,6 +84,14 @@ pub fn router(admin: Admin) -> Router {
     let guard = middleware::from_fn_with_state(admin.access.clone(), access::guard);
     let guarded = Router::new()
         .route("/json", post(json).layer(DefaultBodyLimit::max(max_body)))
+        .route(
+            "/why",
+            post(why::why).layer(DefaultBodyLimit::max(max_body)),
+        )
+        .route(
+            "/counters/reset",
+            post(why::reset).layer(DefaultBodyLimit::max(max_body)),
+        )
         .route("/counters", get(counters::counters))
         .route("/counters/top", get(counters::top))
         .route("/ui", get(ui::page))

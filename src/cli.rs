@@ -28,6 +28,27 @@ pub enum Command {
     Check(CheckArgs),
     /// Load any Envoy RLS v3 server and report throughput and latency; or run a no-op server.
     Bench(Box<sluice::bench::BenchArgs>),
+    /// Ask a running sluice why a descriptor is (or is not) limited (admin `POST /why`;
+    /// nothing is charged).
+    Why(WhyArgs),
+}
+
+#[derive(clap::Args)]
+pub struct WhyArgs {
+    /// The admin server: `http://host:port` or `host:port`.
+    #[arg(long, value_name = "URL")]
+    pub admin: String,
+    #[arg(long)]
+    pub domain: String,
+    /// The admin token (`admin.token`), when the server has one.
+    #[arg(long, env = "SLUICE_ADMIN__TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Print the JSON answer as it came.
+    #[arg(long)]
+    pub json: bool,
+    /// The descriptor's entries, in order.
+    #[arg(value_name = "KEY=VALUE", required = true)]
+    pub entries: Vec<String>,
 }
 
 #[derive(clap::Args)]

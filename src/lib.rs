@@ -17,7 +17,7 @@
 //! | [`limiter`] | the algorithms as pure functions, the `Limiter` trait and its backends |
 //! | [`engine`] | one request in domain types: match, one limiter call, statuses |
 //! | [`grpc`] | the tonic service: protobuf <-> domain, the one error -> `Status` mapping |
-//! | [`admin`] | the admin HTTP server: health, readiness, metrics, rules dump, `/json`, `/counters`, the live page `/ui`, the admin token |
+//! | [`admin`] | the admin HTTP server: health, readiness, metrics, rules dump, `/json`, `/why`, `/counters` and their reset, the live page `/ui`, the admin token; `sluice why`'s client |
 //! | [`metrics`] | the Prometheus registry, fed through the engine's observer seam; the limit gauges, top denied keys and rate history the admin page shows |
 //! | [`reload`] | the active rules: reloads on file changes and triggers, versions |
 //! | [`rlqs`] | the Rate Limit Quota Service: usage reports in, fair-share assignments out |

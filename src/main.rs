@@ -1,4 +1,4 @@
-//! The `sluice` command: `serve`, `check`, `bench`.
+//! The `sluice` command: `serve`, `check`, `bench`, `why`.
 //!
 //! Settings and rules are loaded and validated before any port is bound; a bad setting or rule
 //! exits with code 64 (EX_USAGE).
@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use clap::Parser as _;
-use cli::{CheckArgs, Cli, Command, ServeArgs};
+use cli::{CheckArgs, Cli, Command, ServeArgs, WhyArgs};
 use sluice::app::server::{Server, StartError};
 use sluice::config::rules::{self, LoadOptions};
 use sluice::config::settings::{Overrides, Settings};
@@ -33,6 +33,7 @@ fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Check(args) => check(&args),
         Command::Serve(args) => serve(args),
+        Command::Why(args) => why(&args),
         Command::Bench(args) => match sluice::bench::main(*args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -58,6 +59,28 @@ fn check(args: &CheckArgs) -> ExitCode {
         Err(errors) => {
             eprintln!("{errors}");
             eprintln!("{} error(s)", errors.0.len());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Asks the admin server `POST /why` and prints the answer: exit 0 when it answered, 1 when
+/// it refused or could not be reached (the reason on standard error), 64 on bad arguments.
+fn why(args: &WhyArgs) -> ExitCode {
+    let body = match sluice::admin::ask::body(&args.domain, &args.entries) {
+        Ok(body) => body,
+        Err(e) => {
+            eprintln!("sluice why: {e}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    match sluice::admin::ask::why(&args.admin, args.token.as_deref(), &body, args.json) {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("sluice why: {e}");
             ExitCode::FAILURE
         }
     }

@@ -78,6 +78,11 @@ struct BackendEventLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FormLabels {
+    form: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
     outcome: &'static str,
 }
@@ -104,6 +109,10 @@ pub struct Metrics {
     memory_keys: Gauge,
     backend_events: Family<BackendEventLabels, Counter>,
     reloads: Family<OutcomeLabels, Counter>,
+    /// Admin `/counters/reset` calls, by form (`key`, `rule`).
+    resets: Family<FormLabels, Counter>,
+    /// Keys forgotten by those resets (held by the backend when reset), by form.
+    reset_keys: Family<FormLabels, Counter>,
     config_version: Gauge,
     config_loaded: Gauge,
     rlqs: rlqs::RlqsMetrics,
@@ -135,6 +144,8 @@ impl Metrics {
             memory_keys: Gauge::default(),
             backend_events: Family::default(),
             reloads: Family::default(),
+            resets: Family::default(),
+            reset_keys: Family::default(),
             config_version: Gauge::default(),
             config_loaded: Gauge::default(),
             rlqs,
@@ -148,11 +159,17 @@ impl Metrics {
             "memory_keys", "Limiter states held in process (memory backend; Redis: deny cache and local fallback)", m.memory_keys;
             "backend_events", "Backend events by backend and event: Redis deny_cache_hit, breaker_open, failure, fallback, redirect, wait_short", m.backend_events;
             "config_reloads", "Rules reloads by outcome", m.reloads;
+            "counter_resets", "Admin /counters/reset calls by form (key, rule)", m.resets;
+            "counter_reset_keys", "Keys held by the backend when an admin /counters/reset forgot them, by form", m.reset_keys;
             "config_version", "Version of the active rules", m.config_version;
             "config_loaded_timestamp_seconds", "When the active rules were loaded (Unix time)", m.config_loaded;
         );
         let by_result =
             RESULTS.map(|result| m.requests.get_or_create(&ResultLabels { result }).clone());
+        for form in ["key", "rule"] {
+            m.resets.get_or_create(&FormLabels { form }).inc_by(0);
+            m.reset_keys.get_or_create(&FormLabels { form }).inc_by(0);
+        }
         for outcome in ["success", "unchanged", "failure"] {
             m.reloads
                 .get_or_create(&OutcomeLabels { outcome })
@@ -168,6 +185,15 @@ impl Metrics {
     /// The Rate Limit Quota Service's metrics.
     pub fn rlqs(&self) -> &rlqs::RlqsMetrics {
         &self.rlqs
+    }
+
+    /// Counts an admin reset of `form` (`key` or `rule`) that forgot `held` keys.
+    pub fn reset(&self, form: &'static str, held: usize) {
+        self.resets.get_or_create(&FormLabels { form }).inc();
+        let held = u64::try_from(held).unwrap_or(u64::MAX);
+        self.reset_keys
+            .get_or_create(&FormLabels { form })
+            .inc_by(held);
     }
 
     /// Counts a reload.

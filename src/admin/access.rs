@@ -1,5 +1,6 @@
 //! The optional bearer token (`admin.token`) in front of the endpoints that reveal keys or
-//! decide: `/json`, `/counters*`, `/ui*`, and `/metrics` with `admin.token_metrics`.
+//! decide or reset: `/json`, `/why`, `/counters*`, `/ui*`, and `/metrics` with
+//! `admin.token_metrics`.
 //!
 //! A request passes with `Authorization: Bearer <token>`; the page itself (`GET /ui`) also
 //! with `?token=<token>`, which its script then moves to the tab's `sessionStorage` and takes

@@ -32,9 +32,9 @@ const DEFAULT_COUNT: usize = 100;
 const MAX_COUNT: usize = 1000;
 
 /// What `/counters` was asked.
-struct Filter {
-    domain: Option<String>,
-    rule: Option<String>,
+pub(super) struct Filter {
+    pub(super) domain: Option<String>,
+    pub(super) rule: Option<String>,
 }
 
 /// A key's rule and limit in the active rules.
@@ -100,7 +100,7 @@ fn key_prefix(prefix: Option<&String>, domain: Option<&str>) -> String {
 }
 
 /// What a listed key is, for the backend: skipped by the filters, or its limit.
-fn resolve(rules: &RuleSet, filter: &Filter, raw: &[u8]) -> Resolved {
+pub(super) fn resolve(rules: &RuleSet, filter: &Filter, raw: &[u8]) -> Resolved {
     let Ok(decoded) = key::decode(raw) else {
         // Not a state key: listed only when nothing filters by domain or rule.
         let unfiltered = filter.domain.is_none() && filter.rule.is_none();

@@ -193,6 +193,11 @@ fn spawn_tasks(
             probing.await;
             Ok::<_, std::convert::Infallible>(())
         });
+        let listening = listen(app.limiter.clone(), stop.clone());
+        guarded(tasks, failed, async {
+            listening.await;
+            Ok::<_, std::convert::Infallible>(())
+        });
         let sweep = housekeeping(app.limiter, every, stop.clone());
         guarded(tasks, failed, async {
             sweep.await;
@@ -308,6 +313,17 @@ async fn probe(backend: Arc<dyn Limiter>, stop: CancellationToken) {
                 Some(probing) => probing.await,
                 None => return,
             },
+        }
+    }
+}
+
+/// Runs what the backend keeps doing in the background (Redis: hearing other replicas'
+/// resets) until stopped; returns at once for a backend with nothing to do.
+async fn listen(backend: Arc<dyn Limiter>, stop: CancellationToken) {
+    if let Some(listening) = backend.listen() {
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            () = listening => {}
         }
     }
 }

@@ -207,6 +207,37 @@ impl TopDenied {
         }
     }
 
+    /// The denied cost of one key (a descriptor's entries) of `domain` in `window`, and the
+    /// bound on its error (as [`Top::error_bound`]): a key no counter holds reads 0.
+    pub fn denied(
+        &self,
+        domain: &str,
+        entries: &[crate::rules::Entry],
+        window: Window,
+    ) -> (u64, u64) {
+        let Some(d) = self.domains.read().get(domain).cloned() else {
+            return (0, 0);
+        };
+        let hash = self.hasher.hash_one(entries);
+        let now = self.start.elapsed().as_secs();
+        let slices = &d.windows[window as usize];
+        let epoch = now / window.slice_secs();
+        let oldest = epoch.saturating_sub(Window::SLICES as u64 - 1);
+        let (mut denied, mut total) = (0, 0);
+        for shard in slices.slices.iter().flatten() {
+            let sketch = shard.lock();
+            if sketch.epoch < oldest || sketch.epoch > epoch {
+                continue;
+            }
+            total += sketch.counters.iter().map(|c| c.count).sum::<u64>();
+            if let Some(c) = sketch.at.get(&hash).and_then(|&i| sketch.counters.get(i)) {
+                denied += c.count;
+            }
+        }
+        let bound = total.div_ceil(K as u64) + self.dropped.load(Ordering::Relaxed);
+        (denied, bound)
+    }
+
     /// The domains with sketches.
     pub fn domains(&self) -> Vec<String> {
         let mut names: Vec<String> = self.domains.read().keys().cloned().collect();

@@ -13,3 +13,4 @@ mod cli;
 mod grpcurl;
 mod readme;
 mod throttle;
+mod why;

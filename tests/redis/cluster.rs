@@ -1,7 +1,8 @@
 //! Redis Cluster: three masters built with `redis-cli --cluster create`. A request whose
 //! descriptors live in different slots stays all or nothing (admitted groups are given back
 //! when another denies), three `sluice` processes on the cluster stay within the limit, and a
-//! key is decided through every stage of its slot moving. (The same under load, and a master
+//! key is decided through every stage of its slot moving; `/why` across slots charges nothing
+//! and a reset forgets a key on its master. (The same under load, and a master
 //! lost, are in tests/serial/redis_cluster.rs.)
 
 use std::sync::Arc;
@@ -250,4 +251,51 @@ async fn a_key_is_decided_through_every_stage_of_its_slot_moving() {
     cluster.end_migration(slot, from, to);
     assert_eq!(remaining(limiter.check(&both).await.unwrap()), [6, 6]);
     assert_eq!(cluster.owner(slot), to);
+}
+
+/// `/why` across two slots charges nothing in either, and a reset by request forgets a key
+/// on its own master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn why_and_reset_across_slots_on_a_cluster() {
+    use sluice::testing::http;
+    let cluster = RedisCluster::start();
+    let settings = RedisSettings {
+        url: cluster.url(),
+        ..RedisSettings::default()
+    };
+    let limiter = RedisLimiter::new(&settings, 100).expect("valid settings");
+    let server = TestServer::start_over(Settings::default(), RULES, Arc::new(limiter)).await;
+    let addr = server.admin_addr;
+    let wide = other_slot_value();
+    let post = |path: &'static str, body: String| async move {
+        http::request(addr, "POST", path, &[], &body).await
+    };
+    let one = r#"{"domain":"redis","descriptors":[{"entries":[{"key":"one","value":"a"}]}]}"#;
+    assert_eq!(post("/json", one.to_owned()).await.status, 200);
+    let both = format!(
+        r#"{{"domain":"redis","descriptors":[{{"entries":[{{"key":"one","value":"a"}}]}},{{"entries":[{{"key":"wide","value":"{wide}"}}]}}]}}"#
+    );
+    for _ in 0..10 {
+        let answer = post("/why", both.clone()).await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        let w: serde_json::Value = serde_json::from_str(&answer.body).expect("JSON");
+        assert_eq!(w["overall_code"], "OVER_LIMIT", "{w}");
+        let verdict = |d: usize| w["descriptors"][d]["limits"][0]["verdict"].clone();
+        assert_eq!(verdict(0)["admitted"], false, "{w}");
+        assert_eq!(verdict(1)["admitted"], true, "{w}");
+        assert_eq!(verdict(1)["remaining"], 999, "{w}");
+    }
+    let wide_only = format!(
+        r#"{{"domain":"redis","descriptors":[{{"entries":[{{"key":"wide","value":"{wide}"}}]}}]}}"#
+    );
+    let answer = post("/json", wide_only).await;
+    assert!(
+        answer.body.contains(r#""limitRemaining":999"#),
+        "{}",
+        answer.body
+    );
+    let reset = post("/counters/reset", one.to_owned()).await;
+    assert_eq!(reset.status, 200, "{}", reset.body);
+    assert!(reset.body.contains(r#""held":1"#), "{}", reset.body);
+    assert_eq!(post("/json", one.to_owned()).await.status, 200);
 }

@@ -23,3 +23,4 @@ mod sentinel;
 mod sliding_log;
 mod tls;
 mod visibility;
+mod why;

@@ -394,11 +394,20 @@ async fn token_guards(server: &TestServer, metrics_guarded: bool) {
         ("GET", "/ui"),
         ("GET", "/ui/data"),
         ("POST", "/json"),
+        ("POST", "/why"),
+        ("POST", "/counters/reset"),
     ];
     let body = r#"{"domain":"vis","descriptors":[{"entries":[{"key":"user","value":"alice"}]}]}"#;
     let mut refusals = Vec::new();
     for (method, path) in guarded {
-        let body = if method == "POST" { body } else { "" };
+        // The reset (which would pass with the token) of a key nothing else reads.
+        let reset =
+            r#"{"domain":"vis","descriptors":[{"entries":[{"key":"user","value":"zed"}]}]}"#;
+        let body = match (method, path) {
+            ("POST", "/counters/reset") => reset,
+            ("POST", _) => body,
+            _ => "",
+        };
         for token in [None, Some("wrong"), Some("s3cret-t0ke"), Some("")] {
             let answer = http(server.admin_addr, method, path, body, token).await;
             assert_eq!(

@@ -25,7 +25,8 @@
 //!   at 10/s, mTLS, the layer on a tonic server; its time bounds need the machine to itself.
 //! - The admin page in a real headless Chromium (`ui_browser`): its charts must be drawn, and
 //!   move, between screenshots a few seconds apart while a load runs; what they draw depends
-//!   on how many 2 s samples exist by then, which a load beside it delays.
+//!   on how many 2 s samples exist by then, which a load beside it delays. Its "why" box,
+//!   driven over the DevTools protocol (`support::cdp`), shows `/why`'s answer and resets.
 
 mod allocations;
 mod drain;
@@ -37,6 +38,7 @@ mod redis_load;
 mod redis_sentinel;
 mod request_tracing;
 mod rlqs_bounds;
+mod support;
 mod throttle_client;
 mod ui_browser;
 

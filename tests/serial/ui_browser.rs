@@ -3,6 +3,10 @@
 //! key and a chart per rule, and the chart moves while a load runs (two screenshots a few
 //! seconds apart differ in the chart's colours). Screenshots at a laptop and a phone width
 //! are left in `target/ui-shots/` for a person to look at.
+//!
+//! The "why" box, driven over the DevTools protocol: asked about a key over its limit, it
+//! shows the very answer of `/why`; its reset button (the page holds the token) unblocks the
+//! key; without the token, `/why` and `/counters/reset` answer 401 to the page.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -15,7 +19,7 @@ use sluice::config::settings::Settings;
 use sluice::testing::TestServer;
 use sluice::testing::http;
 
-use crate::serial_async;
+use crate::{serial_async, support};
 
 const INSTALL: &str = "command -v chromium || (apt-get update && apt-get install -y chromium)";
 const TOKEN: &str = "page-t0ken";
@@ -281,4 +285,132 @@ async fn the_page_shows_rules_top_keys_and_moving_charts_with_a_token() {
     );
     let (_, pw, _) = pixels(&phone);
     assert_eq!(pw, 390);
+}
+
+/// `value` with every number as a float.
+fn numbers_as_f64(value: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::Number(n) => n.as_f64().map_or(Value::Null, |f| serde_json::json!(f)),
+        Value::Array(a) => a.into_iter().map(numbers_as_f64).collect(),
+        Value::Object(o) => o.into_iter().map(|(k, v)| (k, numbers_as_f64(v))).collect(),
+        other => other,
+    }
+}
+
+/// `/why` with the token, as the test sees it.
+async fn why_direct(addr: SocketAddr, body: &str) -> serde_json::Value {
+    let auth = format!("Bearer {TOKEN}");
+    let headers = [
+        ("authorization", auth.as_str()),
+        ("content-type", "application/json"),
+    ];
+    let answer = http::request(addr, "POST", "/why", &headers, body).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    serde_json::from_str(&answer.body).expect("/why answers JSON")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_why_box_shows_the_answer_of_why_and_its_reset_unblocks_the_key() {
+    let _serial = serial_async().await;
+    let mut settings = Settings::default();
+    settings.admin.token = Some(TOKEN.to_owned());
+    // The memory backend on a clock that stands still: the key stays over, and the answers
+    // of the page and of the test are equal to the nanosecond.
+    let server = TestServer::start_with(settings, RULES).await;
+    let addr = server.admin_addr;
+    let body = r#"{"domain":"shop","descriptors":[{"entries":[{"key":"user","value":"al"}]}]}"#;
+    for _ in 0..21 {
+        post(addr, body).await;
+    }
+    let direct = why_direct(addr, body).await;
+    assert_eq!(direct["overall_code"], "OVER_LIMIT", "{direct}");
+
+    let dir = shots_dir();
+    let url = format!("http://{addr}/ui?token={TOKEN}");
+    let mut page = support::cdp::Browser::open(&chromium(), &url, "1280,1000").await;
+    page.wait_for("document.querySelector('#status .badge') && document.querySelector('#status .badge').textContent.startsWith('rules')").await;
+    // A click on the top denied key asks about it.
+    page.wait_for("document.querySelector('td.top-key')").await;
+    page.eval("document.querySelector('td.top-key').click()")
+        .await;
+    page.wait_for("document.getElementById('why-verdict')")
+        .await;
+    let asked = page
+        .eval("document.getElementById('why-domain').value + ' ' + document.getElementById('why-entries').value")
+        .await;
+    assert_eq!(asked, serde_json::json!("shop user=al"));
+    // Typed in the box (the answer above cleared first, so that the next one is awaited).
+    page.eval("document.getElementById('why-answer').replaceChildren()")
+        .await;
+    page.eval(
+        "document.getElementById('why-domain').value = 'shop';\
+         document.getElementById('why-entries').value = 'user=al';\
+         document.getElementById('why-form').requestSubmit();",
+    )
+    .await;
+    page.wait_for("document.getElementById('why-verdict')")
+        .await;
+    let shown = page
+        .eval("document.getElementById('why-raw').textContent")
+        .await;
+    let shown: serde_json::Value =
+        serde_json::from_str(shown.as_str().expect("text")).expect("the page shows JSON");
+    // JavaScript writes 1.0 as 1: numbers are compared as numbers.
+    assert_eq!(
+        numbers_as_f64(shown),
+        numbers_as_f64(direct),
+        "the page shows another answer than /why"
+    );
+    let verdict = page
+        .eval("document.getElementById('why-verdict').textContent")
+        .await;
+    assert!(
+        verdict.as_str().is_some_and(|v| v.contains("OVER_LIMIT")),
+        "{verdict}"
+    );
+    let cells = page
+        .eval("[...document.querySelectorAll('.why-desc td')].map(c => c.textContent).join('|')")
+        .await;
+    let cells = cells.as_str().unwrap_or_default().to_owned();
+    assert!(
+        cells.contains("funnel|20 / second · funnel|0|") && cells.contains("denies, retry in"),
+        "{cells}"
+    );
+    page.screenshot(&dir.join("why-over.png")).await;
+
+    // The reset button: the key is admitted again, and the box says so.
+    page.eval("document.getElementById('why-reset').click()")
+        .await;
+    page.wait_for("!document.getElementById('why-reset-result').hidden && document.getElementById('why-verdict').textContent.includes('OK')").await;
+    let result = page
+        .eval("document.getElementById('why-reset-result').textContent")
+        .await;
+    assert!(
+        result
+            .as_str()
+            .is_some_and(|r| r.starts_with("Reset 1 key(s) (1 held)")),
+        "{result}"
+    );
+    let auth = format!("Bearer {TOKEN}");
+    let headers = [("authorization", auth.as_str())];
+    let unblocked = http::request(addr, "POST", "/json", &headers, body).await;
+    assert_eq!(unblocked.status, 200, "{}", unblocked.body);
+    page.screenshot(&dir.join("why-reset.png")).await;
+
+    // Without the token, the page's own requests are refused.
+    let statuses = page
+        .eval(&format!(
+            "Promise.all(['/why', '/counters/reset'].map(p => fetch(p, {{method: 'POST', \
+             headers: {{'Content-Type': 'application/json'}}, body: {body:?}}}).then(r => r.status)))"
+        ))
+        .await;
+    assert_eq!(statuses, serde_json::json!([401, 401]));
+    let wrong = page
+        .eval(&format!(
+            "fetch('/why', {{method: 'POST', headers: {{Authorization: 'Bearer wrong'}}, \
+             body: {body:?}}}).then(r => r.status)"
+        ))
+        .await;
+    assert_eq!(wrong, serde_json::json!(401));
 }

@@ -6,6 +6,7 @@
 //! Each request runs in a `should_rate_limit` span at debug level (domain, descriptor count,
 //! result, latency), closed by one debug event; nothing per request is logged at info.
 
+mod explain;
 mod observe;
 mod plan;
 mod response;
@@ -22,6 +23,7 @@ use crate::config::settings::InputSettings;
 use crate::limiter::{Batch, BatchOutcome, Limiter, LimiterError};
 use crate::rules::{Entry, RuleSet};
 
+pub use explain::{DescriptorWhy, Explanation, LimitWhy, Matched, RuleWhy};
 pub use observe::{DescriptorReport, NoObserver, Observer, Observers, RequestResult};
 pub use response::{Code, CurrentLimit, DescriptorStatus, Response};
 

@@ -165,6 +165,45 @@ impl<C: Clock> MemoryLimiter<C> {
         );
         outcome
     }
+
+    /// Decides a batch as [`MemoryLimiter::decide`] would, then puts every state back as it
+    /// was read: the verdict, with nothing changed (admin `/why`).
+    fn dry_run(&self, batch: &Batch) -> BatchOutcome {
+        let slots = Slots::new(&batch.hits);
+        let mut places: Scratch<Place> = Scratch::new();
+        places.extend(slots.first.iter().map(|hit| Place::new(&self.shards, hit)));
+        let mut locked = self.shards.lock(places.iter().map(|p| p.shard));
+        let now = self.clock.now_nanos();
+        let mut states: Scratch<State> = Scratch::new();
+        let read = places.iter_mut().zip(&slots.first);
+        states.extend(read.map(|(place, hit)| place.read(&mut locked, &hit.key)));
+        let originals = states.clone();
+        let mut writes = Scratch::new();
+        let outcome = decide::decide(&batch.hits, &slots.of_hit, &mut states, now, &mut writes);
+        for (place, state) in places.iter().zip(originals) {
+            if let (Some(found), Some(store)) = (place.found, locked.store(place.shard)) {
+                store.put(found, place.fresh_at, state);
+            }
+        }
+        outcome
+    }
+
+    /// Forgets the states of `keys` (each with its algorithm); returns how many were held.
+    fn reset_keys(&self, keys: &[super::StateKey]) -> usize {
+        let mut forgotten = 0;
+        for (key, algorithm) in keys {
+            let (hash, shard) = self.shards.place(key);
+            let mut locked = self.shards.lock(std::iter::once(shard));
+            if let Some(store) = locked.store(shard)
+                && let Some(found) = store.find(hash, key, Kind::of(*algorithm))
+            {
+                store.remove(found);
+                forgotten += 1;
+            }
+            locked.tidy();
+        }
+        forgotten
+    }
 }
 
 /// One distinct key of a batch: its hash and shard, and once read, where it was held.
@@ -252,6 +291,20 @@ impl<C: Clock> Limiter for MemoryLimiter<C> {
         "memory"
     }
 
+    fn dry_run<'a>(
+        &'a self,
+        batch: &'a Batch,
+    ) -> BoxFuture<'a, Result<BatchOutcome, LimiterError>> {
+        Box::pin(std::future::ready(Ok(MemoryLimiter::dry_run(self, batch))))
+    }
+
+    fn reset<'a>(
+        &'a self,
+        keys: &'a [super::StateKey],
+    ) -> BoxFuture<'a, Result<usize, LimiterError>> {
+        Box::pin(std::future::ready(Ok(self.reset_keys(keys))))
+    }
+
     fn sweep(&self) -> usize {
         MemoryLimiter::sweep(self)
     }
@@ -312,6 +365,43 @@ mod tests {
             role: Role::Enforced,
         };
         Batch { hits: vec![hit] }
+    }
+
+    #[test]
+    fn a_dry_run_decides_as_a_check_would_and_changes_nothing() {
+        let limiter = MemoryLimiter::with_clock(100, ManualClock::at(SEC));
+        for algorithm in Algorithm::ALL {
+            let mut b = batch("k", algorithm);
+            b.hits[0].limit.charge = Charge::Always;
+            b.hits[0].cost = 4;
+            for _ in 0..3 {
+                let before = limiter.snapshot();
+                let dry = Limiter::dry_run(&limiter, &b)
+                    .now_or_never()
+                    .and_then(Result::ok);
+                assert_eq!(limiter.snapshot(), before, "{}", algorithm.as_str());
+                let real = limiter.check(&b).now_or_never().and_then(Result::ok);
+                assert_eq!(dry, real, "{}", algorithm.as_str());
+            }
+        }
+    }
+
+    #[test]
+    fn a_reset_forgets_exactly_its_keys() {
+        let limiter = MemoryLimiter::with_clock(100, ManualClock::at(SEC));
+        let check = |b: &Batch| limiter.check(b).now_or_never().and_then(Result::ok);
+        for key in ["a", "b"] {
+            check(&batch(key, Algorithm::Funnel));
+        }
+        check(&batch("a", Algorithm::FixedWindow));
+        let forget = [(std::sync::Arc::from(&b"a"[..]), Algorithm::Funnel)];
+        let held = limiter.reset(&forget).now_or_never().and_then(Result::ok);
+        assert_eq!(held, Some(1));
+        assert_eq!(limiter.len(), 2);
+        let again = limiter.reset(&forget).now_or_never().and_then(Result::ok);
+        assert_eq!(again, Some(0));
+        let fresh = check(&batch("a", Algorithm::Funnel)).map(|o| o.hits[0].remaining);
+        assert_eq!(fresh, Some(9));
     }
 
     #[test]

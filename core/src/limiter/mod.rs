@@ -129,6 +129,10 @@ pub struct LimiterError {
     pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
 
+/// A state key with its algorithm (the same bytes under two algorithms are two states): what
+/// [`Limiter::reset`] forgets.
+pub type StateKey = (Arc<[u8]>, Algorithm);
+
 /// A boxed future, as returned by [`Limiter::check`].
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -152,6 +156,34 @@ pub trait Limiter: Send + Sync + 'static {
 
     /// A short name for logs and metrics.
     fn name(&self) -> &'static str;
+
+    /// The verdict [`Limiter::check`] would give `batch` now, computed the same way and
+    /// changing nothing: no state is written, no cost charged (admin `/why`). A backend that
+    /// cannot do this answers an error.
+    fn dry_run<'a>(
+        &'a self,
+        _batch: &'a Batch,
+    ) -> BoxFuture<'a, Result<BatchOutcome, LimiterError>> {
+        Box::pin(std::future::ready(Err(LimiterError {
+            backend: self.name(),
+            message: "this backend cannot check without charging".to_owned(),
+            transient: false,
+            source: None,
+        })))
+    }
+
+    /// Forgets the state of each key (a state key and its algorithm), as if it had never been
+    /// used, for every replica (admin `/counters/reset`); returns how many keys were held.
+    fn reset<'a>(&'a self, _keys: &'a [StateKey]) -> BoxFuture<'a, Result<usize, LimiterError>> {
+        Box::pin(std::future::ready(Ok(0)))
+    }
+
+    /// What the backend keeps doing in the background while the process runs (Redis: hearing
+    /// other replicas' resets, to forget their keys' cached denials); `None`: nothing. The app
+    /// runs it until shutdown.
+    fn listen(&self) -> Option<BoxFuture<'_, ()>> {
+        None
+    }
 
     /// Drops state that is no longer needed (called periodically); returns how many entries
     /// went.

@@ -8,6 +8,7 @@
 //!
 //! [`key`] turns a match into the text keys the limiters keep their state under.
 
+pub mod explain;
 pub mod key;
 pub mod naming;
 mod tree;

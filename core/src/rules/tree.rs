@@ -51,6 +51,11 @@ impl Level {
         self.rules.get(index)
     }
 
+    /// Whether some rule of this level names `key`.
+    pub(crate) fn has_key(&self, key: &str) -> bool {
+        self.by_key.contains_key(key)
+    }
+
     fn push(&mut self, rule: Rule) {
         let index = self.rules.len();
         self.by_key

@@ -106,8 +106,10 @@
     d.top.domains.forEach(function (dom) {
       if (!dom.keys.length) return;
       var rows = dom.keys.map(function (k) {
+        var cell = el("td", { "class": "top-key", text: k.key });
+        cell.addEventListener("click", function () { askAbout(dom.domain, k.key); });
         return el("tr", {}, [
-          el("td", { "class": "top-key", text: k.key }),
+          cell,
           el("td", { text: k.rule || "(override)" }),
           el("td", { "class": "num", text: String(k.denied) }),
         ]);
@@ -170,6 +172,106 @@
         document.getElementById("updated").textContent = "not updated since " + new Date().toLocaleTimeString();
       });
   }
+
+  // The "why" box: asks /why for the descriptors typed ("k=v k=v ; k=v"), shows the answer,
+  // and offers /counters/reset for the same request.
+  function whyRequest() {
+    var descriptors = document.getElementById("why-entries").value.split(";").map(function (d) {
+      return { entries: d.trim().split(/\s+/).filter(Boolean).map(function (kv) {
+        var at = kv.indexOf("=");
+        return at < 0 ? { key: kv, value: "" } : { key: kv.slice(0, at), value: kv.slice(at + 1) };
+      }) };
+    }).filter(function (d) { return d.entries.length; });
+    return JSON.stringify({ domain: document.getElementById("why-domain").value.trim(), descriptors: descriptors });
+  }
+
+  function post(path, body) {
+    var headers = { "Content-Type": "application/json" };
+    if (token) headers.Authorization = "Bearer " + token;
+    return fetch(path, { method: "POST", headers: headers, body: body, cache: "no-store" }).then(function (r) {
+      return r.text().then(function (text) { return { status: r.status, text: text }; });
+    });
+  }
+
+  function refused(a) {
+    if (a.status === 401) return "401: the admin token was refused";
+    return a.status + ": " + a.text.trim();
+  }
+
+  function secs(s) { return s >= 10 ? Math.round(s) + " s" : (Math.round(s * 10) / 10) + " s"; }
+
+  function whyLimit(l) {
+    var v = l.verdict, st = l.state;
+    return el("tr", {}, [
+      el("td", { text: l.algorithm + (l.name ? " (" + l.name + ")" : "") + (l.override ? " · override" : "") }),
+      el("td", { text: limitText(l) }),
+      el("td", { "class": "num remaining", text: String(st.remaining) }),
+      el("td", { "class": "num", text: secs(st.reset_seconds) + (st.in_debt ? " (in debt)" : "") }),
+      el("td", { "class": "verdict" + (v.admitted ? "" : " denied"), text: v.admitted ? "admits, " + v.remaining + " left" : "denies, retry in " + secs(v.reset_seconds) }),
+    ]);
+  }
+
+  function whyDescriptor(d) {
+    var m = d.match, rule = m.rule;
+    var head = d.entries.map(function (e) { return e.key + "=" + e.value; }).join(" ");
+    var lines = [
+      el("div", { "class": "entries", text: head + " · cost " + d.cost }),
+      el("div", { "class": "reason", text: (rule ? "rule " + rule.name + " (" + rule.location + ") · " : "") +
+        (m.code === "matched" ? m.reason : m.code + ": " + m.reason) }),
+      el("div", { "class": "muted", text: "applies: " + d.applies + (d.mode ? " · mode " + d.mode : "") +
+        " · denied on this replica: " + d.denied.last_minute.cost + " last minute, " + d.denied.last_hour.cost + " last hour" }),
+    ];
+    if (d.limits.length) {
+      lines.push(el("table", {}, [
+        el("thead", {}, [el("tr", {}, ["limit", "quota", "remaining", "reset", "verdict now"].map(function (h) { return el("th", { text: h }); }))]),
+        el("tbody", {}, d.limits.map(whyLimit)),
+      ]));
+    }
+    return el("div", { "class": "why-desc" }, lines);
+  }
+
+  function showWhy(a) {
+    var raw = document.getElementById("why-raw-box"), reset = document.getElementById("why-reset");
+    if (a.status !== 200) {
+      replace("why-answer", [el("p", { "class": "error", id: "why-error", text: refused(a) })]);
+      raw.hidden = true;
+      reset.disabled = true;
+      return;
+    }
+    var w = JSON.parse(a.text), over = w.overall_code !== "OK";
+    replace("why-answer", [el("div", { id: "why-verdict", "class": "why-verdict " + (over ? "over" : "ok"),
+      text: "Verdict now: " + w.overall_code + " (backend " + w.backend + ", nothing charged)" })]
+      .concat(w.descriptors.map(whyDescriptor)));
+    document.getElementById("why-raw").textContent = JSON.stringify(w, null, 2);
+    raw.hidden = false;
+    reset.disabled = !w.domain_known;
+  }
+
+  // A top denied key (entries as in state keys: "k=v|k=v", escaped with %XX) in the box.
+  function askAbout(domain, key) {
+    document.getElementById("why-domain").value = domain;
+    document.getElementById("why-entries").value = key.split("|").map(function (kv) {
+      try { return decodeURIComponent(kv); } catch (e) { return kv; }
+    }).join(" ");
+    ask();
+  }
+
+  function ask() {
+    document.getElementById("why-reset-result").hidden = true;
+    return post("/why", whyRequest()).then(showWhy);
+  }
+
+  document.getElementById("why-form").addEventListener("submit", function (e) { e.preventDefault(); ask(); });
+  document.getElementById("why-reset").addEventListener("click", function () {
+    var out = document.getElementById("why-reset-result");
+    post("/counters/reset", whyRequest()).then(function (a) {
+      out.hidden = false;
+      if (a.status !== 200) { out.textContent = "Reset refused: " + refused(a); return; }
+      var r = JSON.parse(a.text);
+      out.textContent = "Reset " + r.reset.length + " key(s) (" + r.held + " held) on every replica.";
+      return post("/why", whyRequest()).then(showWhy);
+    });
+  });
 
   poll();
   setInterval(poll, 2000);

@@ -96,7 +96,7 @@ pub(super) async fn check(
 }
 
 /// Hit indices grouped by the Cluster slot of their prefixed key, in order of first slot.
-fn by_slot(prefix: &[u8], hits: &[Hit]) -> Vec<Vec<usize>> {
+pub(super) fn by_slot(prefix: &[u8], hits: &[Hit]) -> Vec<Vec<usize>> {
     let mut order: Vec<Vec<usize>> = Vec::new();
     let mut index: HashMap<u16, usize> = HashMap::new();
     for (i, hit) in hits.iter().enumerate() {

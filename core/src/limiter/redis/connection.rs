@@ -260,6 +260,19 @@ impl Connector {
         Ok(conn)
     }
 
+    /// A new publish/subscribe connection to the server, or to the master the sentinels name
+    /// now; a Cluster has none.
+    pub async fn pubsub(&self) -> RedisResult<redis::aio::PubSub> {
+        match &self.kind {
+            Kind::Single(client, ..) => client.get_async_pubsub().await,
+            Kind::Sentinel(client, _) => {
+                let master = client.lock().await.async_get_client().await?;
+                master.get_async_pubsub().await
+            }
+            Kind::Cluster(_) => Err(invalid("a Cluster has no connection of its own")),
+        }
+    }
+
     /// Tells the connector that a call took too long: a Sentinel connection is dropped (a
     /// master that hangs is as lost as one that is gone).
     pub fn timed_out(&self, lane: usize) {

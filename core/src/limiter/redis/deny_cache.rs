@@ -270,6 +270,13 @@ impl DenyCache {
         self.held.lock().purge(now)
     }
 
+    /// Forgets every denial (a key was reset, here or by another replica).
+    pub fn clear(&self) {
+        let mut held = self.held.lock();
+        held.map.clear();
+        held.earliest = None;
+    }
+
     /// Keys held (expired ones included until they are dropped).
     pub fn len(&self) -> usize {
         self.held.lock().map.len()

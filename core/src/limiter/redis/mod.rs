@@ -35,6 +35,7 @@ mod cluster;
 pub mod connection;
 mod deny_cache;
 mod group_commit;
+mod operate;
 mod redirect;
 mod replication;
 mod scan;
@@ -468,6 +469,24 @@ impl Limiter for RedisLimiter {
 
     fn name(&self) -> &'static str {
         "redis"
+    }
+
+    fn dry_run<'a>(
+        &'a self,
+        batch: &'a Batch,
+    ) -> BoxFuture<'a, Result<BatchOutcome, LimiterError>> {
+        Box::pin(self.dry(batch))
+    }
+
+    fn reset<'a>(
+        &'a self,
+        keys: &'a [super::StateKey],
+    ) -> BoxFuture<'a, Result<usize, LimiterError>> {
+        Box::pin(self.reset_keys(keys))
+    }
+
+    fn listen(&self) -> Option<BoxFuture<'_, ()>> {
+        Some(Box::pin(RedisLimiter::listen(self)))
     }
 
     fn sweep(&self) -> usize {

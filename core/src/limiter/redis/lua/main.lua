@@ -46,7 +46,7 @@ local blob = ARGV[4 + 5 * nlimits] or ""
 local size, read = #blob, struct.unpack
 local hit_slot, hit_limit, hit_cost = {}, {}, {}
 local hit_refund, hit_group, hit_role = {}, {}, {}
-local req_first, req_count, req_independent = {}, {}, {}
+local req_first, req_count, req_independent, req_dry = {}, {}, {}, {}
 local pos, total = 1, 0
 for r = 1, nrequests do
   if pos + REQUEST_BYTES - 1 > size then
@@ -54,10 +54,11 @@ for r = 1, nrequests do
   end
   local mode, count
   mode, count, pos = read(REQUEST_FORMAT, blob, pos)
-  if mode > 1 or pos + HIT_BYTES * count - 1 > size then
+  if mode > 2 or pos + HIT_BYTES * count - 1 > size then
     return redis.error_reply("sluice: malformed request " .. r)
   end
   req_first[r], req_count[r], req_independent[r] = total + 1, count, mode == 1
+  req_dry[r] = mode == 2
   for h = 1, count do
     local slot, limit, cost, group, role
     slot, limit, cost, group, role, pos = read(HIT_FORMAT, blob, pos)
@@ -141,7 +142,7 @@ for r = 1, nrequests do
   -- written out). With distinct keys no hit sees another's tentative state, and with every
   -- hit admitted the plan admits the request and commits every cost. Otherwise nothing is
   -- changed here and the general path below decides the request.
-  local fast = funnel ~= nil
+  local fast = funnel ~= nil and not req_dry[r]
   if fast then
     for i = first, last do
       local s = hit_slot[i]
@@ -330,7 +331,10 @@ for r = 1, nrequests do
     -- Write: keys no cost touched are left alone; the others are stored until they are fresh
     -- (judged by the limit of their first hit), or deleted when they already are. A string
     -- state is written to key_text, for the next requests, and to Redis after the last one.
-    for i = first, last do
+    -- A dry run (mode 2) writes nothing: its commit stays in key_state, for its report only.
+    local written = last
+    if req_dry[r] then written = first - 1 end
+    for i = first, written do
       local s = hit_slot[i]
       if key_first[s] == i and key_changed[s] then
         local l = hit_limit[i]

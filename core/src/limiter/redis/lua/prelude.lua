@@ -45,7 +45,8 @@
 --              1 "independent" (each descriptor group consumes when all of its hits admit,
 --              whatever the others do; used for one slot group of a Redis Cluster request,
 --              the caller then plans the whole request and refunds what must not have been
---              consumed)
+--              consumed), 2 "dry run" (decided and reported as 0 would be, but nothing is
+--              written: admin /why)
 --   H          4 bytes (REQUEST_FORMAT "I4"): the number of the request's hits; then
 --              HIT_BYTES = 21 bytes per hit h = 1..H (HIT_FORMAT):
 --   slot       I4: index into KEYS (1-based) of the hit's state key

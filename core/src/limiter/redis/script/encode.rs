@@ -25,6 +25,9 @@ pub enum Mode {
     /// Each descriptor group consumes when all its hits admit (one slot group of a Cluster
     /// request; the caller plans the request and refunds).
     Independent,
+    /// All or nothing, like `Request`, reported the same, but nothing is written (admin
+    /// `/why`).
+    Dry,
 }
 
 /// The time unit of a batch's periods and of its outcome's resets (the script's is always
@@ -149,7 +152,11 @@ pub fn encode(
     let mut indices = slot_of.into_iter().zip(limit_of);
     for part in parts {
         let mut head = [0; REQUEST_BYTES];
-        head[0] = u8::from(part.mode == Mode::Independent);
+        head[0] = match part.mode {
+            Mode::Request => 0,
+            Mode::Independent => 1,
+            Mode::Dry => 2,
+        };
         head[1..].copy_from_slice(&index(part.hits.len()).to_le_bytes());
         let _ = blob.write_all(&head);
         for (hit, (slot, limit)) in part.hits.iter().zip(indices.by_ref()) {
