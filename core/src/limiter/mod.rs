@@ -1,7 +1,8 @@
 //! The limiters: the algorithms as pure functions, and the backends that keep their state.
 //!
 //! Each algorithm is a module of pure integer functions of (state, now, cost, parameters):
-//! [`funnel`], [`token_bucket`], [`fixed_window`], [`sliding_window`], [`sliding_log`].
+//! [`funnel`], [`token_bucket`], [`fixed_window`], [`sliding_window`], [`sliding_log`],
+//! [`concurrency`].
 //! [`algorithm`] puts them behind one interface for the memory backend; the Redis backend
 //! mirrors them in Lua (`redis/lua/`). docs/algorithms.md compares them.
 //!
@@ -12,6 +13,7 @@
 
 pub mod algorithm;
 pub mod clock;
+pub mod concurrency;
 pub mod counters;
 pub mod fixed_window;
 pub mod funnel;
@@ -140,7 +142,8 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// and Redis backends override what applies to them.
 pub trait Limiter: Send + Sync + 'static {
     /// Decides a whole batch atomically: either every admitted hit consumes, or (when the request
-    /// is denied) only `charge: always` hits do.
+    /// is denied) only `charge: always` hits do; a `concurrency` hit that does not consume
+    /// keeps its cost as a pending denial (docs/holds.md).
     ///
     /// A caller that polls many requests in one pass (a connection's task polling its streams)
     /// should poll them inside [`gathering::gather`]. Under such a poll a backend may return

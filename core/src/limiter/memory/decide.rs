@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use ahash::RandomState;
 use smallvec::SmallVec;
 
-use crate::config::model::Charge;
+use crate::config::model::{Algorithm, Charge};
 use crate::limiter::algorithm::{Algo, State};
 use crate::limiter::{BatchOutcome, Hit, HitOutcome, plan};
 
@@ -180,8 +180,9 @@ fn evaluate(
     }
 }
 
-/// Applies the planned hits to the original states, in batch order; marks in `changed` the
-/// slots a cost (not a check-only 0) was applied to.
+/// Applies the planned hits to the original states, in batch order, and keeps the pending
+/// denial of each `concurrency` hit that does not consume (see [`Algo::deny`]); marks in
+/// `changed` the slots a cost (not a check-only 0) was applied to.
 fn commit(
     hits: &[Hit],
     of_hit: &[usize],
@@ -190,11 +191,18 @@ fn commit(
     now: u64,
     changed: &mut [bool],
 ) {
-    for ((hit, &slot), _) in hits.iter().zip(of_hit).zip(consume).filter(|(_, c)| **c) {
-        if let (Some(state), Some(flag)) = (states.get_mut(slot), changed.get_mut(slot))
-            && hit.cost > 0
-        {
-            apply(hit, &Algo::of(&hit.limit), state, now);
+    for ((hit, &slot), &go) in hits.iter().zip(of_hit).zip(consume) {
+        let denial = !go && !hit.refund && hit.limit.algorithm == Algorithm::Concurrency;
+        if !(go || denial) || hit.cost == 0 {
+            continue;
+        }
+        if let (Some(state), Some(flag)) = (states.get_mut(slot), changed.get_mut(slot)) {
+            let algo = Algo::of(&hit.limit);
+            if go {
+                apply(hit, &algo, state, now);
+            } else {
+                algo.deny(state, now, hit.cost);
+            }
             *flag = true;
         }
     }

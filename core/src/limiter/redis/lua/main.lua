@@ -84,11 +84,12 @@ end
 -- key_text[s] is then the text of KEYS[s] as the requests decided so far left it (false:
 -- absent); a request's write updates it, and the keys changed are written after the last
 -- request (see the end). A sliding log's key (a sorted set) is read by the log itself: when a
--- limit of the call is one, only the other hits' keys are read here.
+-- limit of the call is one (or a concurrency limit, also a sorted set), only the other hits'
+-- keys are read here.
 local key_text = {}
 do
   local names, slots = KEYS, nil
-  if made.l then
+  if made.l or made.c then
     names, slots = {}, {}
     local seen = {}
     for i = 1, total do
@@ -297,6 +298,11 @@ for r = 1, nrequests do
         local s, algo = hit_slot[i], limit_algo[l]
         local apply = hit_refund[i] and algo.give or algo.take
         key_state[s] = apply(limit_params[l], key_state[s], now, cost)
+        key_changed[s] = true
+      elseif cost > 0 and not hit_refund[i] and limit_algo[l].deny then
+        -- a concurrency hit that does not consume keeps its cost as a pending denial
+        local s = hit_slot[i]
+        key_state[s] = limit_algo[l].deny(limit_params[l], key_state[s], now, cost)
         key_changed[s] = true
       end
     end
