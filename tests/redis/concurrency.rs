@@ -224,3 +224,67 @@ async fn random_traffic_never_holds_more_than_the_slots() {
         );
     }
 }
+
+const HOLD_RULES: &str = "domain: inflight\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: concurrency}\n";
+
+/// `/counters` shows a key's holds and when its oldest expires, `sluice_rule_holds` the most
+/// held, and a release shows at once.
+async fn holds_are_visible(server: &sluice::testing::TestServer, exact: bool) {
+    use sluice::testing::grpc::{Code, call, client, desc, overall, req, with_hits};
+    use sluice::testing::http;
+    let mut c = client(server).await;
+    let take = || req("inflight", vec![with_hits(desc(&[("tenant", "acme")]), 1)]);
+    for _ in 0..2 {
+        assert_eq!(overall(&call(&mut c, take()).await), Code::Ok);
+    }
+    let page = http::get(server.admin_addr, "/counters?domain=inflight").await;
+    let page: serde_json::Value = serde_json::from_str(&page.body).expect("JSON");
+    let key = &page["keys"][0];
+    assert_eq!(key["algorithm"], "concurrency", "{page}");
+    assert_eq!(key["holds"], 2, "{page}");
+    assert_eq!(key["remaining"], 1, "{page}");
+    let oldest = key["oldest_hold_expires_seconds"]
+        .as_f64()
+        .expect("an expiry");
+    assert!(oldest > 55.0 && oldest <= 60.0, "{oldest}");
+    if exact {
+        assert_eq!(oldest, 60.0, "the manual clock has not moved");
+    }
+    let text = http::get(server.admin_addr, "/counters?domain=inflight&format=text").await;
+    assert!(
+        text.body.contains(" holds=2 oldest_hold_expires="),
+        "{}",
+        text.body
+    );
+    let metrics = http::get(server.admin_addr, "/metrics").await.body;
+    let labels = [("domain", "inflight"), ("rule", "tenant")];
+    assert_eq!(
+        http::sample(&metrics, "sluice_rule_holds", &labels),
+        Some(2.0)
+    );
+    let mut release = with_hits(desc(&[("tenant", "acme")]), 1);
+    release.is_negative_hits = true;
+    assert_eq!(
+        overall(&call(&mut c, req("inflight", vec![release])).await),
+        Code::Ok
+    );
+    let page = http::get(server.admin_addr, "/counters?domain=inflight").await;
+    let page: serde_json::Value = serde_json::from_str(&page.body).expect("JSON");
+    assert_eq!(page["keys"][0]["holds"], 1, "{page}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_are_visible_memory() {
+    let server = sluice::testing::TestServer::start(HOLD_RULES).await;
+    holds_are_visible(&server, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_are_visible_redis() {
+    let redis = RedisServer::start();
+    let limiter = RedisLimiter::new(&redis.settings(), 1000).expect("valid Redis settings");
+    let settings = sluice::config::settings::Settings::default();
+    let server =
+        sluice::testing::TestServer::start_over(settings, HOLD_RULES, Arc::new(limiter)).await;
+    holds_are_visible(&server, false).await;
+}
