@@ -9,7 +9,7 @@
 //! | `sluice_rule_limit` | `domain`, `rule`, `limit` | the limit's `requests_per_unit` |
 //! | `sluice_rule_period_seconds` | `domain`, `rule`, `limit` | its period (unit x `unit_multiplier`) |
 //! | `sluice_rule_capacity_used_ratio` | `domain`, `rule` | the highest share of capacity in use seen at decision time since the previous scrape, over every key of the rule: `(capacity - remaining) / capacity` of the limit reported (the denying one, else the one with least left); 1 when denied; 0 when no request came |
-//! | `sluice_rule_holds` | `domain`, `rule` | rules whose one limit is `concurrency`: the most holds in flight of any key of the rule seen at decision time since the previous scrape (the slots when denied); 0 when no request came |
+//! | `sluice_rule_holds` | `domain`, `rule` | rules whose one limit is `concurrency`: the most holds in flight of any key of the rule seen at decision time since the previous scrape (the slots when denied); with no decision since, the holds of the key decided last (holds that expire unseen are not noticed) |
 //!
 //! `rule` is the rule's path, as in the per-rule counters but always without request values
 //! (`detailed_metric` rules too); `limit` is `<algorithm>:<period seconds>`, the end of the
@@ -50,13 +50,23 @@ pub struct LiveRule {
     peak_holds: AtomicU64,
     /// The same since the admin page last read it.
     page_holds: AtomicU64,
+    /// The holds of the key decided last.
+    last_holds: AtomicU64,
 }
 
 impl LiveRule {
-    /// A `concurrency` rule's most holds of any key since the previous call (the admin page's
-    /// view; the gauge keeps its own).
+    /// A `concurrency` rule's most holds of any key decided since the previous call (the
+    /// admin page's view; the gauge keeps its own); with none decided since, the holds of the
+    /// key decided last.
     pub fn take_holds(&self) -> u64 {
-        self.page_holds.swap(0, Ordering::Relaxed)
+        self.read_holds(&self.page_holds)
+    }
+
+    fn read_holds(&self, peak: &AtomicU64) -> u64 {
+        match peak.swap(0, Ordering::Relaxed) {
+            0 => self.last_holds.load(Ordering::Relaxed),
+            most => most,
+        }
     }
 }
 
@@ -124,6 +134,7 @@ impl LiveRules {
             };
             live.peak_holds.fetch_max(held, Ordering::Relaxed);
             live.page_holds.fetch_max(held, Ordering::Relaxed);
+            live.last_holds.store(held, Ordering::Relaxed);
         }
     }
 
@@ -181,9 +192,7 @@ impl LiveRules {
             rule: path.to_owned(),
         };
         if holds_only(rule) {
-            let held = self
-                .of(rule)
-                .map_or(0, |l| l.peak_holds.swap(0, Ordering::Relaxed));
+            let held = self.of(rule).map_or(0, |l| l.read_holds(&l.peak_holds));
             let held = i64::try_from(held).unwrap_or(i64::MAX);
             self.holds.get_or_create(&labels).set(held);
         }

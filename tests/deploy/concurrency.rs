@@ -296,7 +296,7 @@ async fn fifty_clients_on_ten_slots(rig: &Arc<Rig>) -> Load {
 /// denials, a release cannot be told from a denied request's, so an admitted request's
 /// release is absorbed by the pending denials, and the slot stays counted until they drain to
 /// none or its lease ends (docs/holds.md, "What it costs"). Measured here: 2% busy with
-/// clients retrying 5 ms after a 429, 17% with 50 ms.
+/// clients retrying 5 ms after a 429, 17 to 50% with 50 ms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "fails: the plain Envoy layout cannot keep the slots busy under steady denials (docs/holds.md)"]
 async fn fifty_clients_keep_ten_slots_busy() {

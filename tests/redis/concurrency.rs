@@ -271,6 +271,13 @@ async fn holds_are_visible(server: &sluice::testing::TestServer, exact: bool) {
     let page = http::get(server.admin_addr, "/counters?domain=inflight").await;
     let page: serde_json::Value = serde_json::from_str(&page.body).expect("JSON");
     assert_eq!(page["keys"][0]["holds"], 1, "{page}");
+    // The admin page: the most held since its previous poll, then the last decision's.
+    for want in [2, 1] {
+        let data = http::get(server.admin_addr, "/ui/data").await;
+        let data: serde_json::Value = serde_json::from_str(&data.body).expect("JSON");
+        let rule = &data["rules"][0]["rules"][0];
+        assert_eq!(rule["holds"], want, "{rule}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
