@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use sluice::config::model::Algorithm;
+use sluice::config::model::{Algorithm, Charge};
 use sluice::limiter::{
     Batch, BatchOutcome, Hit, LimitParams, Limiter, ManualClock, MemoryLimiter, RedisLimiter,
 };
@@ -18,9 +18,13 @@ const SEC: u64 = 1_000_000_000;
 const KEY: &str = "{holds}:concurrency:2s";
 const OTHER: &str = "{holds}:funnel:1s";
 
-/// `slots` slots, each hold leased for two seconds.
+/// `slots` slots, each hold leased for two seconds, keeping pending denials (`charge:
+/// always`, the default of the rules for this algorithm).
 fn slots(n: u32) -> LimitParams {
-    limits::limit(Algorithm::Concurrency, n, 2 * SEC)
+    LimitParams {
+        charge: Charge::Always,
+        ..limits::limit(Algorithm::Concurrency, n, 2 * SEC)
+    }
 }
 
 /// An acquisition of `cost` (negative: a release) in descriptor `group`.
@@ -180,6 +184,30 @@ async fn a_request_denied_by_another_limit_leaves_a_pending_denial() {
     assert!(b.admitted(vec![hold(l, -1, 0)]).await);
     assert!(b.admitted(vec![hold(l, 1, 0)]).await);
     assert!(!b.admitted(vec![hold(l, 1, 0)]).await);
+}
+
+/// With `charge: admitted` (a layout whose releases come from admitted requests only), a
+/// denied request keeps nothing, and a release frees a hold at once.
+#[tokio::test]
+async fn charge_admitted_keeps_no_pending_denial() {
+    let mut b = Backends::start();
+    let l = LimitParams {
+        charge: Charge::Admitted,
+        ..slots(1)
+    };
+    assert!(b.admitted(vec![hold(l, 1, 0)]).await);
+    assert!(!b.admitted(vec![hold(l, 1, 0)]).await);
+    assert_eq!(
+        b.members().len(),
+        2,
+        "the id and the hold: {:?}",
+        b.members()
+    );
+    assert!(b.admitted(vec![hold(l, -1, 0)]).await);
+    assert!(
+        b.admitted(vec![hold(l, 1, 0)]).await,
+        "the release freed the hold"
+    );
 }
 
 /// Many requests in flight at random through both replicas: the admitted holds never exceed

@@ -102,10 +102,11 @@ fn candidate<'r>(domain: Option<&'r Domain>, d: &Descriptor) -> Candidate<'r> {
 }
 
 /// A client-sent limit as a rule: the domain's default algorithm and charge, burst equal to
-/// the quota. A `concurrency` default charges admitted requests only (as the rules do).
+/// the quota. A `concurrency` default keeps denied requests' costs as pending their release
+/// (`charge: always`, as the rules do when no charge is written).
 fn override_rule(limit: Override, defaults: LimitDefaults) -> LimitRule {
     let charge = match defaults.algorithm {
-        Algorithm::Concurrency => Charge::Admitted,
+        Algorithm::Concurrency => Charge::Always,
         _ => defaults.charge,
     };
     LimitRule {

@@ -8,14 +8,16 @@
 //!
 //! - A cost `c` is admitted when the live admitted holds plus `c` are at most Q; an admitted
 //!   request adds a hold of `c` ([`Concurrency::take`]), a denied one a pending denial of `c`
-//!   ([`Concurrency::deny`]).
+//!   ([`Concurrency::deny`]) when its limit keeps them (`charge: always`, the default of the
+//!   rules for this algorithm).
 //! - A release of `c` ([`Concurrency::give_back`]) first consumes pending denials, then
 //!   admitted holds, earliest expiry first in each list, and never more than is held.
 //!
 //! So the number of releases credited to admitted holds never exceeds the releases that came
 //! from admitted requests, and the admitted holds counted are never fewer than the requests
-//! really in flight (for requests that end within their lease): docs/holds.md proves it and
-//! says what it costs (a slot can stay counted until a denied request's release arrives).
+//! really in flight (for releases credited within their hold's lease): docs/holds.md proves
+//! it and says what it costs (under steady denials, a release stays parked in the pending
+//! denials until they drain or the hold's lease ends).
 //!
 //! Records are kept in expiry order; a record is made at `max(now + P, newest expiry)` (a
 //! clock that went back never reorders them: a hold then lasts a little longer), merged into

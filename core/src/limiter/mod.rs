@@ -142,8 +142,8 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// and Redis backends override what applies to them.
 pub trait Limiter: Send + Sync + 'static {
     /// Decides a whole batch atomically: either every admitted hit consumes, or (when the request
-    /// is denied) only `charge: always` hits do; a `concurrency` hit that does not consume
-    /// keeps its cost as a pending denial (docs/holds.md).
+    /// is denied) only `charge: always` hits do; a `concurrency` hit with `charge: always` that
+    /// does not consume keeps its cost as a pending denial instead (docs/holds.md).
     ///
     /// A caller that polls many requests in one pass (a connection's task polling its streams)
     /// should poll them inside [`gathering::gather`]. Under such a poll a backend may return
@@ -211,6 +211,20 @@ impl LimitParams {
             charge: rule.charge,
             borrow: rule.borrow,
         }
+    }
+
+    /// Whether a denied request takes this limit's cost as it would an admitted one's:
+    /// `charge: always`, except on `concurrency` (see [`Self::keeps_denials`]).
+    #[inline]
+    pub fn takes_when_denied(&self) -> bool {
+        self.charge == Charge::Always && self.algorithm != Algorithm::Concurrency
+    }
+
+    /// Whether a denied request keeps its cost as a pending denial: `concurrency` with
+    /// `charge: always` (its default: Envoy releases denied requests too, docs/holds.md).
+    #[inline]
+    pub fn keeps_denials(&self) -> bool {
+        self.charge == Charge::Always && self.algorithm == Algorithm::Concurrency
     }
 
     /// The funnel of these parameters.

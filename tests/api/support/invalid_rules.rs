@@ -31,9 +31,8 @@ pub const INVALID: &[(&str, &[&str])] = &[
     ]),
     ("concurrency_invalid.yaml", &[
         "concurrency_invalid.yaml:7: descriptors[0].rate_limit.requests_per_unit: concurrency keeps one hold per admitted request: requests_per_unit (the slots) must be at most 10000 with it, got 10001; this limit's algorithm is concurrency",
-        "concurrency_invalid.yaml:14: descriptors[1].rate_limit.charge: charge: always does not apply to concurrency, which keeps a denied request's cost as pending its release anyway (docs/holds.md)",
-        "concurrency_invalid.yaml:15: descriptors[1].rate_limit.burst: burst only applies to funnel and token_bucket; this limit's algorithm is concurrency",
-        "concurrency_invalid.yaml:16: descriptors[1].rate_limit.borrow: borrow only applies to funnel and token_bucket, whose debt is paid back at their rate (a window forgets it when the window passes); this limit's algorithm is concurrency",
+        "concurrency_invalid.yaml:14: descriptors[1].rate_limit.burst: burst only applies to funnel and token_bucket; this limit's algorithm is concurrency",
+        "concurrency_invalid.yaml:15: descriptors[1].rate_limit.borrow: borrow only applies to funnel and token_bucket, whose debt is paid back at their rate (a window forgets it when the window passes); this limit's algorithm is concurrency",
     ]),
     ("descriptor_duplicate.yaml", &[
         "descriptor_duplicate.yaml:9: descriptors[3]: duplicate descriptor 'k_v' (first defined at line 4)",

@@ -86,25 +86,18 @@ fn slots_fit(fields: &Fields<'_>, requests: Option<u32>, which: &str, ctx: &mut 
     false
 }
 
-/// `charge: always`, written on a `concurrency` limit, is an error: a denied request's cost is
-/// already kept there, as pending its release (docs/holds.md). A default of `always` from the
-/// settings does not apply to it: the charge is then `admitted`.
+/// A `concurrency` limit's charge: `always` unless written (a denied request's cost is kept
+/// as pending its release, which Envoy's plain layout sends for denied requests too), whatever
+/// the domain's or the settings' default; `admitted` when written (a layout that releases only
+/// admitted requests, docs/holds.md).
 pub(super) fn concurrency_charge(
     fields: &Fields<'_>,
     algorithm: Option<(Algorithm, bool)>,
     charge: Option<Charge>,
-    ctx: &mut Ctx<'_>,
 ) -> Option<Charge> {
-    if algorithm.is_none_or(|(a, _)| a != Algorithm::Concurrency) {
+    if algorithm.is_none_or(|(a, _)| a != Algorithm::Concurrency) || fields.get("charge").is_some()
+    {
         return charge;
     }
-    match (charge?, fields.get("charge")) {
-        (Charge::Always, Some(f)) => {
-            let message = "charge: always does not apply to concurrency, which keeps a denied \
-                           request's cost as pending its release anyway (docs/holds.md)";
-            ctx.error(f.line, &f.path, message);
-            None
-        }
-        _ => Some(Charge::Admitted),
-    }
+    Some(Charge::Always)
 }

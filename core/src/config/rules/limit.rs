@@ -225,7 +225,7 @@ fn limited(
     let algorithm = algorithm(fields, ctx);
     let burst = burst(fields, ctx);
     let charge = charge(fields, ctx);
-    let charge = concurrency_charge(fields, algorithm, charge, ctx);
+    let charge = concurrency_charge(fields, algorithm, charge);
     let borrow = flag(fields, "borrow", ctx);
     let on_deny = on_deny(fields, ctx);
     let fits = algorithm.is_none_or(|a| fits_algorithm(fields, a, (requests, borrow), ctx));

@@ -122,9 +122,9 @@
 //! - **`concurrency` misused** (`concurrency_invalid.yaml`): more than 10000 slots
 //!   (`requests_per_unit: concurrency keeps one hold per admitted request: requests_per_unit
 //!   (the slots) must be at most 10000 with it, got N; this limit's algorithm is
-//!   concurrency`); `charge: always` (`charge: charge: always does not apply to concurrency,
-//!   ...`); `burst` and `borrow: true` as for any algorithm without a capacity. A default
-//!   `charge = "always"` from the settings does not apply to it (its charge is `admitted`).
+//!   concurrency`); `burst` and `borrow: true` as for any algorithm without a capacity. Its
+//!   charge is `always` unless written (a denied request keeps a pending denial), whatever the
+//!   domain's or the settings' default (docs/holds.md).
 //! - **Unknown charge** (`charge_unknown.yaml`): `charge: unknown charge 'x' (expected
 //!   admitted or always)`.
 //! - **A bad `on_deny`** (`on_deny_invalid.yaml`): a key other than `body`, `content_type`,

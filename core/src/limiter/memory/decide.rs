@@ -10,7 +10,6 @@ use std::collections::HashMap;
 use ahash::RandomState;
 use smallvec::SmallVec;
 
-use crate::config::model::{Algorithm, Charge};
 use crate::limiter::algorithm::{Algo, State};
 use crate::limiter::{BatchOutcome, Hit, HitOutcome, plan};
 
@@ -170,7 +169,7 @@ fn evaluate(
             reset_nanos: algo.until_admitted(current, now, hit.cost),
             from_local_cache: false,
         }));
-        if later > 0 && (admitted || hit.limit.charge == Charge::Always) {
+        if later > 0 && (admitted || hit.limit.takes_when_denied()) {
             let mut next = current.clone();
             apply(hit, &algo, &mut next, now);
             if let Some(o) = overlay.get_mut(slot) {
@@ -181,7 +180,7 @@ fn evaluate(
 }
 
 /// Applies the planned hits to the original states, in batch order, and keeps the pending
-/// denial of each `concurrency` hit that does not consume (see [`Algo::deny`]); marks in
+/// denial of each hit that does not consume and keeps denials (see [`Algo::deny`]); marks in
 /// `changed` the slots a cost (not a check-only 0) was applied to.
 fn commit(
     hits: &[Hit],
@@ -192,7 +191,7 @@ fn commit(
     changed: &mut [bool],
 ) {
     for ((hit, &slot), &go) in hits.iter().zip(of_hit).zip(consume) {
-        let denial = !go && !hit.refund && hit.limit.algorithm == Algorithm::Concurrency;
+        let denial = !go && !hit.refund && hit.limit.keeps_denials();
         if !(go || denial) || hit.cost == 0 {
             continue;
         }
@@ -256,6 +255,7 @@ fn plan_writes(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::model::Charge;
     use crate::limiter::Role;
 
     const SEC: u64 = 1_000_000_000;
