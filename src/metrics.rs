@@ -247,6 +247,11 @@ impl Metrics {
         &self.history
     }
 
+    /// What is followed per rule (the admin page reads the holds of `concurrency` rules).
+    pub fn live(&self) -> &live::LiveRules {
+        &self.live
+    }
+
     /// The keys denied most.
     pub fn top_denied(&self) -> &top::TopDenied {
         &self.top

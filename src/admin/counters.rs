@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::{Admin, text};
-use crate::config::model::{LimitRule, Policy};
+use crate::config::model::{Algorithm, LimitRule, Policy};
 use crate::limiter::LimitParams;
 use crate::limiter::counters::{CounterEntry, CounterQuery, Resolved};
 use crate::metrics::top::Window;
@@ -164,6 +164,11 @@ fn entry(rules: &RuleSet, e: &CounterEntry) -> Value {
         out["remaining"] = json!(state.remaining);
         out["reset_seconds"] = json!(state.reset_nanos as f64 / 1e9);
         out["in_debt"] = json!(!state.admitted);
+        if limit.algorithm == Algorithm::Concurrency {
+            out["holds"] = json!(u64::from(limit.quota).saturating_sub(state.remaining));
+            out["oldest_hold_expires_seconds"] =
+                json!(state.oldest_hold_nanos.map(|n| n as f64 / 1e9));
+        }
     }
     out
 }
@@ -189,6 +194,15 @@ fn counters_text(keys: &[Value], next: Option<&str>) -> String {
             s("remaining"),
             s("reset_seconds"),
         );
+        if k.get("holds").is_some() {
+            out.pop();
+            let _ = writeln!(
+                out,
+                " holds={} oldest_hold_expires={}s",
+                s("holds"),
+                s("oldest_hold_expires_seconds")
+            );
+        }
     }
     out
 }

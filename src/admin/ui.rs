@@ -1,7 +1,8 @@
 //! `GET /ui`: a live page for people, and `GET /ui/data`, the JSON it polls every 2 seconds.
 //! The page (HTML, CSS and its small script, all in `ui/`) is built into the binary: no CDN,
 //! nothing to build. It shows the rules (tree, limits, algorithm), each limited rule's
-//! requests/s, denied/s and near-limit/s over the last minutes (inline SVG charts), the keys
+//! requests/s, denied/s and near-limit/s over the last minutes (inline SVG charts), the holds
+//! in flight of `concurrency` rules (the most of any key since the last poll), the keys
 //! denied most in the last minute, the backend's health, the rules version and the last
 //! failed reload.
 
@@ -16,6 +17,7 @@ use serde_json::{Value, json};
 use super::Admin;
 use super::counters::{json_response, top_json};
 use crate::config::model::{Policy, ValueMatch};
+use crate::metrics::live::{LiveRule, LiveRules};
 use crate::metrics::top::Window;
 use crate::rules::Rule;
 
@@ -52,7 +54,7 @@ pub async fn data(State(a): State<Admin>) -> Response {
     let domains: Vec<String> = rules.domains().map(|d| d.name().to_owned()).collect();
     let tree: Vec<Value> = rules
         .domains()
-        .map(|d| json!({ "domain": d.name(), "rules": d.rules().iter().map(rule).collect::<Vec<_>>() }))
+        .map(|d| json!({ "domain": d.name(), "rules": d.rules().iter().map(|r| rule(r, a.metrics.live())).collect::<Vec<_>>() }))
         .collect();
     let backend = a.engine.limiter().status();
     let last_error = status.last_failure.and(a.metrics.last_reload_error());
@@ -80,7 +82,7 @@ pub async fn data(State(a): State<Admin>) -> Response {
 }
 
 /// One rule and its children, for the tree.
-fn rule(r: &Rule) -> Value {
+fn rule(r: &Rule, live: &LiveRules) -> Value {
     let value = match &r.value {
         ValueMatch::Any => None,
         ValueMatch::Exact(v) | ValueMatch::Wildcard(v) => Some(v.clone()),
@@ -103,14 +105,18 @@ fn rule(r: &Rule) -> Value {
             .collect(),
         _ => Vec::new(),
     };
+    // A `concurrency` rule: the most holds of any of its keys since the page last asked.
+    let holds =
+        crate::metrics::live::holds_only(r).then(|| live.of(r).map_or(0, LiveRule::take_holds));
     json!({
         "key": r.key,
         "value": value,
+        "holds": holds,
         "segment": crate::rules::naming::segment(r),
         "unlimited": matches!(r.policy, Policy::Unlimited { .. }),
         "shadow_mode": r.shadow_mode,
         "limits": limits,
-        "children": r.children().iter().map(rule).collect::<Vec<_>>(),
+        "children": r.children().iter().map(|c| rule(c, live)).collect::<Vec<_>>(),
     })
 }
 

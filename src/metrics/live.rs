@@ -9,6 +9,7 @@
 //! | `sluice_rule_limit` | `domain`, `rule`, `limit` | the limit's `requests_per_unit` |
 //! | `sluice_rule_period_seconds` | `domain`, `rule`, `limit` | its period (unit x `unit_multiplier`) |
 //! | `sluice_rule_capacity_used_ratio` | `domain`, `rule` | the highest share of capacity in use seen at decision time since the previous scrape, over every key of the rule: `(capacity - remaining) / capacity` of the limit reported (the denying one, else the one with least left); 1 when denied; 0 when no request came |
+//! | `sluice_rule_holds` | `domain`, `rule` | rules whose one limit is `concurrency`: the most holds in flight of any key of the rule seen at decision time since the previous scrape (the slots when denied); with no decision since, the holds of the key decided last (holds that expire unseen are not noticed) |
 //!
 //! `rule` is the rule's path, as in the per-rule counters but always without request values
 //! (`detailed_metric` rules too); `limit` is `<algorithm>:<period seconds>`, the end of the
@@ -22,7 +23,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::config::model::Policy;
+use crate::config::model::{Algorithm, Policy};
 use crate::engine::DescriptorReport;
 use crate::rules::naming::segment;
 use crate::rules::{Rule, RuleSet};
@@ -45,6 +46,28 @@ pub struct LiveRule {
     pub near: AtomicU64,
     /// The busiest key's share of capacity in use since the last scrape, in millionths.
     peak_ppm: AtomicU32,
+    /// A `concurrency` rule's most holds of any key since the last scrape.
+    peak_holds: AtomicU64,
+    /// The same since the admin page last read it.
+    page_holds: AtomicU64,
+    /// The holds of the key decided last.
+    last_holds: AtomicU64,
+}
+
+impl LiveRule {
+    /// A `concurrency` rule's most holds of any key decided since the previous call (the
+    /// admin page's view; the gauge keeps its own); with none decided since, the holds of the
+    /// key decided last.
+    pub fn take_holds(&self) -> u64 {
+        self.read_holds(&self.page_holds)
+    }
+
+    fn read_holds(&self, peak: &AtomicU64) -> u64 {
+        match peak.swap(0, Ordering::Relaxed) {
+            0 => self.last_holds.load(Ordering::Relaxed),
+            most => most,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -66,6 +89,7 @@ pub struct LiveRules {
     limit: Family<LimitLabels, Gauge>,
     period: Family<LimitLabels, Gauge>,
     used: Family<RuleLabels, Gauge<f64, AtomicU64>>,
+    holds: Family<RuleLabels, Gauge>,
 }
 
 impl LiveRules {
@@ -75,12 +99,14 @@ impl LiveRules {
             limit: Family::default(),
             period: Family::default(),
             used: Family::default(),
+            holds: Family::default(),
         };
         register!(
             registry,
             "rule_limit", "Configured requests_per_unit of each limit", live.limit;
             "rule_period_seconds", "Configured period of each limit", live.period;
             "rule_capacity_used_ratio", "Highest share of capacity in use of any key of the rule since the last scrape", live.used;
+            "rule_holds", "Most holds in flight of any key of a concurrency rule since the last scrape", live.holds;
         );
         live
     }
@@ -100,6 +126,16 @@ impl LiveRules {
             live.near.fetch_add(near, Ordering::Relaxed);
         }
         live.peak_ppm.fetch_max(used_ppm(r), Ordering::Relaxed);
+        if holds_only(rule) {
+            let held = if r.over {
+                r.capacity
+            } else {
+                r.capacity.saturating_sub(r.remaining)
+            };
+            live.peak_holds.fetch_max(held, Ordering::Relaxed);
+            live.page_holds.fetch_max(held, Ordering::Relaxed);
+            live.last_holds.store(held, Ordering::Relaxed);
+        }
     }
 
     /// This app's counts of a rule, made on first use.
@@ -118,6 +154,7 @@ impl LiveRules {
         self.limit.clear();
         self.period.clear();
         self.used.clear();
+        self.holds.clear();
         for domain in rules.domains() {
             each_rule(domain.rules(), "", &mut |path, rule| {
                 self.gauges(domain.name(), path, rule);
@@ -154,11 +191,21 @@ impl LiveRules {
             domain: domain.to_owned(),
             rule: path.to_owned(),
         };
+        if holds_only(rule) {
+            let held = self.of(rule).map_or(0, |l| l.read_holds(&l.peak_holds));
+            let held = i64::try_from(held).unwrap_or(i64::MAX);
+            self.holds.get_or_create(&labels).set(held);
+        }
         // Metrics only: a float is fine here.
         self.used
             .get_or_create(&labels)
             .set(f64::from(peak) / PPM as f64);
     }
+}
+
+/// Whether the rule's one limit is `concurrency` (its reports are then about holds).
+pub fn holds_only(rule: &Rule) -> bool {
+    matches!(&rule.policy, Policy::Limited(l) if l.len() == 1 && l.first().is_some_and(|x| x.algorithm == Algorithm::Concurrency))
 }
 
 /// The share of capacity in use after this descriptor, in millionths (1 when denied or when

@@ -400,7 +400,8 @@ fn charge(limited: &Limited, usage: &Usage, first: bool) -> Batch {
                     hit.limit.quota = hit.limit.quota.saturating_add(room);
                 }
                 // Its quota is its memory: each report is checked as one instant.
-                Algorithm::SlidingLog => {}
+                // Concurrency: holds are not usage; each report is one instant too.
+                Algorithm::SlidingLog | Algorithm::Concurrency => {}
             }
             hit
         })

@@ -1,6 +1,7 @@
 //! Every algorithm at a window's edge, through gRPC on loopback (memory backend, manual
 //! clock): the worked example of docs/algorithms.md. And a client's limit override taking
-//! `limits.default_algorithm`, capped as the rules are under `sliding_log`.
+//! `limits.default_algorithm`, capped as the rules are under `sliding_log` and `concurrency`,
+//! and holding slots under `concurrency`.
 
 use std::path::PathBuf;
 
@@ -62,6 +63,8 @@ async fn the_worked_example_of_the_docs() {
     assert_eq!(around_the_edge("sliding_window").await, [4, 0, 4, 0]);
     // Exact: nothing until the 4 of 0:59 are a minute old.
     assert_eq!(around_the_edge("sliding_log").await, [4, 0, 0, 4]);
+    // 4 slots leased for a minute, never released: the holds of 0:59 expire at 1:59.
+    assert_eq!(around_the_edge("concurrency").await, [4, 0, 0, 4]);
 }
 
 /// A server of a domain `edge` without limits, whose default algorithm is `algorithm`.
@@ -140,4 +143,64 @@ async fn a_sliding_log_override_above_the_cap_is_invalid() {
     let mut c = client(&server).await;
     let r = call(&mut c, req("edge", vec![overridden(50_000, hour)])).await;
     assert_eq!(r.statuses[0].limit_remaining, 49_999);
+}
+
+/// Under a `concurrency` default, an override is slots leased for its unit: a release (a
+/// refund, as Envoy sends at stream done) frees a slot, a denied request's release frees
+/// nothing, and the cap of the rules applies.
+#[tokio::test]
+async fn a_concurrency_override_holds_slots_until_released() {
+    let server = serve_defaulting_to(Algorithm::Concurrency).await;
+    let mut c = client(&server).await;
+    let minute = 2; // MINUTE
+    let d = overridden(2, minute);
+    let mut release = d.clone();
+    release.is_negative_hits = true;
+    let code = |r: RateLimitResponse| overall(&r);
+    for _ in 0..2 {
+        assert_eq!(
+            code(call(&mut c, req("edge", vec![d.clone()])).await),
+            Code::Ok
+        );
+    }
+    let r = call(&mut c, req("edge", vec![d.clone()])).await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    assert_eq!(
+        reset_secs(&r.statuses[0]),
+        Some(60),
+        "until the first hold's lease ends"
+    );
+    // The denied request's release, then one from an admitted request.
+    assert_eq!(
+        code(call(&mut c, req("edge", vec![release.clone()])).await),
+        Code::Ok
+    );
+    assert_eq!(
+        code(call(&mut c, req("edge", vec![d.clone()])).await),
+        Code::OverLimit
+    );
+    assert_eq!(
+        code(call(&mut c, req("edge", vec![release.clone()])).await),
+        Code::Ok
+    );
+    assert_eq!(
+        code(call(&mut c, req("edge", vec![release])).await),
+        Code::Ok
+    );
+    let r = call(&mut c, req("edge", vec![d])).await;
+    assert_eq!(overall(&r), Code::Ok);
+    assert_eq!(
+        r.statuses[0].limit_remaining, 0,
+        "one slot freed, then taken"
+    );
+    let err = c
+        .should_rate_limit(req("edge", vec![overridden(10_001, minute)]))
+        .await
+        .expect_err("over the cap");
+    assert_eq!(
+        err.message(),
+        "descriptors[0].limit.requests_per_unit: concurrency keeps one hold per admitted \
+         request: an override must be at most 10000 with it, got 10001 \
+         (the domain's default algorithm is concurrency)"
+    );
 }

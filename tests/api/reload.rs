@@ -296,7 +296,7 @@ async fn the_binary_logs_every_error_of_a_failed_reload_with_file_and_line() {
         ),
         format!(
             "{}:6: descriptors[1].rate_limit.algorithm: unknown algorithm 'gcra' (expected \
-             funnel, token_bucket, fixed_window, sliding_window or sliding_log)",
+             funnel, token_bucket, fixed_window, sliding_window, sliding_log or concurrency)",
             file.display()
         ),
     ];

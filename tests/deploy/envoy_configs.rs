@@ -55,6 +55,35 @@ fn the_envoy_rules_pass_sluice_check() {
 }
 
 #[test]
+fn the_concurrency_rules_pass_sluice_check() {
+    sluice_check(&deploy_dir().join("envoy/concurrency-rules.yaml"));
+}
+
+/// deploy/envoy/concurrency.yaml takes a hold at the start and releases it at stream done,
+/// in the domain of its rules, and its route ends before the lease does.
+#[test]
+fn the_concurrency_recipe_holds_and_releases_in_its_rules_domain() {
+    let config =
+        std::fs::read_to_string(deploy_dir().join("envoy/concurrency.yaml")).expect("read");
+    let rules =
+        std::fs::read_to_string(deploy_dir().join("envoy/concurrency-rules.yaml")).expect("read");
+    assert!(config.contains("domain: inflight") && rules.contains("\ndomain: inflight\n"));
+    for line in [
+        "hits_addend: { number: 1 }",
+        "apply_on_stream_done: true",
+        "hits_addend: { number: 1, is_negative_hits: true }",
+        "descriptor_key: tenant",
+        "timeout: 240s",
+    ] {
+        assert!(
+            config.contains(line),
+            "{line} missing from concurrency.yaml"
+        );
+    }
+    assert!(rules.contains("algorithm: concurrency") && rules.contains("unit_multiplier: 5"));
+}
+
+#[test]
 fn the_envoy_config_sends_the_domain_of_its_rules() {
     let config = std::fs::read_to_string(deploy_dir().join("envoy/envoy.yaml")).expect("read");
     let rules = std::fs::read_to_string(deploy_dir().join("envoy/rules.yaml")).expect("read");

@@ -4,7 +4,8 @@
 //! Limit Quota Service through Envoy on the shipped recipe (`rlqs`); rules pushed over xDS by
 //! an mTLS ADS server started here (`xds`); the binary as a drop-in for envoyproxy/ratelimit
 //! under Envoy Gateway's and Istio's env sets (`ratelimit_compat`); token budgets driven by
-//! Envoy Gateway's costs and AI Gateway's QuotaPolicy (`token_budgets`). A missing Envoy, helm,
+//! Envoy Gateway's costs and AI Gateway's QuotaPolicy (`token_budgets`); requests in flight
+//! held through Envoy by `algorithm: concurrency` (`concurrency`). A missing Envoy, helm,
 //! kubernetes-validate or redis-server fails these tests with the command that installs it.
 //! (The admin page in a real Chromium, whose screenshots a load beside it delays, is in
 //! tests/serial/.)
@@ -12,6 +13,7 @@
 mod support;
 
 mod composition;
+mod concurrency;
 mod envoy_configs;
 mod envoy_e2e;
 mod examples;

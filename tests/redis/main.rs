@@ -13,6 +13,7 @@ mod support;
 mod algorithms;
 mod batching;
 mod cluster;
+mod concurrency;
 mod footprint;
 mod replicas;
 mod replication;

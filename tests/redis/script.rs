@@ -278,6 +278,7 @@ differential! {
     differential_fixed_window: [Algorithm::FixedWindow];
     differential_sliding_window: [Algorithm::SlidingWindow];
     differential_sliding_log: [Algorithm::SlidingLog];
+    differential_concurrency: [Algorithm::Concurrency];
     differential_every_algorithm_in_one_batch: Algorithm::ALL;
 }
 
@@ -288,6 +289,7 @@ differential! {
     same_instant_fixed_window: [Algorithm::FixedWindow];
     same_instant_sliding_window: [Algorithm::SlidingWindow];
     same_instant_sliding_log: [Algorithm::SlidingLog];
+    same_instant_concurrency: [Algorithm::Concurrency];
     same_instant_every_algorithm_in_one_batch: Algorithm::ALL;
 }
 

@@ -207,7 +207,8 @@ impl Unit {
 }
 
 /// The largest `requests_per_unit` of a `sliding_log` limit: its memory grows with the quota
-/// (one entry per admitted request in the last period).
+/// (one entry per admitted request in the last period). A `concurrency` limit's slots are
+/// capped alike (one hold per admitted request in flight).
 pub const SLIDING_LOG_MAX_QUOTA: u32 = 10_000;
 
 /// The limiter algorithm of one limit (see docs/algorithms.md).
@@ -224,16 +225,19 @@ pub enum Algorithm {
     SlidingWindow,
     /// An exact log of the admitted costs of the last period.
     SlidingLog,
+    /// Requests in flight: Q slots, each hold leased for P (docs/holds.md).
+    Concurrency,
 }
 
 impl Algorithm {
     /// Every algorithm, in the order the docs list them.
-    pub const ALL: [Algorithm; 5] = [
+    pub const ALL: [Algorithm; 6] = [
         Algorithm::Funnel,
         Algorithm::TokenBucket,
         Algorithm::FixedWindow,
         Algorithm::SlidingWindow,
         Algorithm::SlidingLog,
+        Algorithm::Concurrency,
     ];
 
     pub fn parse(name: &str) -> Option<Algorithm> {
@@ -247,6 +251,7 @@ impl Algorithm {
             Algorithm::FixedWindow => "fixed_window",
             Algorithm::SlidingWindow => "sliding_window",
             Algorithm::SlidingLog => "sliding_log",
+            Algorithm::Concurrency => "concurrency",
         }
     }
 

@@ -271,21 +271,25 @@ fn validate(request: &Request, bounds: &InputSettings) -> Result<(), EngineError
     Ok(())
 }
 
-/// Refuses a client's limit override that the rules would refuse: under a `sliding_log`
-/// default, one above its quota cap. (Overrides are used only when the domain exists.)
+/// Refuses a client's limit override that the rules would refuse: under a `sliding_log` or
+/// `concurrency` default, one above its quota cap. (Overrides are used only when the domain
+/// exists.)
 fn check_overrides(request: &Request, algorithm: Algorithm) -> Result<(), EngineError> {
-    if algorithm != Algorithm::SlidingLog {
-        return Ok(());
-    }
+    let what = match algorithm {
+        Algorithm::SlidingLog => "keeps one entry per admitted request",
+        Algorithm::Concurrency => "keeps one hold per admitted request",
+        _ => return Ok(()),
+    };
+    let name = algorithm.as_str();
     for (i, d) in request.descriptors.iter().enumerate() {
         if let Some(limit) = d.limit
             && limit.requests_per_unit > SLIDING_LOG_MAX_QUOTA
             && !d.entries.is_empty()
         {
             return Err(invalid(format!(
-                "descriptors[{i}].limit.requests_per_unit: sliding_log keeps one entry per \
-                 admitted request: an override must be at most {SLIDING_LOG_MAX_QUOTA} with it, \
-                 got {} (the domain's default algorithm is sliding_log)",
+                "descriptors[{i}].limit.requests_per_unit: {name} {what}: an override must be \
+                 at most {SLIDING_LOG_MAX_QUOTA} with it, got {} (the domain's default \
+                 algorithm is {name})",
                 limit.requests_per_unit
             )));
         }

@@ -6,7 +6,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use super::{Descriptor, Override, Request};
-use crate::config::model::{LimitDefaults, LimitRule, Policy};
+use crate::config::model::{Algorithm, Charge, LimitDefaults, LimitRule, Policy};
 use crate::limiter::{Batch, Hit, LimitParams, Role};
 use crate::rules::{Domain, Match, Rule, key};
 
@@ -102,8 +102,13 @@ fn candidate<'r>(domain: Option<&'r Domain>, d: &Descriptor) -> Candidate<'r> {
 }
 
 /// A client-sent limit as a rule: the domain's default algorithm and charge, burst equal to
-/// the quota.
+/// the quota. A `concurrency` default keeps denied requests' costs as pending their release
+/// (`charge: always`, as the rules do when no charge is written).
 fn override_rule(limit: Override, defaults: LimitDefaults) -> LimitRule {
+    let charge = match defaults.algorithm {
+        Algorithm::Concurrency => Charge::Always,
+        _ => defaults.charge,
+    };
     LimitRule {
         name: None,
         unit: limit.unit,
@@ -111,7 +116,7 @@ fn override_rule(limit: Override, defaults: LimitDefaults) -> LimitRule {
         unit_multiplier: NonZeroU32::MIN,
         algorithm: defaults.algorithm,
         burst: limit.requests_per_unit,
-        charge: defaults.charge,
+        charge,
         borrow: false,
         replaces: Vec::new(),
         on_deny: None,

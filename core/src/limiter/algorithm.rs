@@ -6,6 +6,7 @@
 //! out) counts as fresh.
 
 use super::LimitParams;
+use super::concurrency::{Concurrency, Holds};
 use super::fixed_window::{self, FixedWindow, Window};
 use super::funnel::{self, Funnel};
 use super::sliding_log::{Log, SlidingLog};
@@ -26,6 +27,8 @@ pub enum State {
     SlidingWindow(Counters),
     /// Boxed, so that every other state stays small.
     SlidingLog(Box<Log>),
+    /// Boxed too.
+    Concurrency(Box<Holds>),
 }
 
 /// One limit's algorithm and parameters.
@@ -36,6 +39,7 @@ pub enum Algo {
     FixedWindow(FixedWindow),
     SlidingWindow(SlidingWindow),
     SlidingLog(SlidingLog),
+    Concurrency(Concurrency),
 }
 
 impl Algo {
@@ -48,6 +52,7 @@ impl Algo {
             Algorithm::FixedWindow => Algo::FixedWindow(FixedWindow::new(q, p)),
             Algorithm::SlidingWindow => Algo::SlidingWindow(SlidingWindow::new(q, p)),
             Algorithm::SlidingLog => Algo::SlidingLog(SlidingLog::new(q, p)),
+            Algorithm::Concurrency => Algo::Concurrency(Concurrency::new(q, p)),
         }
     }
 
@@ -59,6 +64,7 @@ impl Algo {
             Algo::FixedWindow(w) => w.admits(window(state), now, cost),
             Algo::SlidingWindow(w) => w.admits(counters(state), now, cost),
             Algo::SlidingLog(l) => l.admits(log(state), now, cost),
+            Algo::Concurrency(c) => c.admits(holds(state), now, cost),
         }
     }
 
@@ -74,7 +80,27 @@ impl Algo {
                 l.consume(&mut log, now, cost);
                 State::SlidingLog(log)
             }
+            Algo::Concurrency(c) => {
+                let mut holds = take_holds(state);
+                c.take(&mut holds, now, cost);
+                State::Concurrency(holds)
+            }
         };
+    }
+
+    /// Records what a denied request leaves behind: for `concurrency`, its cost as a pending
+    /// denial (its release is still to come); nothing for the others.
+    pub fn deny(&self, state: &mut State, now: u64, cost: u64) {
+        if let Algo::Concurrency(c) = self {
+            let mut holds = take_holds(state);
+            c.deny(&mut holds, now, cost);
+            *state = State::Concurrency(holds);
+        }
+    }
+
+    /// Whether a denied request changes this algorithm's state ([`Self::deny`]).
+    pub fn keeps_denials(&self) -> bool {
+        matches!(self, Algo::Concurrency(_))
     }
 
     /// Gives `cost` back at `now` (never below empty).
@@ -89,6 +115,11 @@ impl Algo {
                 l.refund(&mut log, now, cost);
                 State::SlidingLog(log)
             }
+            Algo::Concurrency(c) => {
+                let mut holds = take_holds(state);
+                c.give_back(&mut holds, now, cost);
+                State::Concurrency(holds)
+            }
         };
     }
 
@@ -100,6 +131,7 @@ impl Algo {
             Algo::FixedWindow(w) => w.remaining(window(state), now),
             Algo::SlidingWindow(w) => w.remaining(counters(state), now),
             Algo::SlidingLog(l) => l.remaining(log(state), now),
+            Algo::Concurrency(c) => c.remaining(holds(state), now),
         }
     }
 
@@ -112,6 +144,7 @@ impl Algo {
             Algo::FixedWindow(w) => w.until_window_end(now),
             Algo::SlidingWindow(w) => w.until_fresh(counters(state), now),
             Algo::SlidingLog(l) => l.until_fresh(log(state), now),
+            Algo::Concurrency(c) => c.until_free(holds(state), now),
         }
     }
 
@@ -123,6 +156,7 @@ impl Algo {
             Algo::FixedWindow(w) => w.until_admitted(window(state), now, cost),
             Algo::SlidingWindow(w) => w.until_admitted(counters(state), now, cost),
             Algo::SlidingLog(l) => l.until_admitted(log(state), now, cost),
+            Algo::Concurrency(c) => c.until_admitted(holds(state), now, cost),
         }
     }
 
@@ -135,6 +169,7 @@ impl Algo {
             Algo::FixedWindow(w) => w.until_fresh(window(state), now),
             Algo::SlidingWindow(w) => w.until_fresh(counters(state), now),
             Algo::SlidingLog(l) => l.until_fresh(log(state), now),
+            Algo::Concurrency(c) => c.until_fresh(holds(state), now),
         };
         (wait > 0).then(|| now.saturating_add(wait))
     }
@@ -181,6 +216,23 @@ fn log(state: &State) -> &Log {
 fn take_log(state: &mut State) -> Box<Log> {
     match std::mem::take(state) {
         State::SlidingLog(l) => l,
+        _ => Box::default(),
+    }
+}
+
+static EMPTY_HOLDS: Holds = Holds::EMPTY;
+
+fn holds(state: &State) -> &Holds {
+    match state {
+        State::Concurrency(h) => h,
+        _ => &EMPTY_HOLDS,
+    }
+}
+
+/// The holds of `state`, taken out of it (none if it holds something else).
+fn take_holds(state: &mut State) -> Box<Holds> {
+    match std::mem::take(state) {
+        State::Concurrency(h) => h,
         _ => Box::default(),
     }
 }

@@ -52,6 +52,9 @@ pub struct KeyState {
     pub remaining: u64,
     /// Nanoseconds until the full quota is back (when in debt: until a request is admitted).
     pub reset_nanos: u64,
+    /// `concurrency`: nanoseconds until the oldest live hold expires (`None`: no hold, or
+    /// another algorithm). The holds are the quota less what is left.
+    pub oldest_hold_nanos: Option<u64>,
 }
 
 /// One page of keys.

@@ -1,7 +1,8 @@
 //! The limiters: the algorithms as pure functions, and the backends that keep their state.
 //!
 //! Each algorithm is a module of pure integer functions of (state, now, cost, parameters):
-//! [`funnel`], [`token_bucket`], [`fixed_window`], [`sliding_window`], [`sliding_log`].
+//! [`funnel`], [`token_bucket`], [`fixed_window`], [`sliding_window`], [`sliding_log`],
+//! [`concurrency`].
 //! [`algorithm`] puts them behind one interface for the memory backend; the Redis backend
 //! mirrors them in Lua (`redis/lua/`). docs/algorithms.md compares them.
 //!
@@ -12,6 +13,7 @@
 
 pub mod algorithm;
 pub mod clock;
+pub mod concurrency;
 pub mod counters;
 pub mod fixed_window;
 pub mod funnel;
@@ -144,7 +146,8 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// and Redis backends override what applies to them.
 pub trait Limiter: Send + Sync + 'static {
     /// Decides a whole batch atomically: either every admitted hit consumes, or (when the request
-    /// is denied) only `charge: always` hits do.
+    /// is denied) only `charge: always` hits do; a `concurrency` hit with `charge: always` that
+    /// does not consume keeps its cost as a pending denial instead (docs/holds.md).
     ///
     /// A caller that polls many requests in one pass (a connection's task polling its streams)
     /// should poll them inside [`gathering::gather`]. Under such a poll a backend may return
@@ -240,6 +243,20 @@ impl LimitParams {
             charge: rule.charge,
             borrow: rule.borrow,
         }
+    }
+
+    /// Whether a denied request takes this limit's cost as it would an admitted one's:
+    /// `charge: always`, except on `concurrency` (see [`Self::keeps_denials`]).
+    #[inline]
+    pub fn takes_when_denied(&self) -> bool {
+        self.charge == Charge::Always && self.algorithm != Algorithm::Concurrency
+    }
+
+    /// Whether a denied request keeps its cost as a pending denial: `concurrency` with
+    /// `charge: always` (its default: Envoy releases denied requests too, docs/holds.md).
+    #[inline]
+    pub fn keeps_denials(&self) -> bool {
+        self.charge == Charge::Always && self.algorithm == Algorithm::Concurrency
     }
 
     /// The funnel of these parameters.

@@ -10,7 +10,6 @@
 use smallvec::SmallVec;
 
 use super::{Hit, Role};
-use crate::config::model::Charge;
 
 /// What a batch does once every hit has been evaluated.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,7 +45,7 @@ pub fn plan(hits: &[Hit], admitted: &[bool]) -> Plan {
         .iter()
         .map(|h| {
             let group_ok = find(&groups, h.group).is_some_and(|g| g.2);
-            h.limit.charge == Charge::Always || (request_ok && group_ok)
+            h.limit.takes_when_denied() || (request_ok && group_ok)
         })
         .collect();
     Plan {
@@ -79,6 +78,7 @@ fn find(groups: &Groups, group: usize) -> Option<&(usize, Role, bool)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::model::Charge;
 
     fn hit(group: usize, role: Role, charge: Charge) -> Hit {
         crate::limiter::funnel_hit("k", group, role, charge, 1, 1)

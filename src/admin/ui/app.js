@@ -134,6 +134,7 @@
     return el("ul", { "class": "tree" }, rules.map(function (r) {
       var info = r.unlimited ? "unlimited" : r.limits.map(limitText).join("; ");
       if (r.shadow_mode) info += " · shadow";
+      if (r.holds !== null && r.holds !== undefined) info += " · in flight " + r.holds;
       return el("li", {}, [
         el("span", { "class": "seg", text: r.segment }),
         info ? el("span", { "class": "lim", text: info }) : null,

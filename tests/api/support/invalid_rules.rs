@@ -8,9 +8,9 @@ pub const INVALID_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtur
 #[rustfmt::skip]
 pub const INVALID: &[(&str, &[&str])] = &[
     ("algorithm_unknown.yaml", &[
-        "algorithm_unknown.yaml:8: descriptors[0].rate_limit.algorithm: unknown algorithm 'leaky_bucket' (expected funnel, token_bucket, fixed_window, sliding_window or sliding_log)",
-        "algorithm_unknown.yaml:13: descriptors[1].rate_limits[0].algorithm: unknown algorithm 'Funnel' (expected funnel, token_bucket, fixed_window, sliding_window or sliding_log)",
-        "algorithm_unknown.yaml:16: descriptors[1].rate_limits[1].algorithm: unknown algorithm 'gcra' (expected funnel, token_bucket, fixed_window, sliding_window or sliding_log)",
+        "algorithm_unknown.yaml:8: descriptors[0].rate_limit.algorithm: unknown algorithm 'leaky_bucket' (expected funnel, token_bucket, fixed_window, sliding_window, sliding_log or concurrency)",
+        "algorithm_unknown.yaml:13: descriptors[1].rate_limits[0].algorithm: unknown algorithm 'Funnel' (expected funnel, token_bucket, fixed_window, sliding_window, sliding_log or concurrency)",
+        "algorithm_unknown.yaml:16: descriptors[1].rate_limits[1].algorithm: unknown algorithm 'gcra' (expected funnel, token_bucket, fixed_window, sliding_window, sliding_log or concurrency)",
     ]),
     ("borrow_without_capacity.yaml", &[
         "borrow_without_capacity.yaml:9: descriptors[0].rate_limit.borrow: borrow only applies to funnel and token_bucket, whose debt is paid back at their rate (a window forgets it when the window passes); this limit's algorithm is fixed_window",
@@ -28,6 +28,11 @@ pub const INVALID: &[(&str, &[&str])] = &[
     ]),
     ("charge_unknown.yaml", &[
         "charge_unknown.yaml:8: descriptors[0].rate_limit.charge: unknown charge 'denied' (expected admitted or always)",
+    ]),
+    ("concurrency_invalid.yaml", &[
+        "concurrency_invalid.yaml:7: descriptors[0].rate_limit.requests_per_unit: concurrency keeps one hold per admitted request: requests_per_unit (the slots) must be at most 10000 with it, got 10001; this limit's algorithm is concurrency",
+        "concurrency_invalid.yaml:14: descriptors[1].rate_limit.burst: burst only applies to funnel and token_bucket; this limit's algorithm is concurrency",
+        "concurrency_invalid.yaml:15: descriptors[1].rate_limit.borrow: borrow only applies to funnel and token_bucket, whose debt is paid back at their rate (a window forgets it when the window passes); this limit's algorithm is concurrency",
     ]),
     ("descriptor_duplicate.yaml", &[
         "descriptor_duplicate.yaml:9: descriptors[3]: duplicate descriptor 'k_v' (first defined at line 4)",

@@ -5,7 +5,7 @@ use std::num::NonZeroU32;
 
 use saphyr::{MarkedYaml, YamlData};
 
-use super::algorithm::{algorithm, fits_algorithm};
+use super::algorithm::{algorithm, concurrency_charge, fits_algorithm};
 use super::deny::on_deny;
 use super::scalar::{boolean, string, uint};
 use super::tree::{Ctx, Field, Fields, describe, index, is_null, line, mapping};
@@ -225,6 +225,7 @@ fn limited(
     let algorithm = algorithm(fields, ctx);
     let burst = burst(fields, ctx);
     let charge = charge(fields, ctx);
+    let charge = concurrency_charge(fields, algorithm, charge);
     let borrow = flag(fields, "borrow", ctx);
     let on_deny = on_deny(fields, ctx);
     let fits = algorithm.is_none_or(|a| fits_algorithm(fields, a, (requests, borrow), ctx));

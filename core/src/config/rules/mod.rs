@@ -104,8 +104,8 @@
 //! - **`burst: 0`** (`burst_zero.yaml`): `burst: must be at least 1`. Without `burst`, the
 //!   burst is `requests_per_unit`.
 //! - **Unknown algorithm** (`algorithm_unknown.yaml`): `algorithm: unknown algorithm 'x'
-//!   (expected funnel, token_bucket, fixed_window, sliding_window or sliding_log)`; names are
-//!   lower case. A limit without `algorithm` takes `limits.default_algorithm` from the
+//!   (expected funnel, token_bucket, fixed_window, sliding_window, sliding_log or
+//!   concurrency)`; names are lower case. A limit without `algorithm` takes `limits.default_algorithm` from the
 //!   settings ([`LoadOptions`]), and the checks below apply to that algorithm.
 //! - **`burst` without a capacity** (`burst_without_capacity.yaml`): `burst` on a window
 //!   algorithm: `burst: burst only applies to funnel and token_bucket; this limit's algorithm
@@ -119,6 +119,12 @@
 //!   per admitted request: requests_per_unit must be at most 10000 with it, got N
 //!   (sliding_window needs two counters whatever the quota); this limit's algorithm is
 //!   sliding_log` (same suffix).
+//! - **`concurrency` misused** (`concurrency_invalid.yaml`): more than 10000 slots
+//!   (`requests_per_unit: concurrency keeps one hold per admitted request: requests_per_unit
+//!   (the slots) must be at most 10000 with it, got N; this limit's algorithm is
+//!   concurrency`); `burst` and `borrow: true` as for any algorithm without a capacity. Its
+//!   charge is `always` unless written (a denied request keeps a pending denial), whatever the
+//!   domain's or the settings' default (docs/holds.md).
 //! - **Unknown charge** (`charge_unknown.yaml`): `charge: unknown charge 'x' (expected
 //!   admitted or always)`.
 //! - **A bad `on_deny`** (`on_deny_invalid.yaml`): a key other than `body`, `content_type`,

@@ -10,7 +10,6 @@ use std::collections::HashMap;
 use ahash::RandomState;
 use smallvec::SmallVec;
 
-use crate::config::model::Charge;
 use crate::limiter::algorithm::{Algo, State};
 use crate::limiter::{BatchOutcome, Hit, HitOutcome, plan};
 
@@ -170,7 +169,7 @@ fn evaluate(
             reset_nanos: algo.until_admitted(current, now, hit.cost),
             from_local_cache: false,
         }));
-        if later > 0 && (admitted || hit.limit.charge == Charge::Always) {
+        if later > 0 && (admitted || hit.limit.takes_when_denied()) {
             let mut next = current.clone();
             apply(hit, &algo, &mut next, now);
             if let Some(o) = overlay.get_mut(slot) {
@@ -180,8 +179,9 @@ fn evaluate(
     }
 }
 
-/// Applies the planned hits to the original states, in batch order; marks in `changed` the
-/// slots a cost (not a check-only 0) was applied to.
+/// Applies the planned hits to the original states, in batch order, and keeps the pending
+/// denial of each hit that does not consume and keeps denials (see [`Algo::deny`]); marks in
+/// `changed` the slots a cost (not a check-only 0) was applied to.
 fn commit(
     hits: &[Hit],
     of_hit: &[usize],
@@ -190,11 +190,18 @@ fn commit(
     now: u64,
     changed: &mut [bool],
 ) {
-    for ((hit, &slot), _) in hits.iter().zip(of_hit).zip(consume).filter(|(_, c)| **c) {
-        if let (Some(state), Some(flag)) = (states.get_mut(slot), changed.get_mut(slot))
-            && hit.cost > 0
-        {
-            apply(hit, &Algo::of(&hit.limit), state, now);
+    for ((hit, &slot), &go) in hits.iter().zip(of_hit).zip(consume) {
+        let denial = !go && !hit.refund && hit.limit.keeps_denials();
+        if !(go || denial) || hit.cost == 0 {
+            continue;
+        }
+        if let (Some(state), Some(flag)) = (states.get_mut(slot), changed.get_mut(slot)) {
+            let algo = Algo::of(&hit.limit);
+            if go {
+                apply(hit, &algo, state, now);
+            } else {
+                algo.deny(state, now, hit.cost);
+            }
             *flag = true;
         }
     }
@@ -248,6 +255,7 @@ fn plan_writes(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::model::Charge;
     use crate::limiter::Role;
 
     const SEC: u64 = 1_000_000_000;

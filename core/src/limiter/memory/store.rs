@@ -14,6 +14,7 @@ use hashbrown::HashTable;
 use super::keys::{Arena, Span};
 use crate::config::model::Algorithm;
 use crate::limiter::algorithm::State;
+use crate::limiter::concurrency::Holds;
 use crate::limiter::fixed_window::Window;
 use crate::limiter::sliding_log::Log;
 use crate::limiter::sliding_window::Counters;
@@ -36,15 +37,17 @@ pub(super) enum Kind {
     FixedWindow,
     SlidingWindow,
     SlidingLog,
+    Concurrency,
 }
 
 impl Kind {
-    const ALL: [Kind; 5] = [
+    const ALL: [Kind; 6] = [
         Kind::Funnel,
         Kind::TokenBucket,
         Kind::FixedWindow,
         Kind::SlidingWindow,
         Kind::SlidingLog,
+        Kind::Concurrency,
     ];
 
     /// The kind of state an algorithm keeps.
@@ -55,6 +58,7 @@ impl Kind {
             Algorithm::FixedWindow => Kind::FixedWindow,
             Algorithm::SlidingWindow => Kind::SlidingWindow,
             Algorithm::SlidingLog => Kind::SlidingLog,
+            Algorithm::Concurrency => Kind::Concurrency,
         }
     }
 }
@@ -170,6 +174,31 @@ impl Value for Timed<Option<Box<Log>>> {
             State::SlidingLog(log) => Some(Timed {
                 fresh_at,
                 state: Some(log),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// Holds own their records, as a log does.
+impl Value for Timed<Option<Box<Holds>>> {
+    fn fresh_at(&self) -> u64 {
+        self.fresh_at
+    }
+
+    fn peek(&self) -> State {
+        State::Concurrency(self.state.clone().unwrap_or_default())
+    }
+
+    fn take(&mut self) -> State {
+        State::Concurrency(self.state.take().unwrap_or_default())
+    }
+
+    fn new(fresh_at: u64, state: State) -> Option<Self> {
+        match state {
+            State::Concurrency(holds) => Some(Timed {
+                fresh_at,
+                state: Some(holds),
             }),
             _ => None,
         }
@@ -299,6 +328,7 @@ struct Tables {
     fixed_window: Table<Timed<Window>>,
     sliding_window: Table<Timed<Counters>>,
     sliding_log: Table<Timed<Option<Box<Log>>>>,
+    concurrency: Table<Timed<Option<Box<Holds>>>>,
 }
 
 impl Tables {
@@ -309,6 +339,7 @@ impl Tables {
             Kind::FixedWindow => &self.fixed_window,
             Kind::SlidingWindow => &self.sliding_window,
             Kind::SlidingLog => &self.sliding_log,
+            Kind::Concurrency => &self.concurrency,
         }
     }
 
@@ -319,6 +350,7 @@ impl Tables {
             Kind::FixedWindow => &mut self.fixed_window,
             Kind::SlidingWindow => &mut self.sliding_window,
             Kind::SlidingLog => &mut self.sliding_log,
+            Kind::Concurrency => &mut self.concurrency,
         }
     }
 }

@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 
 use super::decide::{self, Scratch};
 use super::shards::Shards;
-use crate::limiter::algorithm::State;
+use crate::limiter::algorithm::{Algo, State};
 use crate::limiter::counters::{CounterEntry, CounterPage, CounterQuery, KeyState, Resolved};
 use crate::limiter::{Batch, Hit, LimitParams, LimiterError, Role};
 
@@ -99,10 +99,15 @@ fn check_only(key: &[u8], limit: LimitParams, state: &State, now: u64) -> KeySta
             reset_nanos: 0,
             from_local_cache: false,
         });
+    let oldest = match (Algo::of(&limit), state) {
+        (Algo::Concurrency(c), State::Concurrency(holds)) => c.oldest_expiry(holds, now),
+        _ => None,
+    };
     KeyState {
         admitted: hit.admitted,
         remaining: hit.remaining,
         reset_nanos: hit.reset_nanos,
+        oldest_hold_nanos: oldest.map(|at| at.saturating_sub(now)),
     }
 }
 
@@ -282,6 +287,7 @@ mod tests {
                     admitted: false,
                     remaining: 0,
                     reset_nanos: 0,
+                    oldest_hold_nanos: None,
                 });
                 assert_eq!(state.remaining, 10 - (1 + i % 9), "{e:?}");
                 assert_eq!(state.reset_nanos, (1 + i % 9) * SEC, "{e:?}");

@@ -26,7 +26,7 @@ use redis::RedisError;
 
 use super::script::Mode;
 use super::{Call, RedisLimiter, slots};
-use crate::config::model::Charge;
+use crate::config::model::{Algorithm, Charge};
 use crate::limiter::{Batch, BatchOutcome, Hit, HitOutcome, plan};
 
 /// The outcome of a hit whose slot group failed.
@@ -122,7 +122,10 @@ fn scatter(outcome: &mut BatchOutcome, indices: &[usize], part: BatchOutcome) {
 }
 
 /// Per hit: it was applied in `independent` mode but must not have been (the request is
-/// denied, and it is not `charge: always`).
+/// denied, and it is not `charge: always`). A `concurrency` hold is kept: undone by a
+/// release, it would consume another request's pending denial first, and the request's own
+/// release is still to come (Envoy sends it for denied requests too); kept, it counts as held
+/// until that release frees it, which only ever admits less (docs/holds.md).
 fn to_undo(batch: &Batch, verdicts: &[bool], request_ok: bool) -> Vec<bool> {
     let mut group_ok: HashMap<usize, bool> = HashMap::new();
     for (hit, &ok) in batch.hits.iter().zip(verdicts) {
@@ -133,7 +136,10 @@ fn to_undo(batch: &Batch, verdicts: &[bool], request_ok: bool) -> Vec<bool> {
         .iter()
         .map(|h| {
             let applied = h.cost > 0 && group_ok.get(&h.group).copied().unwrap_or(false);
-            !request_ok && applied && h.limit.charge != Charge::Always
+            !request_ok
+                && applied
+                && h.limit.charge != Charge::Always
+                && h.limit.algorithm != Algorithm::Concurrency
         })
         .collect()
 }

@@ -36,7 +36,8 @@
 //! remembered retry time.
 //!
 //! Not cached: check-only hits (cost 0), refunds, `charge: always` limits (a denied request
-//! must still charge those, so it must reach Redis), and denials whose retry time is a period
+//! must still charge those, so it must reach Redis), `concurrency` limits (a denied request
+//! must leave its pending denial in Redis, and a release must reach the holds), and denials whose retry time is a period
 //! or more (a cost the limit can never admit, above its burst or with a zero quota, is
 //! answered by Redis with one period every time, not a time counting down).
 //!
@@ -53,7 +54,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 
-use crate::config::model::Charge;
+use crate::config::model::{Algorithm, Charge};
 use crate::limiter::{Batch, BatchOutcome, Hit, HitOutcome, plan};
 
 /// The limit parameters a denial is for (the key is the map's).
@@ -145,7 +146,10 @@ impl Held {
 }
 
 fn cacheable(hit: &Hit) -> bool {
-    hit.cost > 0 && !hit.refund && hit.limit.charge != Charge::Always
+    hit.cost > 0
+        && !hit.refund
+        && hit.limit.charge != Charge::Always
+        && hit.limit.algorithm != Algorithm::Concurrency
 }
 
 /// Per hit of `batch` as Redis decided it, whether the hit took or gave back something (its

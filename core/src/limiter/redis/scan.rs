@@ -14,6 +14,7 @@ use std::time::Duration;
 use redis::RedisResult;
 
 use super::RedisLimiter;
+use crate::config::model::Algorithm;
 use crate::limiter::counters::{
     BackendStatus, CounterEntry, CounterPage, CounterQuery, KeyState, Resolved,
 };
@@ -96,7 +97,19 @@ async fn read(
             admitted: h.admitted,
             remaining: h.remaining,
             reset_nanos: h.reset_nanos,
+            oldest_hold_nanos: None,
         });
+    }
+    for entry in &mut entries {
+        let held = match (entry.limit, entry.state) {
+            (Some(l), Some(s)) => {
+                l.algorithm == Algorithm::Concurrency && s.remaining < u64::from(l.quota)
+            }
+            _ => false,
+        };
+        if held && let Some(state) = entry.state.as_mut() {
+            state.oldest_hold_nanos = oldest_hold(limiter, &entry.key).await?;
+        }
     }
     // A key that expired between SCAN and the read reads as fresh: it is no longer held.
     entries.retain(|e| match (e.limit, e.state) {
@@ -116,6 +129,36 @@ fn check_only(key: &[u8], limit: LimitParams, group: usize) -> Hit {
         group,
         role: Role::Enforced,
     }
+}
+
+/// The oldest live admitted hold of a `concurrency` key (its sorted set, see
+/// `lua/concurrency.lua`): nanoseconds until it expires, by Redis's clock.
+const OLDEST_HOLD: &str = "local t = redis.call('TIME') \
+    local now = tonumber(t[1]) * 1000000 + tonumber(t[2]) \
+    local m = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. string.format('%d', now), '+inf', 'WITHSCORES') \
+    for i = 1, #m, 2 do \
+      if string.sub(m[i], 1, 2) == 'a:' then return tonumber(m[i + 1]) - now end \
+    end \
+    return -1";
+
+async fn oldest_hold(limiter: &RedisLimiter, key: &[u8]) -> Result<Option<u64>, LimiterError> {
+    let mut full = limiter.prefix().to_vec();
+    full.extend_from_slice(key);
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(OLDEST_HOLD).arg(1).arg(full);
+    let connector = &limiter.commit.shared().connector;
+    let call = async {
+        let reply: RedisResult<i64> = match connector.get(0).await {
+            Ok(mut c) => cmd.query_async(&mut c).await,
+            Err(e) => Err(e),
+        };
+        reply.map_err(super::limiter_error)
+    };
+    let wait = limiter.timeout.max(ADMIN_TIMEOUT);
+    let micros = tokio::time::timeout(wait, call)
+        .await
+        .map_err(|_| super::unavailable(&format!("EVAL: no answer within {wait:?}")))??;
+    Ok(u64::try_from(micros).ok().map(|m| m.saturating_mul(1000)))
 }
 
 /// Whether a read state is the fresh one: a full quota, nothing to wait for.

@@ -16,7 +16,7 @@ end
 
 -- Parse the limits, each once: its algorithm, its parameters, whether it charges always.
 -- An algorithm's functions are made on its first use in the request.
-local limit_algo, limit_params, limit_always, made = {}, {}, {}, {}
+local limit_algo, limit_params, limit_always, limit_pending, made = {}, {}, {}, {}, {}
 local nlimits = tonumber(ARGV[2]) or 0
 for l = 1, nlimits do
   local at = 5 * l - 2
@@ -33,7 +33,10 @@ for l = 1, nlimits do
   limit_algo[l] = algo
   limit_params[l] = algo.params(clamp(ARGV[at + 1]), clamp(ARGV[at + 2]), clamp(ARGV[at + 3]),
                                 flags % 2 == 1)
-  limit_always[l] = flags >= 2
+  -- A concurrency limit's `charge: always` keeps a denied request's cost as a pending denial
+  -- (its `deny`), never as a hold.
+  limit_always[l] = flags >= 2 and not algo.deny
+  limit_pending[l] = flags >= 2 and algo.deny ~= nil
 end
 
 -- Unpack every request's hits from the binary ARGV before deciding any (a malformed one fails
@@ -85,11 +88,12 @@ end
 -- key_text[s] is then the text of KEYS[s] as the requests decided so far left it (false:
 -- absent); a request's write updates it, and the keys changed are written after the last
 -- request (see the end). A sliding log's key (a sorted set) is read by the log itself: when a
--- limit of the call is one, only the other hits' keys are read here.
+-- limit of the call is one (or a concurrency limit, also a sorted set), only the other hits'
+-- keys are read here.
 local key_text = {}
 do
   local names, slots = KEYS, nil
-  if made.l then
+  if made.l or made.c then
     names, slots = {}, {}
     local seen = {}
     for i = 1, total do
@@ -298,6 +302,11 @@ for r = 1, nrequests do
         local s, algo = hit_slot[i], limit_algo[l]
         local apply = hit_refund[i] and algo.give or algo.take
         key_state[s] = apply(limit_params[l], key_state[s], now, cost)
+        key_changed[s] = true
+      elseif cost > 0 and not hit_refund[i] and limit_pending[l] then
+        -- a concurrency hit that does not consume keeps its cost as a pending denial
+        local s = hit_slot[i]
+        key_state[s] = limit_algo[l].deny(limit_params[l], key_state[s], now, cost)
         key_changed[s] = true
       end
     end

@@ -4,7 +4,7 @@
 -- This script is the concatenation of src/limiter/redis/lua/*.lua, in the order given by
 -- src/limiter/redis/script/mod.rs: this prelude (the contract and integer helpers), one file per
 -- algorithm, then main.lua (evaluate, plan, commit, write, report). It mirrors the Rust pure
--- functions (src/limiter/{funnel,token_bucket,fixed_window,sliding_window,sliding_log}.rs), src/limiter/plan.rs (all or nothing) and
+-- functions (src/limiter/{funnel,token_bucket,fixed_window,sliding_window,sliding_log,concurrency}.rs), src/limiter/plan.rs (all or nothing) and
 -- src/limiter/memory/decide.rs (evaluate with an overlay, plan, commit from the original states,
 -- report, write). Any change there must be made here too; tests/redis/script.rs checks that both
 -- give identical outcomes on random sequences.
@@ -32,7 +32,7 @@
 -- ARGV[2]      L, the number of distinct limits of the batch; then 5 fields per limit
 --              l = 1..L, at 3 + 5*(l-1), sent once however many hits share the limit:
 --   +0 algo    "f" funnel, "b" token bucket, "w" fixed window, "s" sliding window,
---              "l" sliding log
+--              "l" sliding log, "c" concurrency
 --   +1 quota   Q, requests per period (0 = zero quota)
 --   +2 period  P in microseconds (>= 1 after clamping)
 --   +3 burst   B
@@ -71,7 +71,8 @@
 -- Storage: each key holds its algorithm's state (the format is at the top of each algorithm's
 -- file). A key a cost was applied to is written back with a TTL of exactly the time until its
 -- state is fresh again (rounded up to the millisecond), or deleted when it already is.
--- Keys no cost touched (check-only hits, denied requests) are not written.
+-- Keys no cost touched (check-only hits, denied requests) are not written, except a
+-- concurrency key, which keeps a denied request's cost as a pending denial.
 --
 -- Commands per call: the states stored as one string (every algorithm but the sliding log)
 -- are read with one MGET for the whole call (one per MGET_KEYS keys), before the first
@@ -208,11 +209,14 @@ end
 --   the last request of the call (see "Storage" above).
 -- - otherwise (sliding log: a sorted set): `save` is set and `text` is nil; `load(key, params,
 --   now)` and `save(key, params, state, now, fresh_at)` read and write the key themselves.
+--
+-- `deny(params, state, now, cost)`, set only by concurrency, keeps what a denied request
+-- leaves behind (its pending denial); main.lua calls it for each hit of a denied request.
 local function algorithm(params, load, admits, take, give, remaining, reset, until_admitted,
-                         fresh_at, text, save)
+                         fresh_at, text, save, deny)
   return {
     params = params, load = load, admits = admits, take = take, give = give,
     remaining = remaining, reset = reset, until_admitted = until_admitted, fresh_at = fresh_at,
-    text = text, save = save,
+    text = text, save = save, deny = deny,
   }
 end

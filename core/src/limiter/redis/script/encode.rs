@@ -276,6 +276,7 @@ fn algorithm_code(algorithm: Algorithm) -> &'static str {
         Algorithm::FixedWindow => "w",
         Algorithm::SlidingWindow => "s",
         Algorithm::SlidingLog => "l",
+        Algorithm::Concurrency => "c",
     }
 }
 

@@ -49,12 +49,13 @@ pub use encode::{Call, MAX_EXACT, Mode, Part, Unit, encode, encoded_size, prefix
 pub use invoke::invoke;
 
 const PRELUDE: &str = include_str!("../lua/prelude.lua");
-const ALGORITHMS: [&str; 5] = [
+const ALGORITHMS: [&str; 6] = [
     include_str!("../lua/funnel.lua"),
     include_str!("../lua/token_bucket.lua"),
     include_str!("../lua/fixed_window.lua"),
     include_str!("../lua/sliding_window.lua"),
     include_str!("../lua/sliding_log.lua"),
+    include_str!("../lua/concurrency.lua"),
 ];
 const MAIN: &str = include_str!("../lua/main.lua");
 const LIBRARY_TAIL: &str = include_str!("../lua/library.lua");
@@ -63,8 +64,7 @@ const LIBRARY_TAIL: &str = include_str!("../lua/library.lua");
 /// `prelude.lua`); the library marks them all instead, and makes each once.
 const SCRIPT_MAKERS: &str =
     "for l = 1, tonumber(ARGV[2]) or 0 do MAKERS[ARGV[5 * l - 2]] = true end";
-const LIBRARY_MAKERS: &str =
-    "MAKERS.f, MAKERS.b, MAKERS.w, MAKERS.s, MAKERS.l = true, true, true, true, true";
+const LIBRARY_MAKERS: &str = "MAKERS.f, MAKERS.b, MAKERS.w, MAKERS.s, MAKERS.l, MAKERS.c = true, true, true, true, true, true";
 
 /// The Lua source of the script form, with its KEYS/ARGV contract at the top.
 pub static SOURCE: LazyLock<String> = LazyLock::new(|| {

@@ -1,0 +1,353 @@
+//! Concurrency: holds on Q slots, each leased for P, as pure integer functions.
+//!
+//! A key keeps two lists of records, each record a count with an expiry (and an id, which
+//! the holds the Throttle API names will use): the **admitted holds**, and the **pending
+//! denials**, the cost of denied requests whose release (Envoy's stream-done refund, sent
+//! for denied requests too) has not come yet. A record counts until its expiry, taken at
+//! `now + P` when it is made; then it is gone (a lost release frees its slot after one lease).
+//!
+//! - A cost `c` is admitted when the live admitted holds plus `c` are at most Q; an admitted
+//!   request adds a hold of `c` ([`Concurrency::take`]), a denied one a pending denial of `c`
+//!   ([`Concurrency::deny`]) when its limit keeps them (`charge: always`, the default of the
+//!   rules for this algorithm).
+//! - A release of `c` ([`Concurrency::give_back`]) first consumes pending denials, then
+//!   admitted holds, earliest expiry first in each list, and never more than is held.
+//!
+//! So the number of releases credited to admitted holds never exceeds the releases that came
+//! from admitted requests, and the admitted holds counted are never fewer than the requests
+//! really in flight (for releases credited within their hold's lease): docs/holds.md proves
+//! it and says what it costs (under steady denials, a release stays parked in the pending
+//! denials until they drain or the hold's lease ends).
+//!
+//! Records are kept in expiry order; a record is made at `max(now + P, newest expiry)` (a
+//! clock that went back never reorders them: a hold then lasts a little longer), merged into
+//! the newest record when that has the same expiry. Admitted holds are at most Q records (each
+//! holds at least 1); pending denials are at most [`MAX_RECORDS`]: a full list merges a new
+//! denial into its newest record (it then counts longer: this only ever keeps more). A zero
+//! quota admits nothing with a cost and keeps no admitted hold.
+//!
+//! ```
+//! use sluice_core::limiter::concurrency::{Concurrency, Holds};
+//! const SEC: u64 = 1_000_000_000;
+//! // 2 slots, leased for 10 s.
+//! let c = Concurrency::new(2, 10 * SEC);
+//! let mut h = Holds::default();
+//! c.take(&mut h, 0, 1);
+//! c.take(&mut h, SEC, 1);
+//! assert!(!c.admits(&h, 2 * SEC, 1));
+//! c.deny(&mut h, 2 * SEC, 1);
+//! c.give_back(&mut h, 3 * SEC, 1); // the denied request's release: frees nothing
+//! assert_eq!(c.held(&h, 3 * SEC), 2);
+//! c.give_back(&mut h, 3 * SEC, 1); // an admitted one's
+//! assert_eq!(c.held(&h, 3 * SEC), 1);
+//! assert_eq!(c.held(&h, 11 * SEC), 0, "a lost release frees its slot after one lease");
+//! ```
+
+use std::collections::VecDeque;
+
+/// The most records of pending denials a key keeps (and the cap on slots).
+pub const MAX_RECORDS: u32 = crate::config::model::SLIDING_LOG_MAX_QUOTA;
+
+/// One limit's parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Concurrency {
+    /// Q, the slots. 0 admits nothing with a cost.
+    slots: u64,
+    /// P, the lease, at least 1.
+    lease: u64,
+}
+
+/// One record: `count` units until `expiry`, under `id` (unique within its key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Record {
+    pub id: u64,
+    pub expiry: u64,
+    pub count: u64,
+}
+
+/// A key's admitted holds and pending denials, each in expiry order. It may still hold
+/// records that have expired (they are dropped when it next changes).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Holds {
+    admitted: VecDeque<Record>,
+    denied: VecDeque<Record>,
+    /// The id of the next record.
+    next_id: u64,
+}
+
+impl Holds {
+    /// No records.
+    pub const EMPTY: Holds = Holds {
+        admitted: VecDeque::new(),
+        denied: VecDeque::new(),
+        next_id: 0,
+    };
+
+    /// The admitted holds, earliest expiry first (expired ones included).
+    pub fn admitted(&self) -> impl Iterator<Item = Record> + '_ {
+        self.admitted.iter().copied()
+    }
+
+    /// The pending denials, earliest expiry first (expired ones included).
+    pub fn denied(&self) -> impl Iterator<Item = Record> + '_ {
+        self.denied.iter().copied()
+    }
+
+    /// Whether it keeps no record at all.
+    pub fn is_empty(&self) -> bool {
+        self.admitted.is_empty() && self.denied.is_empty()
+    }
+
+    /// The number of records.
+    pub fn len(&self) -> usize {
+        self.admitted.len() + self.denied.len()
+    }
+}
+
+impl Concurrency {
+    /// `slots` slots, each hold leased for `lease`.
+    pub fn new(slots: u32, lease: u64) -> Concurrency {
+        Concurrency {
+            slots: u64::from(slots),
+            lease: lease.max(1),
+        }
+    }
+
+    /// The live records of a list at `now`.
+    fn live(list: &VecDeque<Record>, now: u64) -> impl Iterator<Item = Record> + '_ {
+        list.iter().copied().skip_while(move |r| r.expiry <= now)
+    }
+
+    fn sum(list: &VecDeque<Record>, now: u64) -> u64 {
+        Self::live(list, now).fold(0, |s, r| s.saturating_add(r.count))
+    }
+
+    /// The admitted holds live at `now`.
+    pub fn held(&self, holds: &Holds, now: u64) -> u64 {
+        Self::sum(&holds.admitted, now)
+    }
+
+    /// The pending denials live at `now`.
+    pub fn pending(&self, holds: &Holds, now: u64) -> u64 {
+        Self::sum(&holds.denied, now)
+    }
+
+    /// The earliest expiry of a live admitted hold at `now`.
+    pub fn oldest_expiry(&self, holds: &Holds, now: u64) -> Option<u64> {
+        Self::live(&holds.admitted, now).next().map(|r| r.expiry)
+    }
+
+    fn trim(holds: &mut Holds, now: u64) {
+        for list in [&mut holds.admitted, &mut holds.denied] {
+            while list.front().is_some_and(|r| r.expiry <= now) {
+                list.pop_front();
+            }
+        }
+    }
+
+    /// Whether `cost` at `now` is admitted.
+    pub fn admits(&self, holds: &Holds, now: u64, cost: u64) -> bool {
+        if self.slots == 0 {
+            return cost == 0;
+        }
+        self.held(holds, now).saturating_add(cost) <= self.slots
+    }
+
+    /// Records an admitted hold of `cost` at `now`; its id.
+    pub fn take(&self, holds: &mut Holds, now: u64, cost: u64) -> Option<u64> {
+        if self.slots == 0 || cost == 0 {
+            return None;
+        }
+        Self::trim(holds, now);
+        let cap = usize::try_from(self.slots.min(u64::from(MAX_RECORDS))).unwrap_or(1);
+        Some(self.record(holds, now, cost, cap, true))
+    }
+
+    /// Records a pending denial of `cost` at `now` (the request was denied; its release is
+    /// still to come).
+    pub fn deny(&self, holds: &mut Holds, now: u64, cost: u64) {
+        if cost == 0 {
+            return;
+        }
+        Self::trim(holds, now);
+        let cap = usize::try_from(MAX_RECORDS).unwrap_or(1);
+        self.record(holds, now, cost, cap, false);
+    }
+
+    fn record(&self, holds: &mut Holds, now: u64, cost: u64, cap: usize, admitted: bool) -> u64 {
+        let id = holds.next_id;
+        let list = if admitted {
+            &mut holds.admitted
+        } else {
+            &mut holds.denied
+        };
+        let expiry = now.saturating_add(self.lease);
+        let full = list.len() >= cap;
+        match list.back_mut() {
+            Some(back) if back.expiry >= expiry || full => {
+                back.expiry = back.expiry.max(expiry);
+                back.count = back.count.saturating_add(cost);
+                back.id
+            }
+            _ => {
+                list.push_back(Record {
+                    id,
+                    expiry,
+                    count: cost,
+                });
+                holds.next_id = id.wrapping_add(1);
+                id
+            }
+        }
+    }
+
+    /// Releases `cost` at `now`: pending denials first, then admitted holds, earliest expiry
+    /// first; never more than is held.
+    pub fn give_back(&self, holds: &mut Holds, now: u64, cost: u64) {
+        Self::trim(holds, now);
+        let left = release(&mut holds.denied, cost);
+        release(&mut holds.admitted, left);
+    }
+
+    /// What is left at `now`.
+    pub fn remaining(&self, holds: &Holds, now: u64) -> u64 {
+        self.slots.saturating_sub(self.held(holds, now))
+    }
+
+    /// Nanoseconds until every admitted hold has expired (0 when none is live).
+    pub fn until_free(&self, holds: &Holds, now: u64) -> u64 {
+        holds
+            .admitted
+            .back()
+            .map_or(0, |r| r.expiry.saturating_sub(now))
+    }
+
+    /// Nanoseconds until the key keeps nothing (every record expired).
+    pub fn until_fresh(&self, holds: &Holds, now: u64) -> u64 {
+        let last = |l: &VecDeque<Record>| l.back().map_or(0, |r| r.expiry.saturating_sub(now));
+        last(&holds.admitted).max(last(&holds.denied))
+    }
+
+    /// Nanoseconds until `cost` would be admitted without releases: when enough of the
+    /// earliest holds have expired. A cost above the slots and a zero quota get one lease.
+    /// Never 0 for a cost that is denied now.
+    pub fn until_admitted(&self, holds: &Holds, now: u64, cost: u64) -> u64 {
+        if self.slots == 0 || cost > self.slots {
+            return self.lease;
+        }
+        let need = self
+            .held(holds, now)
+            .saturating_add(cost)
+            .saturating_sub(self.slots);
+        if need == 0 {
+            return 1;
+        }
+        let mut freed = 0u64;
+        for r in Self::live(&holds.admitted, now) {
+            freed = freed.saturating_add(r.count);
+            if freed >= need {
+                return r.expiry.saturating_sub(now).max(1);
+            }
+        }
+        self.lease
+    }
+}
+
+/// Takes up to `cost` from the front of `list`; what was not there to take.
+fn release(list: &mut VecDeque<Record>, mut cost: u64) -> u64 {
+    while cost > 0 {
+        let Some(front) = list.front_mut() else {
+            break;
+        };
+        let take = cost.min(front.count);
+        front.count -= take;
+        cost -= take;
+        if front.count == 0 {
+            list.pop_front();
+        }
+    }
+    cost
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: u64 = 1_000_000_000;
+
+    #[test]
+    fn admits_up_to_the_slots_and_frees_on_release() {
+        let c = Concurrency::new(3, 10 * SEC);
+        let mut h = Holds::default();
+        for t in 0..3 {
+            assert!(c.admits(&h, t, 1));
+            c.take(&mut h, t, 1);
+        }
+        assert!(!c.admits(&h, 3, 1));
+        assert_eq!(c.until_admitted(&h, 3, 1), 10 * SEC - 3);
+        c.give_back(&mut h, 4, 1);
+        assert!(c.admits(&h, 4, 1));
+        assert_eq!(c.oldest_expiry(&h, 4), Some(10 * SEC + 1));
+    }
+
+    #[test]
+    fn a_denied_requests_release_frees_nothing() {
+        let c = Concurrency::new(1, 10 * SEC);
+        let mut h = Holds::default();
+        c.take(&mut h, 0, 1);
+        c.deny(&mut h, 1, 1);
+        c.deny(&mut h, 2, 1);
+        c.give_back(&mut h, 3, 1);
+        c.give_back(&mut h, 3, 1);
+        assert_eq!((c.held(&h, 3), c.pending(&h, 3)), (1, 0));
+        c.give_back(&mut h, 3, 1);
+        assert_eq!(c.held(&h, 3), 0);
+    }
+
+    #[test]
+    fn a_release_never_frees_more_than_is_held() {
+        let c = Concurrency::new(5, SEC);
+        let mut h = Holds::default();
+        c.take(&mut h, 0, 2);
+        c.give_back(&mut h, 1, 100);
+        assert!(h.is_empty());
+        c.give_back(&mut h, 1, 1);
+        c.take(&mut h, 2, 1);
+        assert_eq!(c.held(&h, 2), 1, "an early release is not kept as credit");
+    }
+
+    #[test]
+    fn a_lost_release_frees_after_one_lease() {
+        let c = Concurrency::new(1, 2 * SEC);
+        let mut h = Holds::default();
+        c.take(&mut h, SEC, 1);
+        c.deny(&mut h, SEC, 1);
+        assert!(!c.admits(&h, 3 * SEC - 1, 1));
+        assert!(c.admits(&h, 3 * SEC, 1));
+        assert_eq!(c.until_fresh(&h, SEC), 2 * SEC);
+    }
+
+    #[test]
+    fn ids_are_distinct_and_records_stay_bounded() {
+        let c = Concurrency::new(2, SEC);
+        let mut h = Holds::default();
+        let a = c.take(&mut h, 0, 1);
+        let b = c.take(&mut h, 1, 1);
+        assert_ne!(a, b);
+        for t in 0..(u64::from(MAX_RECORDS) + 10) {
+            c.deny(&mut h, 2 + t, 1);
+        }
+        assert_eq!(h.denied.len(), MAX_RECORDS as usize);
+        assert_eq!(c.pending(&h, 2), u64::from(MAX_RECORDS) + 10);
+    }
+
+    #[test]
+    fn zero_slots_admit_only_checks() {
+        let c = Concurrency::new(0, SEC);
+        let mut h = Holds::default();
+        assert!(c.admits(&h, 0, 0));
+        assert!(!c.admits(&h, 0, 1));
+        assert_eq!(c.take(&mut h, 0, 1), None);
+        assert_eq!(c.until_admitted(&h, 0, 1), SEC);
+    }
+}
