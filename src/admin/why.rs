@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 
 use super::counters::{Filter, json_response, resolve};
 use super::{Admin, text};
+use crate::config::model::{Algorithm, LimitRule};
 use crate::engine::{DescriptorWhy, EngineError, Explanation, LimitWhy, Matched};
 use crate::limiter::counters::CounterQuery;
 use crate::limiter::{HitOutcome, LimiterError, Role, StateKey};
@@ -140,21 +141,26 @@ fn limit_json(l: &LimitWhy, from_override: bool) -> Value {
         "borrow": r.borrow,
         "override": from_override,
         "key": String::from_utf8_lossy(&l.key),
-        "state": state_json(&l.now),
+        "state": state_json(&l.now, r),
         "verdict": verdict_json(&l.verdict),
     })
 }
 
 /// A key's state now (what a check-only request sees). An object, so that what other limits
 /// keep (a penalty box's end, concurrency holds) can join it.
-fn state_json(now: &HitOutcome) -> Value {
+/// For a concurrency limit, `holds` is the slots held now (its slots less what is left).
+fn state_json(now: &HitOutcome, rule: &LimitRule) -> Value {
     let reset = now.reset_nanos as f64 / 1e9;
-    json!({
+    let mut state = json!({
         "remaining": now.remaining,
         "reset_seconds": reset,
         "in_debt": !now.admitted,
         "debt_seconds": if now.admitted { 0.0 } else { reset },
-    })
+    });
+    if rule.algorithm == Algorithm::Concurrency {
+        state["holds"] = json!(u64::from(rule.requests_per_unit).saturating_sub(now.remaining));
+    }
+    state
 }
 
 fn verdict_json(v: &HitOutcome) -> Value {

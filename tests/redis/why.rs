@@ -361,3 +361,52 @@ async fn deny_cache_hits(admin: SocketAddr) -> f64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0)
 }
+
+const HELD: &str = "
+domain: held
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: concurrency}
+";
+
+/// A concurrency key with both slots held: `/why` shows the holds and the denial it would
+/// give, and leaves nothing behind: after any number of `/why` calls, one release frees one
+/// slot for the next request (a `/why` that left a pending denial would have swallowed it).
+async fn held(addr: SocketAddr) {
+    let take = request("held", &[&[("tenant", "t")]]);
+    let release = json!({
+        "domain": "held",
+        "descriptors": [{
+            "entries": [{"key": "tenant", "value": "t"}],
+            "hitsAddend": 1,
+            "isNegativeHits": true,
+        }],
+    })
+    .to_string();
+    assert_eq!(decide(addr, &take).await, 200);
+    assert_eq!(decide(addr, &take).await, 200);
+    for _ in 0..20 {
+        let w = why(addr, &take).await;
+        assert_eq!(w["overall_code"], "OVER_LIMIT", "{w}");
+        let l = &w["descriptors"][0]["limits"][0];
+        assert_eq!(l["algorithm"], "concurrency", "{l}");
+        assert_eq!(l["state"]["holds"], 2, "{l}");
+        assert_eq!(l["state"]["remaining"], 0, "{l}");
+        assert_eq!(l["verdict"]["admitted"], false, "{l}");
+    }
+    assert_eq!(decide(addr, &release).await, 200);
+    let w = why(addr, &take).await;
+    assert_eq!(w["descriptors"][0]["limits"][0]["state"]["holds"], 1, "{w}");
+    assert_eq!(decide(addr, &take).await, 200, "the released slot is free");
+}
+
+#[tokio::test]
+async fn a_held_concurrency_key_memory() {
+    held(TestServer::start(HELD).await.admin_addr).await;
+}
+
+#[tokio::test]
+async fn a_held_concurrency_key_redis() {
+    let (_redis, server) = redis_server(HELD).await;
+    held(server.admin_addr).await;
+}
