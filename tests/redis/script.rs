@@ -36,6 +36,8 @@ fn random_hit(rng: &mut Rng, seed: u64) -> Hit {
         burst: rng.pick(&[0, 1, 2, 3, 6]),
         charge: rng.charge(15),
         borrow: rng.chance(15),
+        block_nanos: 0,
+        calendar: None,
     };
     Hit {
         key: format!("{{diff|seed={seed}}}:{}", rng.pick(&["a", "b", "c"]))

@@ -26,6 +26,9 @@ pub enum State {
     SlidingWindow(Counters),
     /// Boxed, so that every other state stays small.
     SlidingLog(Box<Log>),
+    /// Not an algorithm's: a key's penalty box (`block_for`), blocked until this time. The
+    /// memory backend stores it beside the key's state; every algorithm reads it as fresh.
+    Blocked(u64),
 }
 
 /// One limit's algorithm and parameters.
@@ -45,7 +48,9 @@ impl Algo {
         match limit.algorithm {
             Algorithm::Funnel => Algo::Funnel(Funnel::new(q, p, b, borrow)),
             Algorithm::TokenBucket => Algo::TokenBucket(TokenBucket::new(q, p, b, borrow)),
-            Algorithm::FixedWindow => Algo::FixedWindow(FixedWindow::new(q, p)),
+            Algorithm::FixedWindow => {
+                Algo::FixedWindow(FixedWindow::new(q, p).with_calendar(limit.calendar))
+            }
             Algorithm::SlidingWindow => Algo::SlidingWindow(SlidingWindow::new(q, p)),
             Algorithm::SlidingLog => Algo::SlidingLog(SlidingLog::new(q, p)),
         }

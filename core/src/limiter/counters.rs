@@ -50,8 +50,11 @@ pub struct KeyState {
     pub admitted: bool,
     /// What is left.
     pub remaining: u64,
-    /// Nanoseconds until the full quota is back (when in debt: until a request is admitted).
+    /// Nanoseconds until the full quota is back (when in debt or blocked: until a request is
+    /// admitted).
     pub reset_nanos: u64,
+    /// Nanoseconds until the key's penalty box (`block_for`) ends, while it is blocked.
+    pub blocked_nanos: Option<u64>,
 }
 
 /// One page of keys.

@@ -146,6 +146,7 @@
 //! is an empty model, not an error.
 
 mod algorithm;
+mod calendar;
 mod deny;
 mod document;
 mod files;

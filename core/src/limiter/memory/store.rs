@@ -36,15 +36,19 @@ pub(super) enum Kind {
     FixedWindow,
     SlidingWindow,
     SlidingLog,
+    /// A key's penalty box (`block_for`): until when it is blocked, under the key of the
+    /// state it belongs to.
+    Block,
 }
 
 impl Kind {
-    const ALL: [Kind; 5] = [
+    const ALL: [Kind; 6] = [
         Kind::Funnel,
         Kind::TokenBucket,
         Kind::FixedWindow,
         Kind::SlidingWindow,
         Kind::SlidingLog,
+        Kind::Block,
     ];
 
     /// The kind of state an algorithm keeps.
@@ -95,6 +99,30 @@ impl Value for u64 {
     fn new(_fresh_at: u64, state: State) -> Option<u64> {
         match state {
             State::Funnel(tat) => Some(tat),
+            _ => None,
+        }
+    }
+}
+
+/// A penalty box: the time it ends is the time it becomes fresh.
+struct Until(u64);
+
+impl Value for Until {
+    fn fresh_at(&self) -> u64 {
+        self.0
+    }
+
+    fn peek(&self) -> State {
+        State::Blocked(self.0)
+    }
+
+    fn take(&mut self) -> State {
+        self.peek()
+    }
+
+    fn new(_fresh_at: u64, state: State) -> Option<Until> {
+        match state {
+            State::Blocked(until) => Some(Until(until)),
             _ => None,
         }
     }
@@ -299,6 +327,7 @@ struct Tables {
     fixed_window: Table<Timed<Window>>,
     sliding_window: Table<Timed<Counters>>,
     sliding_log: Table<Timed<Option<Box<Log>>>>,
+    block: Table<Until>,
 }
 
 impl Tables {
@@ -309,6 +338,7 @@ impl Tables {
             Kind::FixedWindow => &self.fixed_window,
             Kind::SlidingWindow => &self.sliding_window,
             Kind::SlidingLog => &self.sliding_log,
+            Kind::Block => &self.block,
         }
     }
 
@@ -319,6 +349,7 @@ impl Tables {
             Kind::FixedWindow => &mut self.fixed_window,
             Kind::SlidingWindow => &mut self.sliding_window,
             Kind::SlidingLog => &mut self.sliding_log,
+            Kind::Block => &mut self.block,
         }
     }
 }

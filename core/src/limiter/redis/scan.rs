@@ -96,6 +96,7 @@ async fn read(
             admitted: h.admitted,
             remaining: h.remaining,
             reset_nanos: h.reset_nanos,
+            blocked_nanos: None,
         });
     }
     // A key that expired between SCAN and the read reads as fresh: it is no longer held.

@@ -23,6 +23,8 @@ fn hit(key: &str, group: usize) -> Hit {
             burst: 4,
             charge: Charge::Always,
             borrow: true,
+            block_nanos: 0,
+            calendar: None,
         },
         cost: u64::MAX,
         refund: false,
