@@ -7,8 +7,8 @@ use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-pub use crate::limiter::calendar::Zone;
-use crate::limiter::calendar::{Calendar, CalendarUnit};
+pub use crate::config::calendar::Zone;
+use crate::config::calendar::{Calendar, CalendarUnit};
 
 /// Where something was defined: a rules file and a 1-based line.
 #[derive(Debug, Clone, PartialEq, Eq)]

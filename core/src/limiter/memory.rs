@@ -161,10 +161,12 @@ impl<C: Clock> MemoryLimiter<C> {
         if batch.hits.iter().any(|h| h.limit.block_nanos > 0) {
             boxes.extend(places.iter().map(Place::penalty_box));
             let read = boxes.iter_mut().zip(&slots.first);
-            blocks.extend(read.map(|(place, hit)| match place.read(&mut locked, &hit.key) {
-                State::Blocked(until) => until,
-                _ => 0,
-            }));
+            blocks.extend(
+                read.map(|(place, hit)| match place.read(&mut locked, &hit.key) {
+                    State::Blocked(until) => until,
+                    _ => 0,
+                }),
+            );
             before.extend_from_slice(&blocks);
         }
         let mut writes = Scratch::new();
@@ -208,7 +210,14 @@ fn write_blocks(
         match place.found {
             _ if until == was => {}
             Some(found) => store.put(found, until, State::Blocked(until)),
-            None => store.insert(Kind::Block, place.hash, &hit.key, until, State::Blocked(until), now),
+            None => store.insert(
+                Kind::Block,
+                place.hash,
+                &hit.key,
+                until,
+                State::Blocked(until),
+                now,
+            ),
         }
     }
 }
@@ -400,8 +409,8 @@ mod penalty_and_calendar {
     use futures_util::FutureExt;
 
     use super::*;
+    use crate::config::calendar::{Calendar, CalendarUnit, Zone};
     use crate::config::model::{Algorithm, Charge};
-    use crate::limiter::calendar::{Calendar, CalendarUnit, Zone};
     use crate::limiter::{LimitParams, ManualClock, Role};
 
     const SEC: u64 = 1_000_000_000;
@@ -432,7 +441,11 @@ mod penalty_and_calendar {
     }
 
     fn check(l: &MemoryLimiter<ManualClock>, b: &Batch) -> (bool, u64) {
-        let o = l.check(b).now_or_never().and_then(Result::ok).expect("decided");
+        let o = l
+            .check(b)
+            .now_or_never()
+            .and_then(Result::ok)
+            .expect("decided");
         (o.admitted, o.hits[0].reset_nanos)
     }
 
@@ -456,10 +469,17 @@ mod penalty_and_calendar {
             assert!(!ok);
             assert_eq!(wait, 1_010 * SEC - clock.now_nanos());
         }
-        assert!(!check(&limiter, &hit(blocked, 0)).0, "a check-only request too");
+        assert!(
+            !check(&limiter, &hit(blocked, 0)).0,
+            "a check-only request too"
+        );
         clock.advance(SEC);
         assert!(check(&limiter, &b).0, "the block is over");
-        assert_eq!(check(&limiter, &b), (false, 10 * SEC), "a new denial, a new block");
+        assert_eq!(
+            check(&limiter, &b),
+            (false, 10 * SEC),
+            "a new denial, a new block"
+        );
     }
 
     #[test]

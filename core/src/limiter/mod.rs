@@ -11,7 +11,8 @@
 //! [`plan`] (all or nothing), commits, and reports a [`HitOutcome`] per hit.
 
 pub mod algorithm;
-pub mod calendar;
+pub use crate::config::calendar;
+
 pub mod clock;
 pub mod counters;
 pub mod fixed_window;

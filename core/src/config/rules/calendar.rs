@@ -31,7 +31,9 @@ pub(super) fn block_for(fields: &Fields<'_>, ctx: &mut Ctx<'_>) -> Option<u64> {
 
 /// A duration in nanoseconds; `None` when it is not one (or overflows).
 fn duration_nanos(text: &str) -> Option<u64> {
-    let digits = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
     let (number, unit) = text.split_at(digits);
     let n: u64 = number.parse().ok()?;
     let scale: u64 = match unit.trim() {
@@ -104,7 +106,14 @@ mod tests {
         assert_eq!(duration_nanos("10m"), Some(600 * SEC));
         assert_eq!(duration_nanos("2h"), Some(7_200 * SEC));
         assert_eq!(duration_nanos("1d"), Some(86_400 * SEC));
-        for bad in ["", "s", "1.5s", "-1s", "10 parsecs", "99999999999999999999d"] {
+        for bad in [
+            "",
+            "s",
+            "1.5s",
+            "-1s",
+            "10 parsecs",
+            "99999999999999999999d",
+        ] {
             assert_eq!(duration_nanos(bad), None, "{bad}");
         }
     }

@@ -98,7 +98,14 @@ fn check_only(key: &[u8], limit: LimitParams, state: &State, until: u64, now: u6
     let mut states = [state.clone()];
     let mut writes = Scratch::new();
     let mut blocks = [until];
-    let outcome = decide::decide(&batch.hits, &[0], &mut states, &mut blocks, now, &mut writes);
+    let outcome = decide::decide(
+        &batch.hits,
+        &[0],
+        &mut states,
+        &mut blocks,
+        now,
+        &mut writes,
+    );
     let hit = outcome
         .hits
         .first()

@@ -10,7 +10,7 @@
 //! boundaries to its script, which never computes zones itself.
 //!
 //! ```
-//! use sluice_core::limiter::calendar::{Calendar, CalendarUnit, Zone};
+//! use sluice_core::config::calendar::{Calendar, CalendarUnit, Zone};
 //! const SEC: u64 = 1_000_000_000;
 //! let berlin = Zone::named("Europe/Berlin").unwrap();
 //! let day = Calendar::new(berlin, CalendarUnit::Day);
@@ -44,13 +44,15 @@ pub struct Zone(&'static ZoneData);
 impl Zone {
     /// The zone of this IANA name (`Europe/Berlin`, `UTC`, ...); an error names what is wrong.
     pub fn named(name: &str) -> Result<Zone, String> {
-        let mut zones = ZONES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut zones = ZONES
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(data) = zones.get(name) {
             return Ok(Zone(data));
         }
-        let tz = jiff::tz::db()
-            .get(name)
-            .map_err(|_| format!("unknown time zone '{name}' (expected an IANA name such as Europe/Berlin)"))?;
+        let tz = jiff::tz::db().get(name).map_err(|_| {
+            format!("unknown time zone '{name}' (expected an IANA name such as Europe/Berlin)")
+        })?;
         let data: &'static ZoneData = Box::leak(Box::new(ZoneData {
             name: name.to_owned(),
             tz,
@@ -180,10 +182,16 @@ mod tests {
     fn berlin_days_are_23_and_25_hours_at_the_changes() {
         let day = Calendar::new(Zone::named("Europe/Berlin").unwrap(), CalendarUnit::Day);
         let (s, e) = day.window(utc("2026-03-29T12:00:00Z"));
-        assert_eq!((s, e), (utc("2026-03-28T23:00:00Z"), utc("2026-03-29T22:00:00Z")));
+        assert_eq!(
+            (s, e),
+            (utc("2026-03-28T23:00:00Z"), utc("2026-03-29T22:00:00Z"))
+        );
         assert_eq!(e - s, 23 * HOUR);
         let (s, e) = day.window(utc("2026-10-25T12:00:00Z"));
-        assert_eq!((s, e), (utc("2026-10-24T22:00:00Z"), utc("2026-10-25T23:00:00Z")));
+        assert_eq!(
+            (s, e),
+            (utc("2026-10-24T22:00:00Z"), utc("2026-10-25T23:00:00Z"))
+        );
         assert_eq!(e - s, 25 * HOUR);
         // One nanosecond before local midnight is the day before.
         assert_eq!(day.window(e - 1).1, e);
@@ -196,12 +204,21 @@ mod tests {
         let week = Calendar::new(ny, CalendarUnit::Week);
         // Sunday 2026-03-08, the day New York moves to summer time.
         let (s, e) = week.window(utc("2026-03-08T12:00:00Z"));
-        assert_eq!((s, e), (utc("2026-03-02T05:00:00Z"), utc("2026-03-09T04:00:00Z")));
+        assert_eq!(
+            (s, e),
+            (utc("2026-03-02T05:00:00Z"), utc("2026-03-09T04:00:00Z"))
+        );
         let month = Calendar::new(ny, CalendarUnit::Month);
         let (s, e) = month.window(utc("2026-02-28T12:00:00Z"));
-        assert_eq!((s, e), (utc("2026-02-01T05:00:00Z"), utc("2026-03-01T05:00:00Z")));
+        assert_eq!(
+            (s, e),
+            (utc("2026-02-01T05:00:00Z"), utc("2026-03-01T05:00:00Z"))
+        );
         let year = Calendar::new(ny, CalendarUnit::Year);
-        assert_eq!(year.window(utc("2026-06-01T00:00:00Z")).1, utc("2027-01-01T05:00:00Z"));
+        assert_eq!(
+            year.window(utc("2026-06-01T00:00:00Z")).1,
+            utc("2027-01-01T05:00:00Z")
+        );
         assert_eq!(
             month.around(utc("2026-02-28T12:00:00Z")),
             [
@@ -220,6 +237,9 @@ mod tests {
         assert_eq!(a, Zone::named("Asia/Kolkata").unwrap());
         assert_eq!(a.name(), "Asia/Kolkata");
         let day = Calendar::new(a, CalendarUnit::Day);
-        assert_eq!(day.window(utc("2026-01-01T00:00:00Z")).0, utc("2025-12-31T18:30:00Z"));
+        assert_eq!(
+            day.window(utc("2026-01-01T00:00:00Z")).0,
+            utc("2025-12-31T18:30:00Z")
+        );
     }
 }
