@@ -208,19 +208,18 @@ fn denied(wait: u64) -> HitOutcome {
 
 /// The verdict on a hit whose limit has `block_for`, its key blocked `until` (0: never
 /// blocked): denied while the block lasts; after it, its algorithm decides, and a denial
-/// blocks the key for `block_for` from `now`. The wait reported is the longer of the block's
-/// and the algorithm's.
+/// blocks the key for `block_for` from `now`. The wait reported is the time to the block's
+/// end (when the algorithm still denies then, that denial starts a new block), so that a
+/// deny cache holding the answer until then never outlives the block.
 fn penalty(hit: &Hit, algo: &Algo, state: &State, until: &mut u64, now: u64) -> Option<HitOutcome> {
     if *until > now {
-        let wait = algo.until_admitted(state, now, hit.cost);
-        return Some(denied(wait.max(*until - now)));
+        return Some(denied(*until - now));
     }
     if algo.admits(state, now, hit.cost) {
         return None;
     }
     *until = now.saturating_add(hit.limit.block_nanos);
-    let wait = algo.until_admitted(state, now, hit.cost);
-    Some(denied(wait.max(hit.limit.block_nanos)))
+    Some(denied(hit.limit.block_nanos))
 }
 
 /// Applies the planned hits to the original states, in batch order; marks in `changed` the
