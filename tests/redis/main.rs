@@ -14,6 +14,7 @@ mod algorithms;
 mod batching;
 mod cluster;
 mod footprint;
+mod penalty;
 mod replicas;
 mod roundtrips;
 mod script;
