@@ -56,6 +56,14 @@ async fn the_box_holds_across_two_replicas_for_its_duration_and_no_longer() {
         "the other replica sees the box at once"
     );
     assert!(matches!(reset_secs(&at_b.statuses[0]), Some(2..=3)));
+    // /counters shows the box, read from Redis.
+    let counters = http::get(replicas[1].admin(), "/counters?format=text").await;
+    let line = counters.body.lines().find(|l| l.contains("user=eve"));
+    assert!(
+        line.is_some_and(|l| l.contains(" blocked=")),
+        "the box on /counters: {}",
+        counters.body
+    );
     // Past the funnel's 1 s, the box still denies, at both replicas (A may answer from its
     // deny cache, B asks Redis); knocking does not extend it.
     tokio::time::sleep_until(boxed_at + Duration::from_millis(1_500)).await;
