@@ -105,7 +105,11 @@ async fn read(
     let mut states = outcome.hits.into_iter();
     for entry in entries.iter_mut().filter(|e| e.limit.is_some()) {
         let boxed = entry.limit.is_some_and(|l| l.block_nanos > 0);
-        let until = if boxed { blocked.next().flatten() } else { None };
+        let until = if boxed {
+            blocked.next().flatten()
+        } else {
+            None
+        };
         entry.state = states.next().map(|h| KeyState {
             admitted: h.admitted,
             remaining: h.remaining,
@@ -149,7 +153,12 @@ async fn blocks(limiter: &RedisLimiter, keys: &[&[u8]]) -> Result<Vec<Option<u64
     let ttls = tokio::time::timeout(wait, call)
         .await
         .map_err(|_| super::unavailable(&format!("PTTL: no answer within {wait:?}")))??;
-    let left = |ms: i64| u64::try_from(ms).ok().filter(|&ms| ms > 0).map(|ms| ms * 1_000_000);
+    let left = |ms: i64| {
+        u64::try_from(ms)
+            .ok()
+            .filter(|&ms| ms > 0)
+            .map(|ms| ms * 1_000_000)
+    };
     Ok(ttls.into_iter().map(left).collect())
 }
 

@@ -183,7 +183,13 @@ fn one(hits: &[Hit], mode: Mode) -> [Part<'_>; 1] {
 
 fn call_via(via: Via) -> Call {
     let hits = [hit("a", 0)];
-    encode(&one(&hits, Mode::Request), b"p:", Unit::Nanos, (None, 0), via)
+    encode(
+        &one(&hits, Mode::Request),
+        b"p:",
+        Unit::Nanos,
+        (None, 0),
+        via,
+    )
 }
 
 fn mock(replies: &[&'static [u8]]) -> Mock {
