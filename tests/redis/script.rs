@@ -671,7 +671,13 @@ async fn one_call(
             mode: Mode::Request,
         })
         .collect();
-    let call = script::encode(&parts, b"sluice:", Unit::Nanos, (Some(now), now * 1_000), via);
+    let call = script::encode(
+        &parts,
+        b"sluice:",
+        Unit::Nanos,
+        (Some(now), now * 1_000),
+        via,
+    );
     let functions = Functions::new(via == Via::Function);
     let reply = script::invoke(&mut conn, &call, &functions)
         .await
