@@ -1,5 +1,6 @@
 //! The Lua script against a real `redis-server`: the differential test (the same random
-//! batches through the memory backend and through the script give identical outcomes, with
+//! batches, some limits with a penalty box, through the memory backend and through the script
+//! give identical outcomes, with
 //! steps of every size, and with batches at one instant or under a millisecond apart; one of
 //! them on the requests the script's funnel fast path takes), TTLs and deletion of fresh
 //! states, the commands a call of many requests runs (one `MGET`, one write per changed key),
@@ -36,7 +37,12 @@ fn random_hit(rng: &mut Rng, seed: u64) -> Hit {
         burst: rng.pick(&[0, 1, 2, 3, 6]),
         charge: rng.charge(15),
         borrow: rng.chance(15),
-        block_nanos: 0,
+        // A penalty box on some limits (in microseconds here, like the periods).
+        block_nanos: if rng.chance(20) {
+            rng.pick(&[SECOND_MICROS, 3 * SECOND_MICROS + 7])
+        } else {
+            0
+        },
         calendar: None,
     };
     Hit {
