@@ -80,6 +80,8 @@ use store::{Found, Kind};
 ///     burst: 2,
 ///     charge: Charge::Admitted,
 ///     borrow: false,
+///     block_nanos: 0,
+///     calendar: None,
 /// };
 /// let hit = Hit {
 ///     key: b"api|alice".as_slice().into(),
