@@ -1,6 +1,7 @@
 //! `block_for` (the penalty box) and `time_zone` (calendar windows) through gRPC, on both
 //! backends: the box keeps a key denied for its duration and no longer, through two `sluice`
-//! processes on one `redis-server` and in process over memory; calendar windows change at
+//! processes on one `redis-server`, on a Redis Cluster, and in process over memory (where a
+//! shadow limit's box is shown, never enforced); calendar windows change at
 //! local midnight across daylight-saving changes and a month end, with
 //! `duration_until_reset` the time to that boundary, and both backends answer alike on the
 //! same controlled clock (the Redis limiter's script reads it instead of Redis `TIME`).
@@ -202,4 +203,36 @@ async fn calendar_windows_change_at_local_midnight_and_both_backends_agree() {
     let mut r = client(&server).await;
     let on_redis = walk(&mut r, &clock).await;
     assert_eq!(on_memory, on_redis);
+}
+
+/// On a Redis Cluster: the box's key (the state key with `:block`, the same hash tag) is in
+/// the state key's slot, so the script reads and writes it on the node that owns that slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_box_works_on_a_redis_cluster() {
+    let cluster = sluice::testing::redis::RedisCluster::start();
+    let settings = sluice::config::settings::RedisSettings {
+        url: cluster.url(),
+        ..Default::default()
+    };
+    let limiter = RedisLimiter::new(&settings, 100).expect("valid settings");
+    let server = TestServer::start_over(Settings::default(), BOX_RULES, Arc::new(limiter)).await;
+    let mut c = client(&server).await;
+    assert_eq!(overall(&call(&mut c, user("eve")).await), Code::Ok);
+    let denied = call(&mut c, user("eve")).await;
+    let boxed_at = Instant::now();
+    assert_eq!(overall(&denied), Code::OverLimit);
+    assert_eq!(reset_secs(&denied.statuses[0]), Some(3));
+    tokio::time::sleep_until(boxed_at + Duration::from_millis(1_200)).await;
+    let r = call(
+        &mut c,
+        req("pb", vec![with_hits(desc(&[("user", "eve")]), 0)]),
+    )
+    .await;
+    assert_eq!(
+        overall(&r),
+        Code::OverLimit,
+        "a check-only request is boxed too"
+    );
+    tokio::time::sleep_until(boxed_at + Duration::from_millis(3_100)).await;
+    assert_eq!(overall(&call(&mut c, user("eve")).await), Code::Ok);
 }
