@@ -300,6 +300,8 @@ descriptors:
             borrow: _,
             replaces: _,
             on_deny: _,
+            block_nanos: _,
+            time_zone: _,
         } = limit(&mut model);
         let Location { file: _, line: _ } = &model.domains[0].location;
         vec![
@@ -351,6 +353,10 @@ descriptors:
                     content_type: None,
                     headers: Vec::new(),
                 }));
+            }),
+            ("block_for", |m| limit(m).block_nanos = 30_000_000_000),
+            ("time_zone", |m| {
+                limit(m).time_zone = crate::config::model::Zone::named("Europe/Berlin").ok();
             }),
             ("unlimited name", |m| *unlimited(m).0 = None),
             ("unlimited replaces", |m| unlimited(m).1.push("x".into())),

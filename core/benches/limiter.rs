@@ -70,6 +70,8 @@ fn algorithms(c: &mut Criterion) {
             burst: 100,
             charge: Charge::Admitted,
             borrow: false,
+            block_nanos: 0,
+            calendar: None,
         });
         let name = algorithm.as_str();
         let mut half = State::Fresh;

@@ -163,7 +163,10 @@ fn entry(rules: &RuleSet, e: &CounterEntry) -> Value {
         out["burst"] = json!(limit.burst);
         out["remaining"] = json!(state.remaining);
         out["reset_seconds"] = json!(state.reset_nanos as f64 / 1e9);
-        out["in_debt"] = json!(!state.admitted);
+        out["in_debt"] = json!(!state.admitted && state.blocked_nanos.is_none());
+        if let Some(blocked) = state.blocked_nanos {
+            out["blocked_seconds"] = json!(blocked as f64 / 1e9);
+        }
         if limit.algorithm == Algorithm::Concurrency {
             out["holds"] = json!(u64::from(limit.quota).saturating_sub(state.remaining));
             out["oldest_hold_expires_seconds"] =
@@ -194,6 +197,10 @@ fn counters_text(keys: &[Value], next: Option<&str>) -> String {
             s("remaining"),
             s("reset_seconds"),
         );
+        if let Some(b) = k.get("blocked_seconds") {
+            out.pop();
+            let _ = writeln!(out, " blocked={}s", plain(b));
+        }
         if k.get("holds").is_some() {
             out.pop();
             let _ = writeln!(

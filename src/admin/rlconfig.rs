@@ -104,5 +104,11 @@ fn extra(l: &LimitRule) -> String {
             let _ = write!(out, ",headers:{headers}");
         }
     }
+    if l.block_nanos > 0 {
+        let _ = write!(out, " block_for={}ms", l.block_nanos / 1_000_000);
+    }
+    if let Some(zone) = l.time_zone {
+        let _ = write!(out, " time_zone={}", zone.name());
+    }
     out
 }

@@ -17,6 +17,8 @@ pub fn limit(algorithm: Algorithm, quota: u32, period_nanos: u64) -> LimitParams
         burst: quota,
         charge: Charge::Admitted,
         borrow: false,
+        block_nanos: 0,
+        calendar: None,
     }
 }
 

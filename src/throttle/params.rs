@@ -90,6 +90,8 @@ fn plan_key(k: &pb::ThrottleKey, input: &InputSettings) -> Result<KeyPlan, Strin
             burst: u32::try_from(capacity).unwrap_or(u32::MAX),
             charge: Charge::Admitted,
             borrow: false,
+            block_nanos: 0,
+            calendar: None,
         },
         cost,
         refund,

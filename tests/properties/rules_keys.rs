@@ -236,6 +236,8 @@ fn shared_rules() -> RuleSet {
         borrow: false,
         replaces: vec![],
         on_deny: None,
+        block_nanos: 0,
+        time_zone: None,
     };
     let files = rule(
         "path",

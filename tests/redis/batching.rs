@@ -109,6 +109,8 @@ fn dc_hit(rng: &mut Rng, seed: u64, algorithms: &[Algorithm]) -> Hit {
         burst: rng.pick(&[1, 2, 3]),
         charge: rng.charge(5),
         borrow: rng.chance(10) && algorithm.has_capacity(),
+        block_nanos: 0,
+        calendar: None,
     };
     hit_of(rng, key, limit, group, &[0, 1, 1, 1, 1, 2, 3], 5)
 }
@@ -241,6 +243,8 @@ fn gc_hit(rng: &mut Rng, seed: u64) -> Hit {
         burst: rng.pick(&[0, 1, 2, 3, 6]),
         charge: rng.charge(15),
         borrow: rng.chance(15) && algorithm.has_capacity(),
+        block_nanos: 0,
+        calendar: None,
     };
     hit_of(rng, key, limit, group, &[0, 1, 1, 1, 2, 3, 5], 10)
 }
@@ -416,6 +420,8 @@ async fn every_request_of_a_failed_batch_gets_its_own_on_error_answer() {
                             burst: quota,
                             charge: Charge::Admitted,
                             borrow: false,
+                            block_nanos: 0,
+                            calendar: None,
                         },
                         cost: 1,
                         refund: false,

@@ -3,7 +3,8 @@
 //! `scenario!` suite), the Lua script against the memory backend's decisions, round trips,
 //! footprint, exactness across `sluice` replicas; the deny cache and group commit against the
 //! plain Redis path (`batching`); and the admin's visibility on both backends (`/counters`,
-//! `/counters/top`, the limit gauges, `admin.token`: `visibility`). A missing `redis-server`
+//! `/counters/top`, the limit gauges, `admin.token`: `visibility`); the penalty box
+//! (`block_for`) and calendar windows (`time_zone`) on both backends (`penalty`). A missing `redis-server`
 //! fails these tests with the command that installs it. (The fault tests, which bound answer
 //! times, are in tests/serial/.)
 
@@ -15,6 +16,7 @@ mod batching;
 mod cluster;
 mod concurrency;
 mod footprint;
+mod penalty;
 mod replicas;
 mod replication;
 mod roundtrips;

@@ -1,5 +1,6 @@
 //! The Lua script against a real `redis-server`: the differential test (the same random
-//! batches through the memory backend and through the script give identical outcomes, with
+//! batches, some limits with a penalty box, through the memory backend and through the script
+//! give identical outcomes, with
 //! steps of every size, and with batches at one instant or under a millisecond apart; one of
 //! them on the requests the script's funnel fast path takes), TTLs and deletion of fresh
 //! states, the commands a call of many requests runs (one `MGET`, one write per changed key),
@@ -36,6 +37,13 @@ fn random_hit(rng: &mut Rng, seed: u64) -> Hit {
         burst: rng.pick(&[0, 1, 2, 3, 6]),
         charge: rng.charge(15),
         borrow: rng.chance(15),
+        // A penalty box on some limits (in microseconds here, like the periods).
+        block_nanos: if rng.chance(20) {
+            rng.pick(&[SECOND_MICROS, 3 * SECOND_MICROS + 7])
+        } else {
+            0
+        },
+        calendar: None,
     };
     Hit {
         key: format!("{{diff|seed={seed}}}:{}", rng.pick(&["a", "b", "c"]))
@@ -671,7 +679,13 @@ async fn one_call(
             mode: Mode::Request,
         })
         .collect();
-    let call = script::encode(&parts, b"sluice:", Unit::Nanos, Some(now), via);
+    let call = script::encode(
+        &parts,
+        b"sluice:",
+        Unit::Nanos,
+        (Some(now), now * 1_000),
+        via,
+    );
     let functions = Functions::new(via == Via::Function);
     let reply = script::invoke(&mut conn, &call, &functions)
         .await

@@ -33,6 +33,8 @@ pub fn wide_limit() -> LimitParams {
         burst: 1_000_000_000,
         charge: Charge::Admitted,
         borrow: false,
+        block_nanos: 0,
+        calendar: None,
     }
 }
 

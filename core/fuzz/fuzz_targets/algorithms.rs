@@ -163,6 +163,8 @@ fn params(input: &Input) -> LimitParams {
         burst: size(&input.burst),
         charge: Charge::Admitted,
         borrow: input.borrow,
+        block_nanos: 0,
+        calendar: None,
     }
 }
 

@@ -7,6 +7,9 @@ use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+pub use crate::config::calendar::Zone;
+use crate::config::calendar::{Calendar, CalendarUnit};
+
 /// Where something was defined: a rules file and a 1-based line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Location {
@@ -108,6 +111,12 @@ pub struct LimitRule {
     pub replaces: Vec<String>,
     /// What Envoy answers a request this limit denies, when set (`on_deny`).
     pub on_deny: Option<Arc<OnDeny>>,
+    /// The penalty box (`block_for`), in nanoseconds: once this limit denies a key, the key
+    /// stays denied this long. 0: none. At most [`LimitRule::MAX_BLOCK_SECS`] seconds.
+    pub block_nanos: u64,
+    /// Calendar windows (`time_zone`): only on a `fixed_window` limit whose unit is day,
+    /// week, month or year, with a `unit_multiplier` of 1.
+    pub time_zone: Option<Zone>,
 }
 
 /// A custom denial (`on_deny`): the body and headers of the 429 Envoy sends when this limit
@@ -141,6 +150,21 @@ impl OnDeny {
 }
 
 impl LimitRule {
+    /// The longest `block_for`: 30 days.
+    pub const MAX_BLOCK_SECS: u64 = 30 * 86_400;
+
+    /// The calendar of a limit with a `time_zone` (whose unit validation made a calendar one).
+    pub fn calendar(&self) -> Option<Calendar> {
+        let unit = match self.unit {
+            Unit::Day => CalendarUnit::Day,
+            Unit::Week => CalendarUnit::Week,
+            Unit::Month => CalendarUnit::Month,
+            Unit::Year => CalendarUnit::Year,
+            Unit::Second | Unit::Minute | Unit::Hour => return None,
+        };
+        self.time_zone.map(|zone| Calendar::new(zone, unit))
+    }
+
     /// The period P in nanoseconds (validation guarantees it fits comfortably in a u64).
     pub fn period_nanos(&self) -> u64 {
         self.unit

@@ -120,6 +120,8 @@ fn override_rule(limit: Override, defaults: LimitDefaults) -> LimitRule {
         borrow: false,
         replaces: Vec::new(),
         on_deny: None,
+        block_nanos: 0,
+        time_zone: None,
     }
 }
 

@@ -29,6 +29,9 @@ pub enum State {
     SlidingLog(Box<Log>),
     /// Boxed too.
     Concurrency(Box<Holds>),
+    /// Not an algorithm's: a key's penalty box (`block_for`), blocked until this time. The
+    /// memory backend stores it beside the key's state; every algorithm reads it as fresh.
+    Blocked(u64),
 }
 
 /// One limit's algorithm and parameters.
@@ -49,7 +52,9 @@ impl Algo {
         match limit.algorithm {
             Algorithm::Funnel => Algo::Funnel(Funnel::new(q, p, b, borrow)),
             Algorithm::TokenBucket => Algo::TokenBucket(TokenBucket::new(q, p, b, borrow)),
-            Algorithm::FixedWindow => Algo::FixedWindow(FixedWindow::new(q, p)),
+            Algorithm::FixedWindow => {
+                Algo::FixedWindow(FixedWindow::new(q, p).with_calendar(limit.calendar))
+            }
             Algorithm::SlidingWindow => Algo::SlidingWindow(SlidingWindow::new(q, p)),
             Algorithm::SlidingLog => Algo::SlidingLog(SlidingLog::new(q, p)),
             Algorithm::Concurrency => Algo::Concurrency(Concurrency::new(q, p)),

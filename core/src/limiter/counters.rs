@@ -50,11 +50,14 @@ pub struct KeyState {
     pub admitted: bool,
     /// What is left.
     pub remaining: u64,
-    /// Nanoseconds until the full quota is back (when in debt: until a request is admitted).
+    /// Nanoseconds until the full quota is back (when in debt or blocked: until a request is
+    /// admitted).
     pub reset_nanos: u64,
     /// `concurrency`: nanoseconds until the oldest live hold expires (`None`: no hold, or
     /// another algorithm). The holds are the quota less what is left.
     pub oldest_hold_nanos: Option<u64>,
+    /// Nanoseconds until the key's penalty box (`block_for`) ends, while it is blocked.
+    pub blocked_nanos: Option<u64>,
 }
 
 /// One page of keys.

@@ -9,6 +9,10 @@
 //! window denies again), as envoyproxy/ratelimit reports it. One difference: a denied cost is not
 //! counted (unless `charge: always`), so a client that keeps knocking is not kept out longer.
 //!
+//! With a calendar (`time_zone`), a window is a local day, ISO week, calendar month or year
+//! of that zone instead ([`super::calendar`]): its start and end come from the tz database,
+//! and everything else is the same.
+//!
 //! State is `(start, count)`: the window the count belongs to. A count of another window, or
 //! of 0, holds no information (it is never stored). At most Q is admitted per window, but up
 //! to 2Q around a window's end (Q at its last instant, Q at the first of the next).
@@ -30,6 +34,8 @@
 //! assert!(w.admits(full, 1_020 * SEC, 2), "a new window");
 //! ```
 
+use super::calendar::Calendar;
+
 /// One limit's window parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FixedWindow {
@@ -37,6 +43,8 @@ pub struct FixedWindow {
     quota: u64,
     /// P, at least 1.
     period: u64,
+    /// Calendar windows instead of epoch-aligned ones, when set.
+    calendar: Option<Calendar>,
 }
 
 /// A window's count, and the start of the window it belongs to.
@@ -64,7 +72,13 @@ impl FixedWindow {
         FixedWindow {
             quota: u64::from(quota),
             period: period.max(1),
+            calendar: None,
         }
+    }
+
+    /// The same limit with calendar windows (`None`: epoch-aligned ones).
+    pub fn with_calendar(self, calendar: Option<Calendar>) -> FixedWindow {
+        FixedWindow { calendar, ..self }
     }
 
     fn is_zero(&self) -> bool {
@@ -73,7 +87,18 @@ impl FixedWindow {
 
     /// The start of the window holding `now`.
     pub fn window_start(&self, now: u64) -> u64 {
-        now - now % self.period
+        match &self.calendar {
+            None => now - now % self.period,
+            Some(c) => c.window(now).0,
+        }
+    }
+
+    /// The end of the window holding `now` (the start of the next).
+    pub fn window_end(&self, now: u64) -> u64 {
+        match &self.calendar {
+            None => self.window_start(now).saturating_add(self.period),
+            Some(c) => c.window(now).1,
+        }
     }
 
     /// The count of the window holding `now`.
@@ -133,10 +158,7 @@ impl FixedWindow {
 
     /// Nanoseconds to the end of the window holding `now` (at least 1): the reset reported.
     pub fn until_window_end(&self, now: u64) -> u64 {
-        self.window_start(now)
-            .saturating_add(self.period)
-            .saturating_sub(now)
-            .max(1)
+        self.window_end(now).saturating_sub(now).max(1)
     }
 
     /// Nanoseconds until nothing is counted any more (0 when nothing is).

@@ -80,6 +80,8 @@ use store::{Found, Kind};
 ///     burst: 2,
 ///     charge: Charge::Admitted,
 ///     borrow: false,
+///     block_nanos: 0,
+///     calendar: None,
 /// };
 /// let hit = Hit {
 ///     key: b"api|alice".as_slice().into(),
@@ -153,8 +155,31 @@ impl<C: Clock> MemoryLimiter<C> {
         let mut states: Scratch<State> = Scratch::new();
         let read = places.iter_mut().zip(&slots.first);
         states.extend(read.map(|(place, hit)| place.read(&mut locked, &hit.key)));
+        // Penalty boxes, only for a batch with a `block_for` limit: each slot's, read from
+        // the same shard (same key bytes), under the same locks.
+        let mut boxes: Scratch<Place> = Scratch::new();
+        let mut blocks: Scratch<u64> = Scratch::new();
+        let mut before: Scratch<u64> = Scratch::new();
+        if batch.hits.iter().any(|h| h.limit.block_nanos > 0) {
+            boxes.extend(places.iter().map(Place::penalty_box));
+            let read = boxes.iter_mut().zip(&slots.first);
+            blocks.extend(
+                read.map(|(place, hit)| match place.read(&mut locked, &hit.key) {
+                    State::Blocked(until) => until,
+                    _ => 0,
+                }),
+            );
+            before.extend_from_slice(&blocks);
+        }
         let mut writes = Scratch::new();
-        let outcome = decide::decide(&batch.hits, &slots.of_hit, &mut states, now, &mut writes);
+        let outcome = decide::decide(
+            &batch.hits,
+            &slots.of_hit,
+            &mut states,
+            &mut blocks,
+            now,
+            &mut writes,
+        );
         write_back(
             &mut locked,
             &places,
@@ -163,6 +188,9 @@ impl<C: Clock> MemoryLimiter<C> {
             &writes,
             now,
         );
+        if !boxes.is_empty() {
+            write_blocks(&mut locked, &boxes, &slots.first, &before, &blocks, now);
+        }
         outcome
     }
 
@@ -178,8 +206,28 @@ impl<C: Clock> MemoryLimiter<C> {
         let read = places.iter_mut().zip(&slots.first);
         states.extend(read.map(|(place, hit)| place.read(&mut locked, &hit.key)));
         let originals = states.clone();
+        // Penalty boxes are read as `decide` reads them, and never written back.
+        let mut blocks: Scratch<u64> = Scratch::new();
+        if batch.hits.iter().any(|h| h.limit.block_nanos > 0) {
+            let mut boxes: Scratch<Place> = Scratch::new();
+            boxes.extend(places.iter().map(Place::penalty_box));
+            let read = boxes.iter_mut().zip(&slots.first);
+            blocks.extend(
+                read.map(|(place, hit)| match place.read(&mut locked, &hit.key) {
+                    State::Blocked(until) => until,
+                    _ => 0,
+                }),
+            );
+        }
         let mut writes = Scratch::new();
-        let outcome = decide::decide(&batch.hits, &slots.of_hit, &mut states, now, &mut writes);
+        let outcome = decide::decide(
+            &batch.hits,
+            &slots.of_hit,
+            &mut states,
+            &mut blocks,
+            now,
+            &mut writes,
+        );
         for (place, state) in places.iter().zip(originals) {
             if let (Some(found), Some(store)) = (place.found, locked.store(place.shard)) {
                 store.put(found, place.fresh_at, state);
@@ -194,11 +242,15 @@ impl<C: Clock> MemoryLimiter<C> {
         for (key, algorithm) in keys {
             let (hash, shard) = self.shards.place(key);
             let mut locked = self.shards.lock(std::iter::once(shard));
-            if let Some(store) = locked.store(shard)
-                && let Some(found) = store.find(hash, key, Kind::of(*algorithm))
-            {
-                store.remove(found);
-                forgotten += 1;
+            if let Some(store) = locked.store(shard) {
+                if let Some(found) = store.find(hash, key, Kind::of(*algorithm)) {
+                    store.remove(found);
+                    forgotten += 1;
+                }
+                // Its penalty box (`block_for`) ends with it.
+                if let Some(found) = store.find(hash, key, Kind::Block) {
+                    store.remove(found);
+                }
             }
             locked.tidy();
         }
@@ -206,7 +258,37 @@ impl<C: Clock> MemoryLimiter<C> {
     }
 }
 
+/// Writes the penalty boxes a batch started (the others are left as read: an ended one is
+/// dropped by the sweep, like any fresh state).
+fn write_blocks(
+    locked: &mut Locked<'_>,
+    boxes: &[Place],
+    first: &[&Hit],
+    before: &[u64],
+    after: &[u64],
+    now: u64,
+) {
+    for (((place, hit), &was), &until) in boxes.iter().zip(first).zip(before).zip(after) {
+        let Some(store) = locked.store(place.shard) else {
+            continue;
+        };
+        match place.found {
+            _ if until == was => {}
+            Some(found) => store.put(found, until, State::Blocked(until)),
+            None => store.insert(
+                Kind::Block,
+                place.hash,
+                &hit.key,
+                until,
+                State::Blocked(until),
+                now,
+            ),
+        }
+    }
+}
+
 /// One distinct key of a batch: its hash and shard, and once read, where it was held.
+#[derive(Clone, Copy)]
 struct Place {
     hash: u64,
     shard: usize,
@@ -226,6 +308,16 @@ impl Place {
             kind: Kind::of(hit.limit.algorithm),
             found: None,
             fresh_at: 0,
+        }
+    }
+
+    /// The place of the same key's penalty box.
+    fn penalty_box(&self) -> Place {
+        Place {
+            kind: Kind::Block,
+            found: None,
+            fresh_at: 0,
+            ..*self
         }
     }
 
@@ -355,6 +447,8 @@ mod tests {
             burst: 10,
             charge: Charge::Admitted,
             borrow: false,
+            block_nanos: 0,
+            calendar: None,
         };
         let hit = Hit {
             key: key.as_bytes().into(),
@@ -422,5 +516,141 @@ mod tests {
         let outcome = check(&both).map(|o| [o.hits[0].remaining, o.hits[1].remaining]);
         assert_eq!(outcome, Some([7, 7]));
         assert_eq!(limiter.len(), Algorithm::ALL.len());
+    }
+}
+
+/// The penalty box and calendar windows on the memory backend, on a manual clock.
+#[cfg(test)]
+mod penalty_and_calendar {
+    use futures_util::FutureExt;
+
+    use super::*;
+    use crate::config::calendar::{Calendar, CalendarUnit, Zone};
+    use crate::config::model::{Algorithm, Charge};
+    use crate::limiter::{LimitParams, ManualClock, Role};
+
+    const SEC: u64 = 1_000_000_000;
+
+    fn hit(limit: LimitParams, cost: u64) -> Batch {
+        let hit = Hit {
+            key: b"k".as_slice().into(),
+            limit,
+            cost,
+            refund: false,
+            group: 0,
+            role: Role::Enforced,
+        };
+        Batch { hits: vec![hit] }
+    }
+
+    fn limit(algorithm: Algorithm, quota: u32, period: u64) -> LimitParams {
+        LimitParams {
+            algorithm,
+            quota,
+            period_nanos: period,
+            burst: quota,
+            charge: Charge::Admitted,
+            borrow: false,
+            block_nanos: 0,
+            calendar: None,
+        }
+    }
+
+    fn check(l: &MemoryLimiter<ManualClock>, b: &Batch) -> (bool, u64) {
+        let o = l
+            .check(b)
+            .now_or_never()
+            .and_then(Result::ok)
+            .expect("decided");
+        (o.admitted, o.hits[0].reset_nanos)
+    }
+
+    #[test]
+    fn a_denied_key_stays_denied_for_block_for_and_no_longer() {
+        let clock = ManualClock::at(1_000 * SEC);
+        let limiter = MemoryLimiter::with_clock(100, clock.clone());
+        let blocked = LimitParams {
+            block_nanos: 10 * SEC,
+            ..limit(Algorithm::Funnel, 1, SEC)
+        };
+        let b = hit(blocked, 1);
+        assert!(check(&limiter, &b).0);
+        // The denial starts a 10 s block: the wait reported is the block's.
+        assert_eq!(check(&limiter, &b), (false, 10 * SEC));
+        // The funnel drains after 1 s, but the key stays denied, and knocking does not extend
+        // the block nor charge the funnel.
+        for _ in 0..9 {
+            clock.advance(SEC);
+            let (ok, wait) = check(&limiter, &b);
+            assert!(!ok);
+            assert_eq!(wait, 1_010 * SEC - clock.now_nanos());
+        }
+        assert!(
+            !check(&limiter, &hit(blocked, 0)).0,
+            "a check-only request too"
+        );
+        clock.advance(SEC);
+        assert!(check(&limiter, &b).0, "the block is over");
+        assert_eq!(
+            check(&limiter, &b),
+            (false, 10 * SEC),
+            "a new denial, a new block"
+        );
+    }
+
+    #[test]
+    fn the_penalty_box_is_shown_on_counters() {
+        use crate::limiter::counters::{CounterQuery, Resolved};
+        let clock = ManualClock::at(1_000 * SEC);
+        let limiter = MemoryLimiter::with_clock(100, clock.clone());
+        let blocked = LimitParams {
+            block_nanos: 60 * SEC,
+            ..limit(Algorithm::Funnel, 1, SEC)
+        };
+        let b = hit(blocked, 1);
+        check(&limiter, &b);
+        check(&limiter, &b);
+        // Past the funnel's drain, only the box is left.
+        clock.advance(5 * SEC);
+        let resolve = move |_: &[u8]| Resolved::Limit(blocked);
+        let query = CounterQuery {
+            prefix: b"",
+            cursor: None,
+            count: 10,
+            resolve: &resolve,
+        };
+        let page = limiter.counters(&query).now_or_never().and_then(Result::ok);
+        let entries = page.map(|p| p.entries).unwrap_or_default();
+        assert_eq!(entries.len(), 1, "{entries:?}");
+        let state = entries[0].state.expect("a state");
+        assert_eq!(state.blocked_nanos, Some(55 * SEC));
+        assert!(!state.admitted);
+        assert_eq!(state.reset_nanos, 55 * SEC);
+        clock.advance(55 * SEC);
+        let page = limiter.counters(&query).now_or_never().and_then(Result::ok);
+        assert!(page.map(|p| p.entries).unwrap_or_default().is_empty());
+        assert_eq!(limiter.sweep(), 2, "the drained funnel and the ended box");
+    }
+
+    #[test]
+    fn calendar_windows_change_at_local_midnight_across_dst() {
+        // 2026-10-24 12:00 UTC; Berlin's next midnight is 22:00 UTC (summer time), the one
+        // after at 23:00 UTC on the 25th (a 25-hour day).
+        let noon = 1_792_843_200 * SEC;
+        let clock = ManualClock::at(noon);
+        let limiter = MemoryLimiter::with_clock(100, clock.clone());
+        let berlin = Zone::named("Europe/Berlin").expect("a zone");
+        let day = LimitParams {
+            calendar: Some(Calendar::new(berlin, CalendarUnit::Day)),
+            ..limit(Algorithm::FixedWindow, 2, 86_400 * SEC)
+        };
+        let b = hit(day, 1);
+        assert_eq!(check(&limiter, &b), (true, 10 * 3_600 * SEC));
+        assert!(check(&limiter, &b).0);
+        assert_eq!(check(&limiter, &b), (false, 10 * 3_600 * SEC));
+        clock.set(noon + 10 * 3_600 * SEC - 1);
+        assert_eq!(check(&limiter, &b), (false, 1));
+        clock.set(noon + 10 * 3_600 * SEC);
+        assert_eq!(check(&limiter, &b), (true, 25 * 3_600 * SEC));
     }
 }

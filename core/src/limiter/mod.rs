@@ -12,6 +12,8 @@
 //! [`plan`] (all or nothing), commits, and reports a [`HitOutcome`] per hit.
 
 pub mod algorithm;
+pub use crate::config::calendar;
+
 pub mod clock;
 pub mod concurrency;
 pub mod counters;
@@ -47,6 +49,12 @@ pub struct LimitParams {
     pub burst: u32,
     pub charge: Charge,
     pub borrow: bool,
+    /// The penalty box (`block_for`): once this limit denies a key, the key stays denied this
+    /// many nanoseconds; 0: none.
+    pub block_nanos: u64,
+    /// Calendar windows (`time_zone`, `fixed_window` only): the window is a local day, week,
+    /// month or year instead of an epoch-aligned block of `period_nanos`.
+    pub calendar: Option<calendar::Calendar>,
 }
 
 /// How a descriptor's verdict counts towards the request's.
@@ -242,6 +250,8 @@ impl LimitParams {
             burst: rule.burst,
             charge: rule.charge,
             borrow: rule.borrow,
+            block_nanos: rule.block_nanos,
+            calendar: rule.calendar(),
         }
     }
 
@@ -285,6 +295,8 @@ pub(crate) fn funnel_hit(
             burst: quota,
             charge,
             borrow: false,
+            block_nanos: 0,
+            calendar: None,
         },
         cost: 1,
         refund: false,

@@ -25,6 +25,8 @@ fn limited(
         borrow: false,
         replaces: vec![],
         on_deny: None,
+        block_nanos: 0,
+        time_zone: None,
     };
     DescriptorRule {
         policy: Policy::Limited(vec![limit]),

@@ -12,6 +12,12 @@ pub const INVALID: &[(&str, &[&str])] = &[
         "algorithm_unknown.yaml:13: descriptors[1].rate_limits[0].algorithm: unknown algorithm 'Funnel' (expected funnel, token_bucket, fixed_window, sliding_window, sliding_log or concurrency)",
         "algorithm_unknown.yaml:16: descriptors[1].rate_limits[1].algorithm: unknown algorithm 'gcra' (expected funnel, token_bucket, fixed_window, sliding_window, sliding_log or concurrency)",
     ]),
+    ("block_for_invalid.yaml", &[
+        "block_for_invalid.yaml:8: descriptors[0].rate_limit.block_for: invalid duration '10 parsecs' (expected a number and a unit: ms, s, m, h or d, e.g. 30s or 10m)",
+        "block_for_invalid.yaml:13: descriptors[1].rate_limit.block_for: must be more than 0 and at most 30 days, got '0s'",
+        "block_for_invalid.yaml:18: descriptors[2].rate_limit.block_for: must be more than 0 and at most 30 days, got '31d'",
+        "block_for_invalid.yaml:20: descriptors[3].rate_limit.block_for: block_for must not be set on an unlimited limit",
+    ]),
     ("borrow_without_capacity.yaml", &[
         "borrow_without_capacity.yaml:9: descriptors[0].rate_limit.borrow: borrow only applies to funnel and token_bucket, whose debt is paid back at their rate (a window forgets it when the window passes); this limit's algorithm is fixed_window",
     ]),
@@ -118,6 +124,12 @@ pub const INVALID: &[(&str, &[&str])] = &[
     ("sliding_log_over_cap.yaml", &[
         "sliding_log_over_cap.yaml:7: descriptors[0].rate_limit.requests_per_unit: sliding_log keeps one entry per admitted request: requests_per_unit must be at most 10000 with it, got 10001 (sliding_window needs two counters whatever the quota); this limit's algorithm is sliding_log",
         "sliding_log_over_cap.yaml:12: descriptors[1].descriptors[0].rate_limit.borrow: borrow only applies to funnel and token_bucket, whose debt is paid back at their rate (a window forgets it when the window passes); this limit's algorithm is sliding_log",
+    ]),
+    ("time_zone_invalid.yaml", &[
+        "time_zone_invalid.yaml:10: descriptors[0].rate_limit.time_zone: unknown time zone 'Europe/Atlantis' (expected an IANA name such as Europe/Berlin)",
+        "time_zone_invalid.yaml:16: descriptors[1].rate_limit.time_zone: time_zone only applies to fixed_window (calendar windows); this limit's algorithm is funnel",
+        "time_zone_invalid.yaml:22: descriptors[2].rate_limit.time_zone: time_zone aligns windows to local days, ISO weeks, calendar months or years; unit second has no calendar meaning (use day, week, month or year)",
+        "time_zone_invalid.yaml:26: descriptors[3].rate_limit.unit_multiplier: time_zone windows are one calendar unit long: unit_multiplier must not be set with it",
     ]),
     ("unit_missing.yaml", &[
         "unit_missing.yaml:5: descriptors[0].rate_limit: missing unit (second, minute, hour, day, week, month or year)",

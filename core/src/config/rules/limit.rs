@@ -6,6 +6,7 @@ use std::num::NonZeroU32;
 use saphyr::{MarkedYaml, YamlData};
 
 use super::algorithm::{algorithm, concurrency_charge, fits_algorithm};
+use super::calendar::{block_for, time_zone};
 use super::deny::on_deny;
 use super::scalar::{boolean, string, uint};
 use super::tree::{Ctx, Field, Fields, describe, index, is_null, line, mapping};
@@ -24,6 +25,8 @@ const LIMIT_KEYS: &[&str] = &[
     "charge",
     "borrow",
     "on_deny",
+    "block_for",
+    "time_zone",
 ];
 
 /// The keys that mean nothing on an unlimited limit.
@@ -35,6 +38,8 @@ const LIMITED_ONLY: &[&str] = &[
     "charge",
     "borrow",
     "on_deny",
+    "block_for",
+    "time_zone",
 ];
 
 /// The longest period a limit may have: 100 years of 365 days.
@@ -228,6 +233,9 @@ fn limited(
     let charge = concurrency_charge(fields, algorithm, charge);
     let borrow = flag(fields, "borrow", ctx);
     let on_deny = on_deny(fields, ctx);
+    let block_nanos = block_for(fields, ctx);
+    let written = algorithm.map(|(a, _)| a);
+    let time_zone = time_zone(fields, (written, unit), ctx);
     let fits = algorithm.is_none_or(|a| fits_algorithm(fields, a, (requests, borrow), ctx));
     let requests = requests?;
     let (algorithm, _) = algorithm?;
@@ -251,6 +259,8 @@ fn limited(
         borrow,
         replaces: replaces?,
         on_deny: on_deny?,
+        block_nanos: block_nanos?,
+        time_zone: time_zone?,
     })
 }
 

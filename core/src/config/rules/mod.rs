@@ -80,7 +80,8 @@
 //!   case-insensitive.
 //! - **Unlimited with a unit** (`unlimited_with_unit.yaml`): `unlimited: true` together with
 //!   `unit`, or with any other setting of a limited limit (`unit_multiplier`, `algorithm`,
-//!   `burst`, `charge`, `borrow`): `unit: unit must not be set on an unlimited limit`.
+//!   `burst`, `charge`, `borrow`, `on_deny`, `block_for`, `time_zone`): `unit: unit must not
+//!   be set on an unlimited limit`.
 //!   `requests_per_unit`, `name` and `replaces` stay allowed, as envoyproxy/ratelimit files
 //!   carry them.
 //! - **Unlimited among several limits** (`unlimited_in_list.yaml`), in a `rate_limits` list
@@ -133,6 +134,17 @@
 //!   not an HTTP token (`not a valid header name`), `content-type` among the headers (`set
 //!   content_type instead`), a header Envoy frames itself (`a header Envoy sets itself`); a
 //!   line break or NUL in a value (`a header value cannot hold a line break or NUL`).
+//! - **A bad `block_for`** (`block_for_invalid.yaml`): not a number with a unit `ms`, `s`,
+//!   `m`, `h` or `d` (a bare number is seconds): `block_for: invalid duration 'x' (expected a
+//!   number and a unit: ms, s, m, h or d, e.g. 30s or 10m)`; 0 or more than 30 days: `must be
+//!   more than 0 and at most 30 days, got 'x'`.
+//! - **A bad `time_zone`** (`time_zone_invalid.yaml`): a name the bundled tz database does
+//!   not know: `time_zone: unknown time zone 'x' (expected an IANA name such as
+//!   Europe/Berlin)`; on an algorithm other than `fixed_window` (`time_zone only applies to
+//!   fixed_window (calendar windows); this limit's algorithm is x`); with unit second, minute
+//!   or hour (`unit x has no calendar meaning (use day, week, month or year)`); with
+//!   `unit_multiplier`, reported on it (`time_zone windows are one calendar unit long:
+//!   unit_multiplier must not be set with it`).
 //! - **Limits sharing a state** (`limits_share_state.yaml`): two limits of one descriptor
 //!   with the same algorithm and the same period (unit x multiplier: `60 x second` equals
 //!   `1 x minute`), reported on the later one: `same algorithm (funnel) and period (60s) as
@@ -152,6 +164,7 @@
 //! is an empty model, not an error.
 
 mod algorithm;
+mod calendar;
 mod deny;
 mod document;
 mod files;

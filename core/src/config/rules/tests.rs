@@ -386,3 +386,31 @@ fn a_bad_on_deny_names_its_line_and_key() {
         ]
     );
 }
+
+#[test]
+fn block_for_and_time_zone_are_read_into_the_limit() {
+    let text = "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: second, requests_per_unit: 1, block_for: 10m}\n      - {unit: month, requests_per_unit: 9, algorithm: fixed_window, time_zone: Europe/Berlin, block_for: 90}\n";
+    let model = load(text).unwrap_or_else(|e| panic!("{e:?}"));
+    let Policy::Limited(limits) = &model.domains[0].descriptors[0].policy else {
+        panic!("limited");
+    };
+    assert_eq!(limits[0].block_nanos, 600_000_000_000);
+    assert_eq!(limits[0].time_zone, None);
+    assert_eq!(limits[1].block_nanos, 90_000_000_000);
+    assert_eq!(limits[1].time_zone.map(|z| z.name()), Some("Europe/Berlin"));
+    let calendar = limits[1].calendar().expect("a calendar");
+    assert_eq!(calendar.unit, crate::config::calendar::CalendarUnit::Month);
+    // Without a time zone, a month is still 30 days.
+    assert_eq!(limits[0].calendar(), None);
+}
+
+#[test]
+fn time_zone_checks_its_algorithm_even_when_it_is_the_default() {
+    let text = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 1, time_zone: UTC}\n";
+    assert_eq!(
+        errors(text),
+        [
+            "t.yaml:4: descriptors[0].rate_limit.time_zone: time_zone only applies to fixed_window (calendar windows); this limit's algorithm is funnel"
+        ]
+    );
+}

@@ -84,19 +84,27 @@ pub(super) enum Write {
     Store(u64),
 }
 
-/// Decides a batch: `of_hit[i]` is the slot of `hits[i]`, `states[s]` the state of slot `s`.
-/// On return, `states` holds the committed states (those a [`Write::Keep`] leaves untouched)
-/// and `writes` one write per slot. (Scratch space is filled in place, never returned: moving a
+/// Decides a batch: `of_hit[i]` is the slot of `hits[i]`, `states[s]` the state of slot `s`,
+/// `blocks[s]` until when its key is in the penalty box (0: not; an empty slice when no hit
+/// of the batch has `block_for`). On return, `states` holds the committed states (those a
+/// [`Write::Keep`] leaves untouched), `blocks` the penalty boxes after the batch, and `writes`
+/// one write per slot.
+///
+/// A hit whose limit has `block_for` and whose key is blocked at `now` is denied without
+/// asking its algorithm (its wait: to the end of the block, or longer if its algorithm says
+/// so); a hit its algorithm denies puts its key in the box for `block_for` from `now`. A hit
+/// denied by a block does not start a new one: only a denial after the block does. (Scratch space is filled in place, never returned: moving a
 /// `SmallVec` copies its whole inline buffer.)
 pub(super) fn decide(
     hits: &[Hit],
     of_hit: &[usize],
     states: &mut [State],
+    blocks: &mut [u64],
     now: u64,
     writes: &mut Scratch<Write>,
 ) -> BatchOutcome {
     let mut reports = Scratch::new();
-    evaluate(hits, of_hit, states, now, &mut reports);
+    evaluate(hits, of_hit, states, blocks, now, &mut reports);
     let mut admitted: Scratch<bool> = Scratch::new();
     admitted.extend(reports.iter().map(Option::is_none));
     let plan = plan::plan(hits, &admitted);
@@ -134,6 +142,7 @@ fn evaluate(
     hits: &[Hit],
     of_hit: &[usize],
     states: &[State],
+    blocks: &mut [u64],
     now: u64,
     reports: &mut Scratch<Option<HitOutcome>>,
 ) {
@@ -162,13 +171,20 @@ fn evaluate(
             Some(Some(tentative)) => tentative,
             _ => states.get(slot).unwrap_or(&fresh),
         };
-        let admitted = hit.refund || algo.admits(current, now, hit.cost);
-        reports.push((!admitted).then(|| HitOutcome {
-            admitted: false,
-            remaining: 0,
-            reset_nanos: algo.until_admitted(current, now, hit.cost),
-            from_local_cache: false,
-        }));
+        let boxed = if hit.limit.block_nanos > 0 && !hit.refund {
+            blocks.get_mut(slot)
+        } else {
+            None
+        };
+        let report = match boxed {
+            None => {
+                let admitted = hit.refund || algo.admits(current, now, hit.cost);
+                (!admitted).then(|| denied(algo.until_admitted(current, now, hit.cost)))
+            }
+            Some(until) => penalty(hit, &algo, current, until, now),
+        };
+        let admitted = report.is_none();
+        reports.push(report);
         if later > 0 && (admitted || hit.limit.takes_when_denied()) {
             let mut next = current.clone();
             apply(hit, &algo, &mut next, now);
@@ -177,6 +193,32 @@ fn evaluate(
             }
         }
     }
+}
+
+/// A denied hit's outcome, admitted after `wait`.
+fn denied(wait: u64) -> HitOutcome {
+    HitOutcome {
+        admitted: false,
+        remaining: 0,
+        reset_nanos: wait,
+        from_local_cache: false,
+    }
+}
+
+/// The verdict on a hit whose limit has `block_for`, its key blocked `until` (0: never
+/// blocked): denied while the block lasts; after it, its algorithm decides, and a denial
+/// blocks the key for `block_for` from `now`. The wait reported is the time to the block's
+/// end (when the algorithm still denies then, that denial starts a new block), so that a
+/// deny cache holding the answer until then never outlives the block.
+fn penalty(hit: &Hit, algo: &Algo, state: &State, until: &mut u64, now: u64) -> Option<HitOutcome> {
+    if *until > now {
+        return Some(denied(*until - now));
+    }
+    if algo.admits(state, now, hit.cost) {
+        return None;
+    }
+    *until = now.saturating_add(hit.limit.block_nanos);
+    Some(denied(hit.limit.block_nanos))
 }
 
 /// Applies the planned hits to the original states, in batch order, and keeps the pending
@@ -267,7 +309,7 @@ mod tests {
 
     fn decide_all(hits: &[Hit], of_hit: &[usize], states: &mut [State], now: u64) -> Decided {
         let mut writes = Scratch::new();
-        let outcome = decide(hits, of_hit, states, now, &mut writes);
+        let outcome = decide(hits, of_hit, states, &mut [], now, &mut writes);
         Decided { outcome, writes }
     }
 

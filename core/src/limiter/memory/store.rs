@@ -38,16 +38,20 @@ pub(super) enum Kind {
     SlidingWindow,
     SlidingLog,
     Concurrency,
+    /// A key's penalty box (`block_for`): until when it is blocked, under the key of the
+    /// state it belongs to.
+    Block,
 }
 
 impl Kind {
-    const ALL: [Kind; 6] = [
+    const ALL: [Kind; 7] = [
         Kind::Funnel,
         Kind::TokenBucket,
         Kind::FixedWindow,
         Kind::SlidingWindow,
         Kind::SlidingLog,
         Kind::Concurrency,
+        Kind::Block,
     ];
 
     /// The kind of state an algorithm keeps.
@@ -99,6 +103,30 @@ impl Value for u64 {
     fn new(_fresh_at: u64, state: State) -> Option<u64> {
         match state {
             State::Funnel(tat) => Some(tat),
+            _ => None,
+        }
+    }
+}
+
+/// A penalty box: the time it ends is the time it becomes fresh.
+struct Until(u64);
+
+impl Value for Until {
+    fn fresh_at(&self) -> u64 {
+        self.0
+    }
+
+    fn peek(&self) -> State {
+        State::Blocked(self.0)
+    }
+
+    fn take(&mut self) -> State {
+        self.peek()
+    }
+
+    fn new(_fresh_at: u64, state: State) -> Option<Until> {
+        match state {
+            State::Blocked(until) => Some(Until(until)),
             _ => None,
         }
     }
@@ -329,6 +357,7 @@ struct Tables {
     sliding_window: Table<Timed<Counters>>,
     sliding_log: Table<Timed<Option<Box<Log>>>>,
     concurrency: Table<Timed<Option<Box<Holds>>>>,
+    block: Table<Until>,
 }
 
 impl Tables {
@@ -340,6 +369,7 @@ impl Tables {
             Kind::SlidingWindow => &self.sliding_window,
             Kind::SlidingLog => &self.sliding_log,
             Kind::Concurrency => &self.concurrency,
+            Kind::Block => &self.block,
         }
     }
 
@@ -351,6 +381,7 @@ impl Tables {
             Kind::SlidingWindow => &mut self.sliding_window,
             Kind::SlidingLog => &mut self.sliding_log,
             Kind::Concurrency => &mut self.concurrency,
+            Kind::Block => &mut self.block,
         }
     }
 }

@@ -35,11 +35,11 @@ pub(super) fn page(
         let copied = shards.copy_after(cursor.shard, query.prefix, cursor.after.as_deref(), wanted);
         let full = copied.len() == wanted;
         let now = now();
-        cursor.after = copied.last().map(|(k, _)| k.clone());
+        cursor.after = copied.last().map(|(k, _, _)| k.clone());
         entries.extend(
             copied
                 .into_iter()
-                .filter_map(|(key, state)| read(key, &state, query, now)),
+                .filter_map(|(key, state, until)| read(key, &state, until, query, now)),
         );
         if !full {
             cursor = Cursor {
@@ -52,8 +52,15 @@ pub(super) fn page(
     Ok(CounterPage { entries, next })
 }
 
-/// A copied key's entry, unless it is skipped or its state is fresh (as good as not held).
-fn read(key: Vec<u8>, state: &State, query: &CounterQuery<'_>, now: u64) -> Option<CounterEntry> {
+/// A copied key's entry, unless it is skipped or its state is fresh (as good as not held) and
+/// it is not blocked (`until`: the end of its penalty box, 0 when none).
+fn read(
+    key: Vec<u8>,
+    state: &State,
+    until: u64,
+    query: &CounterQuery<'_>,
+    now: u64,
+) -> Option<CounterEntry> {
     let limit = match (query.resolve)(&key) {
         Resolved::Skip => return None,
         Resolved::Unknown => {
@@ -66,8 +73,10 @@ fn read(key: Vec<u8>, state: &State, query: &CounterQuery<'_>, now: u64) -> Opti
         Resolved::Limit(limit) => limit,
     };
     let algo = crate::limiter::algorithm::Algo::of(&limit);
-    algo.fresh_at(state, now)?;
-    let state = check_only(&key, limit, state, now);
+    if algo.fresh_at(state, now).is_none() && until <= now {
+        return None;
+    }
+    let state = check_only(&key, limit, state, until, now);
     Some(CounterEntry {
         key,
         limit: Some(limit),
@@ -76,7 +85,7 @@ fn read(key: Vec<u8>, state: &State, query: &CounterQuery<'_>, now: u64) -> Opti
 }
 
 /// What a request of cost 0 would be told about this state: the engine's own decision.
-fn check_only(key: &[u8], limit: LimitParams, state: &State, now: u64) -> KeyState {
+fn check_only(key: &[u8], limit: LimitParams, state: &State, until: u64, now: u64) -> KeyState {
     let hit = Hit {
         key: key.into(),
         limit,
@@ -88,7 +97,15 @@ fn check_only(key: &[u8], limit: LimitParams, state: &State, now: u64) -> KeySta
     let batch = Batch { hits: vec![hit] };
     let mut states = [state.clone()];
     let mut writes = Scratch::new();
-    let outcome = decide::decide(&batch.hits, &[0], &mut states, now, &mut writes);
+    let mut blocks = [until];
+    let outcome = decide::decide(
+        &batch.hits,
+        &[0],
+        &mut states,
+        &mut blocks,
+        now,
+        &mut writes,
+    );
     let hit = outcome
         .hits
         .first()
@@ -108,25 +125,34 @@ fn check_only(key: &[u8], limit: LimitParams, state: &State, now: u64) -> KeySta
         remaining: hit.remaining,
         reset_nanos: hit.reset_nanos,
         oldest_hold_nanos: oldest.map(|at| at.saturating_sub(now)),
+        blocked_nanos: (until > now).then(|| until - now),
     }
 }
 
 impl Shards {
     /// Copies, under the shard's lock, the `n` smallest keys starting with `prefix` and
-    /// greater than `after`, with their states, sorted.
+    /// greater than `after`, with their states and the end of their penalty box (0: none),
+    /// sorted. A key with only a penalty box comes with a fresh state.
     pub(super) fn copy_after(
         &self,
         shard: usize,
         prefix: &[u8],
         after: Option<&[u8]>,
         n: usize,
-    ) -> Vec<(Vec<u8>, State)> {
+    ) -> Vec<(Vec<u8>, State, u64)> {
         let mut heap: BinaryHeap<ByKey> = BinaryHeap::with_capacity(n + 1);
+        let mut boxes: Vec<(Vec<u8>, u64)> = Vec::new();
         self.with_shard(shard, |store| {
             store.each(&mut |key: &[u8], state: State| {
-                let wanted = key.starts_with(prefix) && after.is_none_or(|a| key > a);
+                if !key.starts_with(prefix) || after.is_some_and(|a| key <= a) {
+                    return;
+                }
+                if let State::Blocked(until) = state {
+                    boxes.push((key.to_vec(), until));
+                    return;
+                }
                 let room = heap.len() < n || heap.peek().is_some_and(|top| key < top.0.as_slice());
-                if wanted && room {
+                if room {
                     heap.push(ByKey(key.to_vec(), state));
                     if heap.len() > n {
                         heap.pop();
@@ -134,8 +160,19 @@ impl Shards {
                 }
             });
         });
-        let mut sorted: Vec<(Vec<u8>, State)> = heap.into_iter().map(|e| (e.0, e.1)).collect();
+        let mut sorted: Vec<(Vec<u8>, State, u64)> =
+            heap.into_iter().map(|e| (e.0, e.1, 0)).collect();
         sorted.sort_by(|a, b| a.0.cmp(&b.0));
+        for (key, until) in boxes {
+            match sorted.binary_search_by(|e| e.0.as_slice().cmp(&key)) {
+                Ok(at) => sorted[at].2 = until,
+                Err(at) if at < n => {
+                    sorted.insert(at, (key, State::Fresh, until));
+                    sorted.truncate(n);
+                }
+                Err(_) => {}
+            }
+        }
         sorted
     }
 }
@@ -221,6 +258,8 @@ mod tests {
             burst: 10,
             charge: Charge::Admitted,
             borrow: false,
+            block_nanos: 0,
+            calendar: None,
         }
     }
 
@@ -288,6 +327,7 @@ mod tests {
                     remaining: 0,
                     reset_nanos: 0,
                     oldest_hold_nanos: None,
+                    blocked_nanos: None,
                 });
                 assert_eq!(state.remaining, 10 - (1 + i % 9), "{e:?}");
                 assert_eq!(state.reset_nanos, (1 + i % 9) * SEC, "{e:?}");

@@ -303,6 +303,8 @@ mod tests {
                 burst: 1,
                 charge: Charge::Admitted,
                 borrow: false,
+                block_nanos: 0,
+                calendar: None,
             },
             cost,
             refund: false,

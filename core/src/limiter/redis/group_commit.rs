@@ -85,6 +85,8 @@ struct Job {
     mode: Mode,
     unit: Unit,
     now_micros: Option<u64>,
+    /// The limiter's clock when it was submitted (calendar windows are computed from it).
+    clock_nanos: u64,
     /// The Cluster slot of its keys (one call per slot).
     slot: Option<u16>,
     size: usize,
@@ -224,6 +226,8 @@ pub struct Request {
     pub mode: Mode,
     pub unit: Unit,
     pub now_micros: Option<u64>,
+    /// The limiter's clock, in nanoseconds (calendar windows are computed from it).
+    pub clock_nanos: u64,
     pub slot: Option<u16>,
     /// The node it is for, when known (it picks the lanes).
     pub node: Option<Node>,
@@ -278,6 +282,7 @@ impl GroupCommit {
             mode: request.mode,
             unit: request.unit,
             now_micros: request.now_micros,
+            clock_nanos: request.clock_nanos,
             slot: request.slot,
             reply,
         };
@@ -399,7 +404,13 @@ async fn exchange(shared: &Shared, lane: usize, jobs: Vec<Job>) -> Exchanged {
         })
         .collect();
     let via = shared.functions.via();
-    let call = script::encode(&parts, &shared.prefix, head.unit, head.now_micros, via);
+    let call = script::encode(
+        &parts,
+        &shared.prefix,
+        head.unit,
+        (head.now_micros, head.clock_nanos),
+        via,
+    );
     let slot = head.slot;
     drop(parts);
     let mut node = None;

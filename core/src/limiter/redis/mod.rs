@@ -175,6 +175,7 @@ impl RedisLimiter {
             mode: Mode::Request,
             unit: Unit::Micros,
             now_micros,
+            clock_nanos: now_micros.map_or_else(|| self.clock.now_nanos(), |n| n * 1_000),
             deadline: whenever,
         };
         self.submit(batch.hits.clone(), call)
@@ -313,6 +314,7 @@ impl RedisLimiter {
             mode: Mode::Request,
             unit: Unit::Nanos,
             now_micros: self.script_clock.then_some(now / 1_000),
+            clock_nanos: now,
             deadline,
         };
         let outcome = if self.commit.shared().connector.is_cluster() {
@@ -338,6 +340,7 @@ impl RedisLimiter {
             mode: call.mode,
             unit: call.unit,
             now_micros: call.now_micros,
+            clock_nanos: call.clock_nanos,
             slot,
             node: expected.clone(),
         };
@@ -458,6 +461,8 @@ struct Call {
     unit: Unit,
     /// The script's time instead of Redis `TIME` (tests).
     now_micros: Option<u64>,
+    /// The limiter's clock: calendar windows are computed from it, in Rust.
+    clock_nanos: u64,
     /// When the request stops waiting.
     deadline: Instant,
 }

@@ -12,7 +12,8 @@
 //!
 //! # Reset
 //!
-//! The keys are deleted (`DEL`, in a Cluster one per key on its slot's master), then a
+//! The keys are deleted (`DEL`, in a Cluster one per key on its slot's master), with their
+//! penalty boxes (`<key>:block`), then a
 //! message on the channel `<prefix>resets` tells every replica to forget its deny cache
 //! (the whole of it: a cached denial is only a shortcut, so forgetting too much costs round
 //! trips, never an answer). Each replica listens on that channel ([`listen`]) and, when its
@@ -42,6 +43,7 @@ impl RedisLimiter {
             mode,
             unit: Unit::Nanos,
             now_micros: self.script_clock.then(|| self.clock.now_nanos() / 1_000),
+            clock_nanos: self.clock.now_nanos(),
             deadline: Instant::now() + self.timeout.max(ADMIN_TIMEOUT),
         }
     }
@@ -98,15 +100,21 @@ impl RedisLimiter {
         let prefix = self.prefix();
         let connector = &self.commit.shared().connector;
         let full = |key: &[u8]| [prefix, key].concat();
+        // A key's penalty box (`block_for`) lives beside it, in the same slot: a reset ends it.
+        let boxed = |key: &[u8]| [prefix, key, b":block"].concat();
         let Some(topology) = connector.topology() else {
             if keys.is_empty() {
                 return Ok(0);
             }
-            let mut del = redis::cmd("DEL");
+            let (mut del, mut unblock) = (redis::cmd("DEL"), redis::cmd("DEL"));
             for (key, _) in keys {
                 del.arg(full(key));
+                unblock.arg(boxed(key));
             }
-            return del.query_async(&mut connector.get(0).await?).await;
+            let mut conn = connector.get(0).await?;
+            let deleted = del.query_async(&mut conn).await?;
+            let _: usize = unblock.query_async(&mut conn).await?;
+            return Ok(deleted);
         };
         let mut deleted = 0;
         for (key, _) in keys {
@@ -114,6 +122,10 @@ impl RedisLimiter {
             let mut conn = topology.conn(&node, 0).await?;
             let n: usize = redis::cmd("DEL")
                 .arg(full(key))
+                .query_async(&mut conn)
+                .await?;
+            let _: usize = redis::cmd("DEL")
+                .arg(boxed(key))
                 .query_async(&mut conn)
                 .await?;
             deleted += n;

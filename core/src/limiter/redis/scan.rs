@@ -65,10 +65,16 @@ async fn read(
     let prefix = limiter.prefix();
     let mut entries = Vec::with_capacity(keys.len());
     let mut hits = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for full in keys {
         let Some(key) = full.strip_prefix(prefix) else {
             continue;
         };
+        // A penalty box is listed as the key it belongs to (once, with its state).
+        let key = key.strip_suffix(BLOCK_SUFFIX).unwrap_or(key);
+        if !seen.insert(key.to_vec()) {
+            continue;
+        }
         match (query.resolve)(key) {
             Resolved::Skip => {}
             Resolved::Unknown => entries.push(CounterEntry {
@@ -91,13 +97,26 @@ async fn read(
     }
     let batch = Batch { hits };
     let outcome = limiter.check(&batch).await?;
+    let boxed: Vec<&[u8]> = entries
+        .iter()
+        .filter(|e| e.limit.is_some_and(|l| l.block_nanos > 0))
+        .map(|e| e.key.as_slice())
+        .collect();
+    let mut blocked = blocks(limiter, &boxed).await?.into_iter();
     let mut states = outcome.hits.into_iter();
     for entry in entries.iter_mut().filter(|e| e.limit.is_some()) {
+        let boxed = entry.limit.is_some_and(|l| l.block_nanos > 0);
+        let until = if boxed {
+            blocked.next().flatten()
+        } else {
+            None
+        };
         entry.state = states.next().map(|h| KeyState {
             admitted: h.admitted,
             remaining: h.remaining,
             reset_nanos: h.reset_nanos,
             oldest_hold_nanos: None,
+            blocked_nanos: until,
         });
     }
     for entry in &mut entries {
@@ -117,6 +136,43 @@ async fn read(
         _ => true,
     });
     Ok(entries)
+}
+
+/// The suffix of a penalty box's key (`BLOCK_SUFFIX` in the script's prelude).
+const BLOCK_SUFFIX: &[u8] = b":block";
+
+/// Per key (without the Redis prefix), the time left in its penalty box, if it is in one:
+/// one `PTTL` per key, pipelined (milliseconds: the box's key expires when the box ends).
+async fn blocks(limiter: &RedisLimiter, keys: &[&[u8]]) -> Result<Vec<Option<u64>>, LimiterError> {
+    if keys.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut pipe = redis::pipe();
+    for key in keys {
+        let mut name = limiter.prefix().to_vec();
+        name.extend_from_slice(key);
+        name.extend_from_slice(BLOCK_SUFFIX);
+        pipe.cmd("PTTL").arg(name);
+    }
+    let connector = &limiter.commit.shared().connector;
+    let call = async {
+        let reply: RedisResult<Vec<i64>> = match connector.get(0).await {
+            Ok(mut c) => pipe.query_async(&mut c).await,
+            Err(e) => Err(e),
+        };
+        reply.map_err(super::limiter_error)
+    };
+    let wait = limiter.timeout.max(ADMIN_TIMEOUT);
+    let ttls = tokio::time::timeout(wait, call)
+        .await
+        .map_err(|_| super::unavailable(&format!("PTTL: no answer within {wait:?}")))??;
+    let left = |ms: i64| {
+        u64::try_from(ms)
+            .ok()
+            .filter(|&ms| ms > 0)
+            .map(|ms| ms * 1_000_000)
+    };
+    Ok(ttls.into_iter().map(left).collect())
 }
 
 /// A cost-0 hit on `key`, one descriptor group of its own.

@@ -1,5 +1,6 @@
 -- fixed_window: mirrors src/limiter/fixed_window.rs. State: "start:count" (the count of the
--- epoch-aligned window starting at start); absent = nothing counted.
+-- window starting at start: epoch-aligned, or a calendar window whose bounds main.lua put in
+-- the parameters as cal_previous, cal_start, cal_end, cal_next); absent = nothing counted.
 -- Made only when a request uses it (see MAKERS in the prelude).
 
 MAKERS.w = MAKERS.w and function()
@@ -16,8 +17,21 @@ MAKERS.w = MAKERS.w and function()
     return { start = n[1], count = n[2] }
   end
 
+  -- The window holding now: its start and end. A calendar window is the one of the three
+  -- sluice sent that holds now (the nearest one should now be outside them all).
+  local function window(w, now)
+    if w.cal_start == nil then
+      local start = div_floor(now, w.period) * w.period
+      return start, sat_add(start, w.period)
+    end
+    if now >= w.cal_end then return w.cal_end, w.cal_next end
+    if now < w.cal_start then return w.cal_previous, w.cal_start end
+    return w.cal_start, w.cal_end
+  end
+
   local function window_start(w, now)
-    return div_floor(now, w.period) * w.period
+    local start = window(w, now)
+    return start
   end
 
   local function window_count(w, s, now)
@@ -47,7 +61,8 @@ MAKERS.w = MAKERS.w and function()
 
   -- To the end of the window holding now: the reset reported, as envoyproxy/ratelimit does.
   local function reset(w, s, now)
-    return math.max(sat_sub(sat_add(window_start(w, now), w.period), now), 1)
+    local _, stop = window(w, now)
+    return math.max(sat_sub(stop, now), 1)
   end
 
   local function until_admitted(w, s, now, cost)

@@ -14,12 +14,14 @@ else
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
--- Parse the limits, each once: its algorithm, its parameters, whether it charges always.
+-- Parse the limits, each once: its algorithm, its parameters, whether it charges always, its
+-- penalty box (0: none) and, for calendar windows, the windows around now (see the prelude).
 -- An algorithm's functions are made on its first use in the request.
-local limit_algo, limit_params, limit_always, limit_pending, made = {}, {}, {}, {}, {}
+local limit_algo, limit_params, limit_always, limit_pending, limit_block, made =
+  {}, {}, {}, {}, {}, {}
 local nlimits = tonumber(ARGV[2]) or 0
 for l = 1, nlimits do
-  local at = 5 * l - 2
+  local at = 7 * l - 4
   local code = ARGV[at]
   local algo = made[code]
   if algo == nil then
@@ -37,6 +39,17 @@ for l = 1, nlimits do
   -- (its `deny`), never as a hold.
   limit_always[l] = flags >= 2 and not algo.deny
   limit_pending[l] = flags >= 2 and algo.deny ~= nil
+  limit_block[l] = clamp(ARGV[at + 5])
+  local window = ARGV[at + 6]
+  if window ~= nil and window ~= "" then
+    local a, b, c, d = string.match(window, "^(%d+),(%d+),(%d+),(%d+)$")
+    if a == nil or code ~= "w" then
+      return redis.error_reply("sluice: malformed calendar window of limit " .. l)
+    end
+    local p = limit_params[l]
+    p.cal_previous, p.cal_start, p.cal_end, p.cal_next = tonumber(a), tonumber(b), tonumber(c),
+      tonumber(d)
+  end
 end
 
 -- Unpack every request's hits from the binary ARGV before deciding any (a malformed one fails
@@ -44,8 +57,8 @@ end
 -- by the hit's number in the batch (i = 1..total), the hit's limit by its index l (its
 -- algorithm, parameters and charge are limit_algo[l], limit_params[l], limit_always[l]); a
 -- request is the run of hits from req_first[r], req_count[r] long.
-local nrequests = tonumber(ARGV[3 + 5 * nlimits]) or 0
-local blob = ARGV[4 + 5 * nlimits] or ""
+local nrequests = tonumber(ARGV[3 + 7 * nlimits]) or 0
+local blob = ARGV[4 + 7 * nlimits] or ""
 local size, read = #blob, struct.unpack
 local hit_slot, hit_limit, hit_cost = {}, {}, {}
 local hit_refund, hit_group, hit_role = {}, {}, {}
@@ -129,6 +142,9 @@ local dirty, ndirty, key_ttl = {}, 0, {}
 local key_request, key_first, key_state, key_tentative, key_uses, key_changed
 -- Per hit: admitted by its own limit; when denied, the wait until it would be.
 local hit_ok, hit_wait
+-- Per key (index into KEYS) whose hits have a penalty box: until when it is blocked (0: not),
+-- read from its block key on first use in the call, and as the requests so far left it.
+local block_until = {}
 
 -- Each request in turn: evaluate, plan, commit, report (appended to `reply`), write. (A loop,
 -- not a function: the script runs whole on every call, and a closure costs per call.)
@@ -151,7 +167,7 @@ for r = 1, nrequests do
     for i = first, last do
       local s = hit_slot[i]
       local l = hit_limit[i]
-      if limit_algo[l] ~= funnel or hit_refund[i] or fast_seen[s] == r then
+      if limit_algo[l] ~= funnel or hit_refund[i] or fast_seen[s] == r or limit_block[l] > 0 then
         fast = false
         break
       end
@@ -249,12 +265,35 @@ for r = 1, nrequests do
       local s, l, cost = hit_slot[i], hit_limit[i], hit_cost[i]
       local algo, p = limit_algo[l], limit_params[l]
       local state, refund = key_tentative[s], hit_refund[i]
-      local ok = refund or algo.admits(p, state, now, cost)
-      hit_ok[i] = ok
-      if not ok then
-        hit_wait[i] = algo.until_admitted(p, state, now, cost)
-        all_ok = false
+      local ok, block = true, limit_block[l]
+      if refund then
+        ok = true
+      elseif block > 0 then
+        -- The penalty box (mirrors `penalty` in decide.rs): denied while blocked, the wait
+        -- being the block's end; after it, a denial blocks the key for `block` from now.
+        local blocked = block_until[s]
+        if blocked == nil then
+          blocked = clamp(redis.call("GET", KEYS[s] .. BLOCK_SUFFIX) or "0")
+        end
+        if blocked > now then
+          ok = false
+          hit_wait[i] = blocked - now
+        else
+          ok = algo.admits(p, state, now, cost)
+          if not ok then
+            hit_wait[i] = block
+            blocked = sat_add(now, block)
+            redis.call("SET", KEYS[s] .. BLOCK_SUFFIX, fmt(blocked), "PX",
+                       format("%d", ttl_ms(now, blocked)))
+          end
+        end
+        block_until[s] = blocked
+      else
+        ok = algo.admits(p, state, now, cost)
+        if not ok then hit_wait[i] = algo.until_admitted(p, state, now, cost) end
       end
+      hit_ok[i] = ok
+      if not ok then all_ok = false end
       local later = key_uses[s] - 1
       key_uses[s] = later
       if later > 0 and (ok or limit_always[l]) then

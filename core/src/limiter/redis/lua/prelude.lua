@@ -29,16 +29,26 @@
 --
 -- ARGV[1]      "now" override in microseconds, or "" to read Redis TIME (the normal case).
 --              Only tests set it, to drive the script on a controlled clock.
--- ARGV[2]      L, the number of distinct limits of the batch; then 5 fields per limit
---              l = 1..L, at 3 + 5*(l-1), sent once however many hits share the limit:
+-- ARGV[2]      L, the number of distinct limits of the batch; then 7 fields per limit
+--              l = 1..L, at 3 + 7*(l-1), sent once however many hits share the limit:
 --   +0 algo    "f" funnel, "b" token bucket, "w" fixed window, "s" sliding window,
 --              "l" sliding log, "c" concurrency
 --   +1 quota   Q, requests per period (0 = zero quota)
 --   +2 period  P in microseconds (>= 1 after clamping)
 --   +3 burst   B
 --   +4 flags   the sum of 1 (borrow) and 2 (charge: always): "0" to "3"
--- ARGV[3+5L]   R, the number of requests
--- ARGV[4+5L]   the requests, one after the other, as one binary string (little-endian, no
+--   +5 block   the penalty box (block_for) in microseconds, "0" for none: once the limit
+--              denies a key, the key is denied until now + block, the wait reported being
+--              the time to the block's end. The block is kept in the key KEYS[s] .. ":block"
+--              (BLOCK_SUFFIX; a state key never ends so, and it shares the state key's hash
+--              tag, so its slot), holding the end in microseconds, with a TTL to that end.
+--   +6 window  "" or, for a fixed window with calendar windows (time_zone), four instants
+--              in microseconds computed by sluice from the tz database: "previous,start,
+--              end,next": the window holding sluice's clock is [start, end), the one before
+--              starts at previous, the one after ends at next. The script takes the one of
+--              the three that holds its own `now` (Redis TIME), so replicas agree.
+-- ARGV[3+7L]   R, the number of requests
+-- ARGV[4+7L]   the requests, one after the other, as one binary string (little-endian, no
 --              padding; read with Redis Lua's struct.unpack, no string or number parsing per
 --              hit), per request:
 --   mode       1 byte (REQUEST_FORMAT "B"): 0 for all or nothing over the request's hits,
@@ -98,6 +108,8 @@ local ROLE_ENFORCED, ROLE_QUOTA, ROLE_QUOTA_SHADOW = 0, 2, 3
 -- The reply's markers (see above), and how many of its numbers one struct.pack takes (they go
 -- through Lua's stack as arguments, like MGET's keys below).
 local REPLY_DENIED, REPLY_SAME = -1, -2
+-- The suffix of a penalty box's key (see ARGV's +5 block).
+local BLOCK_SUFFIX = ":block"
 local REPLY_CHUNK = 512
 -- At most this many keys per MGET (see main.lua): a call's arguments go through Lua's stack
 -- (`unpack` fails at about 8,000), and a batch of 64 requests of 10 descriptors needs two.
@@ -116,7 +128,7 @@ local MGET_KEYS = 512
 -- instructions, a closure 650), so the script makes few. In the function library the line
 -- below is replaced by one that marks every code, and library.lua makes each algorithm once.
 local MAKERS = {}
-for l = 1, tonumber(ARGV[2]) or 0 do MAKERS[ARGV[5 * l - 2]] = true end
+for l = 1, tonumber(ARGV[2]) or 0 do MAKERS[ARGV[7 * l - 4]] = true end
 
 local function sat_add(a, b)
   local s = a + b

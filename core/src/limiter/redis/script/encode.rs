@@ -3,7 +3,7 @@
 use super::*;
 
 /// ARGV fields per distinct limit.
-pub(super) const LIMIT_FIELDS: usize = 5;
+pub(super) const LIMIT_FIELDS: usize = 7;
 
 /// Bytes of a request's header in the binary ARGV (mode `B`, hit count `I4`).
 const REQUEST_BYTES: usize = 5;
@@ -109,18 +109,22 @@ impl Call {
 }
 
 /// Builds the call for `parts` (one or more requests, decided in this order), whose periods
-/// are in `unit`, in the form `via`. `now_micros` overrides Redis `TIME` (tests only).
+/// are in `unit`, in the form `via`. `now_micros` overrides Redis `TIME` (tests only);
+/// `clock_nanos`, the limiter's clock, gives the calendar windows sent with their limits.
 pub fn encode(
     parts: &[Part<'_>],
     prefix: &[u8],
     unit: Unit,
-    now_micros: Option<u64>,
+    (now_micros, clock_nanos): (Option<u64>, u64),
     via: Via,
 ) -> Call {
     let count: usize = parts.iter().map(|p| p.hits.len()).sum();
     let all = || parts.iter().flat_map(|p| p.hits.iter());
     let (keys, slot_of) = distinct(all().map(|h| &*h.key), count);
-    let (limits, limit_of) = distinct(all().map(|h| script_limit(&h.limit, unit)), count);
+    let (limits, limit_of) = distinct(
+        all().map(|h| script_limit(&h.limit, unit, clock_nanos)),
+        count,
+    );
     let key_bytes: usize = keys.iter().map(|k| prefix.len() + k.len()).sum();
     let blob_bytes = REQUEST_BYTES * parts.len() + HIT_BYTES * count;
     let mut cmd = Cmd::with_capacity(
@@ -180,7 +184,9 @@ pub fn encoded_size(hits: &[Hit], prefix: &[u8]) -> usize {
         + REQUEST_BYTES
 }
 
-/// A limit as the script takes it: period in microseconds, flags (1 borrow, 2 always).
+/// A limit as the script takes it: period in microseconds, flags (1 borrow, 2 always), its
+/// penalty box in microseconds (0: none), and for calendar windows the previous window's
+/// start, the current window's start and end, and the next one's end, in microseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct ScriptLimit {
     code: &'static str,
@@ -188,19 +194,29 @@ struct ScriptLimit {
     period_micros: u64,
     burst: u32,
     flags: u8,
+    block_micros: u64,
+    window: Option<[u64; 4]>,
 }
 
-fn script_limit(l: &LimitParams, unit: Unit) -> ScriptLimit {
-    let period_micros = match unit {
-        Unit::Nanos => l.period_nanos.div_ceil(1_000).max(1),
-        Unit::Micros => l.period_nanos,
+fn script_limit(l: &LimitParams, unit: Unit, clock_nanos: u64) -> ScriptLimit {
+    let micros = |n: u64| match unit {
+        Unit::Nanos => n.div_ceil(1_000).max(1),
+        Unit::Micros => n,
     };
     ScriptLimit {
         code: algorithm_code(l.algorithm),
         quota: l.quota,
-        period_micros: period_micros.min(MAX_EXACT),
+        period_micros: micros(l.period_nanos).min(MAX_EXACT),
         burst: l.burst,
         flags: u8::from(l.borrow) + 2 * u8::from(l.charge == Charge::Always),
+        block_micros: if l.block_nanos == 0 {
+            0
+        } else {
+            micros(l.block_nanos).min(MAX_EXACT)
+        },
+        window: l
+            .calendar
+            .map(|c| c.around(clock_nanos).map(|b| (b / 1_000).min(MAX_EXACT))),
     }
 }
 
@@ -209,7 +225,12 @@ fn push_limit(cmd: &mut Cmd, l: &ScriptLimit) {
         .arg(l.quota)
         .arg(l.period_micros)
         .arg(l.burst)
-        .arg(l.flags);
+        .arg(l.flags)
+        .arg(l.block_micros);
+    match l.window {
+        Some([previous, start, end, next]) => cmd.arg(format!("{previous},{start},{end},{next}")),
+        None => cmd.arg(""),
+    };
 }
 
 /// A hit's 21 bytes in the binary ARGV (see `HIT_FORMAT` in `prelude.lua`).

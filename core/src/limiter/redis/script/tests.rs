@@ -23,6 +23,8 @@ fn hit(key: &str, group: usize) -> Hit {
             burst: 4,
             charge: Charge::Always,
             borrow: true,
+            block_nanos: 0,
+            calendar: None,
         },
         cost: u64::MAX,
         refund: false,
@@ -42,7 +44,7 @@ fn keys_and_limits_are_sent_once_and_hits_point_at_them() {
         &one(&hits, Mode::Request),
         b"p:",
         Unit::Micros,
-        None,
+        (None, 0),
         Via::Script,
     );
     let (keys, args) = call.keys_and_args();
@@ -53,11 +55,15 @@ fn keys_and_limits_are_sent_once_and_hits_point_at_them() {
         "1500000001",
         "4",
         "3",
+        "0",
+        "",
         "f",
         "7",
         "1500000001",
         "4",
         "3",
+        "0",
+        "",
     ];
     assert_eq!(args[..2], ["", "2"]);
     assert_eq!(args[2..2 + 2 * LIMIT_FIELDS], limits);
@@ -89,13 +95,14 @@ fn nanos_round_periods_up_and_scale_resets() {
         &one(&hits, Mode::Independent),
         b"",
         Unit::Nanos,
-        Some(9),
+        (Some(9), 0),
         Via::Function,
     );
     let (_, args) = call.keys_and_args();
     assert_eq!(args[..4], ["9", "1", "f", "3"]);
     assert_eq!(args[4], "1500001");
-    assert_eq!(args[7], "1");
+    assert_eq!(args[7..9], ["0", ""], "no block, no calendar");
+    assert_eq!(args[9], "1");
     assert_eq!(call.requests()[0].0, 1, "independent");
     let o = decode(packed(&[1, 2, 7]), &call).unwrap();
     assert_eq!(o[0].hits[0].reset_nanos, 7_000);
@@ -115,7 +122,7 @@ fn a_batch_sends_keys_and_limits_once_and_each_request_after_the_other() {
             mode: Mode::Independent,
         },
     ];
-    let call = encode(&parts, b"", Unit::Micros, None, Via::Script);
+    let call = encode(&parts, b"", Unit::Micros, (None, 0), Via::Script);
     let (keys, args) = call.keys_and_args();
     assert_eq!(keys, ["a", "b"]);
     assert_eq!(args[2 + LIMIT_FIELDS], "2");
@@ -176,7 +183,13 @@ fn one(hits: &[Hit], mode: Mode) -> [Part<'_>; 1] {
 
 fn call_via(via: Via) -> Call {
     let hits = [hit("a", 0)];
-    encode(&one(&hits, Mode::Request), b"p:", Unit::Nanos, None, via)
+    encode(
+        &one(&hits, Mode::Request),
+        b"p:",
+        Unit::Nanos,
+        (None, 0),
+        via,
+    )
 }
 
 fn mock(replies: &[&'static [u8]]) -> Mock {
@@ -318,7 +331,7 @@ fn a_repeat_in_the_reply_is_the_admitted_hit_before_it() {
         &one(&hits, Mode::Request),
         b"",
         Unit::Nanos,
-        None,
+        (None, 0),
         Via::Script,
     );
     let o = decode(packed(&[0, 4, 5, -1, 7, -2, -2]), &call).unwrap();
@@ -344,7 +357,7 @@ fn decode_checks_the_shape() {
         &one(&hits, Mode::Request),
         b"",
         Unit::Micros,
-        None,
+        (None, 0),
         Via::Script,
     );
     let o = decode(packed(&[1, 2, 3]), &call).unwrap();
