@@ -58,7 +58,12 @@ fn check(args: &CheckArgs) -> ExitCode {
     };
     match load_rules(&settings.rules.paths, (&settings.limits).into()) {
         Ok(set) => {
-            println!("ok: {} domain(s)", set.domains);
+            if set.limitador_limits == 0 {
+                println!("ok: {} domain(s)", set.domains);
+            } else {
+                let limits = set.limitador_limits;
+                println!("ok: {} domain(s), {limits} limitador limit(s)", set.domains);
+            }
             ExitCode::SUCCESS
         }
         Err(errors) => {
@@ -81,6 +86,8 @@ fn settings(file: Option<&Path>, flags: &Overrides) -> Result<Settings, ExitCode
 /// The loaded model's domain count, or every error.
 struct Loaded {
     domains: usize,
+    /// Limits of limitador-format files.
+    limitador_limits: usize,
     set: RuleSet,
 }
 
@@ -91,6 +98,7 @@ fn load_rules(
     let model = sluice::reload::load(paths, options)?;
     Ok(Loaded {
         domains: model.domains.len(),
+        limitador_limits: model.namespaces.len(),
         set: RuleSet::compile(model),
     })
 }
@@ -195,6 +203,7 @@ fn initial_rules(settings: &Settings) -> Result<Loaded, rules::RuleErrors> {
         let empty = rules::from_sources_with(&[], (&settings.limits).into())?;
         return Ok(Loaded {
             domains: 0,
+            limitador_limits: 0,
             set: RuleSet::compile(empty),
         });
     }

@@ -14,6 +14,7 @@ mod algorithms;
 mod batching;
 mod cluster;
 mod footprint;
+mod limitador;
 mod replicas;
 mod roundtrips;
 mod script;

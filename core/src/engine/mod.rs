@@ -6,6 +6,7 @@
 //! Each request runs in a `should_rate_limit` span at debug level (domain, descriptor count,
 //! result, latency), closed by one debug event; nothing per request is logged at info.
 
+pub mod limitador;
 mod observe;
 mod plan;
 mod response;
@@ -20,7 +21,7 @@ use tracing::Instrument as _;
 use crate::config::model::{Algorithm, SLIDING_LOG_MAX_QUOTA, Unit};
 use crate::config::settings::InputSettings;
 use crate::limiter::{Batch, BatchOutcome, Limiter, LimiterError};
-use crate::rules::{Entry, RuleSet};
+use crate::rules::{self, Entry, RuleSet};
 
 pub use observe::{DescriptorReport, NoObserver, Observer, RequestResult};
 pub use response::{Code, CurrentLimit, DescriptorStatus, Response};
@@ -167,7 +168,7 @@ impl Engine {
         let answer = self.decide(request).instrument(span.clone()).await;
         let elapsed = started.elapsed();
         let result = match &answer {
-            Ok(r) if r.overall_code == Code::Ok => RequestResult::Ok,
+            Ok(r) if r.overall_code != Code::OverLimit => RequestResult::Ok,
             Ok(_) => RequestResult::OverLimit,
             Err(EngineError::InvalidArgument(_)) => RequestResult::Invalid,
             Err(EngineError::Backend(e)) => RequestResult::Unavailable(e),
@@ -183,8 +184,18 @@ impl Engine {
     }
 
     async fn decide(&self, request: &Request) -> Result<Response, EngineError> {
-        validate(request, &self.options.input)?;
         let rules = self.rules.load_full();
+        if !rules.namespaces().is_empty() {
+            if request.domain.is_empty() {
+                return Ok(limitador::unknown());
+            }
+            let ns = rules.namespaces().get(&request.domain);
+            if ns.is_some() || rules.domain(&request.domain).is_none() {
+                validate(request, &self.options.input)?;
+                return self.decide_namespace(ns, request).await;
+            }
+        }
+        validate(request, &self.options.input)?;
         let domain = rules.domain(&request.domain);
         match domain {
             Some(d) => check_overrides(request, d.defaults().algorithm)?,
@@ -224,6 +235,29 @@ impl Engine {
             &outcome,
             &self.options,
         ))
+    }
+}
+
+impl Engine {
+    /// A request while limitador-format namespaces are loaded, to one of them or to a domain
+    /// that is neither a namespace nor a ratelimit domain (answered as limitador does: OK,
+    /// without statuses).
+    async fn decide_namespace(
+        &self,
+        ns: Option<&rules::limitador::Namespace>,
+        request: &Request,
+    ) -> Result<Response, EngineError> {
+        let Some(ns) = ns else {
+            self.observer
+                .unknown_domain(&request.domain, request.descriptors.len());
+            return Ok(limitador::response(
+                &limitador::Decision::nothing(),
+                &self.options,
+            ));
+        };
+        let counting = limitador::Counting::CheckAndCount;
+        let decision = limitador::decide(ns, request, counting, &*self.limiter).await?;
+        Ok(limitador::response(&decision, &self.options))
     }
 }
 
