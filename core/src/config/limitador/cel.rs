@@ -9,13 +9,20 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use ::cel::common::ast::{EntryExpr, Expr as AstExpr, IdedEntryExpr};
 use ::cel::objects::Value;
-use ::cel::{Context, ExecutionError, Program};
+use ::cel::{Context, ExecutionError, IdedExpr, Program};
 
 /// The longest expression accepted, in bytes.
 pub const MAX_SOURCE_BYTES: usize = 4096;
 /// The deepest nesting of brackets (`(`, `[`, `{`) accepted before the parser runs.
 pub const MAX_NESTING: usize = 32;
+/// The most operator characters (outside string literals) accepted before the parser runs:
+/// it bounds how deep the parser itself may go.
+pub const MAX_OPERATORS: usize = 256;
+/// The deepest expression tree accepted: evaluation recurses once per level, on the stack of
+/// the runtime's worker threads.
+pub const MAX_DEPTH: usize = 32;
 
 /// One compiled expression and the text it was compiled from. Equal by source text.
 #[derive(Clone)]
@@ -41,7 +48,15 @@ impl Expr {
                 "a CEL expression may nest at most {MAX_NESTING} brackets deep"
             ));
         }
+        if operators(source) > MAX_OPERATORS {
+            return Err(format!(
+                "a CEL expression may hold at most {MAX_OPERATORS} operators"
+            ));
+        }
         match Program::compile(source) {
+            Ok(program) if depth(program.expression()) > MAX_DEPTH => Err(format!(
+                "a CEL expression may be at most {MAX_DEPTH} operations deep"
+            )),
             Ok(program) => Ok(Expr {
                 source: source.to_owned(),
                 program: Arc::new(program),
@@ -122,6 +137,72 @@ fn nesting(source: &str) -> usize {
         }
     }
     deepest
+}
+
+/// The operator characters of `source` outside its string literals (quotes and escapes
+/// followed roughly: a miscount only makes the bound stricter or looser by a literal's worth).
+fn operators(source: &str) -> usize {
+    let mut count = 0;
+    let mut quote = None;
+    let mut escaped = false;
+    for b in source.bytes() {
+        match quote {
+            Some(q) if escaped => {
+                escaped = false;
+                quote = Some(q);
+            }
+            Some(_) if b == b'\\' => escaped = true,
+            Some(q) if b == q => quote = None,
+            Some(_) => {}
+            None if b == b'\'' || b == b'"' => quote = Some(b),
+            None if b"[(.?+-*/%!<>=&|:,".contains(&b) => count += 1,
+            None => {}
+        }
+    }
+    count
+}
+
+/// The depth of an expression tree, walked without recursion.
+fn depth<'a>(root: &'a IdedExpr) -> usize {
+    let mut deepest = 0;
+    let mut stack: Vec<(&'a IdedExpr, usize)> = vec![(root, 1)];
+    while let Some((node, d)) = stack.pop() {
+        deepest = deepest.max(d);
+        let mut push = |child: &'a IdedExpr| stack.push((child, d + 1));
+        match &node.expr {
+            AstExpr::Call(call) => {
+                call.target.iter().for_each(|t| push(t));
+                call.args.iter().for_each(&mut push);
+            }
+            AstExpr::Comprehension(c) => {
+                [
+                    &c.iter_range,
+                    &c.accu_init,
+                    &c.loop_cond,
+                    &c.loop_step,
+                    &c.result,
+                ]
+                .into_iter()
+                .for_each(&mut push);
+            }
+            AstExpr::List(list) => list.elements.iter().for_each(&mut push),
+            AstExpr::Map(map) => map.entries.iter().for_each(|e| entry(e, &mut push)),
+            AstExpr::Struct(st) => st.entries.iter().for_each(|e| entry(e, &mut push)),
+            AstExpr::Select(select) => push(&select.operand),
+            AstExpr::Ident(_) | AstExpr::Literal(_) | AstExpr::Unspecified => {}
+        }
+    }
+    deepest
+}
+
+fn entry<'a>(e: &'a IdedEntryExpr, push: &mut impl FnMut(&'a IdedExpr)) {
+    match &e.expr {
+        EntryExpr::StructField(f) => push(&f.value),
+        EntryExpr::MapEntry(m) => {
+            push(&m.key);
+            push(&m.value);
+        }
+    }
 }
 
 /// The request's binding: `descriptors`, one map per descriptor (given as its entries).
@@ -222,5 +303,39 @@ mod tests {
                 .unwrap_err()
                 .contains("bytes")
         );
+    }
+}
+
+#[cfg(test)]
+mod hostile {
+    use super::*;
+
+    /// Expressions at the length bound, deep in every way brackets do not count, must compile
+    /// or be refused on a 2 MiB stack (a runtime worker's) without overflowing it.
+    #[test]
+    fn long_chains_neither_panic_nor_exhaust_a_small_stack() {
+        let n = MAX_SOURCE_BYTES / 2 - 1;
+        let inputs = [
+            "!".repeat(MAX_SOURCE_BYTES - 4) + "true",
+            "-".repeat(MAX_SOURCE_BYTES - 1) + "1",
+            "a".to_owned() + &".b".repeat(n),
+            "1".to_owned() + &"+1".repeat(n),
+            "x".to_owned() + &"[0]".repeat(MAX_SOURCE_BYTES / 3 - 1),
+            "a ? ".repeat(MAX_SOURCE_BYTES / 4 - 2) + "1",
+            "1 || ".repeat(MAX_SOURCE_BYTES / 5 - 1) + "1",
+        ];
+        for input in inputs {
+            let run = std::thread::Builder::new()
+                .stack_size(2 << 20)
+                .spawn(move || {
+                    let ctx = request_context([[("a", "b")]]);
+                    if let Ok(e) = Expr::compile(&input) {
+                        let _ = e.holds(&ctx);
+                        let _ = e.value(&ctx);
+                    }
+                })
+                .unwrap();
+            run.join().expect("no panic");
+        }
     }
 }
