@@ -3,7 +3,8 @@
 //! under load (SIGHUP reloads, a Redis restarted under it), `sluice bench`, grpcurl against
 //! the server's reflection, `sluice.v1.Throttle` (redis-cell's semantics on both backends,
 //! Python stubs generated from the protos, invalid parameters, reflection and metrics:
-//! `throttle`), and docs/settings.md's table against the settings types. (The ordered
+//! `throttle`), Kuadrant's `CheckRateLimit` and `Report` from Python stubs (`kuadrant`), and
+//! docs/settings.md's table against the settings types. (The ordered
 //! drain and the Rust client's timing tests, which bound times, are in tests/serial/.)
 
 mod bench_cli;
@@ -11,5 +12,6 @@ mod chaos;
 mod check_config;
 mod cli;
 mod grpcurl;
+mod kuadrant;
 mod readme;
 mod throttle;

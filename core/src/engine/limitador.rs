@@ -150,6 +150,31 @@ fn batch(applied: &[Applied<'_>], cost: u64, counting: Counting) -> Batch {
     Batch { hits }
 }
 
+/// A decision, owned: what the Kuadrant service and limitador's HTTP API answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// `Unknown` for an empty domain; `Ok` when no limit applies or the namespace is unknown.
+    pub code: Code,
+    /// The name of the limit that denied the request, if it has one.
+    pub limited_by: Option<String>,
+    /// The request's namespace holds limits.
+    pub known: bool,
+}
+
+impl Answer {
+    pub(super) fn of(decision: &Decision<'_>) -> Answer {
+        Answer {
+            code: if decision.admitted {
+                Code::Ok
+            } else {
+                Code::OverLimit
+            },
+            limited_by: decision.limited_by().map(str::to_owned),
+            known: true,
+        }
+    }
+}
+
 /// The `ShouldRateLimit` answer for a decision.
 pub(super) fn response(decision: &Decision<'_>, options: &Options) -> Response {
     let overall_code = if decision.admitted || options.shadow_mode {

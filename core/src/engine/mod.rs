@@ -239,6 +239,34 @@ impl Engine {
 }
 
 impl Engine {
+    /// Decides a request against the limitador namespace named by its domain, counting as
+    /// `counting` says (the Kuadrant service and limitador's HTTP API). An empty domain is
+    /// `Unknown`; a domain that is no namespace is `Ok` with `known` false.
+    pub async fn decide_limitador(
+        &self,
+        request: &Request,
+        counting: limitador::Counting,
+    ) -> Result<limitador::Answer, EngineError> {
+        if request.domain.is_empty() {
+            return Ok(limitador::Answer {
+                code: Code::Unknown,
+                limited_by: None,
+                known: false,
+            });
+        }
+        validate(request, &self.options.input)?;
+        let rules = self.rules.load_full();
+        let Some(ns) = rules.namespaces().get(&request.domain) else {
+            return Ok(limitador::Answer {
+                code: Code::Ok,
+                limited_by: None,
+                known: false,
+            });
+        };
+        let decision = limitador::decide(ns, request, counting, &*self.limiter).await?;
+        Ok(limitador::Answer::of(&decision))
+    }
+
     /// A request while limitador-format namespaces are loaded, to one of them or to a domain
     /// that is neither a namespace nor a ratelimit domain (answered as limitador does: OK,
     /// without statuses).
