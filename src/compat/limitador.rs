@@ -234,7 +234,7 @@ impl Reader<'_> {
     fn storage(&mut self) -> Result<(), Unsupported> {
         match self.m.subcommand() {
             Some(("memory", sub)) => {
-                self.set("BACKEND", "memory");
+                self.set("LIMITER__BACKEND", "memory");
                 if let Some(size) = sub.get_one::<u64>("CACHE_SIZE") {
                     self.set("MEMORY__MAX_KEYS", size.to_string());
                 }
@@ -281,10 +281,10 @@ impl Reader<'_> {
                             "true: served as `redis`, exact counters without a local cache",
                         );
                     }
-                    self.set("BACKEND", "redis");
+                    self.set("LIMITER__BACKEND", "redis");
                     self.set("REDIS__URL", url);
                 }
-                None => self.set("BACKEND", "memory"),
+                None => self.set("LIMITER__BACKEND", "memory"),
             },
         }
         Ok(())
@@ -295,7 +295,7 @@ impl Reader<'_> {
         let Some(url) = url else {
             return Err(unsupported(storage, "", "needs a Redis URL (or REDIS_URL)"));
         };
-        self.set("BACKEND", "redis");
+        self.set("LIMITER__BACKEND", "redis");
         self.set("REDIS__URL", url);
         Ok(())
     }

@@ -37,7 +37,7 @@ fn limitadors_defaults() {
     assert_eq!(get(&s, "RULES__PATHS"), Some("limits.yaml"));
     assert_eq!(get(&s, "SERVER__GRPC_LISTEN"), Some("0.0.0.0:8081"));
     assert_eq!(get(&s, "SERVER__ADMIN_LISTEN"), Some("0.0.0.0:8080"));
-    assert_eq!(get(&s, "BACKEND"), Some("memory"));
+    assert_eq!(get(&s, "LIMITER__BACKEND"), Some("memory"));
     assert_eq!(get(&s, "RESPONSE__HEADERS"), None);
     assert!(!s.validate);
 }
@@ -80,12 +80,12 @@ fn flags_win_over_variables() {
 fn storages() {
     let s = run(&["l.yaml", "redis", "redis://127.0.0.1:6379"], &[]).unwrap();
     assert_eq!(
-        (get(&s, "BACKEND"), get(&s, "REDIS__URL")),
+        (get(&s, "LIMITER__BACKEND"), get(&s, "REDIS__URL")),
         (Some("redis"), Some("redis://127.0.0.1:6379"))
     );
     let s = run(&["l.yaml", "memory", "-c", "500"], &[]).unwrap();
     assert_eq!(
-        (get(&s, "BACKEND"), get(&s, "MEMORY__MAX_KEYS")),
+        (get(&s, "LIMITER__BACKEND"), get(&s, "MEMORY__MAX_KEYS")),
         (Some("memory"), Some("500"))
     );
     let s = run(&["l.yaml"], &[("REDIS_URL", "redis://r:1")]).unwrap();
@@ -149,4 +149,25 @@ fn validate_and_the_accepted_no_ops() {
         ignored,
         ["--grpc-reflection-service", "--limit-name-in-labels"]
     );
+}
+
+#[test]
+fn the_translation_gives_valid_settings() {
+    let s = run(
+        &[
+            "l.yaml",
+            "-H",
+            "DRAFT_VERSION_03",
+            "redis",
+            "redis://127.0.0.1:7",
+        ],
+        &[],
+    )
+    .unwrap();
+    let got = settings(&s, &HashMap::new()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(got.redis.url, "redis://127.0.0.1:7");
+    assert!(got.response.headers);
+    assert_eq!(got.server.grpc_listen.port(), 8081);
+    let s = run(&["l.yaml", "memory", "-c", "9"], &[]).unwrap();
+    assert_eq!(settings(&s, &HashMap::new()).unwrap().memory.max_keys, 9);
 }
