@@ -3,7 +3,8 @@
 //! under load (SIGHUP reloads, a Redis restarted under it), `sluice bench`, grpcurl against
 //! the server's reflection, `sluice.v1.Throttle` (redis-cell's semantics on both backends,
 //! Python stubs generated from the protos, invalid parameters, reflection and metrics:
-//! `throttle`), Kuadrant's `CheckRateLimit` and `Report` from Python stubs (`kuadrant`), and
+//! `throttle`), Kuadrant's `CheckRateLimit` and `Report` from Python stubs (`kuadrant`), limitador's HTTP API
+//! against its spec's shapes (`limitador_http`), and
 //! docs/settings.md's table against the settings types. (The ordered
 //! drain and the Rust client's timing tests, which bound times, are in tests/serial/.)
 
@@ -13,5 +14,6 @@ mod check_config;
 mod cli;
 mod grpcurl;
 mod kuadrant;
+mod limitador_http;
 mod readme;
 mod throttle;
