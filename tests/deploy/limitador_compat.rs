@@ -175,9 +175,9 @@ impl Limitador {
             rls,
         };
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !http::try_get(loopback(http_port), "/healthcheck")
+        while http::try_get(loopback(http_port), "/healthcheck")
             .await
-            .is_some_and(|a| a.status == 200)
+            .is_none_or(|a| a.status != 200)
         {
             assert!(
                 Instant::now() < deadline,
