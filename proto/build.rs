@@ -11,6 +11,7 @@ const SERVED: &[&str] = &[
     "envoy/type/v3/ratelimit_unit.proto",
     "envoy/service/rate_limit_quota/v3/rlqs.proto",
     "sluice/v1/throttle.proto",
+    "kuadrant/service/ratelimit/v1/rls.proto",
 ];
 
 /// Spoken as a client only (rules over xDS, the server's `src/xds/`): generated, but not in

@@ -25,6 +25,7 @@ pub mod access;
 pub mod ask;
 mod counters;
 pub mod json;
+mod limitador;
 mod rlconfig;
 mod ui;
 mod why;
@@ -76,6 +77,7 @@ const INDEX: &str = "\
 /counters    the live state of keys (?domain= &rule= &prefix= &count= &cursor= &format=text)
 /counters/top the keys denied most (?domain= &window=minute|hour &n=)
 /ui          a live page
+/check /report /check_and_report /limits/{namespace} /status   limitador's HTTP API
 ";
 
 /// The routes.
@@ -108,6 +110,12 @@ pub fn router(admin: Admin) -> Router {
         .route("/readyz", get(readyz))
         .route("/healthcheck", get(readyz))
         .route("/rlconfig", get(rlconfig))
+        // limitador's HTTP API (docs/limitador-compat.md); it reveals no counter keys.
+        .route("/check", post(limitador::check))
+        .route("/report", post(limitador::report))
+        .route("/check_and_report", post(limitador::check_and_report))
+        .route("/limits/{namespace}", get(limitador::limits))
+        .route("/status", get(limitador::status))
         .merge(guarded.layer(guard))
         .merge(metrics_route)
         .with_state(admin)

@@ -149,6 +149,7 @@ fn code_to_proto(code: Code) -> pb_resp::Code {
     match code {
         Code::Ok => pb_resp::Code::Ok,
         Code::OverLimit => pb_resp::Code::OverLimit,
+        Code::Unknown => pb_resp::Code::Unknown,
     }
 }
 

@@ -21,6 +21,7 @@
 //! | [`metrics`] | the Prometheus registry, fed through the engine's observer seam; the limit gauges, top denied keys and rate history the admin page shows |
 //! | [`reload`] | the active rules: reloads on file changes and triggers, versions |
 //! | [`rlqs`] | the Rate Limit Quota Service: usage reports in, fair-share assignments out |
+//! | [`kuadrant`] | `kuadrant.service.ratelimit.v1`: limitador's `CheckRateLimit` and `Report` |
 //! | [`throttle`] | `sluice.v1.Throttle`: CL.THROTTLE as gRPC, straight to the limiter |
 //! | [`health`] | readiness: rules loaded, backend ready, not draining |
 //! | [`transport`] | the gRPC port below tonic's routes: accept loop, HTTP/2 driver, `grpc-timeout`, the size limit, TLS handshakes, connection limits |
@@ -48,6 +49,7 @@ pub mod bench;
 pub mod compat;
 pub mod grpc;
 pub mod health;
+pub mod kuadrant;
 pub mod metrics;
 pub mod proto;
 pub mod reload;

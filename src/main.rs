@@ -27,6 +27,9 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 const EX_USAGE: u8 = 64;
 
 fn main() -> ExitCode {
+    if let Some(code) = as_limitador() {
+        return code;
+    }
     if let Some(code) = as_ratelimit() {
         return code;
     }
@@ -52,8 +55,13 @@ fn check(args: &CheckArgs) -> ExitCode {
         Err(code) => return code,
     };
     match load_rules(&settings.rules.paths, (&settings.limits).into()) {
-        Ok(domains) => {
-            println!("ok: {domains} domain(s)");
+        Ok(set) => {
+            if set.limitador_limits == 0 {
+                println!("ok: {} domain(s)", set.domains);
+            } else {
+                let limits = set.limitador_limits;
+                println!("ok: {} domain(s), {limits} limitador limit(s)", set.domains);
+            }
             ExitCode::SUCCESS
         }
         Err(errors) => {
@@ -96,11 +104,76 @@ fn settings(file: Option<&Path>, flags: &Overrides) -> Result<Settings, ExitCode
 }
 
 /// The loaded model's domain count, or every error.
+struct Loaded {
+    domains: usize,
+    /// Limits of limitador-format files.
+    limitador_limits: usize,
+}
+
 fn load_rules(
     paths: &[std::path::PathBuf],
     options: LoadOptions,
-) -> Result<usize, rules::RuleErrors> {
-    Ok(sluice::reload::load(paths, options)?.domains.len())
+) -> Result<Loaded, rules::RuleErrors> {
+    let model = sluice::reload::load(paths, options)?;
+    Ok(Loaded {
+        domains: model.domains.len(),
+        limitador_limits: model.namespaces.len(),
+    })
+}
+
+/// Started as `limitador-server` (argv[0]'s file name) or with `--limitador-cli`: takes
+/// limitador's command line and environment (see `sluice::compat::limitador`).
+fn as_limitador() -> Option<ExitCode> {
+    let args: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let named = args
+        .first()
+        .map(std::path::Path::new)
+        .and_then(|p| p.file_name())
+        .is_some_and(|name| name == "limitador-server");
+    if !named && !args.iter().any(|a| a == "--limitador-cli") {
+        return None;
+    }
+    let env = std::env::vars().collect();
+    let start = match sluice::compat::limitador::translate(&args, &env) {
+        Ok(s) => s,
+        Err(sluice::compat::limitador::CliError::Info(text)) => {
+            print!("{text}");
+            return Some(ExitCode::SUCCESS);
+        }
+        Err(e) => {
+            eprintln!("sluice (as limitador-server): {e}");
+            return Some(ExitCode::from(EX_USAGE));
+        }
+    };
+    let settings = match sluice::compat::limitador::settings(&start, &env) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("sluice (as limitador-server): {e}");
+            return Some(ExitCode::from(EX_USAGE));
+        }
+    };
+    if start.validate {
+        return Some(validate_limits(&settings));
+    }
+    Some(serve_with(settings, &start.translation.ignored))
+}
+
+/// `--validate`: the limits file is valid (exit 0) or its errors are printed (exit 1).
+fn validate_limits(settings: &Settings) -> ExitCode {
+    match load_rules(&settings.rules.paths, (&settings.limits).into()) {
+        Ok(set) => {
+            let limits = set.limitador_limits;
+            println!("ok: {limits} limitador limit(s), {} domain(s)", set.domains);
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            eprintln!("{errors}");
+            eprintln!("{} error(s)", errors.0.len());
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// Started as `ratelimit` (argv[0]'s file name) or with `--ratelimit-env`: serves with

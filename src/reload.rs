@@ -268,6 +268,7 @@ descriptors:
         let mut model = full();
         let RulesModel {
             domains: _,
+            namespaces: _,
             default_algorithm: _,
         } = &model;
         let DomainRules {
@@ -306,6 +307,11 @@ descriptors:
         let Location { file: _, line: _ } = &model.domains[0].location;
         vec![
             ("domains", |m| m.domains.push(m.domains[0].clone())),
+            ("namespaces", |m| {
+                let text = "- {namespace: n, max_value: 1, seconds: 1}\n";
+                let other = rules::from_sources(&[("l.yaml".into(), text.to_owned())]).unwrap();
+                m.namespaces = other.namespaces;
+            }),
             ("default_algorithm", |m| {
                 m.default_algorithm = Algorithm::SlidingLog
             }),

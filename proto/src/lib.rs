@@ -13,6 +13,7 @@
 //! | [`envoy::service::ratelimit::v3`] | Envoy's Rate Limit Service (RLS) | served |
 //! | [`envoy::service::rate_limit_quota::v3`] | the Rate Limit Quota Service (RLQS) | served |
 //! | [`sluice::v1`] | `sluice.v1.Throttle`, CL.THROTTLE as gRPC | served |
+//! | [`kuadrant::service::ratelimit::v1`] | Kuadrant's `CheckRateLimit` and `Report` | served |
 //! | [`envoy::extensions::common::ratelimit::v3`], [`envoy::config::core::v3`], `envoy::r#type::v3` | the messages those import | |
 //! | [`envoy::service::discovery::v3`] | xDS discovery and ADS (rules over xDS) | as a client |
 //! | [`ratelimit::config::ratelimit::v3`] | envoyproxy/ratelimit's `RateLimitConfig` | as a client |
@@ -61,6 +62,17 @@ pub mod envoy {
     pub mod r#type {
         pub mod v3 {
             tonic::include_proto!("envoy.r#type.v3");
+        }
+    }
+}
+
+/// Kuadrant's rate-limit service (limitador's `CheckRateLimit` and `Report`).
+pub mod kuadrant {
+    pub mod service {
+        pub mod ratelimit {
+            pub mod v1 {
+                tonic::include_proto!("kuadrant.service.ratelimit.v1");
+            }
         }
     }
 }

@@ -7,6 +7,9 @@
 //! demo.internal: unlimited shadow_mode=false quota_mode=false
 //! ```
 //!
+//! limitador-format namespaces follow, a line per limit:
+//! `test_namespace[1]: max_value=5 seconds=60 algorithm=fixed_window conditions=[...] variables=[...]`.
+//!
 //! The path is the per-rule metrics label (see [`crate::rules::naming`]); a descriptor with
 //! several limits has several lines; pass-through rules (no limit) have none. A failed reload
 //! since the active rules were loaded adds a `# last failed reload` header line.
@@ -14,8 +17,10 @@
 use std::fmt::Write as _;
 use std::time::SystemTime;
 
+use crate::config::limitador::cel::Expr;
 use crate::config::model::{LimitRule, Policy};
 use crate::reload::ConfigStatus;
+use crate::rules::limitador::Namespace;
 use crate::rules::naming::segment;
 use crate::rules::{Rule, RuleSet};
 
@@ -37,7 +42,36 @@ pub fn dump(rules: &RuleSet, status: &ConfigStatus) -> String {
     for domain in rules.domains() {
         walk(domain.rules(), domain.name(), &mut out);
     }
+    for ns in rules.namespaces().iter() {
+        namespace(ns, &mut out);
+    }
     out
+}
+
+/// The limits of a limitador-format namespace, one line each:
+/// `namespace[i]: max_value=5 seconds=60 algorithm=fixed_window conditions=[...] variables=[...]`.
+fn namespace(ns: &Namespace, out: &mut String) {
+    for (i, c) in ns.limits().iter().enumerate() {
+        let l = &c.limit;
+        let list = |exprs: &[Expr]| {
+            let sources: Vec<&str> = exprs.iter().map(Expr::source).collect();
+            format!("[{}]", sources.join(", "))
+        };
+        let _ = write!(
+            out,
+            "{}[{i}]: max_value={} seconds={} algorithm={} conditions={} variables={}",
+            ns.name(),
+            l.max_value,
+            l.seconds,
+            l.algorithm.as_str(),
+            list(&l.conditions),
+            list(&l.variables)
+        );
+        if let Some(n) = &l.name {
+            let _ = write!(out, " name={n}");
+        }
+        out.push('\n');
+    }
 }
 
 fn unix(t: SystemTime) -> u64 {

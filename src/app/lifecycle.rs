@@ -100,6 +100,7 @@ pub(super) async fn run(
     let routes = Routes::new(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
+        .add_service(crate::kuadrant::Kuadrant::new(engine.clone()).into_service())
         .add_service(RateLimiter::new(engine).into_service())
         // RLQS streams end (OK) when the gRPC server stops, so its drain does not wait on them.
         .add_service(rlqs.service(grpc_stop.clone()))

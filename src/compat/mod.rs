@@ -3,8 +3,12 @@
 //! [`mapper`] names them), its
 //! debug port ([`serve`]), and its environment variables mapped onto sluice's settings
 //! ([`env`]). See docs/ratelimit-compat.md.
+//!
+//! Drop-in for limitador: its command line and environment ([`limitador`]). See
+//! docs/limitador-compat.md.
 
 pub mod env;
+pub mod limitador;
 pub mod mapper;
 pub mod prometheus;
 pub mod serve;

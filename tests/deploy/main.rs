@@ -3,9 +3,11 @@
 //! linted and validated, the Istio recipe, the Dockerfile, and the example rules; the Rate
 //! Limit Quota Service through Envoy on the shipped recipe (`rlqs`); rules pushed over xDS by
 //! an mTLS ADS server started here (`xds`); the binary as a drop-in for envoyproxy/ratelimit
-//! under Envoy Gateway's and Istio's env sets (`ratelimit_compat`); token budgets driven by
-//! Envoy Gateway's costs and AI Gateway's QuotaPolicy (`token_budgets`); requests in flight
-//! held through Envoy by `algorithm: concurrency` (`concurrency`). A missing Envoy, helm,
+//! under Envoy Gateway's and Istio's env sets (`ratelimit_compat`); the binary as
+//! `limitador-server` behind limitador's example Envoy config (`limitador_compat`); token
+//! budgets driven by Envoy Gateway's costs and AI Gateway's QuotaPolicy (`token_budgets`);
+//! requests in flight held through Envoy by `algorithm: concurrency` (`concurrency`); the whole
+//! service composed in process (`composition`). A missing Envoy, helm,
 //! kubernetes-validate or redis-server fails these tests with the command that installs it.
 //! (The admin page in a real Chromium, whose screenshots a load beside it delays, is in
 //! tests/serial/.)
@@ -20,6 +22,7 @@ mod examples;
 mod helm;
 mod image;
 mod istio;
+mod limitador_compat;
 mod ratelimit_compat;
 mod rlqs;
 mod token_budgets;

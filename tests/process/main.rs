@@ -3,7 +3,9 @@
 //! under load (SIGHUP reloads, a Redis restarted under it), `sluice bench`, grpcurl against
 //! the server's reflection, `sluice.v1.Throttle` (redis-cell's semantics on both backends,
 //! Python stubs generated from the protos, invalid parameters, reflection and metrics:
-//! `throttle`), and docs/settings.md's table against the settings types. (The ordered
+//! `throttle`), Kuadrant's `CheckRateLimit` and `Report` from Python stubs (`kuadrant`), limitador's HTTP API
+//! against its spec's shapes (`limitador_http`), and
+//! docs/settings.md's table against the settings types. (The ordered
 //! drain and the Rust client's timing tests, which bound times, are in tests/serial/.)
 
 mod bench_cli;
@@ -11,6 +13,8 @@ mod chaos;
 mod check_config;
 mod cli;
 mod grpcurl;
+mod kuadrant;
+mod limitador_http;
 mod readme;
 mod throttle;
 mod why;

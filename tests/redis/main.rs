@@ -16,6 +16,7 @@ mod batching;
 mod cluster;
 mod concurrency;
 mod footprint;
+mod limitador;
 mod penalty;
 mod replicas;
 mod replication;

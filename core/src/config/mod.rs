@@ -4,6 +4,7 @@
 //! immutable [`model::RulesModel`]; every error names its file, line and YAML path.
 
 pub mod calendar;
+pub mod limitador;
 pub mod model;
 pub mod rules;
 pub mod settings;

@@ -30,6 +30,8 @@ impl std::fmt::Display for Location {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RulesModel {
     pub domains: Vec<DomainRules>,
+    /// The limits of limitador-format files (`super::limitador`), in file order.
+    pub namespaces: Vec<super::limitador::NamespaceLimit>,
     /// The algorithm given to limits that name none (already resolved in `domains`), and to
     /// limit overrides sent by clients: `limits.default_algorithm`.
     pub default_algorithm: Algorithm,

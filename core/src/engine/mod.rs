@@ -7,6 +7,7 @@
 //! result, latency), closed by one debug event; nothing per request is logged at info.
 
 mod explain;
+pub mod limitador;
 mod observe;
 mod plan;
 mod response;
@@ -21,7 +22,7 @@ use tracing::Instrument as _;
 use crate::config::model::{Algorithm, SLIDING_LOG_MAX_QUOTA, Unit};
 use crate::config::settings::InputSettings;
 use crate::limiter::{Batch, BatchOutcome, Limiter, LimiterError};
-use crate::rules::{Entry, RuleSet};
+use crate::rules::{self, Entry, RuleSet};
 
 pub use explain::{DescriptorWhy, Explanation, LimitWhy, Matched, RuleWhy};
 pub use observe::{DescriptorReport, NoObserver, Observer, Observers, RequestResult};
@@ -169,7 +170,7 @@ impl Engine {
         let answer = self.decide(request).instrument(span.clone()).await;
         let elapsed = started.elapsed();
         let result = match &answer {
-            Ok(r) if r.overall_code == Code::Ok => RequestResult::Ok,
+            Ok(r) if r.overall_code != Code::OverLimit => RequestResult::Ok,
             Ok(_) => RequestResult::OverLimit,
             Err(EngineError::InvalidArgument(_)) => RequestResult::Invalid,
             Err(EngineError::Backend(e)) => RequestResult::Unavailable(e),
@@ -185,8 +186,18 @@ impl Engine {
     }
 
     async fn decide(&self, request: &Request) -> Result<Response, EngineError> {
-        validate(request, &self.options.input)?;
         let rules = self.rules.load_full();
+        if !rules.namespaces().is_empty() {
+            if request.domain.is_empty() {
+                return Ok(limitador::unknown());
+            }
+            let ns = rules.namespaces().get(&request.domain);
+            if ns.is_some() || rules.domain(&request.domain).is_none() {
+                validate(request, &self.options.input)?;
+                return self.decide_namespace(ns, request).await;
+            }
+        }
+        validate(request, &self.options.input)?;
         let domain = rules.domain(&request.domain);
         match domain {
             Some(d) => check_overrides(request, d.defaults().algorithm)?,
@@ -226,6 +237,57 @@ impl Engine {
             &outcome,
             &self.options,
         ))
+    }
+}
+
+impl Engine {
+    /// Decides a request against the limitador namespace named by its domain, counting as
+    /// `counting` says (the Kuadrant service and limitador's HTTP API). An empty domain is
+    /// `Unknown`; a domain that is no namespace is `Ok` with `known` false.
+    pub async fn decide_limitador(
+        &self,
+        request: &Request,
+        counting: limitador::Counting,
+    ) -> Result<limitador::Answer, EngineError> {
+        if request.domain.is_empty() {
+            return Ok(limitador::Answer {
+                code: Code::Unknown,
+                limited_by: None,
+                known: false,
+            });
+        }
+        validate(request, &self.options.input)?;
+        let rules = self.rules.load_full();
+        let Some(ns) = rules.namespaces().get(&request.domain) else {
+            return Ok(limitador::Answer {
+                code: Code::Ok,
+                limited_by: None,
+                known: false,
+            });
+        };
+        let decision = limitador::decide(ns, request, counting, &*self.limiter).await?;
+        Ok(limitador::Answer::of(&decision))
+    }
+
+    /// A request while limitador-format namespaces are loaded, to one of them or to a domain
+    /// that is neither a namespace nor a ratelimit domain (answered as limitador does: OK,
+    /// without statuses).
+    async fn decide_namespace(
+        &self,
+        ns: Option<&rules::limitador::Namespace>,
+        request: &Request,
+    ) -> Result<Response, EngineError> {
+        let Some(ns) = ns else {
+            self.observer
+                .unknown_domain(&request.domain, request.descriptors.len());
+            return Ok(limitador::response(
+                &limitador::Decision::nothing(),
+                &self.options,
+            ));
+        };
+        let counting = limitador::Counting::CheckAndCount;
+        let decision = limitador::decide(ns, request, counting, &*self.limiter).await?;
+        Ok(limitador::response(&decision, &self.options))
     }
 }
 

@@ -9,11 +9,13 @@ use super::{Options, Request};
 use crate::config::model::{LimitRule, OnDeny, Unit};
 use crate::limiter::{BatchOutcome, HitOutcome, Role};
 
-/// A verdict. Never "unknown": Envoy would let such an answer through.
+/// A verdict. "Unknown" only answers an empty domain while limitador-format namespaces are
+/// loaded, as limitador does (Envoy lets such an answer through).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Code {
     Ok,
     OverLimit,
+    Unknown,
 }
 
 /// The limit a status reports.
@@ -259,6 +261,7 @@ fn echo(request: &Request, reported: &[(DescriptorStatus, Option<Role>)]) -> Map
             let code = match status.code {
                 Code::Ok => "OK",
                 Code::OverLimit => "OVER_LIMIT",
+                Code::Unknown => "UNKNOWN",
             };
             m.insert("code".to_owned(), Value::String(code.to_owned()));
             if let Some(name) = status.current_limit.as_ref().and_then(|l| l.name.as_ref()) {

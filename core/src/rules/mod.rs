@@ -10,6 +10,7 @@
 
 pub mod explain;
 pub mod key;
+pub mod limitador;
 pub mod naming;
 mod tree;
 mod wildcard;
@@ -53,6 +54,8 @@ pub struct RuleSet {
     domains: Vec<Domain>,
     by_name: HashMap<Box<str>, usize, RandomState>,
     default_algorithm: Algorithm,
+    /// The limitador-format namespaces.
+    namespaces: limitador::Namespaces,
     /// The validated model this set was compiled from.
     source: RulesModel,
 }
@@ -71,6 +74,7 @@ impl RuleSet {
     pub fn compile(model: RulesModel) -> RuleSet {
         let mut set = RuleSet {
             default_algorithm: model.default_algorithm,
+            namespaces: limitador::Namespaces::compile(&model.namespaces),
             source: model.clone(),
             ..RuleSet::default()
         };
@@ -91,18 +95,24 @@ impl RuleSet {
         self.domains.iter()
     }
 
+    /// The limitador-format namespaces (none unless such a limits file was loaded).
+    pub fn namespaces(&self) -> &limitador::Namespaces {
+        &self.namespaces
+    }
+
     /// The algorithm of a client's limit override (`limits.default_algorithm`).
     pub fn default_algorithm(&self) -> Algorithm {
         self.default_algorithm
     }
 
-    /// The number of domains.
+    /// The number of domains (limitador namespaces not counted).
     pub fn len(&self) -> usize {
         self.domains.len()
     }
 
+    /// No domain and no limitador namespace.
     pub fn is_empty(&self) -> bool {
-        self.domains.is_empty()
+        self.domains.is_empty() && self.namespaces.is_empty()
     }
 
     fn insert(&mut self, domain: Domain) {

@@ -1,7 +1,10 @@
 //! Loading rules files: YAML in, a validated [`RulesModel`] or every error out.
 //!
 //! A rules file holds one or more domains, as YAML documents separated by `---` (empty
-//! documents are skipped). The format is envoyproxy/ratelimit's, plus sluice's extensions
+//! documents are skipped). A document that is a sequence of limitador limits (empty, or whose
+//! first item has `namespace`, `max_value` or `seconds`) is a limitador limits file instead,
+//! read by the `limitador` module (see docs/limitador-compat.md); its errors take the same
+//! form, with paths such as `[2].conditions[0]`. The format is envoyproxy/ratelimit's, plus sluice's extensions
 //! (`rate_limits`, `unit_multiplier`, `algorithm`, `burst`, `charge`, `borrow`). The file is
 //! parsed into a marked YAML tree (every node knows its line) and walked by hand, key by key,
 //! collecting every error rather than stopping at the first. Each error reads
@@ -21,6 +24,7 @@
 //! | `document` | a domain document and its descriptor tree |
 //! | `limit` | `rate_limit` / `rate_limits` and every limit setting |
 //! | `algorithm` | `algorithm`, its default, and the settings only some algorithms take |
+//! | `limitador` | limitador limits files: every limit's keys, CEL compiled at load |
 //!
 //! # Values
 //!
@@ -169,9 +173,12 @@ mod deny;
 mod document;
 mod files;
 mod limit;
+mod limitador;
 mod scalar;
 mod tree;
 
+#[cfg(test)]
+mod limitador_tests;
 #[cfg(test)]
 mod tests;
 
@@ -179,6 +186,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::limitador::NamespaceLimit;
 use super::model::{Algorithm, Charge, DomainRules, LimitDefaults, Location, RulesModel};
 use super::settings::{DomainLimits, LimitsSettings};
 
@@ -319,6 +327,8 @@ pub fn parse_file(file: &Path, text: &str) -> Result<Vec<DomainRules>, RuleError
 struct Loader {
     options: LoadOptions,
     domains: Vec<DomainRules>,
+    /// The limits of limitador-format files, in file order.
+    namespaces: Vec<NamespaceLimit>,
     seen: HashMap<String, Location>,
     errors: Vec<RuleError>,
 }
@@ -328,6 +338,7 @@ impl Loader {
         Loader {
             options,
             domains: Vec::new(),
+            namespaces: Vec::new(),
             seen: HashMap::new(),
             errors: Vec::new(),
         }
@@ -338,13 +349,35 @@ impl Loader {
         ctx.options = self.options.clone();
         let docs = tree::parse(&mut ctx);
         for doc in &docs {
-            if let Some(domain) = document::domain(doc, &mut ctx) {
+            if limitador::is_limits_file(doc) {
+                let limits = limitador::limits(doc, &mut ctx);
+                limitador::check_unique(&self.namespaces, &limits, &mut ctx);
+                self.namespaces.extend(limits);
+            } else if let Some(domain) = document::domain(doc, &mut ctx) {
                 self.check_unique(&domain, &mut ctx);
                 self.domains.push(domain);
             }
         }
         ctx.errors.sort_by_key(|e| e.line);
         self.errors.append(&mut ctx.errors);
+    }
+
+    /// A limitador namespace must not also be a ratelimit domain: one request could not be
+    /// decided by both.
+    fn check_namespaces(&mut self) {
+        for limit in &self.namespaces {
+            if let Some(domain) = self.seen.get(&limit.namespace) {
+                self.errors.push(RuleError {
+                    file: limit.location.file.as_ref().clone(),
+                    line: limit.location.line,
+                    path: String::new(),
+                    message: format!(
+                        "namespace '{}' is also a domain of a rules file (at {domain})",
+                        limit.namespace
+                    ),
+                });
+            }
+        }
     }
 
     fn check_unique(&mut self, domain: &DomainRules, ctx: &mut tree::Ctx<'_>) {
@@ -360,10 +393,12 @@ impl Loader {
         }
     }
 
-    fn finish(self) -> Result<RulesModel, RuleErrors> {
+    fn finish(mut self) -> Result<RulesModel, RuleErrors> {
+        self.check_namespaces();
         if self.errors.is_empty() {
             Ok(RulesModel {
                 domains: self.domains,
+                namespaces: self.namespaces,
                 default_algorithm: self.options.default_algorithm,
             })
         } else {

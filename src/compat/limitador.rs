@@ -1,0 +1,369 @@
+//! limitador-server's command line and environment onto sluice's settings: what `sluice` does
+//! when started as `limitador-server` (argv[0]) or with `--limitador-cli`.
+//!
+//! [`translate`] is a pure function of the arguments and the environment: the `SLUICE_*`
+//! settings they mean (with limitador's defaults: gRPC on 0.0.0.0:8081, HTTP on 0.0.0.0:8080,
+//! the memory storage), whether to only validate the limits file, and the flags read but
+//! without effect (each logged once at start, with why); or the first flag or variable sluice
+//! cannot honour, which stops the start with exit 64, naming it. The full table is
+//! docs/limitador-compat.md.
+
+use std::collections::HashMap;
+
+use clap::{Arg, ArgAction, ArgMatches, Command, value_parser};
+
+use super::env::{Translation, Unsupported};
+use crate::config::settings::{Overrides, Settings};
+
+/// What limitador's command line asks for.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Start {
+    pub translation: Translation,
+    /// `--validate`: check the limits file and exit.
+    pub validate: bool,
+}
+
+/// Why the command line gives no start.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// `--help` or `--version`: print this and exit 0.
+    #[error("{0}")]
+    Info(String),
+    /// A flag clap refuses (unknown, missing LIMITS_FILE, a bad value).
+    #[error("{0}")]
+    Usage(String),
+    #[error("limitador setting not supported: {0}")]
+    Unsupported(#[from] Unsupported),
+}
+
+fn command() -> Command {
+    let arg = |id: &'static str| Arg::new(id).action(ArgAction::Set);
+    let flag = |id: &'static str| Arg::new(id).action(ArgAction::SetTrue);
+    Command::new("limitador-server")
+        .about("sluice, started with limitador-server's command line")
+        .version(env!("CARGO_PKG_VERSION"))
+        .disable_help_subcommand(true)
+        .subcommand_required(false)
+        .arg(arg("LIMITS_FILE").index(1))
+        .arg(arg("ip").short('b').long("rls-ip"))
+        .arg(
+            arg("port")
+                .short('p')
+                .long("rls-port")
+                .value_parser(value_parser!(u16)),
+        )
+        .arg(arg("http_ip").short('B').long("http-ip"))
+        .arg(
+            arg("http_port")
+                .short('P')
+                .long("http-port")
+                .value_parser(value_parser!(u16)),
+        )
+        .arg(
+            flag("limit_name_in_labels")
+                .short('l')
+                .long("limit-name-in-labels"),
+        )
+        .arg(
+            arg("custom_metric_labels")
+                .short('L')
+                .long("custom-metric-labels"),
+        )
+        .arg(arg("metric_labels_default").long("metric-labels-default"))
+        .arg(arg("tracing_endpoint").long("tracing-endpoint"))
+        .arg(Arg::new("v").short('v').action(ArgAction::Count))
+        .arg(flag("structured_logs").long("structured-logs"))
+        .arg(flag("validate").long("validate"))
+        .arg(
+            arg("rate_limit_headers")
+                .short('H')
+                .long("rate-limit-headers"),
+        )
+        .arg(flag("grpc_reflection_service").long("grpc-reflection-service"))
+        .arg(flag("limitador_cli").long("limitador-cli").hide(true))
+        .subcommand(
+            Command::new("memory").arg(
+                arg("CACHE_SIZE")
+                    .short('c')
+                    .long("cache")
+                    .value_parser(value_parser!(u64)),
+            ),
+        )
+        .subcommand(
+            Command::new("disk")
+                .arg(arg("PATH").index(1))
+                .arg(arg("OPTIMIZE").long("optimize")),
+        )
+        .subcommand(Command::new("redis").arg(arg("URL").index(1)))
+        .subcommand(
+            Command::new("redis_cached")
+                .arg(arg("URL").index(1))
+                .arg(arg("batch").long("batch-size"))
+                .arg(arg("flush").long("flush-period"))
+                .arg(arg("max").long("max-cached"))
+                .arg(arg("timeout").long("response-timeout")),
+        )
+        .subcommand(
+            Command::new("distributed")
+                .arg(arg("NAME").index(1))
+                .arg(arg("LISTEN_ADDRESS").index(2))
+                .arg(Arg::new("PEER_URLS").index(3).num_args(0..))
+                .arg(arg("CACHE_SIZE").short('c').long("cache")),
+        )
+}
+
+/// Reads limitador's arguments (`args` with argv[0] first) and environment.
+pub fn translate(args: &[String], env: &HashMap<String, String>) -> Result<Start, CliError> {
+    let matches = command()
+        .try_get_matches_from(args)
+        .map_err(|e| match e.kind() {
+            clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+                CliError::Info(e.to_string())
+            }
+            _ => CliError::Usage(e.to_string()),
+        })?;
+    let mut r = Reader {
+        m: &matches,
+        env,
+        out: Translation::default(),
+    };
+    r.limits_file()?;
+    r.listeners()?;
+    r.storage()?;
+    r.behaviour()?;
+    r.out.ignored.sort();
+    Ok(Start {
+        translation: r.out,
+        validate: matches.get_flag("validate"),
+    })
+}
+
+/// The settings limitador's command line means, over the `SLUICE_*` variables of `env` (which
+/// set what limitador's flags leave alone).
+pub fn settings(start: &Start, env: &HashMap<String, String>) -> Result<Settings, String> {
+    let mut layered = env.clone();
+    layered.extend(start.translation.settings.iter().cloned());
+    Settings::load_over(HashMap::new(), None, layered, &Overrides::default())
+        .map_err(|e| e.to_string())
+}
+
+struct Reader<'a> {
+    m: &'a ArgMatches,
+    env: &'a HashMap<String, String>,
+    out: Translation,
+}
+
+impl Reader<'_> {
+    fn env(&self, name: &str) -> Option<&str> {
+        self.env
+            .get(name)
+            .map(String::as_str)
+            .filter(|v| !v.is_empty())
+    }
+
+    /// A flag's value, else its variable's.
+    fn value(&self, id: &str, var: &str) -> Option<String> {
+        let flag = self.m.try_get_one::<String>(id).ok().flatten().cloned();
+        flag.or_else(|| self.env(var).map(str::to_owned))
+    }
+
+    fn set(&mut self, key: &str, value: impl Into<String>) {
+        self.out
+            .settings
+            .push((format!("SLUICE_{key}"), value.into()));
+    }
+
+    fn ignore(&mut self, name: &str, why: &str) {
+        self.out.ignored.push((name.to_owned(), why.to_owned()));
+    }
+
+    fn limits_file(&mut self) -> Result<(), Unsupported> {
+        let Some(file) = self.value("LIMITS_FILE", "LIMITS_FILE") else {
+            return Err(unsupported(
+                "LIMITS_FILE",
+                "",
+                "the limits file is required",
+            ));
+        };
+        self.set("RULES__PATHS", file);
+        Ok(())
+    }
+
+    fn listeners(&mut self) -> Result<(), Unsupported> {
+        for (ip, port, ip_var, port_var, dp, key) in [
+            (
+                "ip",
+                "port",
+                "ENVOY_RLS_HOST",
+                "ENVOY_RLS_PORT",
+                8081,
+                "SERVER__GRPC_LISTEN",
+            ),
+            (
+                "http_ip",
+                "http_port",
+                "HTTP_API_HOST",
+                "HTTP_API_PORT",
+                8080,
+                "SERVER__ADMIN_LISTEN",
+            ),
+        ] {
+            let host = self
+                .value(ip, ip_var)
+                .unwrap_or_else(|| "0.0.0.0".to_owned());
+            let addr: std::net::IpAddr = match host.as_str() {
+                "localhost" => std::net::Ipv4Addr::LOCALHOST.into(),
+                h => h
+                    .parse()
+                    .map_err(|_| unsupported(ip_var, h, "sluice listens on an IP address"))?,
+            };
+            let port = match self.m.get_one::<u16>(port) {
+                Some(p) => *p,
+                None => match self.env(port_var) {
+                    Some(p) => p
+                        .parse()
+                        .map_err(|_| unsupported(port_var, p, "expected a port number"))?,
+                    None => dp,
+                },
+            };
+            self.set(key, std::net::SocketAddr::new(addr, port).to_string());
+        }
+        Ok(())
+    }
+
+    fn storage(&mut self) -> Result<(), Unsupported> {
+        match self.m.subcommand() {
+            Some(("memory", sub)) => {
+                self.set("LIMITER__BACKEND", "memory");
+                if let Some(size) = sub.get_one::<u64>("CACHE_SIZE") {
+                    self.set("MEMORY__MAX_KEYS", size.to_string());
+                }
+            }
+            Some(("redis", sub)) => self.redis(sub.get_one::<String>("URL").cloned(), "redis")?,
+            Some(("redis_cached", sub)) => {
+                for (id, name) in [
+                    ("batch", "--batch-size"),
+                    ("flush", "--flush-period"),
+                    ("max", "--max-cached"),
+                    ("timeout", "--response-timeout"),
+                ] {
+                    if let Some(v) = sub.get_one::<String>(id) {
+                        let why = "sluice keeps no local counter cache: every request is decided \
+                                   in Redis (drop the flag to run redis_cached as redis)";
+                        return Err(unsupported(name, v, why));
+                    }
+                }
+                self.ignore(
+                    "redis_cached",
+                    "served as `redis`: exact counters in Redis, no local cache",
+                );
+                self.redis(sub.get_one::<String>("URL").cloned(), "redis_cached")?;
+            }
+            Some(("disk", _)) => {
+                return Err(unsupported(
+                    "disk",
+                    "",
+                    "sluice keeps counters in memory or Redis only (use memory or redis)",
+                ));
+            }
+            Some(("distributed", _)) => {
+                return Err(unsupported(
+                    "distributed",
+                    "",
+                    "sluice shares counters through Redis only (use redis)",
+                ));
+            }
+            _ => match self.env("REDIS_URL").map(str::to_owned) {
+                Some(url) => {
+                    if self.env("REDIS_LOCAL_CACHE_ENABLED") == Some("true") {
+                        self.ignore(
+                            "REDIS_LOCAL_CACHE_ENABLED",
+                            "true: served as `redis`, exact counters without a local cache",
+                        );
+                    }
+                    self.set("LIMITER__BACKEND", "redis");
+                    self.set("REDIS__URL", url);
+                }
+                None => self.set("LIMITER__BACKEND", "memory"),
+            },
+        }
+        Ok(())
+    }
+
+    fn redis(&mut self, url: Option<String>, storage: &str) -> Result<(), Unsupported> {
+        let url = url.or_else(|| self.env("REDIS_URL").map(str::to_owned));
+        let Some(url) = url else {
+            return Err(unsupported(storage, "", "needs a Redis URL (or REDIS_URL)"));
+        };
+        self.set("LIMITER__BACKEND", "redis");
+        self.set("REDIS__URL", url);
+        Ok(())
+    }
+
+    fn behaviour(&mut self) -> Result<(), Unsupported> {
+        let headers = self.value("rate_limit_headers", "RATE_LIMIT_HEADERS");
+        match headers.as_deref().unwrap_or("NONE") {
+            "NONE" => {}
+            "DRAFT_VERSION_03" => {
+                self.set("RESPONSE__HEADERS", "true");
+                self.set("RESPONSE__LIMIT_HEADER", "X-RateLimit-Limit");
+                self.set("RESPONSE__REMAINING_HEADER", "X-RateLimit-Remaining");
+                self.set("RESPONSE__RESET_HEADER", "X-RateLimit-Reset");
+            }
+            other => {
+                let why = "expected NONE or DRAFT_VERSION_03";
+                return Err(unsupported("--rate-limit-headers", other, why));
+            }
+        }
+        let level = match self.m.get_count("v") {
+            0 => "error",
+            1 => "warn",
+            2 => "info",
+            3 => "info,sluice=debug",
+            _ => "info,sluice=trace",
+        };
+        self.set("LOG__LEVEL", level);
+        if self.m.get_flag("structured_logs") {
+            self.set("LOG__FORMAT", "json");
+        }
+        for (id, name) in [
+            ("custom_metric_labels", "--custom-metric-labels"),
+            ("metric_labels_default", "--metric-labels-default"),
+        ] {
+            if let Some(v) = self.m.get_one::<String>(id) {
+                let why = "sluice's metrics take no labels from CEL expressions";
+                return Err(unsupported(name, v, why));
+            }
+        }
+        if let Some(v) = self.value("tracing_endpoint", "TRACING_ENDPOINT") {
+            let why = "use sluice's log.otlp_endpoint setting (SLUICE_LOG__OTLP_ENDPOINT)";
+            return Err(unsupported("--tracing-endpoint", &v, why));
+        }
+        let in_labels = self.m.get_flag("limit_name_in_labels")
+            || self.env("LIMIT_NAME_IN_PROMETHEUS_LABELS") == Some("true");
+        if in_labels {
+            self.ignore(
+                "--limit-name-in-labels",
+                "limit names are not yet a label of sluice's metrics",
+            );
+        }
+        if self.m.get_flag("grpc_reflection_service") {
+            self.ignore(
+                "--grpc-reflection-service",
+                "sluice always serves reflection",
+            );
+        }
+        Ok(())
+    }
+}
+
+fn unsupported(name: &str, value: &str, why: &str) -> Unsupported {
+    Unsupported {
+        name: name.to_owned(),
+        value: value.to_owned(),
+        why: why.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests;
