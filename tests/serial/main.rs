@@ -40,6 +40,7 @@ mod request_tracing;
 mod rlqs_bounds;
 mod support;
 mod throttle_client;
+mod throttle_holds;
 mod ui_browser;
 
 /// The service of the shipped client example, under test as it ships (the example is a
