@@ -168,9 +168,12 @@ impl Throttler {
                 )));
             }
             let outcome = self
-                .hold(key, HoldOp::Acquire {
-                    count: u64::from(count),
-                })
+                .hold(
+                    key,
+                    HoldOp::Acquire {
+                        count: u64::from(count),
+                    },
+                )
                 .await?;
             Ok(pb::AcquireHoldResponse {
                 acquired: outcome.done,

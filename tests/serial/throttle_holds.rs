@@ -13,7 +13,9 @@ use std::time::Duration;
 use sluice::testing::process::SluiceProcess;
 use sluice::testing::redis::RedisServer;
 use sluice_client::pb::sluice::v1::throttle_client::ThrottleClient;
-use sluice_client::pb::sluice::v1::{AcquireHoldRequest, HoldRequest, acquire_hold_request, hold_request};
+use sluice_client::pb::sluice::v1::{
+    AcquireHoldRequest, HoldRequest, acquire_hold_request, hold_request,
+};
 use sluice_client::{Client, Hold, HoldError};
 use tokio::time::Instant;
 
@@ -85,8 +87,14 @@ async fn a_hundred_tasks_on_ten_slots_never_exceed_ten_at_once() {
             started.elapsed()
         );
         assert!(peak <= 10, "{backend}: {peak} at once on 10 slots");
-        assert!(peak >= 5, "{backend}: only {peak} at once: the slots were not used");
-        assert_eq!(released, 100, "{backend}: every permit held its hold until released");
+        assert!(
+            peak >= 5,
+            "{backend}: only {peak} at once: the slots were not used"
+        );
+        assert_eq!(
+            released, 100,
+            "{backend}: every permit held its hold until released"
+        );
         assert!(started.elapsed() < Duration::from_secs(20));
     })
     .await;
@@ -121,7 +129,10 @@ async fn a_killed_holders_slots_come_back_after_its_lease_and_a_live_one_keeps_t
         let client = client(&url).await;
         match client.acquire_hold(Hold::key("killed", 3, LEASE)).await {
             Err(HoldError::Busy { retry_after }) => {
-                assert!(retry_after <= LEASE, "{backend}: retry after {retry_after:?}");
+                assert!(
+                    retry_after <= LEASE,
+                    "{backend}: retry after {retry_after:?}"
+                );
             }
             other => panic!("{backend}: every slot is held, got {other:?}"),
         }
@@ -131,8 +142,14 @@ async fn a_killed_holders_slots_come_back_after_its_lease_and_a_live_one_keeps_t
             .expect("the killed holder's slots come back");
         let after = taken_at.elapsed();
         println!("{backend}: a killed holder's slot came back {after:?} after it was taken");
-        assert!(after >= Duration::from_millis(900), "{backend}: back after {after:?}");
-        assert!(after < Duration::from_secs(3), "{backend}: back only after {after:?}");
+        assert!(
+            after >= Duration::from_millis(900),
+            "{backend}: back after {after:?}"
+        );
+        assert!(
+            after < Duration::from_secs(3),
+            "{backend}: back only after {after:?}"
+        );
         drop(permit);
 
         // A live permit outlives its lease: its extensions keep it.
@@ -143,10 +160,16 @@ async fn a_killed_holders_slots_come_back_after_its_lease_and_a_live_one_keeps_t
         tokio::time::sleep(3 * LEASE).await;
         assert!(long.is_held(), "{backend}: the extensions kept it");
         assert!(
-            matches!(client.acquire_hold(Hold::key("long", 1, LEASE)).await, Err(HoldError::Busy { .. })),
+            matches!(
+                client.acquire_hold(Hold::key("long", 1, LEASE)).await,
+                Err(HoldError::Busy { .. })
+            ),
             "{backend}: still held after 3 leases"
         );
-        assert!(long.release().await.expect("released"), "{backend}: released");
+        assert!(
+            long.release().await.expect("released"),
+            "{backend}: released"
+        );
         // Dropping a permit releases it.
         let dropped = client
             .acquire_hold(Hold::key("long", 1, LEASE))
@@ -186,26 +209,82 @@ async fn an_unknown_id_frees_nothing_and_bad_input_is_invalid_argument() {
     let _serial = serial_async().await;
     on_both_backends(|url, backend| async move {
         let mut stub = ThrottleClient::connect(url).await.expect("connect");
-        let a = stub.acquire_hold(acquire("ids", 3, 2)).await.expect("answer").into_inner();
-        assert!(a.acquired && a.hold_id != 0 && a.held == 2, "{backend}: {a:?}");
-        let b = stub.acquire_hold(acquire("ids", 3, 1)).await.expect("answer").into_inner();
-        assert!(b.acquired && b.hold_id != a.hold_id && b.held == 3, "{backend}: {b:?}");
-        let full = stub.acquire_hold(acquire("ids", 3, 1)).await.expect("answer").into_inner();
-        assert!(!full.acquired && full.hold_id == 0 && full.held == 3, "{backend}: {full:?}");
-        assert!(full.retry_after_ms > 0 && full.retry_after_ms <= 10_000, "{backend}: {full:?}");
+        let a = stub
+            .acquire_hold(acquire("ids", 3, 2))
+            .await
+            .expect("answer")
+            .into_inner();
+        assert!(
+            a.acquired && a.hold_id != 0 && a.held == 2,
+            "{backend}: {a:?}"
+        );
+        let b = stub
+            .acquire_hold(acquire("ids", 3, 1))
+            .await
+            .expect("answer")
+            .into_inner();
+        assert!(
+            b.acquired && b.hold_id != a.hold_id && b.held == 3,
+            "{backend}: {b:?}"
+        );
+        let full = stub
+            .acquire_hold(acquire("ids", 3, 1))
+            .await
+            .expect("answer")
+            .into_inner();
+        assert!(
+            !full.acquired && full.hold_id == 0 && full.held == 3,
+            "{backend}: {full:?}"
+        );
+        assert!(
+            full.retry_after_ms > 0 && full.retry_after_ms <= 10_000,
+            "{backend}: {full:?}"
+        );
 
         let unknown = a.hold_id.max(b.hold_id) + 1000;
-        let r = stub.release_hold(touch("ids", 3, unknown)).await.expect("answer").into_inner();
-        assert!(!r.found && r.held == 3, "{backend}: an unknown id freed something: {r:?}");
-        let e = stub.extend_hold(touch("ids", 3, unknown)).await.expect("answer").into_inner();
+        let r = stub
+            .release_hold(touch("ids", 3, unknown))
+            .await
+            .expect("answer")
+            .into_inner();
+        assert!(
+            !r.found && r.held == 3,
+            "{backend}: an unknown id freed something: {r:?}"
+        );
+        let e = stub
+            .extend_hold(touch("ids", 3, unknown))
+            .await
+            .expect("answer")
+            .into_inner();
         assert!(!e.found && e.held == 3, "{backend}: {e:?}");
-        let e = stub.extend_hold(touch("ids", 3, a.hold_id)).await.expect("answer").into_inner();
+        let e = stub
+            .extend_hold(touch("ids", 3, a.hold_id))
+            .await
+            .expect("answer")
+            .into_inner();
         assert!(e.found && e.held == 3, "{backend}: {e:?}");
-        let r = stub.release_hold(touch("ids", 3, a.hold_id)).await.expect("answer").into_inner();
-        assert!(r.found && r.held == 1, "{backend}: exactly the hold's 2 slots: {r:?}");
-        let again = stub.release_hold(touch("ids", 3, a.hold_id)).await.expect("answer");
-        assert!(!again.get_ref().found && again.get_ref().held == 1, "{backend}: released twice");
-        let c = stub.acquire_hold(acquire("ids", 3, 2)).await.expect("answer").into_inner();
+        let r = stub
+            .release_hold(touch("ids", 3, a.hold_id))
+            .await
+            .expect("answer")
+            .into_inner();
+        assert!(
+            r.found && r.held == 1,
+            "{backend}: exactly the hold's 2 slots: {r:?}"
+        );
+        let again = stub
+            .release_hold(touch("ids", 3, a.hold_id))
+            .await
+            .expect("answer");
+        assert!(
+            !again.get_ref().found && again.get_ref().held == 1,
+            "{backend}: released twice"
+        );
+        let c = stub
+            .acquire_hold(acquire("ids", 3, 2))
+            .await
+            .expect("answer")
+            .into_inner();
         assert!(c.acquired && c.held == 3, "{backend}: {c:?}");
         assert_ne!(c.hold_id, a.hold_id, "{backend}: an id is not reused");
 
@@ -214,16 +293,41 @@ async fn an_unknown_id_frees_nothing_and_bad_input_is_invalid_argument() {
             (acquire("ids", 10_001, 1), "slots"),
             (acquire("ids", 3, 4), "count"),
             (acquire("", 3, 1), "key"),
-            (AcquireHoldRequest { lease_ms: 0, ..acquire("ids", 3, 1) }, "lease_ms"),
+            (
+                AcquireHoldRequest {
+                    lease_ms: 0,
+                    ..acquire("ids", 3, 1)
+                },
+                "lease_ms",
+            ),
         ];
         for (request, field) in invalid {
             let status = stub.acquire_hold(request).await.expect_err("invalid");
-            assert_eq!(status.code(), tonic::Code::InvalidArgument, "{backend}: {status:?}");
-            assert!(status.message().starts_with(field), "{backend}: {}", status.message());
+            assert_eq!(
+                status.code(),
+                tonic::Code::InvalidArgument,
+                "{backend}: {status:?}"
+            );
+            assert!(
+                status.message().starts_with(field),
+                "{backend}: {}",
+                status.message()
+            );
         }
-        let status = stub.release_hold(touch("ids", 3, 0)).await.expect_err("invalid");
-        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{backend}: {status:?}");
-        assert!(status.message().starts_with("hold_id"), "{}", status.message());
+        let status = stub
+            .release_hold(touch("ids", 3, 0))
+            .await
+            .expect_err("invalid");
+        assert_eq!(
+            status.code(),
+            tonic::Code::InvalidArgument,
+            "{backend}: {status:?}"
+        );
+        assert!(
+            status.message().starts_with("hold_id"),
+            "{}",
+            status.message()
+        );
     })
     .await;
 }

@@ -414,7 +414,10 @@ mod tests {
         assert!(c.extend_id(&mut h, 9 * SEC, b));
         assert_eq!(c.held(&h, 15 * SEC), 1, "extended to 19 s");
         assert_eq!(c.held(&h, 19 * SEC), 0, "then expires");
-        assert!(!c.extend_id(&mut h, 19 * SEC, b), "an expired hold is not extended");
+        assert!(
+            !c.extend_id(&mut h, 19 * SEC, b),
+            "an expired hold is not extended"
+        );
         assert_eq!(c.acquire(&mut h, 20 * SEC, 4), None, "more than the slots");
     }
 }
