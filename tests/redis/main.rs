@@ -22,6 +22,7 @@ mod script;
 mod semantics;
 mod sentinel;
 mod sliding_log;
+mod throttle_holds;
 mod tls;
 mod visibility;
 mod why;
