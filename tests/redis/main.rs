@@ -3,7 +3,8 @@
 //! `scenario!` suite), the Lua script against the memory backend's decisions, round trips,
 //! footprint, exactness across `sluice` replicas; the deny cache and group commit against the
 //! plain Redis path (`batching`); and the admin's visibility on both backends (`/counters`,
-//! `/counters/top`, the limit gauges, `admin.token`: `visibility`). A missing `redis-server`
+//! `/counters/top`, the limit gauges, `admin.token`: `visibility`); the Throttle API's holds
+//! with ids on both backends (`throttle_holds`). A missing `redis-server`
 //! fails these tests with the command that installs it. (The fault tests, which bound answer
 //! times, are in tests/serial/.)
 
