@@ -19,6 +19,7 @@ use std::sync::Arc;
 use tracing::Instrument as _;
 
 use crate::config::settings::InputSettings;
+use crate::limiter::holds::{HoldOp, HoldOutcome, HoldRequest};
 use crate::limiter::{Batch, BatchOutcome, Hit, HitOutcome, Limiter, LimiterError, Role};
 use crate::proto::sluice::v1::{self as pb, throttle_server};
 use crate::telemetry::propagation::join_caller_trace;
@@ -141,6 +142,145 @@ impl Throttler {
     }
 }
 
+/// Holds with ids (docs/holds.md): each call is one atomic operation on the key's holds.
+/// The id a caller sees is the backend's record id plus 1, so that 0 (a field not set) never
+/// names a hold.
+impl Throttler {
+    /// `AcquireHold`: takes `count` slots under a new id, or nothing.
+    pub async fn acquire_hold(
+        &self,
+        request: &pb::AcquireHoldRequest,
+    ) -> Result<pb::AcquireHoldResponse, tonic::Status> {
+        let answer = async {
+            let key = params::hold_key(
+                acquire_key(request.id.as_ref()),
+                request.slots,
+                request.lease_ms,
+                &request.name,
+                &self.input,
+            )
+            .map_err(tonic::Status::invalid_argument)?;
+            let count = request.count.max(1);
+            if count > key.slots {
+                return Err(tonic::Status::invalid_argument(format!(
+                    "count: {count}, more than the key's {} slots: never acquired",
+                    key.slots
+                )));
+            }
+            let outcome = self
+                .hold(
+                    key,
+                    HoldOp::Acquire {
+                        count: u64::from(count),
+                    },
+                )
+                .await?;
+            Ok(pb::AcquireHoldResponse {
+                acquired: outcome.done,
+                hold_id: if outcome.done {
+                    outcome.id.saturating_add(1)
+                } else {
+                    0
+                },
+                held: outcome.held,
+                retry_after_ms: if outcome.done {
+                    -1
+                } else {
+                    i64::try_from(ms_up(outcome.wait_nanos).max(1)).unwrap_or(i64::MAX)
+                },
+            })
+        }
+        .await;
+        let result = match &answer {
+            Ok(r) if !r.acquired => Ok(ThrottleResult::Limited),
+            Ok(_) => Ok(ThrottleResult::Allowed),
+            Err(s) => Err(s.code()),
+        };
+        self.observe(&request.name, result);
+        answer
+    }
+
+    /// `ReleaseHold` (`extend: false`) or `ExtendHold` (`extend: true`) of one hold.
+    pub async fn touch_hold(
+        &self,
+        request: &pb::HoldRequest,
+        extend: bool,
+    ) -> Result<pb::HoldResponse, tonic::Status> {
+        let answer = async {
+            let key = params::hold_key(
+                hold_key(request.id.as_ref()),
+                request.slots,
+                request.lease_ms,
+                &request.name,
+                &self.input,
+            )
+            .map_err(tonic::Status::invalid_argument)?;
+            let Some(id) = request.hold_id.checked_sub(1) else {
+                return Err(tonic::Status::invalid_argument(
+                    "hold_id: give the id AcquireHold returned (never 0)",
+                ));
+            };
+            let op = if extend {
+                HoldOp::Extend { id }
+            } else {
+                HoldOp::Release { id }
+            };
+            let outcome = self.hold(key, op).await?;
+            Ok(pb::HoldResponse {
+                found: outcome.done,
+                held: outcome.held,
+            })
+        }
+        .await;
+        let result = match &answer {
+            Ok(_) => Ok(ThrottleResult::Allowed),
+            Err(s) => Err(s.code()),
+        };
+        self.observe(&request.name, result);
+        answer
+    }
+
+    async fn hold(&self, key: params::HoldKey, op: HoldOp) -> Result<HoldOutcome, tonic::Status> {
+        let request = HoldRequest {
+            key: key.key,
+            slots: key.slots,
+            lease_nanos: key.lease_nanos,
+            op,
+        };
+        self.limiter
+            .hold(&request)
+            .await
+            .map_err(|e| unavailable(&e))
+    }
+
+    fn observe(&self, name: &str, result: Result<ThrottleResult, tonic::Code>) {
+        let result = match result {
+            Ok(r) => r,
+            Err(tonic::Code::InvalidArgument) => ThrottleResult::Invalid,
+            Err(_) => ThrottleResult::Unavailable,
+        };
+        self.observer.throttled(name, result);
+    }
+}
+
+/// An AcquireHold request's key bytes (empty when not set).
+fn acquire_key(id: Option<&pb::acquire_hold_request::Id>) -> &[u8] {
+    match id {
+        Some(pb::acquire_hold_request::Id::Key(k)) => k.as_bytes(),
+        Some(pb::acquire_hold_request::Id::KeyBytes(b)) => b,
+        None => &[],
+    }
+}
+
+/// A ReleaseHold or ExtendHold request's key bytes (empty when not set).
+fn hold_key(id: Option<&pb::hold_request::Id>) -> &[u8] {
+    match id {
+        Some(pb::hold_request::Id::Key(k)) => k.as_bytes(),
+        Some(pb::hold_request::Id::KeyBytes(b)) => b,
+        None => &[],
+    }
+}
+
 /// The Throttle service as served: tonic's `OUT_OF_RANGE` for a message over its decoding
 /// limit becomes `RESOURCE_EXHAUSTED` (see [`crate::transport::SizeLimited`]).
 pub type ThrottleService = crate::transport::SizeLimited<ThrottleServer<Throttler>>;
@@ -245,6 +385,36 @@ impl throttle_server::Throttle for Throttler {
         request: tonic::Request<pb::ThrottleRequest>,
     ) -> Result<tonic::Response<pb::ThrottleResponse>, tonic::Status> {
         let work = Throttler::throttle(self, request.get_ref());
+        join_caller_trace(request.metadata(), work)
+            .await
+            .map(tonic::Response::new)
+    }
+
+    async fn acquire_hold(
+        &self,
+        request: tonic::Request<pb::AcquireHoldRequest>,
+    ) -> Result<tonic::Response<pb::AcquireHoldResponse>, tonic::Status> {
+        let work = Throttler::acquire_hold(self, request.get_ref());
+        join_caller_trace(request.metadata(), work)
+            .await
+            .map(tonic::Response::new)
+    }
+
+    async fn release_hold(
+        &self,
+        request: tonic::Request<pb::HoldRequest>,
+    ) -> Result<tonic::Response<pb::HoldResponse>, tonic::Status> {
+        let work = Throttler::touch_hold(self, request.get_ref(), false);
+        join_caller_trace(request.metadata(), work)
+            .await
+            .map(tonic::Response::new)
+    }
+
+    async fn extend_hold(
+        &self,
+        request: tonic::Request<pb::HoldRequest>,
+    ) -> Result<tonic::Response<pb::HoldResponse>, tonic::Status> {
+        let work = Throttler::touch_hold(self, request.get_ref(), true);
         join_caller_trace(request.metadata(), work)
             .await
             .map(tonic::Response::new)

@@ -236,7 +236,15 @@ impl Client {
         Ok(RlsVerdict::from_proto(answer.into_inner()))
     }
 
-    async fn within<T>(
+    pub(crate) fn throttle_stub(&self) -> ThrottleClient<Channel> {
+        self.throttle.clone()
+    }
+
+    pub(crate) fn call_timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    pub(crate) async fn within<T>(
         &self,
         call: impl Future<Output = Result<T, tonic::Status>>,
     ) -> Result<T, Error> {

@@ -5,6 +5,9 @@
 //!   the retry time and try again), [`Client::should_rate_limit`], under a timeout and a
 //!   [`FailPolicy`];
 //! - [`Throttle`] and [`Limit`], [`RateLimit`]: typed builders of the two requests;
+//! - [`Client::acquire_hold`] and [`Client::acquire_hold_within`]: a [`Permit`] on a key's
+//!   slots ([`Hold`]), released on drop and extended in the background: a distributed
+//!   semaphore;
 //! - [`ThrottleLayer`]: a `tower` layer for axum or tonic services, answering 429 (HTTP) or
 //!   `RESOURCE_EXHAUSTED` (gRPC) with `RateLimit-*` and `Retry-After` headers.
 //!
@@ -49,6 +52,7 @@
 
 mod client;
 mod error;
+mod hold;
 mod layer;
 mod rls;
 mod throttle;
@@ -58,6 +62,7 @@ pub use sluice_proto as pb;
 
 pub use client::{Client, ClientBuilder, DEFAULT_TIMEOUT, FailPolicy};
 pub use error::{AcquireError, Error};
+pub use hold::{Hold, HoldError, Permit};
 pub use layer::{ThrottleLayer, ThrottleService};
 pub use rls::{DescriptorVerdict, RateLimit, RlsVerdict};
 pub use throttle::{Algorithm, KeyVerdict, Limit, Source, Throttle, Verdict};

@@ -99,6 +99,60 @@ fn plan_key(k: &pb::ThrottleKey, input: &InputSettings) -> Result<KeyPlan, Strin
     })
 }
 
+/// A holds key checked against the input bounds: its state key, slots and lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HoldKey {
+    pub key: Arc<[u8]>,
+    pub slots: u32,
+    pub lease_nanos: u64,
+}
+
+/// Checks a holds call's key, slots and lease (and its name, as a Throttle call's).
+pub fn hold_key(
+    key: &[u8],
+    slots: u32,
+    lease_ms: u64,
+    name: &str,
+    input: &InputSettings,
+) -> Result<HoldKey, String> {
+    if name.len() > input.max_key_bytes {
+        return Err(format!(
+            "name: {} bytes, more than input.max_key_bytes = {}",
+            name.len(),
+            input.max_key_bytes
+        ));
+    }
+    if key.is_empty() {
+        return Err("key: give a non-empty key (or key_bytes)".to_owned());
+    }
+    if key.len() > input.max_value_bytes {
+        return Err(format!(
+            "key: {} bytes, more than input.max_value_bytes = {}",
+            key.len(),
+            input.max_value_bytes
+        ));
+    }
+    if slots == 0 || slots > SLIDING_LOG_MAX_QUOTA {
+        return Err(format!(
+            "slots must be from 1 to {SLIDING_LOG_MAX_QUOTA}, got {slots}"
+        ));
+    }
+    if lease_ms == 0 {
+        return Err("lease_ms must be at least 1".to_owned());
+    }
+    let lease_nanos = lease_ms.checked_mul(NANOS_PER_MS).ok_or_else(|| {
+        format!(
+            "lease_ms: {lease_ms} overflows (at most {})",
+            u64::MAX / NANOS_PER_MS
+        )
+    })?;
+    Ok(HoldKey {
+        key: super::key::state_key(key, Algorithm::Concurrency, lease_ms),
+        slots,
+        lease_nanos,
+    })
+}
+
 fn algorithm(raw: i32) -> Result<Algorithm, String> {
     use pb::Algorithm as A;
     Ok(match A::try_from(raw) {
@@ -238,5 +292,20 @@ mod tests {
             &InputSettings::default(),
         );
         assert_eq!(text, bytes);
+    }
+
+    #[test]
+    fn hold_keys_are_checked() {
+        let input = InputSettings::default();
+        let id: &[u8] = b"jobs";
+        let ok = hold_key(id, 10, 1000, "", &input).expect("valid");
+        assert_eq!(&*ok.key, b"throttle:{jobs}:concurrency:1000ms");
+        assert_eq!((ok.slots, ok.lease_nanos), (10, 1_000_000_000));
+        let err = |slots, lease, id: &[u8]| hold_key(id, slots, lease, "", &input);
+        assert!(err(0, 1000, id).is_err_and(|e| e.starts_with("slots must be")));
+        assert!(err(10_001, 1000, id).is_err_and(|e| e.starts_with("slots must be")));
+        assert!(err(1, 0, id).is_err_and(|e| e.starts_with("lease_ms must")));
+        assert!(err(1, u64::MAX, id).is_err_and(|e| e.starts_with("lease_ms: ")));
+        assert!(err(1, 1, b"").is_err_and(|e| e.starts_with("key: ")));
     }
 }

@@ -4,7 +4,8 @@
 //! footprint, exactness across `sluice` replicas; the deny cache and group commit against the
 //! plain Redis path (`batching`); and the admin's visibility on both backends (`/counters`,
 //! `/counters/top`, the limit gauges, `admin.token`: `visibility`); the penalty box
-//! (`block_for`) and calendar windows (`time_zone`) on both backends (`penalty`). A missing `redis-server`
+//! (`block_for`) and calendar windows (`time_zone`) on both backends (`penalty`); the Throttle
+//! API's holds with ids on both backends (`throttle_holds`). A missing `redis-server`
 //! fails these tests with the command that installs it. (The fault tests, which bound answer
 //! times, are in tests/serial/.)
 
@@ -25,6 +26,7 @@ mod script;
 mod semantics;
 mod sentinel;
 mod sliding_log;
+mod throttle_holds;
 mod tls;
 mod visibility;
 mod why;

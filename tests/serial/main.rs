@@ -23,6 +23,9 @@
 //! - The Rust client against the real binary (`throttle_client`): the shipped axum example
 //!   behind the tower layer, the fail policy within its time-out, `acquire` pacing 50 callers
 //!   at 10/s, mTLS, the layer on a tonic server; its time bounds need the machine to itself.
+//! - Throttle holds with the Rust client's permit (`throttle_holds`), on the memory backend and
+//!   on a real `redis-server`: 100 tasks on 10 slots (the peak measured), a killed holder's
+//!   slots back after its 1 s lease, a permit kept through its extensions.
 //! - The admin page in a real headless Chromium (`ui_browser`): its charts must be drawn, and
 //!   move, between screenshots a few seconds apart while a load runs; what they draw depends
 //!   on how many 2 s samples exist by then, which a load beside it delays. Its "why" box,
@@ -40,6 +43,7 @@ mod request_tracing;
 mod rlqs_bounds;
 mod support;
 mod throttle_client;
+mod throttle_holds;
 mod ui_browser;
 
 /// The service of the shipped client example, under test as it ships (the example is a

@@ -253,6 +253,53 @@ impl Concurrency {
     }
 }
 
+/// The holds the Throttle API names (docs/holds.md): each acquisition is a record of its
+/// own, never merged, so that its id frees exactly it.
+impl Concurrency {
+    /// Takes `count` at `now` under a new id when it fits; `None` (nothing taken) otherwise.
+    /// The record's expiry is at least the newest one's (the list stays in expiry order).
+    pub fn acquire(&self, holds: &mut Holds, now: u64, count: u64) -> Option<u64> {
+        if count == 0 || !self.admits(holds, now, count) {
+            return None;
+        }
+        Self::trim(holds, now);
+        // Ids count on from the time in microseconds, so that a key that went fresh (its
+        // records, and its next id, forgotten) does not hand out an id a late holder of an
+        // earlier hold still names (unless it took more than one hold per microsecond).
+        let id = holds.next_id.max(now / 1000);
+        holds.next_id = id.wrapping_add(1);
+        self.push_newest(holds, now, id, count);
+        Some(id)
+    }
+
+    fn push_newest(&self, holds: &mut Holds, now: u64, id: u64, count: u64) {
+        let newest = holds.admitted.back().map_or(0, |r| r.expiry);
+        let expiry = now.saturating_add(self.lease).max(newest);
+        holds.admitted.push_back(Record { id, expiry, count });
+    }
+
+    /// Frees the live hold `id` at `now`; whether there was one (else nothing changes).
+    pub fn release_id(&self, holds: &mut Holds, now: u64, id: u64) -> bool {
+        Self::trim(holds, now);
+        let at = holds.admitted.iter().position(|r| r.id == id);
+        at.and_then(|i| holds.admitted.remove(i)).is_some()
+    }
+
+    /// Pushes the live hold `id`'s expiry to `now` + the lease (at least the newest expiry);
+    /// whether there was one (else nothing changes).
+    pub fn extend_id(&self, holds: &mut Holds, now: u64, id: u64) -> bool {
+        Self::trim(holds, now);
+        let at = holds.admitted.iter().position(|r| r.id == id);
+        match at.and_then(|i| holds.admitted.remove(i)) {
+            Some(r) => {
+                self.push_newest(holds, now, r.id, r.count);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 /// Takes up to `cost` from the front of `list`; what was not there to take.
 fn release(list: &mut VecDeque<Record>, mut cost: u64) -> u64 {
     while cost > 0 {
@@ -349,5 +396,28 @@ mod tests {
         assert!(!c.admits(&h, 0, 1));
         assert_eq!(c.take(&mut h, 0, 1), None);
         assert_eq!(c.until_admitted(&h, 0, 1), SEC);
+    }
+
+    #[test]
+    fn holds_with_ids_free_and_extend_exactly_themselves() {
+        let c = Concurrency::new(3, 10 * SEC);
+        let mut h = Holds::default();
+        let a = c.acquire(&mut h, 0, 2).expect("fits");
+        let b = c.acquire(&mut h, 0, 1).expect("fits");
+        assert_ne!(a, b, "same instant, distinct ids");
+        assert_eq!(c.acquire(&mut h, 1, 1), None);
+        assert_eq!(c.held(&h, 1), 3);
+        assert!(c.release_id(&mut h, 2, a));
+        assert!(!c.release_id(&mut h, 2, a), "released once");
+        assert!(!c.release_id(&mut h, 2, 99), "unknown id frees nothing");
+        assert_eq!(c.held(&h, 2), 1);
+        assert!(c.extend_id(&mut h, 9 * SEC, b));
+        assert_eq!(c.held(&h, 15 * SEC), 1, "extended to 19 s");
+        assert_eq!(c.held(&h, 19 * SEC), 0, "then expires");
+        assert!(
+            !c.extend_id(&mut h, 19 * SEC, b),
+            "an expired hold is not extended"
+        );
+        assert_eq!(c.acquire(&mut h, 20 * SEC, 4), None, "more than the slots");
     }
 }

@@ -287,6 +287,66 @@ fn write_blocks(
     }
 }
 
+impl<C: Clock> MemoryLimiter<C> {
+    /// One operation on a key's holds with ids, under the key's shard lock.
+    fn hold_op(&self, request: &super::holds::HoldRequest) -> super::holds::HoldOutcome {
+        use super::concurrency::Concurrency;
+        use super::holds::{HoldOp, HoldOutcome};
+        let c = Concurrency::new(request.slots, request.lease_nanos);
+        let key = &request.key;
+        let (hash, shard) = self.shards.place(key);
+        let mut locked = self.shards.lock(std::iter::once(shard));
+        let now = self.clock.now_nanos();
+        let Some(store) = locked.store(shard) else {
+            return HoldOutcome {
+                done: false,
+                id: 0,
+                held: 0,
+                wait_nanos: request.lease_nanos,
+            };
+        };
+        let found = store.find(hash, key, Kind::Concurrency);
+        let mut holds = match found.and_then(|f| store.take(f)) {
+            Some((_, State::Concurrency(holds))) => holds,
+            _ => Box::default(),
+        };
+        let (done, id) = match request.op {
+            HoldOp::Acquire { count } => match c.acquire(&mut holds, now, count) {
+                Some(id) => (true, id),
+                None => (false, 0),
+            },
+            HoldOp::Release { id } => (c.release_id(&mut holds, now, id), id),
+            HoldOp::Extend { id } => (c.extend_id(&mut holds, now, id), id),
+        };
+        let wait_nanos = match request.op {
+            HoldOp::Acquire { count } if !done => c.until_admitted(&holds, now, count),
+            _ => 0,
+        };
+        let held = c.held(&holds, now);
+        let until = c.until_fresh(&holds, now);
+        match (found, until > 0) {
+            (Some(f), true) => store.put(f, now.saturating_add(until), State::Concurrency(holds)),
+            (Some(f), false) => store.remove(f),
+            (None, true) => store.insert(
+                Kind::Concurrency,
+                hash,
+                key,
+                now.saturating_add(until),
+                State::Concurrency(holds),
+                now,
+            ),
+            (None, false) => {}
+        }
+        locked.tidy();
+        HoldOutcome {
+            done,
+            id,
+            held,
+            wait_nanos,
+        }
+    }
+}
+
 /// One distinct key of a batch: its hash and shard, and once read, where it was held.
 #[derive(Clone, Copy)]
 struct Place {
@@ -381,6 +441,13 @@ impl<C: Clock> Limiter for MemoryLimiter<C> {
 
     fn name(&self) -> &'static str {
         "memory"
+    }
+
+    fn hold<'a>(
+        &'a self,
+        request: &'a super::holds::HoldRequest,
+    ) -> BoxFuture<'a, Result<super::holds::HoldOutcome, LimiterError>> {
+        Box::pin(std::future::ready(Ok(self.hold_op(request))))
     }
 
     fn dry_run<'a>(

@@ -20,6 +20,7 @@ pub mod counters;
 pub mod fixed_window;
 pub mod funnel;
 pub mod gathering;
+pub mod holds;
 pub mod memory;
 pub mod plan;
 pub mod redis;
@@ -167,6 +168,20 @@ pub trait Limiter: Send + Sync + 'static {
 
     /// A short name for logs and metrics.
     fn name(&self) -> &'static str;
+
+    /// One operation on a key's holds with ids (the Throttle API's holds), atomic on the
+    /// key's concurrency state. A backend without holds answers an error.
+    fn hold<'a>(
+        &'a self,
+        _request: &'a holds::HoldRequest,
+    ) -> BoxFuture<'a, Result<holds::HoldOutcome, LimiterError>> {
+        Box::pin(std::future::ready(Err(LimiterError {
+            backend: self.name(),
+            message: "this backend keeps no holds with ids".to_owned(),
+            transient: false,
+            source: None,
+        })))
+    }
 
     /// The verdict [`Limiter::check`] would give `batch` now, computed the same way and
     /// changing nothing: no state is written, no cost charged (admin `/why`). A backend that

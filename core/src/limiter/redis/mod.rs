@@ -35,6 +35,7 @@ mod cluster;
 pub mod connection;
 mod deny_cache;
 mod group_commit;
+mod holds;
 mod operate;
 mod redirect;
 mod replication;
@@ -488,6 +489,13 @@ impl Limiter for RedisLimiter {
         keys: &'a [super::StateKey],
     ) -> BoxFuture<'a, Result<usize, LimiterError>> {
         Box::pin(self.reset_keys(keys))
+    }
+
+    fn hold<'a>(
+        &'a self,
+        request: &'a super::holds::HoldRequest,
+    ) -> BoxFuture<'a, Result<super::holds::HoldOutcome, LimiterError>> {
+        Box::pin(self.hold_op(request))
     }
 
     fn listen(&self) -> Option<BoxFuture<'_, ()>> {

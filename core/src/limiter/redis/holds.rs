@@ -1,0 +1,87 @@
+//! Holds with ids on Redis: one `EVALSHA` (`EVAL` when Redis lacks the script) of a script
+//! made of the prelude, `concurrency.lua` and `holds.lua`, on the key's concurrency sorted set
+//! (the state `algorithm: concurrency` keeps): atomic, one call per operation. It skips the
+//! deny cache (a release or an extension is never answered from it) and the breaker; a
+//! failure is an error (`UNAVAILABLE` to a Throttle caller), whatever `on_error` says: a hold
+//! answered by a fallback would name no record.
+
+use std::sync::LazyLock;
+
+use redis::{RedisResult, Value};
+use tokio::time::Instant;
+
+use super::{RedisLimiter, cluster, limiter_error, timed_out};
+use crate::limiter::LimiterError;
+use crate::limiter::holds::{HoldOp, HoldOutcome, HoldRequest};
+
+const PRELUDE: &str = include_str!("lua/prelude.lua");
+const CONCURRENCY: &str = include_str!("lua/concurrency.lua");
+const HOLDS: &str = include_str!("lua/holds.lua");
+/// The prelude's line that marks the algorithms of a call (see `MAKERS` in `prelude.lua`):
+/// here always concurrency.
+const SCRIPT_MAKERS: &str =
+    "for l = 1, tonumber(ARGV[2]) or 0 do MAKERS[ARGV[5 * l - 2]] = true end";
+
+static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| {
+    let prelude = PRELUDE.replacen(SCRIPT_MAKERS, "MAKERS.c = true", 1);
+    redis::Script::new(&format!("{prelude}{CONCURRENCY}{HOLDS}"))
+});
+
+impl RedisLimiter {
+    pub(super) async fn hold_op(&self, request: &HoldRequest) -> Result<HoldOutcome, LimiterError> {
+        let deadline = Instant::now() + self.timeout;
+        match tokio::time::timeout_at(deadline, self.hold_call(request)).await {
+            Ok(result) => result.map_err(limiter_error),
+            Err(_) => Err(limiter_error(timed_out(self.timeout))),
+        }
+    }
+
+    async fn hold_call(&self, request: &HoldRequest) -> RedisResult<HoldOutcome> {
+        let prefix = self.prefix();
+        let key = [prefix, &request.key[..]].concat();
+        let (op, arg) = match request.op {
+            HoldOp::Acquire { count } => ("a", count),
+            HoldOp::Release { id } => ("r", id),
+            HoldOp::Extend { id } => ("e", id),
+        };
+        let now = if self.script_clock {
+            (self.clock.now_nanos() / 1_000).to_string()
+        } else {
+            String::new()
+        };
+        let mut invocation = SCRIPT.key(key);
+        invocation
+            .arg(now)
+            .arg(op)
+            .arg(request.slots)
+            .arg(request.lease_nanos.div_ceil(1_000).max(1))
+            .arg(arg);
+        let connector = &self.commit.shared().connector;
+        let reply: Value = match connector.topology() {
+            None => {
+                invocation
+                    .invoke_async(&mut connector.get(0).await?)
+                    .await?
+            }
+            Some(topology) => {
+                let node = topology.owner(cluster::slot(prefix, &request.key)).await?;
+                invocation
+                    .invoke_async(&mut topology.conn(&node, 0).await?)
+                    .await?
+            }
+        };
+        let numbers: Vec<u64> = redis::from_redis_value(reply)?;
+        let at = |i: usize| numbers.get(i).copied().unwrap_or(0);
+        if numbers.len() != 4 {
+            return Err(redis::RedisError::from(std::io::Error::other(
+                "the holds script answered an unexpected reply",
+            )));
+        }
+        Ok(HoldOutcome {
+            done: at(0) == 1,
+            id: at(1),
+            held: at(2),
+            wait_nanos: at(3).saturating_mul(1_000),
+        })
+    }
+}
