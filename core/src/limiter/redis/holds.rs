@@ -17,15 +17,24 @@ use crate::limiter::holds::{HoldOp, HoldOutcome, HoldRequest};
 const PRELUDE: &str = include_str!("lua/prelude.lua");
 const CONCURRENCY: &str = include_str!("lua/concurrency.lua");
 const HOLDS: &str = include_str!("lua/holds.lua");
-/// The prelude's line that marks the algorithms of a call (see `MAKERS` in `prelude.lua`):
-/// here always concurrency.
-const SCRIPT_MAKERS: &str =
-    "for l = 1, tonumber(ARGV[2]) or 0 do MAKERS[ARGV[5 * l - 2]] = true end";
+/// The prelude, its line that marks the algorithms of a batch call (see `MAKERS` in
+/// `prelude.lua`) replaced: here always concurrency.
+fn prelude() -> String {
+    PRELUDE.replacen(super::script::SCRIPT_MAKERS, "MAKERS.c = true", 1)
+}
 
-static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| {
-    let prelude = PRELUDE.replacen(SCRIPT_MAKERS, "MAKERS.c = true", 1);
-    redis::Script::new(&format!("{prelude}{CONCURRENCY}{HOLDS}"))
-});
+static SCRIPT: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(&format!("{}{CONCURRENCY}{HOLDS}", prelude())));
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_prelude_marks_concurrency_instead_of_a_batchs_algorithms() {
+        let prelude = super::prelude();
+        assert!(!prelude.contains(super::super::script::SCRIPT_MAKERS));
+        assert!(prelude.contains("MAKERS.c = true"));
+    }
+}
 
 impl RedisLimiter {
     pub(super) async fn hold_op(&self, request: &HoldRequest) -> Result<HoldOutcome, LimiterError> {

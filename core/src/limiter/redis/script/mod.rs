@@ -62,7 +62,7 @@ const LIBRARY_TAIL: &str = include_str!("../lua/library.lua");
 
 /// The prelude's line that marks, per call, the algorithms a request uses (see `MAKERS` in
 /// `prelude.lua`); the library marks them all instead, and makes each once.
-const SCRIPT_MAKERS: &str =
+pub(super) const SCRIPT_MAKERS: &str =
     "for l = 1, tonumber(ARGV[2]) or 0 do MAKERS[ARGV[7 * l - 4]] = true end";
 const LIBRARY_MAKERS: &str = "MAKERS.f, MAKERS.b, MAKERS.w, MAKERS.s, MAKERS.l, MAKERS.c = true, true, true, true, true, true";
 
