@@ -37,19 +37,39 @@ pub async fn why(State(a): State<Admin>, body: Bytes) -> Response {
         Ok(r) => r,
         Err(e) => return engine_error(&e),
     };
-    match a.engine.explain(&request).await {
-        Ok(why) => json_response(&why_json(&a, &request.domain, &why)),
-        Err(e) => engine_error(&e),
-    }
+    let why = match a.engine.explain(&request).await {
+        Ok(why) => why,
+        Err(e) => return engine_error(&e),
+    };
+    // The penalty boxes of the limits that have one, read without changing anything.
+    let boxed: Vec<&[u8]> = why
+        .descriptors
+        .iter()
+        .flat_map(|d| &d.limits)
+        .filter(|l| l.rule.block_nanos > 0)
+        .map(|l| &l.key[..])
+        .collect();
+    let blocked = match a.engine.limiter().blocked(&boxed).await {
+        Ok(left) => boxed
+            .iter()
+            .zip(left)
+            .map(|(k, b)| (k.to_vec(), b))
+            .collect(),
+        Err(e) => return engine_error(&EngineError::Backend(e)),
+    };
+    json_response(&why_json(&a, &request.domain, &why, &blocked))
 }
 
+/// Per state key with a penalty box, the nanoseconds left in it (`None`: not in one).
+type Blocked = std::collections::HashMap<Vec<u8>, Option<u64>>;
+
 /// The answer of `/why`.
-fn why_json(a: &Admin, domain: &str, why: &Explanation) -> Value {
+fn why_json(a: &Admin, domain: &str, why: &Explanation, blocked: &Blocked) -> Value {
     let proto = crate::grpc::to_proto(why.response.clone());
     let descriptors: Vec<Value> = why
         .descriptors
         .iter()
-        .map(|d| descriptor_json(a, domain, d))
+        .map(|d| descriptor_json(a, domain, d, blocked))
         .collect();
     json!({
         "domain": domain,
@@ -62,7 +82,7 @@ fn why_json(a: &Admin, domain: &str, why: &Explanation) -> Value {
     })
 }
 
-fn descriptor_json(a: &Admin, domain: &str, d: &DescriptorWhy) -> Value {
+fn descriptor_json(a: &Admin, domain: &str, d: &DescriptorWhy, blocked: &Blocked) -> Value {
     let entries: Vec<Value> = d
         .entries
         .iter()
@@ -95,9 +115,11 @@ fn descriptor_json(a: &Admin, domain: &str, d: &DescriptorWhy) -> Value {
         .limits
         .iter()
         .map(|l| {
+            let blocked = blocked.get(&l.key[..]).copied().flatten();
             limit_json(
                 l,
                 d.client_override.is_some() && matches!(d.matched, Matched::Override),
+                blocked,
             )
         })
         .collect();
@@ -127,8 +149,12 @@ fn descriptor_json(a: &Admin, domain: &str, d: &DescriptorWhy) -> Value {
     })
 }
 
-fn limit_json(l: &LimitWhy, from_override: bool) -> Value {
+fn limit_json(l: &LimitWhy, from_override: bool, blocked: Option<u64>) -> Value {
     let r = &l.rule;
+    let mut state = state_json(&l.now, r);
+    if r.block_nanos > 0 {
+        state["blocked_seconds"] = json!(blocked.map(|n| n as f64 / 1e9));
+    }
     json!({
         "name": r.name,
         "algorithm": r.algorithm.as_str(),
@@ -141,7 +167,8 @@ fn limit_json(l: &LimitWhy, from_override: bool) -> Value {
         "borrow": r.borrow,
         "override": from_override,
         "key": String::from_utf8_lossy(&l.key),
-        "state": state_json(&l.now, r),
+        "block_for_seconds": (r.block_nanos > 0).then(|| r.block_nanos as f64 / 1e9),
+        "state": state,
         "verdict": verdict_json(&l.verdict),
     })
 }

@@ -410,3 +410,43 @@ async fn a_held_concurrency_key_redis() {
     let (_redis, server) = redis_server(HELD).await;
     held(server.admin_addr).await;
 }
+
+const BOXED: &str = "
+domain: boxed
+descriptors:
+  - key: ip
+    rate_limit: {unit: minute, requests_per_unit: 1, block_for: 30s}
+";
+
+/// A key in its penalty box: `/why` shows the box and how long is left, and charges nothing;
+/// a reset ends the box, and the key is admitted again.
+async fn boxed(addr: SocketAddr) {
+    let ask = request("boxed", &[&[("ip", "1.2.3.4")]]);
+    assert_eq!(decide(addr, &ask).await, 200);
+    assert_eq!(decide(addr, &ask).await, 429, "denied: the box starts");
+    for _ in 0..5 {
+        let w = why(addr, &ask).await;
+        assert_eq!(w["overall_code"], "OVER_LIMIT", "{w}");
+        let l = &w["descriptors"][0]["limits"][0];
+        assert_eq!(l["block_for_seconds"], 30.0, "{l}");
+        let left = l["state"]["blocked_seconds"].as_f64().expect("in its box");
+        assert!(left > 25.0 && left <= 30.0, "{l}");
+    }
+    let reset = post(addr, "/counters/reset", &ask).await;
+    assert_eq!(reset.status, 200, "{}", reset.body);
+    let w = why(addr, &ask).await;
+    let l = &w["descriptors"][0]["limits"][0];
+    assert_eq!(l["state"]["blocked_seconds"], Value::Null, "{l}");
+    assert_eq!(decide(addr, &ask).await, 200, "the reset ended the box");
+}
+
+#[tokio::test]
+async fn a_boxed_key_memory() {
+    boxed(TestServer::start(BOXED).await.admin_addr).await;
+}
+
+#[tokio::test]
+async fn a_boxed_key_redis() {
+    let (_redis, server) = redis_server(BOXED).await;
+    boxed(server.admin_addr).await;
+}

@@ -480,6 +480,30 @@ impl<C: Clock> Limiter for MemoryLimiter<C> {
         Box::pin(std::future::ready(page))
     }
 
+    fn blocked<'a>(
+        &'a self,
+        keys: &'a [&'a [u8]],
+    ) -> BoxFuture<'a, Result<Vec<Option<u64>>, LimiterError>> {
+        let now = self.clock.now_nanos();
+        let left = keys
+            .iter()
+            .map(|key| {
+                let (hash, shard) = self.shards.place(key);
+                let mut locked = self.shards.lock(std::iter::once(shard));
+                let store = locked.store(shard)?;
+                let found = store.find(hash, key, Kind::Block)?;
+                let (fresh_at, state) = store.take(found)?;
+                let until = match state {
+                    State::Blocked(until) => until,
+                    _ => 0,
+                };
+                store.put(found, fresh_at, state);
+                (until > now).then(|| until - now)
+            })
+            .collect();
+        Box::pin(std::future::ready(Ok(left)))
+    }
+
     fn status(&self) -> BackendStatus {
         BackendStatus {
             keys_held: Some(self.len()),

@@ -249,6 +249,15 @@ pub trait Limiter: Send + Sync + 'static {
         Box::pin(std::future::ready(Ok(counters::CounterPage::default())))
     }
 
+    /// Per key (a state key), the nanoseconds left in its penalty box (`block_for`), `None`
+    /// when it is not in one; changes nothing (admin `/why`). By default, none is.
+    fn blocked<'a>(
+        &'a self,
+        keys: &'a [&'a [u8]],
+    ) -> BoxFuture<'a, Result<Vec<Option<u64>>, LimiterError>> {
+        Box::pin(std::future::ready(Ok(vec![None; keys.len()])))
+    }
+
     /// What the backend says of its health, for people (the admin page). By default, nothing.
     fn status(&self) -> counters::BackendStatus {
         counters::BackendStatus::default()

@@ -26,16 +26,6 @@ fn prelude() -> String {
 static SCRIPT: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(&format!("{}{CONCURRENCY}{HOLDS}", prelude())));
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_prelude_marks_concurrency_instead_of_a_batchs_algorithms() {
-        let prelude = super::prelude();
-        assert!(!prelude.contains(super::super::script::SCRIPT_MAKERS));
-        assert!(prelude.contains("MAKERS.c = true"));
-    }
-}
-
 impl RedisLimiter {
     pub(super) async fn hold_op(&self, request: &HoldRequest) -> Result<HoldOutcome, LimiterError> {
         let deadline = Instant::now() + self.timeout;
@@ -92,5 +82,15 @@ impl RedisLimiter {
             held: at(2),
             wait_nanos: at(3).saturating_mul(1_000),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_prelude_marks_concurrency_instead_of_a_batchs_algorithms() {
+        let prelude = super::prelude();
+        assert!(!prelude.contains(super::super::script::SCRIPT_MAKERS));
+        assert!(prelude.contains("MAKERS.c = true"));
     }
 }

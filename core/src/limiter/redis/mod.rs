@@ -536,6 +536,13 @@ impl Limiter for RedisLimiter {
         Box::pin(scan::page(self, query))
     }
 
+    fn blocked<'a>(
+        &'a self,
+        keys: &'a [&'a [u8]],
+    ) -> BoxFuture<'a, Result<Vec<Option<u64>>, LimiterError>> {
+        Box::pin(scan::blocks(self, keys))
+    }
+
     fn status(&self) -> super::counters::BackendStatus {
         scan::status(self)
     }
