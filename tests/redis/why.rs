@@ -312,6 +312,14 @@ async fn a_reset_reaches_every_replicas_deny_cache_through_sentinel() {
     reset_reaches_the_other_replica(&url).await;
 }
 
+/// The same on a Redis Cluster: each replica listens on one node, and the Cluster delivers
+/// the reset's message to the subscribers of every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_reaches_every_replicas_deny_cache_on_a_cluster() {
+    let cluster = sluice::testing::redis::RedisCluster::start();
+    reset_reaches_the_other_replica(&cluster.url()).await;
+}
+
 async fn reset_reaches_the_other_replica(url: &str) {
     let (_rules, replicas) = crate::support::load::replicas(2, RULES, url);
     let mut ready = Vec::new();

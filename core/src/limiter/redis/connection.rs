@@ -269,7 +269,7 @@ impl Connector {
                 let master = client.lock().await.async_get_client().await?;
                 master.get_async_pubsub().await
             }
-            Kind::Cluster(_) => Err(invalid("a Cluster has no connection of its own")),
+            Kind::Cluster(topology) => topology.pubsub().await,
         }
     }
 

@@ -18,8 +18,8 @@
 //! (the whole of it: a cached denial is only a shortcut, so forgetting too much costs round
 //! trips, never an answer). Each replica listens on that channel ([`listen`]) and, when its
 //! subscription is (re)made, forgets its deny cache too, so a message missed while it was
-//! disconnected loses nothing. A Cluster replica does not listen (see docs/operating.md): its
-//! deny cache can answer a reset key's cached denial until that denial's retry time.
+//! disconnected loses nothing. In a Cluster a replica listens on one node (a Cluster delivers
+//! every `PUBLISH` to the subscribers of all its nodes).
 
 use std::time::Duration;
 
@@ -152,9 +152,6 @@ impl RedisLimiter {
     /// (subscribing again after a lost connection). Returns at once in a Cluster.
     pub(super) async fn listen(&self) {
         let connector = &self.commit.shared().connector;
-        if connector.is_cluster() {
-            return;
-        }
         loop {
             match connector.pubsub().await {
                 Ok(mut pubsub) => {

@@ -195,6 +195,23 @@ impl Topology {
         first_ok(pings).await.map(drop)
     }
 
+    /// A subscriber's connection to some node (the masters of the map, then the seeds): a
+    /// Cluster delivers every `PUBLISH` to the subscribers of all its nodes.
+    pub async fn pubsub(&self) -> RedisResult<redis::aio::PubSub> {
+        let mut last = None;
+        for node in self.inner.candidates() {
+            let subscriber = match self.inner.client(&node) {
+                Ok(client) => client.get_async_pubsub().await,
+                Err(e) => Err(e),
+            };
+            match subscriber {
+                Ok(pubsub) => return Ok(pubsub),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| RedisError::from((redis::ErrorKind::Io, "no Cluster node"))))
+    }
+
     /// A connection to some node (the masters of the map, then the seeds).
     pub async fn any(&self, lane: usize) -> RedisResult<MultiplexedConnection> {
         let mut last = None;
