@@ -155,22 +155,18 @@ impl<C: Clock> MemoryLimiter<C> {
         let mut states: Scratch<State> = Scratch::new();
         let read = places.iter_mut().zip(&slots.first);
         states.extend(read.map(|(place, hit)| place.read(&mut locked, &hit.key)));
-        // Penalty boxes, only for a batch with a `block_for` limit: each slot's, read from
-        // the same shard (same key bytes), under the same locks.
         let mut boxes: Scratch<Place> = Scratch::new();
         let mut blocks: Scratch<u64> = Scratch::new();
+        read_boxes(
+            &mut locked,
+            batch,
+            &places,
+            &slots.first,
+            &mut boxes,
+            &mut blocks,
+        );
         let mut before: Scratch<u64> = Scratch::new();
-        if batch.hits.iter().any(|h| h.limit.block_nanos > 0) {
-            boxes.extend(places.iter().map(Place::penalty_box));
-            let read = boxes.iter_mut().zip(&slots.first);
-            blocks.extend(
-                read.map(|(place, hit)| match place.read(&mut locked, &hit.key) {
-                    State::Blocked(until) => until,
-                    _ => 0,
-                }),
-            );
-            before.extend_from_slice(&blocks);
-        }
+        before.extend_from_slice(&blocks);
         let mut writes = Scratch::new();
         let outcome = decide::decide(
             &batch.hits,
@@ -207,18 +203,16 @@ impl<C: Clock> MemoryLimiter<C> {
         states.extend(read.map(|(place, hit)| place.read(&mut locked, &hit.key)));
         let originals = states.clone();
         // Penalty boxes are read as `decide` reads them, and never written back.
+        let mut boxes: Scratch<Place> = Scratch::new();
         let mut blocks: Scratch<u64> = Scratch::new();
-        if batch.hits.iter().any(|h| h.limit.block_nanos > 0) {
-            let mut boxes: Scratch<Place> = Scratch::new();
-            boxes.extend(places.iter().map(Place::penalty_box));
-            let read = boxes.iter_mut().zip(&slots.first);
-            blocks.extend(
-                read.map(|(place, hit)| match place.read(&mut locked, &hit.key) {
-                    State::Blocked(until) => until,
-                    _ => 0,
-                }),
-            );
-        }
+        read_boxes(
+            &mut locked,
+            batch,
+            &places,
+            &slots.first,
+            &mut boxes,
+            &mut blocks,
+        );
         let mut writes = Scratch::new();
         let outcome = decide::decide(
             &batch.hits,
@@ -256,6 +250,29 @@ impl<C: Clock> MemoryLimiter<C> {
         }
         forgotten
     }
+}
+
+/// The penalty boxes of a batch's slots, only for a batch with a `block_for` limit: each
+/// slot's box (`boxes`), read from the same shard (same key bytes) under the same locks, and
+/// when it ends (`blocks`; 0: never blocked).
+fn read_boxes(
+    locked: &mut Locked<'_>,
+    batch: &Batch,
+    places: &[Place],
+    first: &[&Hit],
+    boxes: &mut Scratch<Place>,
+    blocks: &mut Scratch<u64>,
+) {
+    if !batch.hits.iter().any(|h| h.limit.block_nanos > 0) {
+        return;
+    }
+    boxes.extend(places.iter().map(Place::penalty_box));
+    blocks.extend(boxes.iter_mut().zip(first).map(
+        |(place, hit)| match place.read(locked, &hit.key) {
+            State::Blocked(until) => until,
+            _ => 0,
+        },
+    ));
 }
 
 /// Writes the penalty boxes a batch started (the others are left as read: an ended one is
