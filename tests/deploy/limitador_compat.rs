@@ -23,20 +23,7 @@ use crate::support::envoy::EnvoyProcess;
 use crate::support::upstream::Upstream;
 
 /// limitador-server/examples/limits.yaml.
-const EXAMPLE_LIMITS: &str = r#"---
-- namespace: test_namespace
-  max_value: 1000000
-  seconds: 60
-  conditions:
-  variables:
-- namespace: test_namespace
-  max_value: 5
-  seconds: 60
-  conditions:
-    - "descriptors[0]['req.method'] == 'POST'"
-  variables:
-    - descriptors[0]['user_id']
-"#;
+const EXAMPLE_LIMITS: &str = include_str!("../fixtures/limitador/limits.yaml");
 
 /// limitador-server/sandbox/limits.yaml.
 const SANDBOX_LIMITS: &str = r#"---

@@ -9,20 +9,7 @@ use std::process::Command;
 use sluice::testing::process::SluiceProcess;
 
 /// limitador-server/examples/limits.yaml.
-const LIMITS: &str = r#"---
-- namespace: test_namespace
-  max_value: 1000000
-  seconds: 60
-  conditions:
-  variables:
-- namespace: test_namespace
-  max_value: 5
-  seconds: 60
-  conditions:
-    - "descriptors[0]['req.method'] == 'POST'"
-  variables:
-    - descriptors[0]['user_id']
-"#;
+const LIMITS: &str = include_str!("../fixtures/limitador/limits.yaml");
 
 const PYTHON_CLIENT: &str = r#"
 import json, sys

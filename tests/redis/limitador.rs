@@ -6,25 +6,15 @@ use sluice::testing::grpc::*;
 
 /// limitador-server/examples/limits.yaml (namespace `test_namespace`), then the limits of
 /// limitador's `envoy_rls` tests, one namespace per test.
-const LIMITS: &str = r#"---
-- namespace: test_namespace
-  max_value: 1000000
-  seconds: 60
-  conditions:
-  variables:
-- namespace: test_namespace
-  max_value: 5
-  seconds: 60
-  conditions:
-    - "descriptors[0]['req.method'] == 'POST'"
-  variables:
-    - descriptors[0]['user_id']
-- {namespace: method_and_app, max_value: 1, seconds: 60, conditions: ["descriptors[0]['req.method'] == 'GET'"], variables: ["descriptors[0]['app.id']"]}
+const LIMITS: &str = concat!(
+    include_str!("../fixtures/limitador/limits.yaml"),
+    r#"- {namespace: method_and_app, max_value: 1, seconds: 60, conditions: ["descriptors[0]['req.method'] == 'GET'"], variables: ["descriptors[0]['app.id']"]}
 - {namespace: all_descriptors, max_value: 10, seconds: 60, conditions: ["descriptors[0].x == '1'"], variables: ["descriptors[0].z"]}
 - {namespace: all_descriptors, max_value: 0, seconds: 60, conditions: ["descriptors[0].x == '1'", "descriptors[1].y == '2'"], variables: ["descriptors[0].z"]}
 - {namespace: hits_addend, max_value: 10, seconds: 60, conditions: ["descriptors[0].x == '1'"], variables: ["descriptors[0].y"]}
 - {namespace: zero_addend, max_value: 1, seconds: 60, conditions: ["descriptors[0].x == '1'"], variables: ["descriptors[0].y"]}
-"#;
+"#
+);
 
 /// One request and limitador's answer to it.
 struct Step {

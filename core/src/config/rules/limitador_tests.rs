@@ -15,20 +15,7 @@ fn errors(text: &str) -> Vec<String> {
 }
 
 /// limitador-server/examples/limits.yaml, as it is.
-const EXAMPLE: &str = r#"---
-- namespace: test_namespace
-  max_value: 1000000
-  seconds: 60
-  conditions:
-  variables:
-- namespace: test_namespace
-  max_value: 5
-  seconds: 60
-  conditions:
-    - "descriptors[0]['req.method'] == 'POST'"
-  variables:
-    - descriptors[0]['user_id']
-"#;
+const EXAMPLE: &str = include_str!("../../../../tests/fixtures/limitador/limits.yaml");
 
 #[test]
 fn limitadors_example_loads_as_namespace_limits() {
