@@ -29,13 +29,9 @@ const PAGE: usize = 1000;
 
 /// `POST /why`.
 pub async fn why(State(a): State<Admin>, body: Bytes) -> Response {
-    let request = match super::json::request(&body) {
+    let request = match engine_request(&body) {
         Ok(r) => r,
-        Err(e) => return text(StatusCode::BAD_REQUEST, format!("invalid JSON: {e}\n")),
-    };
-    let request = match crate::grpc::from_proto(request) {
-        Ok(r) => r,
-        Err(e) => return engine_error(&e),
+        Err(response) => return response,
     };
     let why = match a.engine.explain(&request).await {
         Ok(why) => why,
@@ -62,6 +58,13 @@ pub async fn why(State(a): State<Admin>, body: Bytes) -> Response {
 
 /// Per state key with a penalty box, the nanoseconds left in it (`None`: not in one).
 type Blocked = std::collections::HashMap<Vec<u8>, Option<u64>>;
+
+/// The request of `/json`'s proto3-JSON body, in the engine's terms; a 400 when it is not one.
+fn engine_request(body: &Bytes) -> Result<crate::engine::Request, Response> {
+    let request = super::json::request(body)
+        .map_err(|e| text(StatusCode::BAD_REQUEST, format!("invalid JSON: {e}\n")))?;
+    crate::grpc::from_proto(request).map_err(|e| engine_error(&e))
+}
 
 /// The answer of `/why`.
 fn why_json(a: &Admin, domain: &str, why: &Explanation, blocked: &Blocked) -> Value {
@@ -230,13 +233,9 @@ pub async fn reset(State(a): State<Admin>, body: Bytes) -> Response {
             Err(response) => return response,
         }
     } else {
-        let request = match super::json::request(&body) {
+        let request = match engine_request(&body) {
             Ok(r) => r,
-            Err(e) => return text(StatusCode::BAD_REQUEST, format!("invalid JSON: {e}\n")),
-        };
-        let request = match crate::grpc::from_proto(request) {
-            Ok(r) => r,
-            Err(e) => return engine_error(&e),
+            Err(response) => return response,
         };
         match a.engine.state_keys(&request) {
             Ok(keys) => ("key", request.domain.clone(), keys),
