@@ -31,7 +31,7 @@ const PAGE: usize = 1000;
 pub async fn why(State(a): State<Admin>, body: Bytes) -> Response {
     let request = match engine_request(&body) {
         Ok(r) => r,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let why = match a.engine.explain(&request).await {
         Ok(why) => why,
@@ -60,10 +60,14 @@ pub async fn why(State(a): State<Admin>, body: Bytes) -> Response {
 type Blocked = std::collections::HashMap<Vec<u8>, Option<u64>>;
 
 /// The request of `/json`'s proto3-JSON body, in the engine's terms; a 400 when it is not one.
-fn engine_request(body: &Bytes) -> Result<crate::engine::Request, Response> {
-    let request = super::json::request(body)
-        .map_err(|e| text(StatusCode::BAD_REQUEST, format!("invalid JSON: {e}\n")))?;
-    crate::grpc::from_proto(request).map_err(|e| engine_error(&e))
+fn engine_request(body: &Bytes) -> Result<crate::engine::Request, Box<Response>> {
+    let request = super::json::request(body).map_err(|e| {
+        Box::new(text(
+            StatusCode::BAD_REQUEST,
+            format!("invalid JSON: {e}\n"),
+        ))
+    })?;
+    crate::grpc::from_proto(request).map_err(|e| Box::new(engine_error(&e)))
 }
 
 /// The answer of `/why`.
@@ -235,7 +239,7 @@ pub async fn reset(State(a): State<Admin>, body: Bytes) -> Response {
     } else {
         let request = match engine_request(&body) {
             Ok(r) => r,
-            Err(response) => return response,
+            Err(response) => return *response,
         };
         match a.engine.state_keys(&request) {
             Ok(keys) => ("key", request.domain.clone(), keys),
