@@ -8,11 +8,11 @@
 use std::sync::Arc;
 
 use sluice::config::model::{Algorithm, Charge};
-use sluice::limiter::{
-    Batch, BatchOutcome, Hit, LimitParams, Limiter, ManualClock, MemoryLimiter, RedisLimiter,
-};
+use sluice::limiter::{Batch, BatchOutcome, Hit, LimitParams, Limiter, RedisLimiter};
 use sluice::testing::limits;
 use sluice::testing::redis::RedisServer;
+
+use crate::support::limiters::Backends;
 
 const SEC: u64 = 1_000_000_000;
 const KEY: &str = "{holds}:concurrency:2s";
@@ -36,33 +36,7 @@ fn hold(limit: LimitParams, cost: i64, group: usize) -> Hit {
     }
 }
 
-/// Both backends on one clock: the memory backend, and two replicas on one Redis.
-struct Backends {
-    redis: RedisServer,
-    clock: ManualClock,
-    memory: MemoryLimiter<ManualClock>,
-    replicas: [RedisLimiter; 2],
-    step: usize,
-}
-
 impl Backends {
-    fn start() -> Backends {
-        let redis = RedisServer::start();
-        let clock = ManualClock::at(1_700_000_000 * SEC);
-        let replica = || {
-            RedisLimiter::with_clock(&redis.settings(), 1, Arc::new(clock.clone()))
-                .expect("valid settings")
-        };
-        let replicas = [replica(), replica()];
-        Backends {
-            memory: MemoryLimiter::with_clock(64, clock.clone()),
-            clock,
-            replicas,
-            redis,
-            step: 0,
-        }
-    }
-
     /// One batch on both backends (on the next replica in turn); their common outcome.
     async fn check(&mut self, hits: Vec<Hit>) -> BatchOutcome {
         let batch = Batch { hits };
@@ -80,12 +54,6 @@ impl Backends {
 
     fn advance(&self, nanos: u64) {
         self.clock.advance(nanos);
-    }
-
-    /// The members of the holds' sorted set, lowest score first.
-    fn members(&self) -> Vec<String> {
-        self.redis
-            .cmd(&["ZRANGE", &format!("sluice:{KEY}"), "0", "-1"])
     }
 }
 
@@ -112,7 +80,7 @@ async fn a_denied_requests_release_frees_nothing() {
             "that denial's release"
         );
     }
-    let members = b.members();
+    let members = b.members(KEY);
     assert_eq!(members.len(), 3, "the id and two holds: {members:?}");
     assert_eq!(members[0], "n");
     assert!(
@@ -132,7 +100,7 @@ async fn a_release_never_frees_more_than_is_held() {
     let l = slots(3);
     assert!(b.admitted(vec![hold(l, 2, 0)]).await);
     assert!(b.admitted(vec![hold(l, -5, 0)]).await);
-    assert!(b.members().is_empty(), "all released, the key is gone");
+    assert!(b.members(KEY).is_empty(), "all released, the key is gone");
     // A release with nothing held is not kept as credit.
     assert!(b.admitted(vec![hold(l, -3, 0)]).await);
     for _ in 0..3 {
@@ -161,7 +129,7 @@ async fn a_lost_release_frees_its_slot_after_one_lease() {
     // The pending denials expire too: two leases later nothing is left.
     b.advance(2 * SEC);
     assert!(b.admitted(vec![hold(l, 0, 0)]).await);
-    assert!(b.members().is_empty(), "{:?}", b.members());
+    assert!(b.members(KEY).is_empty(), "{:?}", b.members(KEY));
 }
 
 /// A request denied by another of its limits takes no hold, but keeps a pending denial: its
@@ -179,7 +147,7 @@ async fn a_request_denied_by_another_limit_leaves_a_pending_denial() {
     let r = b.check(vec![hold(l, 1, 0), other()]).await;
     assert!(!r.admitted);
     assert_eq!((r.hits[0].admitted, r.hits[1].admitted), (true, false));
-    assert_eq!(b.members().len(), 3, "the id, a hold, a pending denial");
+    assert_eq!(b.members(KEY).len(), 3, "the id, a hold, a pending denial");
     // The second request's release, then a third request: one slot is free, not two.
     assert!(b.admitted(vec![hold(l, -1, 0)]).await);
     assert!(b.admitted(vec![hold(l, 1, 0)]).await);
@@ -198,10 +166,10 @@ async fn charge_admitted_keeps_no_pending_denial() {
     assert!(b.admitted(vec![hold(l, 1, 0)]).await);
     assert!(!b.admitted(vec![hold(l, 1, 0)]).await);
     assert_eq!(
-        b.members().len(),
+        b.members(KEY).len(),
         2,
         "the id and the hold: {:?}",
-        b.members()
+        b.members(KEY)
     );
     assert!(b.admitted(vec![hold(l, -1, 0)]).await);
     assert!(

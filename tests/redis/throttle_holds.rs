@@ -6,39 +6,15 @@
 
 use std::sync::Arc;
 
+use sluice::limiter::Limiter;
 use sluice::limiter::holds::{HoldOp, HoldOutcome, HoldRequest};
-use sluice::limiter::{Limiter, ManualClock, MemoryLimiter, RedisLimiter};
-use sluice::testing::redis::RedisServer;
+
+use crate::support::limiters::Backends;
 
 const SEC: u64 = 1_000_000_000;
 const KEY: &str = "throttle:{jobs}:concurrency:2000ms";
 
-struct Backends {
-    redis: RedisServer,
-    clock: ManualClock,
-    memory: MemoryLimiter<ManualClock>,
-    replicas: [RedisLimiter; 2],
-    step: usize,
-}
-
 impl Backends {
-    fn start() -> Backends {
-        let redis = RedisServer::start();
-        let clock = ManualClock::at(1_700_000_000 * SEC);
-        let replica = || {
-            RedisLimiter::with_clock(&redis.settings(), 1, Arc::new(clock.clone()))
-                .expect("valid settings")
-        };
-        let replicas = [replica(), replica()];
-        Backends {
-            memory: MemoryLimiter::with_clock(64, clock.clone()),
-            clock,
-            replicas,
-            redis,
-            step: 0,
-        }
-    }
-
     /// One operation on 3 slots leased for 2 s, on both backends (the next replica in turn):
     /// their common outcome, after checking it took one script call.
     async fn op(&mut self, op: HoldOp) -> HoldOutcome {
@@ -68,11 +44,6 @@ impl Backends {
         assert_eq!(got, expected, "step {}: {op:?}", self.step);
         expected
     }
-
-    fn members(&self) -> Vec<String> {
-        self.redis
-            .cmd(&["ZRANGE", &format!("sluice:{KEY}"), "0", "-1"])
-    }
 }
 
 #[tokio::test]
@@ -93,7 +64,7 @@ async fn acquire_release_and_extend_agree_on_both_backends() {
         3 * SEC / 2,
         "the oldest hold expires in 1.5 s"
     );
-    let members = b.members();
+    let members = b.members(KEY);
     assert_eq!(members.len(), 3, "the next id and two holds: {members:?}");
     assert_eq!(
         b.redis.cmd::<String>(&["TYPE", &format!("sluice:{KEY}")]),
@@ -135,7 +106,7 @@ async fn acquire_release_and_extend_agree_on_both_backends() {
         !fresh.done && fresh.held == 0,
         "every hold expired: {fresh:?}"
     );
-    assert!(b.members().is_empty(), "nothing kept");
+    assert!(b.members(KEY).is_empty(), "nothing kept");
     let again = b.op(HoldOp::Acquire { count: 3 }).await;
     assert!(
         again.done && again.id > after.id,

@@ -3,5 +3,6 @@
 
 #[macro_use]
 pub mod backends;
+pub mod limiters;
 pub mod load;
 pub mod rng;
