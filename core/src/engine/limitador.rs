@@ -79,20 +79,7 @@ pub async fn decide<'a>(
             admitted: true,
         }
     } else {
-        let outcome = limiter.check(&batch).await?;
-        if outcome.hits.len() != batch.hits.len() {
-            return Err(EngineError::Backend(crate::limiter::LimiterError {
-                backend: limiter.name(),
-                message: format!(
-                    "answered {} hits for a batch of {}",
-                    outcome.hits.len(),
-                    batch.hits.len()
-                ),
-                transient: false,
-                source: None,
-            }));
-        }
-        outcome
+        super::check_whole(limiter, &batch).await?
     };
     let outcome = if counting == Counting::CheckOnly {
         would_admit(outcome, cost)

@@ -141,20 +141,7 @@ impl Engine {
     /// One batch straight to the limiter, for callers that plan their own hits (RLQS usage
     /// reports); nothing is observed. The answer has one outcome per hit.
     pub async fn check_batch(&self, batch: &Batch) -> Result<BatchOutcome, LimiterError> {
-        let outcome = self.limiter.check(batch).await?;
-        if outcome.hits.len() != batch.hits.len() {
-            return Err(LimiterError {
-                backend: self.limiter.name(),
-                message: format!(
-                    "answered {} hits for a batch of {}",
-                    outcome.hits.len(),
-                    batch.hits.len()
-                ),
-                transient: false,
-                source: None,
-            });
-        }
-        Ok(outcome)
+        check_whole(&*self.limiter, batch).await
     }
 
     /// Answers one request.
@@ -215,20 +202,7 @@ impl Engine {
                 admitted: true,
             }
         } else {
-            let outcome = self.limiter.check(&planned.batch).await?;
-            if outcome.hits.len() != planned.batch.hits.len() {
-                return Err(EngineError::Backend(LimiterError {
-                    backend: self.limiter.name(),
-                    message: format!(
-                        "answered {} hits for a batch of {}",
-                        outcome.hits.len(),
-                        planned.batch.hits.len()
-                    ),
-                    transient: false,
-                    source: None,
-                }));
-            }
-            outcome
+            check_whole(&*self.limiter, &planned.batch).await?
         };
         observe::report(&*self.observer, request, &planned, &outcome, &self.options);
         Ok(response::assemble(
@@ -378,4 +352,26 @@ fn within(
         "{}, more than input.{setting} = {max}",
         what()
     )))
+}
+
+/// `limiter`'s answer to `batch`, which must have one outcome per hit: a backend that answers
+/// otherwise has failed.
+pub(crate) async fn check_whole(
+    limiter: &dyn Limiter,
+    batch: &Batch,
+) -> Result<BatchOutcome, LimiterError> {
+    let outcome = limiter.check(batch).await?;
+    if outcome.hits.len() != batch.hits.len() {
+        return Err(LimiterError {
+            backend: limiter.name(),
+            message: format!(
+                "answered {} hits for a batch of {}",
+                outcome.hits.len(),
+                batch.hits.len()
+            ),
+            transient: false,
+            source: None,
+        });
+    }
+    Ok(outcome)
 }
