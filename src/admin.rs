@@ -24,7 +24,6 @@
 pub mod access;
 pub mod ask;
 mod counters;
-pub mod json;
 mod limitador;
 mod rlconfig;
 mod ui;
@@ -50,6 +49,7 @@ use crate::limiter::Limiter;
 use crate::metrics::{self, Metrics};
 use crate::proto::rate_limit_response::Code;
 use crate::reload::ActiveRules;
+use crate::wire;
 
 /// What the endpoints read.
 #[derive(Clone)]
@@ -187,18 +187,18 @@ pub fn rlconfig_text(rules: &ActiveRules) -> String {
 }
 
 async fn json(State(a): State<Admin>, body: Bytes) -> Response {
-    let request = match json::request(&body) {
+    let request = match wire::json::request(&body) {
         Ok(r) => r,
         Err(e) => return text(StatusCode::BAD_REQUEST, format!("invalid JSON: {e}\n")),
     };
-    match crate::grpc::decide(&a.engine, request).await {
+    match wire::decide(&a.engine, request).await {
         Ok(answer) => {
             let status = if answer.overall_code == Code::OverLimit as i32 {
                 StatusCode::TOO_MANY_REQUESTS
             } else {
                 StatusCode::OK
             };
-            let body = json::response(&answer).to_string();
+            let body = wire::json::response(&answer).to_string();
             (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
         }
         Err(EngineError::InvalidArgument(m)) => {

@@ -10,12 +10,13 @@ use tonic::{Request, Response, Status};
 
 use crate::engine::limitador::Counting;
 use crate::engine::{Code, Engine, EngineError};
-use crate::grpc::{from_proto, status_of};
+use crate::grpc::status_of;
 use crate::proto::kuadrant::service::ratelimit::v1::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
 use crate::proto::{self as pb, rate_limit_response::Code as PbCode};
 use crate::transport::SizeLimited;
+use crate::wire::from_proto;
 
 /// The Kuadrant service over the engine.
 #[derive(Clone)]

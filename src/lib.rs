@@ -3,7 +3,7 @@
 //! # Layout
 //!
 //! Dependencies point one way:
-//! `main (CLI) -> app -> { transport, grpc, admin } -> engine -> { rules, limiter } -> config model`.
+//! `main (CLI) -> app -> { transport, grpc, admin } -> wire -> engine -> { rules, limiter } -> config model`.
 //! The decision (`config`, `rules`, `limiter`, `engine`) is the `sluice-core` crate (`core/`),
 //! re-exported here under the same names, so no arrow can point back up into this crate.
 //! `metrics`, `reload` and `health` are the operations side that `app` wires in; `runtime`,
@@ -16,7 +16,8 @@
 //! | [`rules`] | the compiled descriptor tree per domain, matching, state keys |
 //! | [`limiter`] | the algorithms as pure functions, the `Limiter` trait and its backends |
 //! | [`engine`] | one request in domain types: match, one limiter call, statuses |
-//! | [`grpc`] | the tonic service: protobuf <-> domain, the one error -> `Status` mapping |
+//! | [`wire`] | protobuf <-> domain types both ways, one wire request through the engine (`wire::decide`), the proto3-JSON codec of `/json` |
+//! | [`grpc`] | the tonic service over `wire`, the one error -> `Status` mapping |
 //! | [`admin`] | the admin HTTP server: health, readiness, metrics, rules dump, `/json`, `/why`, `/counters` and their reset, the live page `/ui`, the admin token; `sluice why`'s client |
 //! | [`metrics`] | the Prometheus registry, fed through the engine's observer seam; the limit gauges, top denied keys and rate history the admin page shows |
 //! | [`reload`] | the active rules: reloads on file changes and triggers, versions |
@@ -63,4 +64,5 @@ pub mod throttle;
 pub mod tls;
 pub mod transport;
 pub mod watcher;
+pub mod wire;
 pub mod xds;

@@ -1,5 +1,5 @@
 //! Arbitrary wire requests through the decision path the gRPC handler takes
-//! (`sluice::grpc::decide`), against fixed rules and a small memory limiter on a manual clock.
+//! (`sluice::wire::decide`), against fixed rules and a small memory limiter on a manual clock.
 //!
 //! Input: one byte of engine options, then frames of `[clock step][length: u16 LE][bytes]`,
 //! each `bytes` decoded as a `RateLimitRequest` (a decode error skips the frame). Nothing may
@@ -19,7 +19,7 @@ use prost::Message;
 use sluice::config::rules;
 use sluice::config::settings::InputSettings;
 use sluice::engine::{Engine, EngineError, HeaderNames, Options};
-use sluice::grpc;
+use sluice::wire;
 use sluice::limiter::{ManualClock, MemoryLimiter};
 use sluice::proto::RateLimitRequest;
 use sluice::proto::rate_limit_response::Code;
@@ -152,7 +152,7 @@ fn clock_step(step: u8) -> u64 {
 
 fn decide(engine: &Engine, request: RateLimitRequest, shadow: bool) {
     let descriptors = request.descriptors.len();
-    let answer = grpc::decide(engine, request)
+    let answer = wire::decide(engine, request)
         .now_or_never()
         .expect("the memory backend answers at once");
     let response = match answer {

@@ -61,18 +61,18 @@ type Blocked = std::collections::HashMap<Vec<u8>, Option<u64>>;
 
 /// The request of `/json`'s proto3-JSON body, in the engine's terms; a 400 when it is not one.
 fn engine_request(body: &Bytes) -> Result<crate::engine::Request, Box<Response>> {
-    let request = super::json::request(body).map_err(|e| {
+    let request = crate::wire::json::request(body).map_err(|e| {
         Box::new(text(
             StatusCode::BAD_REQUEST,
             format!("invalid JSON: {e}\n"),
         ))
     })?;
-    crate::grpc::from_proto(request).map_err(|e| Box::new(engine_error(&e)))
+    crate::wire::from_proto(request).map_err(|e| Box::new(engine_error(&e)))
 }
 
 /// The answer of `/why`.
 fn why_json(a: &Admin, domain: &str, why: &Explanation, blocked: &Blocked) -> Value {
-    let proto = crate::grpc::to_proto(why.response.clone());
+    let proto = crate::wire::to_proto(why.response.clone());
     let descriptors: Vec<Value> = why
         .descriptors
         .iter()
@@ -84,7 +84,7 @@ fn why_json(a: &Admin, domain: &str, why: &Explanation, blocked: &Blocked) -> Va
         "backend": a.engine.backend_name(),
         "charged": false,
         "overall_code": if why.response.overall_code == crate::engine::Code::Ok { "OK" } else { "OVER_LIMIT" },
-        "response": super::json::response(&proto),
+        "response": crate::wire::json::response(&proto),
         "descriptors": descriptors,
     })
 }

@@ -92,7 +92,7 @@ impl Template {
             .with_context(|| format!("cannot read {}", path.display()))?;
         let json = json_of_yaml(&text).with_context(|| format!("{}", path.display()))?;
         let body = serde_json::to_vec(&json)?;
-        let request = crate::admin::json::request(&body)
+        let request = crate::wire::json::request(&body)
             .with_context(|| format!("{}: not a RateLimitRequest", path.display()))?;
         Ok(Template::new(request))
     }

@@ -1,5 +1,5 @@
 //! Heap allocations per request on the memory backend's hot path: a wire request through
-//! `grpc::decide` (the gRPC handler's own path: conversion, validation, matching, the limiter,
+//! `wire::decide` (the gRPC handler's own path: conversion, validation, matching, the limiter,
 //! the metrics observer, the wire response), counted by the binary's global allocator, which
 //! counts only the calling thread's allocations between two marks.
 //!
@@ -60,10 +60,10 @@ fn request(descriptors: &[&[(&str, &str)]]) -> RateLimitRequest {
 /// Allocations of one decided request whose keys already hold state (the steady state), the
 /// wire request built before counting starts.
 fn per_request(engine: &Engine, descriptors: &[&[(&str, &str)]]) -> u64 {
-    let warm = sluice::grpc::decide(engine, request(descriptors)).now_or_never();
+    let warm = sluice::wire::decide(engine, request(descriptors)).now_or_never();
     assert!(matches!(warm, Some(Ok(_))), "{warm:?}");
     let wire = request(descriptors);
-    let (answer, n) = allocations(|| sluice::grpc::decide(engine, wire).now_or_never());
+    let (answer, n) = allocations(|| sluice::wire::decide(engine, wire).now_or_never());
     let answer = answer.expect("the memory backend answers at once");
     let answer = answer.expect("the request is valid");
     assert_eq!(answer.statuses.len(), descriptors.len());
