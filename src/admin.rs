@@ -25,7 +25,6 @@ pub mod access;
 pub mod ask;
 mod counters;
 mod limitador;
-mod rlconfig;
 mod ui;
 mod why;
 
@@ -47,7 +46,6 @@ use crate::engine::{Engine, EngineError};
 use crate::health::Readiness;
 use crate::limiter::Limiter;
 use crate::metrics::{self, Metrics};
-use crate::proto::rate_limit_response::Code;
 use crate::reload::ActiveRules;
 use crate::wire;
 
@@ -174,16 +172,7 @@ async fn metrics(State(a): State<Admin>) -> Response {
 }
 
 async fn rlconfig(State(a): State<Admin>) -> String {
-    rlconfig_text(&a.rules)
-}
-
-/// The `/rlconfig` dump of `rules`, headed by the xDS version when they came over xDS.
-pub fn rlconfig_text(rules: &ActiveRules) -> String {
-    let dump = rlconfig::dump(&rules.load_full(), &rules.status());
-    match rules.source_version() {
-        Some(version) => format!("# xds version {version}\n{dump}"),
-        None => dump,
-    }
+    a.rules.rlconfig()
 }
 
 async fn json(State(a): State<Admin>, body: Bytes) -> Response {
@@ -193,7 +182,7 @@ async fn json(State(a): State<Admin>, body: Bytes) -> Response {
     };
     match wire::decide(&a.engine, request).await {
         Ok(answer) => {
-            let status = if answer.overall_code == Code::OverLimit as i32 {
+            let status = if wire::over_limit(&answer) {
                 StatusCode::TOO_MANY_REQUESTS
             } else {
                 StatusCode::OK

@@ -2,7 +2,7 @@
 //!
 //! # Layout
 //!
-//! Dependencies point one way:
+//! Dependencies point one way, and a test (`src/layers.rs`) checks each module's row:
 //! `main (CLI) -> app -> { transport, grpc, admin } -> wire -> engine -> { rules, limiter } -> config model`.
 //! The decision (`config`, `rules`, `limiter`, `engine`) is the `sluice-core` crate (`core/`),
 //! re-exported here under the same names, so no arrow can point back up into this crate.
@@ -51,6 +51,8 @@ pub mod compat;
 pub mod grpc;
 pub mod health;
 pub mod kuadrant;
+#[cfg(test)]
+mod layers;
 pub mod metrics;
 pub mod proto;
 pub mod reload;

@@ -9,8 +9,10 @@
 //! (where each was defined included), so no field can be forgotten.
 //!
 //! [`watch`] runs the reloads: on a trigger (SIGHUP, via [`ReloadTrigger`]) or on a change
-//! under a rules path (see [`watch`] for what is watched).
+//! under a rules path (see [`watch`] for what is watched). [`ActiveRules::rlconfig`] is their
+//! `/rlconfig` text.
 
+mod rlconfig;
 pub(crate) mod watch;
 
 use std::path::PathBuf;
@@ -108,6 +110,16 @@ impl ActiveRules {
     }
 
     /// The version the outside source gave the active rules, if they came from one.
+    /// The `/rlconfig` dump (the admin port's, and envoyproxy/ratelimit's debug port's): one
+    /// line per limit, headed by the xDS version when the rules came over xDS.
+    pub fn rlconfig(&self) -> String {
+        let dump = rlconfig::dump(&self.load_full(), &self.status());
+        match self.source_version() {
+            Some(version) => format!("# xds version {version}\n{dump}"),
+            None => dump,
+        }
+    }
+
     pub fn source_version(&self) -> Option<String> {
         self.source_version.lock().clone()
     }

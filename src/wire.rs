@@ -27,4 +27,4 @@
 pub mod json;
 pub mod rls;
 
-pub use rls::{decide, from_proto, struct_of, to_proto};
+pub use rls::{decide, from_proto, over_limit, struct_of, to_proto};

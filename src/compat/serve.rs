@@ -65,7 +65,7 @@ pub async fn debug(
         .route("/", get(|| async { DEBUG_INDEX }))
         .route(
             "/rlconfig",
-            get(|State(d): State<Debug>| async move { crate::admin::rlconfig_text(&d.rules) }),
+            get(|State(d): State<Debug>| async move { d.rules.rlconfig() }),
         )
         .route(
             "/stats",

@@ -20,6 +20,11 @@ pub async fn decide(
     Ok(to_proto(engine.should_rate_limit(&request).await?))
 }
 
+/// Whether a wire answer is `OVER_LIMIT` as a whole.
+pub fn over_limit(answer: &pb::RateLimitResponse) -> bool {
+    answer.overall_code == pb_resp::Code::OverLimit as i32
+}
+
 /// Converts a wire request, moving its strings.
 pub fn from_proto(request: pb::RateLimitRequest) -> Result<engine::Request, EngineError> {
     let descriptors = request

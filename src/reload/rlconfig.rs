@@ -17,9 +17,9 @@
 use std::fmt::Write as _;
 use std::time::SystemTime;
 
+use super::ConfigStatus;
 use crate::config::limitador::cel::Expr;
 use crate::config::model::{LimitRule, Policy};
-use crate::reload::ConfigStatus;
 use crate::rules::limitador::Namespace;
 use crate::rules::naming::segment;
 use crate::rules::{Rule, RuleSet};
