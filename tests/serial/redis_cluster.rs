@@ -1,4 +1,4 @@
-//! A Redis Cluster changing under load (DESIGN.md §13, "Redis operations"): callers keep
+//! A Redis Cluster changing under load (docs/redis.md, "Redis events and what each costs"): callers keep
 //! asking the in-process Redis limiter while a slot moves to another master and back, or
 //! while a master is killed and its replica takes over. Redirections (MOVED, ASK) and
 //! transient cluster errors (TRYAGAIN, CLUSTERDOWN) are followed, never surfaced; one master's

@@ -1,4 +1,4 @@
-//! A Sentinel failover under load (DESIGN.md §13, "Redis operations"): two replicas of sluice
+//! A Sentinel failover under load (docs/redis.md, "Redis events and what each costs"): two replicas of sluice
 //! (two limiters on one Sentinel group) keep deciding a hot funnel and other keys while the
 //! master is killed and the sentinels promote its replica. Requests fail only from the kill
 //! until the new master is announced (and a second after). A counter that nothing refills
