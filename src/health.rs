@@ -87,7 +87,7 @@ impl Readiness {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::rules::from_sources;
+    use crate::config::rules_file::from_sources;
 
     use crate::limiter::{Batch, BatchOutcome, BoxFuture, LimiterError, MemoryLimiter};
 

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use clap::Parser as _;
 use cli::{CheckArgs, Cli, Command, ServeArgs, WhyArgs};
 use sluice::app::server::{Server, StartError};
-use sluice::config::rules::{self, LoadOptions};
+use sluice::config::rules_file::{self, LoadOptions};
 use sluice::config::settings::{Overrides, Settings};
 
 /// The binary's allocator: jemalloc (the default feature `jemalloc`). Against glibc's malloc it
@@ -113,7 +113,7 @@ struct Loaded {
 fn load_rules(
     paths: &[std::path::PathBuf],
     options: LoadOptions,
-) -> Result<Loaded, rules::RuleErrors> {
+) -> Result<Loaded, rules_file::RuleErrors> {
     let model = sluice::reload::load(paths, options)?;
     Ok(Loaded {
         domains: model.domains.len(),

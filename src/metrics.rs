@@ -2,7 +2,7 @@
 //! its [`Observer`] seam and by the reloads, encoded as text by `/metrics`.
 //!
 //! Every metric is listed, with its labels, in docs/operating.md ("Metrics"). The per-rule counters
-//! and how their label sets are bounded are in [`rules`].
+//! and how their label sets are bounded are in [`per_rule`].
 
 /// Registers each `name, help, metric;` in `registry`, with a clone of the metric (the registry
 /// holds its own handle to the same values).
@@ -15,8 +15,8 @@ macro_rules! register {
 pub mod history;
 mod latency;
 pub mod live;
+pub mod per_rule;
 pub mod rlqs;
-pub mod rules;
 mod throttle;
 pub mod top;
 
@@ -33,7 +33,7 @@ use crate::engine::{DescriptorReport, Observer, RequestResult};
 use crate::reload::{ConfigStatus, Reloaded};
 use crate::rules::RuleSet;
 use latency::Latency;
-use rules::RuleCounters;
+use per_rule::RuleCounters;
 use throttle::ThrottleCounters;
 
 /// The content type of [`Metrics::encode`]'s output.
@@ -44,7 +44,7 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 pub struct MetricsOptions {
     /// A descriptor is near its limit once more than this share of its capacity is used.
     pub near_limit_ratio: f64,
-    /// At most this many per-rule label sets built from request values (see [`rules`]).
+    /// At most this many per-rule label sets built from request values (see [`per_rule`]).
     pub max_value_label_sets: usize,
 }
 

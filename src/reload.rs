@@ -24,7 +24,7 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
 use crate::config::model::RulesModel;
-use crate::config::rules::{self, EMBEDDED_NAME, EMBEDDED_RULES, LoadOptions, RuleErrors};
+use crate::config::rules_file::{self, EMBEDDED_NAME, EMBEDDED_RULES, LoadOptions, RuleErrors};
 use crate::rules::RuleSet;
 
 pub use watch::{ReloadTrigger, WatchOptions, watch};
@@ -34,9 +34,9 @@ pub use watch::{ReloadTrigger, WatchOptions, watch};
 pub fn load(paths: &[PathBuf], options: LoadOptions) -> Result<RulesModel, RuleErrors> {
     if paths.is_empty() {
         let embedded = [(PathBuf::from(EMBEDDED_NAME), EMBEDDED_RULES.to_owned())];
-        rules::from_sources_with(&embedded, options)
+        rules_file::from_sources_with(&embedded, options)
     } else {
-        rules::load_paths_with(paths, options)
+        rules_file::load_paths_with(paths, options)
     }
 }
 
@@ -250,7 +250,7 @@ descriptors:
 ";
 
     fn full() -> RulesModel {
-        rules::from_sources(&[("r.yaml".into(), FULL.to_owned())]).unwrap()
+        rules_file::from_sources(&[("r.yaml".into(), FULL.to_owned())]).unwrap()
     }
 
     /// The child rule `k=v / c=x*` of the model.
@@ -321,7 +321,8 @@ descriptors:
             ("domains", |m| m.domains.push(m.domains[0].clone())),
             ("namespaces", |m| {
                 let text = "- {namespace: n, max_value: 1, seconds: 1}\n";
-                let other = rules::from_sources(&[("l.yaml".into(), text.to_owned())]).unwrap();
+                let other =
+                    rules_file::from_sources(&[("l.yaml".into(), text.to_owned())]).unwrap();
                 m.namespaces = other.namespaces;
             }),
             ("default_algorithm", |m| {

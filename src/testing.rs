@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::app::App;
 use crate::config::model::RulesModel;
-use crate::config::rules;
+use crate::config::rules_file;
 use crate::config::settings::Settings;
 use crate::limiter::{Limiter, ManualClock, MemoryLimiter};
 use crate::rules::RuleSet;
@@ -117,8 +117,9 @@ impl TestServer {
         limiter: Arc<dyn Limiter>,
         clock: ManualClock,
     ) -> TestServer {
-        let model = rules::from_sources(&[(PathBuf::from("test.yaml"), rules_yaml.to_owned())])
-            .unwrap_or_else(|e| panic!("test rules are invalid:\n{e}"));
+        let model =
+            rules_file::from_sources(&[(PathBuf::from("test.yaml"), rules_yaml.to_owned())])
+                .unwrap_or_else(|e| panic!("test rules are invalid:\n{e}"));
         Self::serve_model(settings, model, limiter, clock).await
     }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use criterion::{Criterion, criterion_group, criterion_main};
 use futures_util::FutureExt as _;
-use sluice_core::config::rules;
+use sluice_core::config::rules_file;
 use sluice_core::engine::{Descriptor, Engine, Options, Request};
 use sluice_core::limiter::MemoryLimiter;
 use sluice_core::rules::{Entry, RuleSet};
@@ -42,7 +42,7 @@ fn requests(n: usize) -> Vec<Request> {
 }
 
 fn engine() -> Engine {
-    let model = rules::from_sources(&[(PathBuf::from("bench.yaml"), RULES.to_owned())])
+    let model = rules_file::from_sources(&[(PathBuf::from("bench.yaml"), RULES.to_owned())])
         .unwrap_or_else(|e| panic!("bench rules are invalid:\n{e}"));
     let rules = Arc::new(ArcSwap::from_pointee(RuleSet::compile(model)));
     Engine::new(

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use sluice_core::config::model::Algorithm;
-use sluice_core::config::rules;
+use sluice_core::config::rules_file;
 use sluice_core::rules::{Entry, RuleSet, key};
 
 /// Exactly this many rules, over four levels.
@@ -75,7 +75,7 @@ fn entries(pairs: &[(&str, &str)]) -> Vec<Entry> {
 
 fn matching(c: &mut Criterion) {
     let yaml = rules_yaml();
-    let model = rules::from_sources(&[(PathBuf::from("bench.yaml"), yaml)])
+    let model = rules_file::from_sources(&[(PathBuf::from("bench.yaml"), yaml)])
         .unwrap_or_else(|e| panic!("bench rules are invalid:\n{e}"));
     let set = RuleSet::compile(model);
     let domain = set.domain("bench").expect("the bench domain");

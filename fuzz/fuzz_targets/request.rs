@@ -16,7 +16,7 @@ use arc_swap::ArcSwap;
 use futures_util::FutureExt;
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
-use sluice::config::rules;
+use sluice::config::rules_file;
 use sluice::config::settings::InputSettings;
 use sluice::engine::{Engine, EngineError, HeaderNames, Options};
 use sluice::wire;
@@ -79,7 +79,7 @@ descriptors:
 
 static RULESET: LazyLock<Arc<ArcSwap<RuleSet>>> = LazyLock::new(|| {
     let sources = [(PathBuf::from("fuzz.yaml"), RULES.to_owned())];
-    let model = rules::from_sources(&sources).expect("the fuzz rules are valid");
+    let model = rules_file::from_sources(&sources).expect("the fuzz rules are valid");
     Arc::new(ArcSwap::from_pointee(RuleSet::compile(model)))
 });
 

@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use super::{App, Listeners};
 use crate::compat::mapper::Mapper;
 use crate::compat::{serve, statsd};
-use crate::config::rules::{self, LoadOptions};
+use crate::config::rules_file::{self, LoadOptions};
 use crate::config::settings::Settings;
 use crate::reload::ReloadTrigger;
 use crate::rules::RuleSet;
@@ -213,10 +213,10 @@ impl Bound {
 
 /// The rules at start, and their domain count: from files, or none yet when they come over
 /// xDS.
-fn initial_rules(settings: &Settings) -> Result<(usize, RuleSet), rules::RuleErrors> {
+fn initial_rules(settings: &Settings) -> Result<(usize, RuleSet), rules_file::RuleErrors> {
     let options: LoadOptions = (&settings.limits).into();
     let model = if settings.xds.enabled() {
-        rules::from_sources_with(&[], options)?
+        rules_file::from_sources_with(&[], options)?
     } else {
         crate::reload::load(&settings.rules.paths, options)?
     };

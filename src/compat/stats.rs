@@ -24,7 +24,7 @@ use std::time::Duration;
 use parking_lot::{Mutex, RwLock};
 
 use crate::engine::{DescriptorReport, Observer, RequestResult};
-use crate::metrics::rules::OTHER;
+use crate::metrics::per_rule::OTHER;
 use crate::reload::Reloaded;
 use crate::rules::naming::{rule_label, value_segments};
 
@@ -371,12 +371,12 @@ mod tests {
     use arc_swap::ArcSwap;
 
     use super::*;
-    use crate::config::rules::from_sources;
+    use crate::config::rules_file::from_sources;
     use futures_util::FutureExt as _;
 
     use crate::engine::{Descriptor, Engine, Options, Request};
     use crate::limiter::MemoryLimiter;
-    use crate::metrics::rules::tests::ask;
+    use crate::metrics::per_rule::tests::ask;
     use crate::rules::{Entry, RuleSet};
 
     #[test]

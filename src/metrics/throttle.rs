@@ -14,7 +14,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
-use super::rules::OTHER;
+use super::per_rule::OTHER;
 use crate::throttle::ThrottleResult;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -191,7 +191,7 @@ fn walk(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::rules::from_sources;
+    use crate::config::rules_file::from_sources;
     use crate::rules::RuleSet;
     use std::path::PathBuf;
 

@@ -24,7 +24,7 @@ use tonic::Streaming;
 
 use super::SECOND;
 use crate::app::{App, Listeners};
-use crate::config::rules;
+use crate::config::rules_file;
 use crate::config::settings::Settings;
 use crate::limiter::{Limiter, ManualClock, MemoryLimiter};
 use crate::rlqs::Rlqs;
@@ -35,7 +35,7 @@ use crate::rules::RuleSet;
 /// # Panics
 /// When the rules are invalid: this is test code.
 pub fn rule_set(yaml: &str) -> RuleSet {
-    let model = rules::from_sources(&[(PathBuf::from("test.yaml"), yaml.to_owned())])
+    let model = rules_file::from_sources(&[(PathBuf::from("test.yaml"), yaml.to_owned())])
         .unwrap_or_else(|e| panic!("test rules are invalid:\n{e}"));
     RuleSet::compile(model)
 }

@@ -10,7 +10,7 @@ use prost::Message as _;
 use serde_json::{Map, Value};
 
 use crate::config::model::RulesModel;
-use crate::config::rules::{self, LoadOptions, RuleError, RuleErrors};
+use crate::config::rules_file::{self, LoadOptions, RuleError, RuleErrors};
 use crate::proto::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
 };
@@ -39,7 +39,7 @@ pub fn load(
             Err(e) => errors.push(whole(at, format!("cannot decode RateLimitConfig: {e}"))),
         }
     }
-    let loaded = rules::from_sources_with(&sources, options);
+    let loaded = rules_file::from_sources_with(&sources, options);
     if errors.is_empty() {
         return loaded;
     }

@@ -26,7 +26,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-use crate::config::rules::LoadOptions;
+use crate::config::rules_file::LoadOptions;
 use crate::config::settings::XdsSettings;
 use crate::health::RulesProbe;
 use crate::proto::envoy::config::core::v3::Node;
@@ -222,8 +222,8 @@ impl XdsClient {
         let loaded = if response.type_url == TYPE_URL {
             convert::load(&response.resources, self.options.clone())
         } else {
-            Err(crate::config::rules::RuleErrors(vec![
-                crate::config::rules::RuleError {
+            Err(crate::config::rules_file::RuleErrors(vec![
+                crate::config::rules_file::RuleError {
                     file: "xds".into(),
                     line: 0,
                     path: String::new(),

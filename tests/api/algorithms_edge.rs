@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use sluice::config::model::Algorithm;
-use sluice::config::rules::{LoadOptions, from_sources_with};
+use sluice::config::rules_file::{LoadOptions, from_sources_with};
 use sluice::config::settings::Settings;
 use sluice::testing::grpc::*;
 

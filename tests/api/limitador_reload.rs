@@ -1,7 +1,7 @@
 //! A limitador limits file reloads like a rules file: a change swaps in the new limits (and
 //! `/rlconfig` would list them), a broken file keeps the last good ones.
 
-use sluice::config::rules::LoadOptions;
+use sluice::config::rules_file::LoadOptions;
 use sluice::reload::{ActiveRules, Reloaded, load};
 use sluice::rules::RuleSet;
 

@@ -4,7 +4,7 @@
 
 use crate::support::invalid_rules::{INVALID, INVALID_DIR, every_line};
 use sluice::config::model::{DescriptorRule, LimitRule, Policy, RulesModel, ValueMatch};
-use sluice::config::rules::{from_sources, load_paths};
+use sluice::config::rules_file::{from_sources, load_paths};
 use sluice::testing::process::sluice_command;
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -107,7 +107,8 @@ struct TlsServer {
 impl TlsServer {
     async fn start(files: &TlsFiles) -> TlsServer {
         let model =
-            sluice::config::rules::from_sources(&[("t.yaml".into(), RULES.to_owned())]).unwrap();
+            sluice::config::rules_file::from_sources(&[("t.yaml".into(), RULES.to_owned())])
+                .unwrap();
         let limiter: Arc<dyn Limiter> = Arc::new(MemoryLimiter::new(100));
         let mut settings = Settings::default();
         settings.reload.debounce_ms = 50;

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use sluice::config::rules::{RuleErrors, from_sources};
+use sluice::config::rules_file::{RuleErrors, from_sources};
 use sluice::limiter::funnel::{FRESH, Funnel};
 use sluice::limiter::sliding_log::{Log, SlidingLog};
 use sluice::limiter::token_bucket::{Bucket, TokenBucket};

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use futures_util::FutureExt as _;
-use sluice::config::rules;
+use sluice::config::rules_file;
 use sluice::engine::{Engine, Options};
 use sluice::limiter::MemoryLimiter;
 use sluice::metrics::{Metrics, MetricsOptions};
@@ -24,7 +24,7 @@ use crate::{allocations, serial};
 const RULES: &str = include_str!("../fixtures/rules/suites/bench.yaml");
 
 fn engine() -> (Engine, Arc<Metrics>) {
-    let model = rules::from_sources(&[(PathBuf::from("bench.yaml"), RULES.to_owned())])
+    let model = rules_file::from_sources(&[(PathBuf::from("bench.yaml"), RULES.to_owned())])
         .unwrap_or_else(|e| panic!("rules are invalid:\n{e}"));
     let rules = Arc::new(ArcSwap::from_pointee(RuleSet::compile(model)));
     let metrics = Metrics::new(MetricsOptions::default());

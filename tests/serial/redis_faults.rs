@@ -472,12 +472,12 @@ fn the_app_builds_a_redis_backend_without_connecting() {
     let mut settings = Settings::default();
     settings.limiter.backend = sluice::config::settings::Backend::Redis;
     settings.redis.url = format!("redis://127.0.0.1:{}", free_port());
-    let model = sluice::config::rules::from_sources(&[("r.yaml".into(), RULES.to_owned())])
+    let model = sluice::config::rules_file::from_sources(&[("r.yaml".into(), RULES.to_owned())])
         .expect("valid rules");
     let app = sluice::app::App::build(&settings, sluice::rules::RuleSet::compile(model));
     assert!(app.is_ok());
     settings.redis.prefix = "bad{".to_owned();
-    let model = sluice::config::rules::from_sources(&[("r.yaml".into(), RULES.to_owned())])
+    let model = sluice::config::rules_file::from_sources(&[("r.yaml".into(), RULES.to_owned())])
         .expect("valid rules");
     assert!(sluice::app::App::build(&settings, sluice::rules::RuleSet::compile(model)).is_err());
 }

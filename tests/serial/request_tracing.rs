@@ -31,7 +31,8 @@ impl Captured {
 
 fn engine() -> Engine {
     let yaml = "domain: test\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
-    let model = sluice::config::rules::from_sources(&[("t.yaml".into(), yaml.into())]).unwrap();
+    let model =
+        sluice::config::rules_file::from_sources(&[("t.yaml".into(), yaml.into())]).unwrap();
     let rules = Arc::new(ArcSwap::from_pointee(RuleSet::compile(model)));
     Engine::new(rules, Arc::new(MemoryLimiter::new(10)), Options::default())
 }

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use libfuzzer_sys::fuzz_target;
 use sluice_core::config::limitador::cel::{Expr, request_context};
-use sluice_core::config::rules;
+use sluice_core::config::rules_file;
 use sluice_core::rules::{Entry, RuleSet};
 
 fuzz_target!(|data: &[u8]| {
@@ -17,7 +17,7 @@ fuzz_target!(|data: &[u8]| {
     let words: Vec<&str> = text.split_whitespace().take(8).collect();
     expression(&text, &words);
     let sources = [(PathBuf::from("fuzz.yaml"), text.clone())];
-    match rules::from_sources(&sources) {
+    match rules_file::from_sources(&sources) {
         Ok(model) => exercise(RuleSet::compile(model), &words),
         Err(errors) => {
             for e in &errors.0 {

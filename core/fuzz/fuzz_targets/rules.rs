@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use libfuzzer_sys::fuzz_target;
 use sluice_core::config::model::{Algorithm, Policy, ValueMatch};
-use sluice_core::config::rules::{self, LoadOptions};
+use sluice_core::config::rules_file::{self, LoadOptions};
 use sluice_core::limiter::LimitParams;
 use sluice_core::rules::key::{descriptor_part, state_key};
 use sluice_core::rules::{Domain, Entry, Rule, RuleSet};
@@ -30,14 +30,14 @@ fuzz_target!(|data: &[u8]| {
         ..LoadOptions::default()
     };
     let sources = [(PathBuf::from("fuzz.yaml"), text.clone())];
-    match rules::from_sources_with(&sources, options) {
+    match rules_file::from_sources_with(&sources, options) {
         Ok(model) => exercise(RuleSet::compile(model), &text),
         Err(errors) => check_errors(&errors, &text),
     }
 });
 
 /// Every error names the file, a line of it (0 only for the whole file) and a message.
-fn check_errors(errors: &rules::RuleErrors, text: &str) {
+fn check_errors(errors: &rules_file::RuleErrors, text: &str) {
     assert!(!errors.0.is_empty(), "an Err without errors");
     // Line breaks as YAML counts them: `\n`, `\r\n`, a lone `\r`.
     let lines =

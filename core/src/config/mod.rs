@@ -6,5 +6,5 @@
 pub mod calendar;
 pub mod limitador;
 pub mod model;
-pub mod rules;
+pub mod rules_file;
 pub mod settings;

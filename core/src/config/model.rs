@@ -1,6 +1,6 @@
 //! The validated rules model: what a rules file means once every check has passed.
 //!
-//! Values of these types are only built by [`crate::config::rules`], which guarantees the
+//! Values of these types are only built by [`crate::config::rules_file`], which guarantees the
 //! invariants written on each field; [`crate::rules`] compiles them into the matching tree.
 
 use std::num::NonZeroU32;

@@ -241,7 +241,7 @@ mod tests {
 
     use super::super::{Descriptor, Engine, HeaderNames};
     use super::*;
-    use crate::config::rules::from_sources;
+    use crate::config::rules_file::from_sources;
     use crate::limiter::{ManualClock, MemoryLimiter};
     use crate::rules::RuleSet;
 

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use arc_swap::ArcSwap;
 
 use super::*;
-use crate::config::rules::from_sources;
+use crate::config::rules_file::from_sources;
 use crate::limiter::{Batch, BoxFuture, ManualClock, MemoryLimiter};
 use Code::{Ok as Fine, OverLimit as Over};
 

@@ -3,7 +3,7 @@
 //! conditions all hold and whose variables all resolve applies, keyed by the limit's identity
 //! and its variables' values ([`crate::rules::limitador`] compiles and evaluates them).
 //!
-//! The file format is read by `config::rules` (its `limitador` module); `cel` compiles and
+//! The file format is read by `config::rules_file` (its `limitador` module); `cel` compiles and
 //! evaluates the expressions.
 
 pub mod cel;

@@ -195,7 +195,7 @@ pub(crate) mod tests {
     use arc_swap::ArcSwap;
     use futures_util::FutureExt as _;
 
-    use crate::config::rules::from_sources;
+    use crate::config::rules_file::from_sources;
     use crate::engine::{Descriptor, Engine, Options, Request};
     use crate::limiter::MemoryLimiter;
     use crate::metrics::{Metrics, MetricsOptions};
