@@ -40,6 +40,9 @@ const BUCKETS: [f64; 14] = [
     1.0,
 ];
 
+/// A namespace's `limited_calls`, by limit name.
+type ByLimitName = HashMap<Box<str>, AtomicU64>;
+
 /// The counters of one namespace.
 #[derive(Default)]
 struct Calls {
@@ -53,7 +56,7 @@ pub struct LimitadorMetrics {
     max_label_sets: usize,
     by_namespace: RwLock<HashMap<Box<str>, Calls>>,
     /// By namespace, then limit name (`""` without the label).
-    limited: RwLock<HashMap<Box<str>, HashMap<Box<str>, AtomicU64>>>,
+    limited: RwLock<HashMap<Box<str>, ByLimitName>>,
     buckets: [AtomicU64; BUCKETS.len() + 1],
     latency_nanos: AtomicU64,
     latency_count: AtomicU64,

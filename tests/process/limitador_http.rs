@@ -8,7 +8,9 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::time::Instant;
 
 use serde_json::{Value, json};
 use sluice::proto::kuadrant::service::ratelimit::v1::rate_limit_service_client::RateLimitServiceClient;
