@@ -448,6 +448,116 @@ mod tests {
         );
     }
 
+    /// What an observer heard: (namespace, known, counting, admitted, limited_by, cost, timed).
+    type Heard = (String, bool, Counting, bool, Option<String>, u64, bool);
+
+    #[derive(Default)]
+    struct Recorder(parking_lot::Mutex<Vec<Heard>>);
+
+    impl crate::engine::Observer for Recorder {
+        fn namespace(&self, r: &NamespaceReport<'_>) {
+            self.0.lock().push((
+                r.namespace.to_owned(),
+                r.known,
+                r.counting,
+                r.admitted,
+                r.limited_by.map(str::to_owned),
+                r.cost,
+                r.backend_elapsed.is_some(),
+            ));
+        }
+    }
+
+    #[tokio::test]
+    async fn observers_hear_every_namespace_decision_but_unobserved_ones() {
+        let recorder = Arc::new(Recorder::default());
+        let e = engine().with_observer(recorder.clone());
+        let named = request("named", &[&[("a", "b")]], 0);
+        for _ in 0..3 {
+            e.should_rate_limit(&named).await.unwrap();
+        }
+        let elsewhere = request("elsewhere", &[&[("a", "b")]], 4);
+        e.should_rate_limit(&elsewhere).await.unwrap();
+        let addend = request("addend", &[&[("x", "1"), ("y", "1")]], 4);
+        e.decide_limitador(&addend, Counting::CountOnly)
+            .await
+            .unwrap();
+        e.decide_limitador(&addend, Counting::CheckOnly)
+            .await
+            .unwrap();
+        let quiet = Asked {
+            observe: false,
+            headers: true,
+        };
+        let answer = e
+            .decide_limitador_as(&addend, Counting::CheckAndCount, quiet)
+            .await
+            .unwrap();
+        assert_eq!(answer.code, Code::Ok);
+        assert_eq!(
+            header(&answer.headers, "X-RateLimit-Limit"),
+            "10, 10;w=60",
+            "limitador's names, asked for"
+        );
+        assert_eq!(header(&answer.headers, "X-RateLimit-Remaining"), "2");
+        let no_var = request("addend", &[&[("x", "1")]], 1);
+        e.decide_limitador(&no_var, Counting::CheckOnly)
+            .await
+            .unwrap();
+        e.decide_limitador(&request("", &[&[("x", "1")]], 1), Counting::CheckOnly)
+            .await
+            .unwrap();
+        let heard = recorder.0.lock().clone();
+        let s = |v: &str| v.to_owned();
+        let named_over = Some(s("the \"two\""));
+        assert_eq!(
+            heard,
+            [
+                (
+                    s("named"),
+                    true,
+                    Counting::CheckAndCount,
+                    true,
+                    None,
+                    1,
+                    true
+                ),
+                (
+                    s("named"),
+                    true,
+                    Counting::CheckAndCount,
+                    true,
+                    None,
+                    1,
+                    true
+                ),
+                (
+                    s("named"),
+                    true,
+                    Counting::CheckAndCount,
+                    false,
+                    named_over,
+                    1,
+                    true
+                ),
+                (
+                    s("elsewhere"),
+                    false,
+                    Counting::CheckAndCount,
+                    true,
+                    None,
+                    4,
+                    false
+                ),
+                (s("addend"), true, Counting::CountOnly, true, None, 4, true),
+                (s("addend"), true, Counting::CheckOnly, true, None, 4, true),
+                // The unobserved call counted 4 (2 left), unheard; then no limit applied to a
+                // missing variable (no limiter call); the empty domain is not heard.
+                (s("addend"), true, Counting::CheckOnly, true, None, 1, false),
+            ]
+        );
+    }
+
     #[tokio::test]
     async fn check_only_counts_nothing_and_count_only_always_counts() {
         let e = engine();
