@@ -33,7 +33,7 @@ use crate::rules::limitador::{Compiled, Namespace};
 use crate::rules::{Entry, key};
 
 /// Most counters `/counters/{namespace}` lists (the first ones the backend lists).
-pub const MAX_COUNTERS: usize = 10_000;
+const MAX_COUNTERS: usize = 10_000;
 
 /// limitador's `CheckAndReportInfo`.
 #[derive(Debug, Deserialize)]

@@ -59,7 +59,6 @@ pub struct LimitadorMetrics {
     limited: RwLock<HashMap<Box<str>, ByLimitName>>,
     buckets: [AtomicU64; BUCKETS.len() + 1],
     latency_nanos: AtomicU64,
-    latency_count: AtomicU64,
 }
 
 impl LimitadorMetrics {
@@ -71,7 +70,6 @@ impl LimitadorMetrics {
             limited: RwLock::default(),
             buckets: Default::default(),
             latency_nanos: AtomicU64::new(0),
-            latency_count: AtomicU64::new(0),
         }
     }
 
@@ -136,7 +134,6 @@ impl LimitadorMetrics {
         }
         let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
         self.latency_nanos.fetch_add(nanos, Ordering::Relaxed);
-        self.latency_count.fetch_add(1, Ordering::Relaxed);
     }
 
     /// limitador's series in the Prometheus text format 0.0.4, given what the backend says of
@@ -147,84 +144,81 @@ impl LimitadorMetrics {
         out.push_str("limitador_up 1\n");
         let partitioned =
             backend.breaker_open == Some(true) || matches!(backend.reachable, Some(Err(_)));
-        head(
-            &mut out,
-            "datastore_partitioned",
-            "gauge",
-            "1 while the counters' datastore (Redis) cannot be reached",
-        );
+        let help = "1 while the counters' datastore (Redis) cannot be reached";
+        head(&mut out, "datastore_partitioned", "gauge", help);
         let _ = writeln!(out, "datastore_partitioned {}", u8::from(partitioned));
-        let namespaces: Vec<(String, u64, u64)> = {
-            let all = self.by_namespace.read();
-            let mut v: Vec<_> = all
-                .iter()
-                .map(|(n, c)| {
-                    let calls = c.authorized_calls.load(Ordering::Relaxed);
-                    let hits = c.authorized_hits.load(Ordering::Relaxed);
-                    (n.to_string(), calls, hits)
-                })
-                .collect();
-            v.sort();
-            v
-        };
-        for (name, help, pick) in [
-            ("authorized_calls", "Calls admitted, by namespace", 0_usize),
-            (
-                "authorized_hits",
-                "Hits counted for admitted calls and reports, by namespace",
-                1,
-            ),
-        ] {
-            if namespaces.is_empty() {
-                continue;
-            }
-            head(&mut out, name, "counter", help);
-            for (ns, calls, hits) in &namespaces {
-                let value = if pick == 0 { calls } else { hits };
-                let _ = writeln!(
-                    out,
-                    "{name}{{limitador_namespace=\"{}\"}} {value}",
-                    escape(ns)
-                );
-            }
-        }
-        let limited: Vec<(String, String, u64)> = {
-            let all = self.limited.read();
-            let mut v: Vec<_> = all
-                .iter()
-                .flat_map(|(n, by_name)| {
-                    by_name
-                        .iter()
-                        .map(|(l, c)| (n.to_string(), l.to_string(), c.load(Ordering::Relaxed)))
-                })
-                .collect();
-            v.sort();
-            v
-        };
-        if !limited.is_empty() {
-            let help = "Calls denied, by namespace (and limit name)";
-            head(&mut out, "limited_calls", "counter", help);
-            for (ns, limit, n) in &limited {
-                let _ = write!(out, "limited_calls{{limitador_namespace=\"{}\"", escape(ns));
-                if self.limit_name_label {
-                    let _ = write!(out, ",limit_name=\"{}\"", escape(limit));
-                }
-                let _ = writeln!(out, "}} {n}");
-            }
-        }
+        self.authorized(&mut out);
+        self.limited(&mut out);
         for name in ["datastore_latency", "counter_latency"] {
             self.histogram(&mut out, name);
         }
         out
     }
 
+    /// `authorized_calls` and `authorized_hits`, once something counted.
+    fn authorized(&self, out: &mut String) {
+        let mut namespaces: Vec<(String, u64, u64)> = self
+            .by_namespace
+            .read()
+            .iter()
+            .map(|(n, c)| {
+                let calls = c.authorized_calls.load(Ordering::Relaxed);
+                (
+                    n.to_string(),
+                    calls,
+                    c.authorized_hits.load(Ordering::Relaxed),
+                )
+            })
+            .collect();
+        if namespaces.is_empty() {
+            return;
+        }
+        namespaces.sort();
+        let hits_help = "Hits counted for admitted calls and reports, by namespace";
+        for (name, help, hits) in [
+            ("authorized_calls", "Calls admitted, by namespace", false),
+            ("authorized_hits", hits_help, true),
+        ] {
+            head(out, name, "counter", help);
+            for (ns, calls, hit_count) in &namespaces {
+                let value = if hits { hit_count } else { calls };
+                let ns = escape(ns);
+                let _ = writeln!(out, "{name}{{limitador_namespace=\"{ns}\"}} {value}");
+            }
+        }
+    }
+
+    /// `limited_calls`, once something counted.
+    fn limited(&self, out: &mut String) {
+        let mut limited: Vec<(String, String, u64)> = self
+            .limited
+            .read()
+            .iter()
+            .flat_map(|(n, by_name)| {
+                by_name
+                    .iter()
+                    .map(|(l, c)| (n.to_string(), l.to_string(), c.load(Ordering::Relaxed)))
+            })
+            .collect();
+        if limited.is_empty() {
+            return;
+        }
+        limited.sort();
+        let help = "Calls denied, by namespace (and limit name)";
+        head(out, "limited_calls", "counter", help);
+        for (ns, limit, n) in &limited {
+            let _ = write!(out, "limited_calls{{limitador_namespace=\"{}\"", escape(ns));
+            if self.limit_name_label {
+                let _ = write!(out, ",limit_name=\"{}\"", escape(limit));
+            }
+            let _ = writeln!(out, "}} {n}");
+        }
+    }
+
+    /// The latency histogram under `name` (its count is its `+Inf` bucket's).
     fn histogram(&self, out: &mut String, name: &str) {
-        head(
-            out,
-            name,
-            "histogram",
-            "Seconds the limiter backend took to decide a namespace's call",
-        );
+        let help = "Seconds the limiter backend took to decide a namespace's call";
+        head(out, name, "histogram", help);
         let mut cumulative = 0;
         for (i, b) in self.buckets.iter().enumerate() {
             cumulative += b.load(Ordering::Relaxed);
@@ -233,8 +227,7 @@ impl LimitadorMetrics {
         }
         let sum = self.latency_nanos.load(Ordering::Relaxed) as f64 / 1e9;
         let _ = writeln!(out, "{name}_sum {sum}");
-        let count = self.latency_count.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_count {count}");
+        let _ = writeln!(out, "{name}_count {cumulative}");
     }
 }
 
@@ -272,7 +265,7 @@ fn escape(value: &str) -> String {
 /// sluice's own metrics (OpenMetrics text, as the registry encodes them) in the Prometheus
 /// text format 0.0.4, with the same series names: a counter family `x` (samples `x_total`)
 /// is declared as `x_total`; `unknown` becomes `untyped`; `# UNIT` and `# EOF` go.
-pub fn openmetrics_to_text(openmetrics: &str) -> String {
+pub(crate) fn openmetrics_to_text(openmetrics: &str) -> String {
     let mut out = String::with_capacity(openmetrics.len());
     let mut counters: Vec<&str> = Vec::new();
     for line in openmetrics.lines() {
