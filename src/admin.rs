@@ -10,6 +10,7 @@
 //! | `GET /rlconfig` | the active rules, one line per limit, with their version and load time |
 //! | `GET /counters` | the live state of keys, filtered and paginated (see `counters.rs`) |
 //! | `GET /counters/top` | the keys denied most per domain, last minute or hour |
+//! | `GET /counters/{namespace}` | limitador's: a namespace's counters (`limitador.rs`, with its other endpoints) |
 //! | `GET /ui` | a live page for people; `GET /ui/data` is what it polls |
 //! | `POST /why` | the `/json` request in, for each descriptor: the rule it matched or why none did, each limit's state and verdict, the answer `/json` would give now, its denials in the last minute and hour; nothing is charged (see `why.rs`) |
 //! | `POST /counters/reset` | the `/json` request (or `{"rule": "<name as in /rlconfig>"}`) in: forgets the state of every limit it matches (every key of the rule), for every replica |
@@ -75,7 +76,7 @@ const INDEX: &str = "\
 /counters    the live state of keys (?domain= &rule= &prefix= &count= &cursor= &format=text)
 /counters/top the keys denied most (?domain= &window=minute|hour &n=)
 /ui          a live page
-/check /report /check_and_report /limits/{namespace} /status   limitador's HTTP API
+/check /report /check_and_report /limits/{namespace} /counters/{namespace} /status   limitador's HTTP API
 ";
 
 /// The routes.
@@ -94,6 +95,8 @@ pub fn router(admin: Admin) -> Router {
         )
         .route("/counters", get(counters::counters))
         .route("/counters/top", get(counters::top))
+        // limitador's; it reveals keys.
+        .route("/counters/{namespace}", get(limitador::counters))
         .route("/ui", get(ui::page))
         .route("/ui/data", get(ui::data));
     let metrics_route = Router::new().route("/metrics", get(metrics));
@@ -163,7 +166,16 @@ async fn metrics(State(a): State<Admin>) -> Response {
     a.metrics
         .refresh(&a.rules.status(), Some((a.backend.name(), &backend)));
     match a.metrics.encode() {
-        Ok(body) => ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], body).into_response(),
+        Ok(body) => match a.metrics.limitador() {
+            // limitador's names beside sluice's, in the text format they need.
+            Some(l) => {
+                let mut text = metrics::limitador::openmetrics_to_text(&body);
+                text.push_str(&l.render(&a.backend.status()));
+                let content_type = metrics::limitador::CONTENT_TYPE;
+                ([(header::CONTENT_TYPE, content_type)], text).into_response()
+            }
+            None => ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], body).into_response(),
+        },
         Err(_) => text(
             StatusCode::INTERNAL_SERVER_ERROR,
             "cannot encode metrics\n".into(),

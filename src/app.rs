@@ -103,6 +103,10 @@ impl App {
         let metrics = Metrics::new(MetricsOptions {
             near_limit_ratio: settings.metrics.near_limit_ratio,
             max_value_label_sets: settings.metrics.max_value_label_sets,
+            limitador: settings
+                .metrics
+                .limitador
+                .then_some(settings.metrics.limitador_limit_name_label),
         });
         // envoyproxy/ratelimit's stats, when something will send or serve them.
         let ratelimit_stats = (settings.statsd.enabled()
@@ -117,6 +121,9 @@ impl App {
         let mut observers = Observers::new().with(metrics.clone());
         if let Some(stats) = &ratelimit_stats {
             observers = observers.with(stats.clone());
+        }
+        if let Some(limitador) = metrics.limitador() {
+            observers = observers.with(limitador.clone());
         }
         let engine = Engine::new(rules.shared(), limiter.clone(), options_of(settings))
             .with_observer(Arc::new(observers));

@@ -14,6 +14,7 @@ macro_rules! register {
 
 pub mod history;
 mod latency;
+pub mod limitador;
 pub mod live;
 pub mod per_rule;
 pub mod rlqs;
@@ -46,6 +47,8 @@ pub struct MetricsOptions {
     pub near_limit_ratio: f64,
     /// At most this many per-rule label sets built from request values (see [`per_rule`]).
     pub max_value_label_sets: usize,
+    /// Serve limitador's metric names too; `Some(true)`: with the `limit_name` label.
+    pub limitador: Option<bool>,
 }
 
 impl Default for MetricsOptions {
@@ -53,6 +56,7 @@ impl Default for MetricsOptions {
         MetricsOptions {
             near_limit_ratio: 0.8,
             max_value_label_sets: 10_000,
+            limitador: None,
         }
     }
 }
@@ -121,6 +125,8 @@ pub struct Metrics {
     history: history::History,
     /// The errors of the last failed reload, and when.
     last_reload_error: parking_lot::Mutex<Option<(SystemTime, String)>>,
+    /// limitador's series, when served ([`limitador`]).
+    limitador: Option<Arc<limitador::LimitadorMetrics>>,
 }
 
 impl Metrics {
@@ -135,6 +141,12 @@ impl Metrics {
             top: top::TopDenied::default(),
             history: history::History::default(),
             last_reload_error: parking_lot::Mutex::new(None),
+            limitador: options.limitador.map(|with_name| {
+                Arc::new(limitador::LimitadorMetrics::new(
+                    with_name,
+                    options.max_value_label_sets,
+                ))
+            }),
             rules,
             throttle,
             requests: Family::default(),
@@ -180,6 +192,11 @@ impl Metrics {
             by_result,
             ..m
         })
+    }
+
+    /// limitador's series, when they are served (an observer of the engine of their own).
+    pub fn limitador(&self) -> Option<&Arc<limitador::LimitadorMetrics>> {
+        self.limitador.as_ref()
     }
 
     /// The Rate Limit Quota Service's metrics.

@@ -341,11 +341,9 @@ impl Reader<'_> {
         }
         let in_labels = self.m.get_flag("limit_name_in_labels")
             || self.env("LIMIT_NAME_IN_PROMETHEUS_LABELS") == Some("true");
+        self.set("METRICS__LIMITADOR", "true");
         if in_labels {
-            self.ignore(
-                "--limit-name-in-labels",
-                "limit names are not yet a label of sluice's metrics",
-            );
+            self.set("METRICS__LIMITADOR_LIMIT_NAME_LABEL", "true");
         }
         if self.m.get_flag("grpc_reflection_service") {
             self.ignore(

@@ -15,6 +15,7 @@ mod algorithms_edge;
 mod garbage;
 mod input_limits;
 mod lifecycle;
+mod limitador_metrics;
 mod limitador_reload;
 mod memory_limiter;
 mod metrics;

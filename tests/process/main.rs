@@ -4,7 +4,8 @@
 //! the server's reflection, `sluice.v1.Throttle` (redis-cell's semantics on both backends,
 //! Python stubs generated from the protos, invalid parameters, reflection and metrics:
 //! `throttle`), Kuadrant's `CheckRateLimit` and `Report` from Python stubs (`kuadrant`), limitador's HTTP API
-//! against its spec's shapes (`limitador_http`), and
+//! against its own spec and its metric names, as `limitador-server` on memory and Redis
+//! (`limitador_http`), and
 //! docs/settings.md's table against the settings types. (The ordered
 //! drain and the Rust client's timing tests, which bound times, are in tests/serial/.)
 

@@ -3,7 +3,9 @@
 //! The answer is limitador's: an overall code, no per-descriptor statuses (a namespace's
 //! limits do not belong to descriptors), and the rate-limit headers when asked for.
 
-use super::{Code, EngineError, Options, Request, Response};
+use std::time::Duration;
+
+use super::{Code, EngineError, HeaderNames, NamespaceReport, Options, Request, Response};
 use crate::config::limitador::NamespaceLimit;
 use crate::limiter::{Batch, BatchOutcome, Hit, HitOutcome, LimitParams, Limiter, Role};
 use crate::rules::Entry;
@@ -37,6 +39,10 @@ pub struct Decision<'a> {
     pub admitted: bool,
     /// One per applicable limit, in file order.
     pub limits: Vec<LimitVerdict<'a>>,
+    /// The request's cost (`hits_addend`, 0 as 1).
+    pub cost: u64,
+    /// How long the limiter call took; `None` when no limit applied.
+    pub backend_elapsed: Option<Duration>,
 }
 
 impl Decision<'_> {
@@ -45,6 +51,26 @@ impl Decision<'_> {
         Decision {
             admitted: true,
             limits: Vec::new(),
+            cost: 1,
+            backend_elapsed: None,
+        }
+    }
+
+    /// What the observers hear of this decision on `namespace`.
+    pub fn report<'s>(
+        &'s self,
+        namespace: &'s str,
+        known: bool,
+        counting: Counting,
+    ) -> NamespaceReport<'s> {
+        NamespaceReport {
+            namespace,
+            known,
+            counting,
+            admitted: self.admitted,
+            limited_by: self.limited_by(),
+            cost: self.cost,
+            backend_elapsed: self.backend_elapsed,
         }
     }
 
@@ -73,13 +99,17 @@ pub async fn decide<'a>(
     let applied = ns.applicable(&descriptors);
     let cost = u64::from(request.hits_addend.max(1));
     let batch = batch(&applied, cost, counting);
+    let mut backend_elapsed = None;
     let outcome = if batch.hits.is_empty() {
         BatchOutcome {
             hits: Vec::new(),
             admitted: true,
         }
     } else {
-        super::check_whole(limiter, &batch).await?
+        let started = tokio::time::Instant::now();
+        let outcome = super::check_whole(limiter, &batch).await?;
+        backend_elapsed = Some(started.elapsed());
+        outcome
     };
     let outcome = if counting == Counting::CheckOnly {
         would_admit(outcome, cost)
@@ -98,6 +128,8 @@ pub async fn decide<'a>(
     Ok(Decision {
         admitted: outcome.admitted || counting == Counting::CountOnly,
         limits,
+        cost,
+        backend_elapsed,
     })
 }
 
@@ -146,18 +178,47 @@ pub struct Answer {
     pub limited_by: Option<String>,
     /// The request's namespace holds limits.
     pub known: bool,
+    /// limitador's rate-limit headers, when asked for ([`Asked::headers`]).
+    pub headers: Vec<(String, String)>,
+}
+
+/// What a caller of [`super::Engine::decide_limitador_as`] wants besides the verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Asked {
+    /// The observers hear of the decision (limitador's metrics count it).
+    pub observe: bool,
+    /// The answer carries limitador's `X-RateLimit-*` headers (draft 03).
+    pub headers: bool,
+}
+
+/// The names limitador gives its rate-limit headers (draft 03 of the IETF RateLimit
+/// headers), without `Retry-After`.
+pub fn draft03_names() -> HeaderNames {
+    HeaderNames {
+        limit: "X-RateLimit-Limit".to_owned(),
+        remaining: "X-RateLimit-Remaining".to_owned(),
+        reset: "X-RateLimit-Reset".to_owned(),
+        retry_after: false,
+    }
 }
 
 impl Answer {
-    pub(super) fn of(decision: &Decision<'_>) -> Answer {
+    pub(super) fn of(decision: &Decision<'_>, headers: bool) -> Answer {
+        let code = if decision.admitted {
+            Code::Ok
+        } else {
+            Code::OverLimit
+        };
+        let headers = if headers {
+            header_lines(decision, code, &draft03_names())
+        } else {
+            Vec::new()
+        };
         Answer {
-            code: if decision.admitted {
-                Code::Ok
-            } else {
-                Code::OverLimit
-            },
+            code,
             limited_by: decision.limited_by().map(str::to_owned),
             known: true,
+            headers,
         }
     }
 }
@@ -195,9 +256,17 @@ pub(super) fn unknown() -> Response {
 /// named), the remaining header the first one's remainder, the reset header its whole seconds
 /// to the window's end; `Retry-After` when configured and denied. No limit, no headers.
 fn headers(decision: &Decision<'_>, overall: Code, options: &Options) -> Vec<(String, String)> {
-    let Some(names) = &options.headers else {
-        return Vec::new();
-    };
+    match &options.headers {
+        Some(names) => header_lines(decision, overall, names),
+        None => Vec::new(),
+    }
+}
+
+fn header_lines(
+    decision: &Decision<'_>,
+    overall: Code,
+    names: &HeaderNames,
+) -> Vec<(String, String)> {
     let mut sorted: Vec<&LimitVerdict<'_>> = decision.limits.iter().collect();
     sorted.sort_by_key(|l| remaining(l));
     let Some(first) = sorted.first() else {
@@ -376,6 +445,116 @@ mod tests {
         assert_eq!(
             header(&h, "X-RateLimit-Limit"),
             "2, 2;w=30;name=\"the 'two'\""
+        );
+    }
+
+    /// What an observer heard: (namespace, known, counting, admitted, limited_by, cost, timed).
+    type Heard = (String, bool, Counting, bool, Option<String>, u64, bool);
+
+    #[derive(Default)]
+    struct Recorder(parking_lot::Mutex<Vec<Heard>>);
+
+    impl crate::engine::Observer for Recorder {
+        fn namespace(&self, r: &NamespaceReport<'_>) {
+            self.0.lock().push((
+                r.namespace.to_owned(),
+                r.known,
+                r.counting,
+                r.admitted,
+                r.limited_by.map(str::to_owned),
+                r.cost,
+                r.backend_elapsed.is_some(),
+            ));
+        }
+    }
+
+    #[tokio::test]
+    async fn observers_hear_every_namespace_decision_but_unobserved_ones() {
+        let recorder = Arc::new(Recorder::default());
+        let e = engine().with_observer(recorder.clone());
+        let named = request("named", &[&[("a", "b")]], 0);
+        for _ in 0..3 {
+            e.should_rate_limit(&named).await.unwrap();
+        }
+        let elsewhere = request("elsewhere", &[&[("a", "b")]], 4);
+        e.should_rate_limit(&elsewhere).await.unwrap();
+        let addend = request("addend", &[&[("x", "1"), ("y", "1")]], 4);
+        e.decide_limitador(&addend, Counting::CountOnly)
+            .await
+            .unwrap();
+        e.decide_limitador(&addend, Counting::CheckOnly)
+            .await
+            .unwrap();
+        let quiet = Asked {
+            observe: false,
+            headers: true,
+        };
+        let answer = e
+            .decide_limitador_as(&addend, Counting::CheckAndCount, quiet)
+            .await
+            .unwrap();
+        assert_eq!(answer.code, Code::Ok);
+        assert_eq!(
+            header(&answer.headers, "X-RateLimit-Limit"),
+            "10, 10;w=60",
+            "limitador's names, asked for"
+        );
+        assert_eq!(header(&answer.headers, "X-RateLimit-Remaining"), "2");
+        let no_var = request("addend", &[&[("x", "1")]], 1);
+        e.decide_limitador(&no_var, Counting::CheckOnly)
+            .await
+            .unwrap();
+        e.decide_limitador(&request("", &[&[("x", "1")]], 1), Counting::CheckOnly)
+            .await
+            .unwrap();
+        let heard = recorder.0.lock().clone();
+        let s = |v: &str| v.to_owned();
+        let named_over = Some(s("the \"two\""));
+        assert_eq!(
+            heard,
+            [
+                (
+                    s("named"),
+                    true,
+                    Counting::CheckAndCount,
+                    true,
+                    None,
+                    1,
+                    true
+                ),
+                (
+                    s("named"),
+                    true,
+                    Counting::CheckAndCount,
+                    true,
+                    None,
+                    1,
+                    true
+                ),
+                (
+                    s("named"),
+                    true,
+                    Counting::CheckAndCount,
+                    false,
+                    named_over,
+                    1,
+                    true
+                ),
+                (
+                    s("elsewhere"),
+                    false,
+                    Counting::CheckAndCount,
+                    true,
+                    None,
+                    4,
+                    false
+                ),
+                (s("addend"), true, Counting::CountOnly, true, None, 4, true),
+                (s("addend"), true, Counting::CheckOnly, true, None, 4, true),
+                // The unobserved call counted 4 (2 left), unheard; then no limit applied to a
+                // missing variable (no limiter call); the empty domain is not heard.
+                (s("addend"), true, Counting::CheckOnly, true, None, 1, false),
+            ]
         );
     }
 

@@ -25,7 +25,9 @@ use crate::limiter::{Batch, BatchOutcome, Limiter, LimiterError};
 use crate::rules::{self, Entry, RuleSet};
 
 pub use explain::{DescriptorWhy, Explanation, LimitWhy, Matched, RuleWhy};
-pub use observe::{DescriptorReport, NoObserver, Observer, Observers, RequestResult};
+pub use observe::{
+    DescriptorReport, NamespaceReport, NoObserver, Observer, Observers, RequestResult,
+};
 pub use response::{Code, CurrentLimit, DescriptorStatus, Response};
 
 /// A rate-limit request.
@@ -216,31 +218,58 @@ impl Engine {
 
 impl Engine {
     /// Decides a request against the limitador namespace named by its domain, counting as
-    /// `counting` says (the Kuadrant service and limitador's HTTP API). An empty domain is
-    /// `Unknown`; a domain that is no namespace is `Ok` with `known` false.
+    /// `counting` says, observed (the Kuadrant service). An empty domain is `Unknown`; a
+    /// domain that is no namespace is `Ok` with `known` false.
     pub async fn decide_limitador(
         &self,
         request: &Request,
         counting: limitador::Counting,
+    ) -> Result<limitador::Answer, EngineError> {
+        let asked = limitador::Asked {
+            observe: true,
+            headers: false,
+        };
+        self.decide_limitador_as(request, counting, asked).await
+    }
+
+    /// [`Engine::decide_limitador`], observed and with headers as `asked` says (limitador's
+    /// HTTP API: only `/check_and_report` is observed, and it may ask for headers).
+    pub async fn decide_limitador_as(
+        &self,
+        request: &Request,
+        counting: limitador::Counting,
+        asked: limitador::Asked,
     ) -> Result<limitador::Answer, EngineError> {
         if request.domain.is_empty() {
             return Ok(limitador::Answer {
                 code: Code::Unknown,
                 limited_by: None,
                 known: false,
+                headers: Vec::new(),
             });
         }
         validate(request, &self.options.input)?;
         let rules = self.rules.load_full();
         let Some(ns) = rules.namespaces().get(&request.domain) else {
+            if asked.observe {
+                let mut nothing = limitador::Decision::nothing();
+                nothing.cost = u64::from(request.hits_addend.max(1));
+                self.observer
+                    .namespace(&nothing.report(&request.domain, false, counting));
+            }
             return Ok(limitador::Answer {
                 code: Code::Ok,
                 limited_by: None,
                 known: false,
+                headers: Vec::new(),
             });
         };
         let decision = limitador::decide(ns, request, counting, &*self.limiter).await?;
-        Ok(limitador::Answer::of(&decision))
+        if asked.observe {
+            self.observer
+                .namespace(&decision.report(&request.domain, true, counting));
+        }
+        Ok(limitador::Answer::of(&decision, asked.headers))
     }
 
     /// A request while limitador-format namespaces are loaded, to one of them or to a domain
@@ -251,16 +280,19 @@ impl Engine {
         ns: Option<&rules::limitador::Namespace>,
         request: &Request,
     ) -> Result<Response, EngineError> {
+        let counting = limitador::Counting::CheckAndCount;
         let Some(ns) = ns else {
             self.observer
                 .unknown_domain(&request.domain, request.descriptors.len());
-            return Ok(limitador::response(
-                &limitador::Decision::nothing(),
-                &self.options,
-            ));
+            let mut nothing = limitador::Decision::nothing();
+            nothing.cost = u64::from(request.hits_addend.max(1));
+            self.observer
+                .namespace(&nothing.report(&request.domain, false, counting));
+            return Ok(limitador::response(&nothing, &self.options));
         };
-        let counting = limitador::Counting::CheckAndCount;
         let decision = limitador::decide(ns, request, counting, &*self.limiter).await?;
+        self.observer
+            .namespace(&decision.report(&request.domain, true, counting));
         Ok(limitador::response(&decision, &self.options))
     }
 }

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::limitador::Counting;
 use super::plan::{Applies, Planned};
 use super::{Options, Request, response};
 use crate::limiter::{BatchOutcome, LimiterError};
@@ -25,6 +26,30 @@ pub trait Observer: Send + Sync + 'static {
 
     /// One call per request, with its result and how long the engine took.
     fn request(&self, _result: RequestResult<'_>, _elapsed: Duration) {}
+
+    /// One call per request decided against limitador-format namespaces (`ShouldRateLimit`
+    /// while they are loaded, the Kuadrant service, limitador's `/check_and_report`), after
+    /// it was decided; none when the backend failed.
+    fn namespace(&self, _report: &NamespaceReport<'_>) {}
+}
+
+/// What a limitador-format namespace decided.
+#[derive(Debug, Clone, Copy)]
+pub struct NamespaceReport<'a> {
+    /// The request's domain: a namespace, or a domain that is neither a namespace nor a
+    /// ratelimit domain (`known` false).
+    pub namespace: &'a str,
+    /// The namespace holds limits.
+    pub known: bool,
+    pub counting: Counting,
+    /// Every applicable limit admitted the request (always, when counting only).
+    pub admitted: bool,
+    /// The name of the first limit that denied it, if it has one.
+    pub limited_by: Option<&'a str>,
+    /// The request's cost (`hits_addend`, 0 as 1).
+    pub cost: u64,
+    /// How long the limiter call took; `None` when no limit applied (no call was made).
+    pub backend_elapsed: Option<Duration>,
 }
 
 /// Observes nothing.
@@ -73,6 +98,12 @@ impl Observer for Observers {
     fn request(&self, result: RequestResult<'_>, elapsed: Duration) {
         for o in &self.0 {
             o.request(result, elapsed);
+        }
+    }
+
+    fn namespace(&self, report: &NamespaceReport<'_>) {
+        for o in &self.0 {
+            o.namespace(report);
         }
     }
 }

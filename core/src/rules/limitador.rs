@@ -68,6 +68,11 @@ pub struct Compiled {
 }
 
 impl Compiled {
+    /// The limit's identity in its counters' keys (the `limit=` level): `id:ID`, or a hash.
+    pub fn key_id(&self) -> &str {
+        &self.key_id
+    }
+
     fn new(limit: NamespaceLimit) -> Compiled {
         let binds_limit = limit
             .conditions

@@ -145,10 +145,9 @@ fn validate_and_the_accepted_no_ops() {
         .iter()
         .map(|(k, _)| k.as_str())
         .collect();
-    assert_eq!(
-        ignored,
-        ["--grpc-reflection-service", "--limit-name-in-labels"]
-    );
+    assert_eq!(ignored, ["--grpc-reflection-service"]);
+    let got = settings(&s, &HashMap::new()).unwrap_or_else(|e| panic!("{e}"));
+    assert!(got.metrics.limitador && got.metrics.limitador_limit_name_label);
 }
 
 #[test]
@@ -167,6 +166,8 @@ fn the_translation_gives_valid_settings() {
     let got = settings(&s, &HashMap::new()).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(got.redis.url, "redis://127.0.0.1:7");
     assert!(got.response.headers);
+    assert!(got.metrics.limitador, "limitador's metric names are served");
+    assert!(!got.metrics.limitador_limit_name_label);
     assert_eq!(got.server.grpc_listen.port(), 8081);
     let s = run(&["l.yaml", "memory", "-c", "9"], &[]).unwrap();
     assert_eq!(settings(&s, &HashMap::new()).unwrap().memory.max_keys, 9);

@@ -14,6 +14,13 @@ pub struct MetricsSettings {
     /// At most this many per-rule label sets built from request values (`detailed_metric`,
     /// `value_to_metric`, overrides); later ones count under `rule="__other__"`.
     pub max_value_label_sets: usize,
+    /// Also serve limitador's metrics under its names (`limitador_up`, `authorized_calls`,
+    /// `limited_calls`, ...) on `/metrics`, which is then in the Prometheus text format 0.0.4
+    /// (on when started as `limitador-server`).
+    pub limitador: bool,
+    /// With `limitador`, `limited_calls` also has the `limit_name` label (limitador's
+    /// `--limit-name-in-labels`).
+    pub limitador_limit_name_label: bool,
 }
 
 impl Default for MetricsSettings {
@@ -21,6 +28,8 @@ impl Default for MetricsSettings {
         MetricsSettings {
             near_limit_ratio: 0.8,
             max_value_label_sets: 10_000,
+            limitador: false,
+            limitador_limit_name_label: false,
         }
     }
 }
