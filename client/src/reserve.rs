@@ -97,7 +97,10 @@ impl std::fmt::Display for ReserveError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ReserveError::Refused { retry_after } => {
-                write!(f, "the limit does not admit the amount (retry after {retry_after:?})")
+                write!(
+                    f,
+                    "the limit does not admit the amount (retry after {retry_after:?})"
+                )
             }
             ReserveError::Failed(e) => write!(f, "{e}"),
         }

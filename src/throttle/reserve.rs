@@ -123,7 +123,9 @@ impl Throttler {
         if request.amount == 0 {
             return Err(invalid("amount must be at least 1"));
         }
-        let key = named.plan(request.amount, "amount", self).map_err(invalid)?;
+        let key = named
+            .plan(request.amount, "amount", self)
+            .map_err(invalid)?;
         if key.never() {
             return Err(invalid(format!(
                 "amount: {}, more than the key's limit {}: never admitted",
@@ -194,7 +196,9 @@ impl Throttler {
             algorithm: request.algorithm,
             name: &request.name,
         };
-        let key = named.plan(request.actual, "actual", self).map_err(invalid)?;
+        let key = named
+            .plan(request.actual, "actual", self)
+            .map_err(invalid)?;
         let Some(id) = request.reservation_id.checked_sub(1) else {
             return Err(invalid(
                 "reservation_id: give the id Reserve returned (never 0)",
@@ -214,10 +218,7 @@ impl Throttler {
     }
 
     async fn run(&self, op: &ReserveRequest) -> Result<ReserveOutcome, tonic::Status> {
-        self.limiter
-            .reserve(op)
-            .await
-            .map_err(|e| unavailable(&e))
+        self.limiter.reserve(op).await.map_err(|e| unavailable(&e))
     }
 }
 
@@ -238,8 +239,16 @@ fn settled(outcome: &ReserveOutcome, actual: u64) -> pb::CommitResponse {
     pb::CommitResponse {
         settled: done,
         estimate: if done { estimate } else { 0 },
-        charged: if done { actual.saturating_sub(estimate) } else { 0 },
-        given_back: if done { estimate.saturating_sub(actual) } else { 0 },
+        charged: if done {
+            actual.saturating_sub(estimate)
+        } else {
+            0
+        },
+        given_back: if done {
+            estimate.saturating_sub(actual)
+        } else {
+            0
+        },
         owed: !after.admitted,
         remaining: if after.admitted { after.remaining } else { 0 },
         reset_after_ms: if after.admitted {

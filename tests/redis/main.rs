@@ -27,6 +27,7 @@ mod semantics;
 mod sentinel;
 mod sliding_log;
 mod throttle_holds;
+mod throttle_reserve;
 mod tls;
 mod visibility;
 mod why;

@@ -163,7 +163,10 @@ mod tests {
         let below = settle(&template(), Some(10), 3);
         assert_eq!((below.cost, below.refund), (7, true));
         let above = settle(&template(), Some(10), 14);
-        assert_eq!((above.cost, above.refund, above.limit.charge), (4, false, Charge::Always));
+        assert_eq!(
+            (above.cost, above.refund, above.limit.charge),
+            (4, false, Charge::Always)
+        );
         assert_eq!(above.role, Role::Enforced);
         let unknown = settle(&template(), None, 14);
         assert_eq!((unknown.cost, unknown.refund), (0, false));

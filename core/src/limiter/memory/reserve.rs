@@ -79,9 +79,9 @@ impl<C: Clock> MemoryLimiter<C> {
                     }
                 } else {
                     let outcome = self.decide(batch);
-                    let id = outcome.admitted.then(|| {
-                        records.open(now, *amount, now.saturating_add(request.ttl_nanos))
-                    });
+                    let id = outcome
+                        .admitted
+                        .then(|| records.open(now, *amount, now.saturating_add(request.ttl_nanos)));
                     ReserveOutcome {
                         done: id.is_some(),
                         id: id.unwrap_or(0),
@@ -103,7 +103,7 @@ impl<C: Clock> MemoryLimiter<C> {
                 outcome.hits.extend(self.decide(&after).hits);
                 ReserveOutcome {
                     done: estimate.is_some(),
-                    id: *id,
+                    id: 0,
                     estimate: estimate.unwrap_or(0),
                     open: records.open.len() as u64,
                     outcome: Some(outcome),

@@ -87,7 +87,9 @@ impl RedisLimiter {
                     .await?
             }
             Some(topology) => {
-                let node = topology.owner(cluster::slot(prefix, &request.records)).await?;
+                let node = topology
+                    .owner(cluster::slot(prefix, &request.records))
+                    .await?;
                 invocation
                     .invoke_async(&mut topology.conn(&node, 0).await?)
                     .await?
