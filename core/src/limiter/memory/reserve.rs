@@ -116,3 +116,75 @@ impl<C: Clock> MemoryLimiter<C> {
         Ok(outcome)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::config::model::{Algorithm, Charge};
+    use crate::limiter::reserve::records_key;
+    use crate::limiter::{Hit, LimitParams, ManualClock, Role};
+
+    const SEC: u64 = 1_000_000_000;
+
+    fn reserve(key: &str, amount: u64) -> ReserveRequest {
+        let hit = Hit {
+            key: Arc::from(key.as_bytes()),
+            limit: LimitParams {
+                algorithm: Algorithm::Funnel,
+                quota: 10,
+                period_nanos: 10 * SEC,
+                burst: 10,
+                charge: Charge::Admitted,
+                borrow: false,
+                block_nanos: 0,
+                calendar: None,
+            },
+            cost: amount,
+            refund: false,
+            group: 0,
+            role: Role::Enforced,
+        };
+        ReserveRequest {
+            records: records_key(&hit.key),
+            ttl_nanos: SEC,
+            op: ReserveOp::Reserve {
+                batch: Batch { hits: vec![hit] },
+                amount,
+            },
+        }
+    }
+
+    #[test]
+    fn keys_with_open_reservations_are_bounded_by_max_keys() {
+        let clock = ManualClock::at(SEC);
+        let limiter = MemoryLimiter::with_clock(2, clock.clone());
+        assert!(limiter.reserve_op(&reserve("a", 1)).is_ok_and(|o| o.done));
+        assert!(limiter.reserve_op(&reserve("b", 1)).is_ok_and(|o| o.done));
+        let full = limiter.reserve_op(&reserve("c", 1));
+        assert!(full.is_err_and(|e| e.transient), "a third key is refused");
+        assert!(
+            limiter
+                .reserve_op(&reserve("a", 1))
+                .is_ok_and(|o| o.open == 2)
+        );
+        clock.advance(SEC);
+        assert!(
+            limiter.reserve_op(&reserve("c", 1)).is_ok_and(|o| o.done),
+            "expired records make room"
+        );
+        clock.advance(SEC);
+        assert_eq!(limiter.reservations.sweep(clock.now_nanos()), 1);
+        assert!(limiter.reservations.keys.lock().is_empty());
+    }
+
+    #[test]
+    fn a_refused_reserve_opens_nothing() {
+        let limiter = MemoryLimiter::with_clock(8, ManualClock::at(SEC));
+        let over = limiter.reserve_op(&reserve("a", 11)).expect("an answer");
+        assert!(!over.done && over.open == 0);
+        assert!(limiter.reservations.keys.lock().is_empty());
+        assert!(limiter.snapshot().is_empty(), "nothing charged");
+    }
+}
