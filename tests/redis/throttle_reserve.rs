@@ -120,6 +120,10 @@ impl Backends {
 
 #[tokio::test]
 async fn both_backends_settle_every_algorithm_alike_in_one_script_call() {
+    within(settle_every_algorithm_alike()).await;
+}
+
+async fn settle_every_algorithm_alike() {
     let mut b = Backends::start();
     for (algorithm, _) in ALGORITHMS {
         let r = b.reserve(reserve_op(algorithm, 40, 2 * SEC)).await;
@@ -172,6 +176,10 @@ async fn both_backends_settle_every_algorithm_alike_in_one_script_call() {
 
 #[tokio::test]
 async fn an_expired_reservation_keeps_its_estimate_on_both_backends() {
+    within(expired_estimate_kept()).await;
+}
+
+async fn expired_estimate_kept() {
     let mut b = Backends::start();
     let r = b.reserve(reserve_op(Algorithm::Funnel, 30, SEC)).await;
     assert!(r.done);
@@ -253,6 +261,14 @@ async fn commit(s: &mut ThrottleClient<Channel>, c: CommitRequest) -> pb::Commit
     s.commit(c).await.expect("an answer").into_inner()
 }
 
+/// Runs `body`, failing the test when it takes more than 60 s (the slowest, 1000 reserves
+/// on Redis, takes a few seconds).
+async fn within(body: impl Future<Output = ()>) {
+    tokio::time::timeout(Duration::from_secs(60), body)
+        .await
+        .expect("the scenario ends within 60 s");
+}
+
 /// Runs `scenario` on a server over memory, then over a real `redis-server`.
 macro_rules! on_both_backends {
     ($name:ident, |$b:ident| $body:block) => {
@@ -262,13 +278,13 @@ macro_rules! on_both_backends {
             #[tokio::test]
             async fn memory() {
                 let ($b, _) = memory_serving(crate::support::backends::RULES).await;
-                $body
+                within(async { $body }).await;
             }
 
             #[tokio::test]
             async fn redis() {
                 let ($b, _) = redis_serving(crate::support::backends::RULES).await;
-                $body
+                within(async { $body }).await;
             }
         }
     };
