@@ -3,7 +3,8 @@
 //!
 //! - The limiters themselves, on one manual clock: the memory backend and two replicas on one
 //!   real `redis-server` give identical outcomes for the same operations, on every rate
-//!   algorithm, each operation one script call on Redis.
+//!   algorithm, each operation one script call on Redis: a scripted sequence, and 150 random
+//!   steps per algorithm.
 //! - Through the real gRPC server, on each backend (memory; a real `redis-server`): a commit
 //!   below the estimate gives back the difference (the next reserve and check see it), one
 //!   above charges it even over the limit (owed: the key is in debt), a second commit and an
@@ -519,3 +520,85 @@ on_both_backends!(the_rust_clients_reservation, |b| {
         "{invalid:?}"
     );
 });
+
+/// A reserve or commit on a fast limit (10 per 10 s, 10 at once), for the random sequences.
+fn fast(algorithm: Algorithm, op: Result<(u64, u64), (u64, u64)>) -> ReserveRequest {
+    let mut hit = rate_hit(algorithm, 0);
+    hit.key = Arc::from(format!("throttle:{{fast}}:{algorithm:?}:10000ms").as_bytes());
+    hit.limit.quota = 10;
+    hit.limit.burst = 10;
+    hit.limit.period_nanos = 10 * SEC;
+    let records = records_key(&hit.key);
+    match op {
+        Ok((amount, ttl_ms)) => {
+            hit.cost = amount;
+            ReserveRequest {
+                records,
+                ttl_nanos: ttl_ms * 1_000_000,
+                op: ReserveOp::Reserve {
+                    batch: Batch { hits: vec![hit] },
+                    amount,
+                },
+            }
+        }
+        Err((id, actual)) => ReserveRequest {
+            records,
+            ttl_nanos: 1,
+            op: ReserveOp::Commit { id, actual, hit },
+        },
+    }
+}
+
+#[tokio::test]
+async fn random_reserves_and_commits_agree_on_both_backends() {
+    within(random_sequences()).await;
+}
+
+/// 150 random steps per algorithm (reserves of 1 to 6 with ttls of 0.5 to 3 s, commits of 0
+/// to 8 of an open, settled, expired or unknown id, the clock moving 0 to 1.5 s): the memory
+/// backend and the Redis replicas answer alike, one script call each.
+async fn random_sequences() {
+    let mut b = Backends::start();
+    let mut rng = crate::support::rng::Rng::new(30);
+    let (mut reserved, mut settled) = (0, 0);
+    for (algorithm, _) in ALGORITHMS {
+        let mut ids: Vec<u64> = Vec::new();
+        for _ in 0..150 {
+            b.clock.advance(rng.below(1_500) * 1_000_000);
+            let op = if ids.is_empty() || rng.chance(50) {
+                Ok((1 + rng.below(6), 500 + rng.below(2_500)))
+            } else {
+                let id = if rng.chance(10) {
+                    rng.next() >> 20
+                } else if rng.chance(60) {
+                    ids.last().copied().unwrap_or(0)
+                } else {
+                    rng.pick(&ids)
+                };
+                Err((id, rng.below(9)))
+            };
+            let outcome = b.reserve(fast(algorithm, op)).await;
+            match op {
+                Ok(_) if outcome.done => {
+                    reserved += 1;
+                    ids.push(outcome.id);
+                }
+                Err((id, _)) if outcome.done => {
+                    settled += 1;
+                    if rng.chance(70) {
+                        ids.retain(|&i| i != id);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    println!(
+        "random reserves and commits: {reserved} reserved, {settled} settled, {} steps",
+        b.step
+    );
+    assert!(
+        reserved >= 100 && settled >= 50,
+        "{reserved} reserved, {settled} settled"
+    );
+}
