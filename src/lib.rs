@@ -23,7 +23,7 @@
 //! | [`reload`] | the active rules: reloads on file changes and triggers, versions |
 //! | [`rlqs`] | the Rate Limit Quota Service: usage reports in, fair-share assignments out |
 //! | [`kuadrant`] | `kuadrant.service.ratelimit.v1`: limitador's `CheckRateLimit` and `Report` |
-//! | [`throttle`] | `sluice.v1.Throttle`: CL.THROTTLE as gRPC, straight to the limiter |
+//! | [`throttle`] | `sluice.v1.Throttle`: CL.THROTTLE as gRPC, holds with ids and reservations, straight to the limiter |
 //! | [`health`] | readiness: rules loaded, backend ready, not draining |
 //! | [`transport`] | the gRPC port below tonic's routes: accept loop, HTTP/2 driver, `grpc-timeout`, the size limit, TLS handshakes, connection limits |
 //! | [`tls`] | TLS and mTLS on the gRPC port: certificates reloaded from files |

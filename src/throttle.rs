@@ -13,6 +13,7 @@
 
 pub mod key;
 pub mod params;
+pub mod reserve;
 
 use std::sync::Arc;
 
@@ -415,6 +416,26 @@ impl throttle_server::Throttle for Throttler {
         request: tonic::Request<pb::HoldRequest>,
     ) -> Result<tonic::Response<pb::HoldResponse>, tonic::Status> {
         let work = Throttler::touch_hold(self, request.get_ref(), true);
+        join_caller_trace(request.metadata(), work)
+            .await
+            .map(tonic::Response::new)
+    }
+
+    async fn reserve(
+        &self,
+        request: tonic::Request<pb::ReserveRequest>,
+    ) -> Result<tonic::Response<pb::ReserveResponse>, tonic::Status> {
+        let work = Throttler::reserve(self, request.get_ref());
+        join_caller_trace(request.metadata(), work)
+            .await
+            .map(tonic::Response::new)
+    }
+
+    async fn commit(
+        &self,
+        request: tonic::Request<pb::CommitRequest>,
+    ) -> Result<tonic::Response<pb::CommitResponse>, tonic::Status> {
+        let work = Throttler::commit(self, request.get_ref());
         join_caller_trace(request.metadata(), work)
             .await
             .map(tonic::Response::new)

@@ -8,6 +8,8 @@
 //! - [`Client::acquire_hold`] and [`Client::acquire_hold_within`]: a [`Permit`] on a key's
 //!   slots ([`Hold`]), released on drop and extended in the background: a distributed
 //!   semaphore;
+//! - [`Client::reserve`]: a [`Reservation`] of an estimate on a key's limit, settled to the
+//!   amount used by [`Reservation::commit`] (or given back by [`Reservation::cancel`]);
 //! - [`ThrottleLayer`]: a `tower` layer for axum or tonic services, answering 429 (HTTP) or
 //!   `RESOURCE_EXHAUSTED` (gRPC) with `RateLimit-*` and `Retry-After` headers.
 //!
@@ -54,6 +56,7 @@ mod client;
 mod error;
 mod hold;
 mod layer;
+mod reserve;
 mod rls;
 mod throttle;
 
@@ -64,6 +67,7 @@ pub use client::{Client, ClientBuilder, DEFAULT_TIMEOUT, FailPolicy};
 pub use error::{AcquireError, Error};
 pub use hold::{Hold, HoldError, Permit};
 pub use layer::{ThrottleLayer, ThrottleService};
+pub use reserve::{Reservation, Reserve, ReserveError, Settlement};
 pub use rls::{DescriptorVerdict, RateLimit, RlsVerdict};
 pub use throttle::{Algorithm, KeyVerdict, Limit, Source, Throttle, Verdict};
 pub use tonic::transport::{Certificate, ClientTlsConfig, Identity};

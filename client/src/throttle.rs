@@ -86,6 +86,13 @@ impl Limit {
     pub fn capacity(&self) -> u64 {
         u64::from(self.max_burst) + 1
     }
+
+    /// `(max_burst, count, period_ms, algorithm)` as a request carries them.
+    pub(crate) fn to_fields(self) -> (u32, u32, u64, i32) {
+        let period_ms = u64::try_from(self.period.as_millis()).unwrap_or(u64::MAX);
+        let algorithm = self.algorithm.to_proto().into();
+        (self.max_burst, self.count, period_ms, algorithm)
+    }
 }
 
 /// One Throttle call: one or more keys, decided all or nothing.

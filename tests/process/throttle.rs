@@ -342,6 +342,11 @@ for step in json.loads(sys.argv[2]):
     k = r.results[0]
     out["throttle"].append([r.limited, r.retry_after_ms, k.limited, k.limit, k.remaining,
                             k.retry_after_ms, k.reset_after_ms])
+limit = dict(key="py-reserve", max_burst=99, count=100, period_ms=3600000)
+r = throttle.Reserve(throttle_pb2.ReserveRequest(amount=40, ttl_ms=60000, **limit))
+c = throttle.Commit(throttle_pb2.CommitRequest(reservation_id=r.reservation_id, actual=25, **limit))
+again = throttle.Commit(throttle_pb2.CommitRequest(reservation_id=r.reservation_id, **limit))
+out["reserve"] = [r.admitted, r.remaining, c.settled, c.given_back, c.remaining, again.settled]
 rls = rls_pb2_grpc.RateLimitServiceStub(channel)
 entry = ratelimit_pb2.RateLimitDescriptor.Entry(key="user", value="py")
 request = rls_pb2.RateLimitRequest(domain="py",
@@ -428,6 +433,11 @@ async fn python_stubs_generated_from_the_protos_get_the_same_answers() {
         assert_matches(&format!("python step {i}"), got, s.expect, slack);
     }
     assert_eq!(out["rls"], serde_json::json!(["OK", "OK", "OVER_LIMIT"]));
+    // A reservation of 40 settled to 25 gives 15 back; a second commit settles nothing.
+    assert_eq!(
+        out["reserve"],
+        serde_json::json!([true, 60, true, 15, 75, false])
+    );
 }
 
 /// grpcurl (see [`crate::grpcurl::grpcurl`]) with `args`; its output.
@@ -447,6 +457,10 @@ async fn reflection_health_and_metrics_know_the_service() {
     assert!(services.contains("sluice.v1.Throttle"), "{services}");
     let methods = grpcurl(&["-plaintext", &addr, "describe", "sluice.v1.Throttle"]);
     assert!(methods.contains("rpc Throttle"), "{methods}");
+    assert!(
+        methods.contains("rpc Reserve") && methods.contains("rpc Commit"),
+        "{methods}"
+    );
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let health = grpcurl(&[

@@ -5,7 +5,8 @@
 //! plain Redis path (`batching`); and the admin's visibility on both backends (`/counters`,
 //! `/counters/top`, the limit gauges, `admin.token`: `visibility`); the penalty box
 //! (`block_for`) and calendar windows (`time_zone`) on both backends (`penalty`); the Throttle
-//! API's holds with ids on both backends (`throttle_holds`). A missing `redis-server`
+//! API's holds with ids and its reservations on both backends (`throttle_holds`,
+//! `throttle_reserve`). A missing `redis-server`
 //! fails these tests with the command that installs it. (The fault tests, which bound answer
 //! times, are in tests/serial/.)
 
@@ -27,6 +28,7 @@ mod semantics;
 mod sentinel;
 mod sliding_log;
 mod throttle_holds;
+mod throttle_reserve;
 mod tls;
 mod visibility;
 mod why;

@@ -52,6 +52,7 @@
 
 mod decide;
 mod keys;
+mod reserve;
 mod shards;
 mod store;
 mod walk;
@@ -105,6 +106,8 @@ use store::{Found, Kind};
 pub struct MemoryLimiter<C: Clock = MonotonicClock> {
     clock: C,
     shards: Shards,
+    /// Open reservations (the Throttle API's), beside the shards.
+    reservations: reserve::Table,
 }
 
 impl MemoryLimiter<MonotonicClock> {
@@ -120,6 +123,7 @@ impl<C: Clock> MemoryLimiter<C> {
         MemoryLimiter {
             clock,
             shards: Shards::new(max_keys),
+            reservations: reserve::Table::new(max_keys),
         }
     }
 
@@ -141,7 +145,7 @@ impl<C: Clock> MemoryLimiter<C> {
 
     /// Drops every fresh entry; returns how many were dropped.
     pub fn sweep(&self) -> usize {
-        self.shards.sweep(&self.clock)
+        self.shards.sweep(&self.clock) + self.reservations.sweep(self.clock.now_nanos())
     }
 
     /// Decides a batch: lock its shards, read its states, decide, write back in place.
@@ -465,6 +469,13 @@ impl<C: Clock> Limiter for MemoryLimiter<C> {
         request: &'a super::holds::HoldRequest,
     ) -> BoxFuture<'a, Result<super::holds::HoldOutcome, LimiterError>> {
         Box::pin(std::future::ready(Ok(self.hold_op(request))))
+    }
+
+    fn reserve<'a>(
+        &'a self,
+        request: &'a super::reserve::ReserveRequest,
+    ) -> BoxFuture<'a, Result<super::reserve::ReserveOutcome, LimiterError>> {
+        Box::pin(std::future::ready(self.reserve_op(request)))
     }
 
     fn dry_run<'a>(

@@ -24,6 +24,7 @@ pub mod holds;
 pub mod memory;
 pub mod plan;
 pub mod redis;
+pub mod reserve;
 pub mod sliding_log;
 pub mod sliding_window;
 pub mod token_bucket;
@@ -178,6 +179,21 @@ pub trait Limiter: Send + Sync + 'static {
         Box::pin(std::future::ready(Err(LimiterError {
             backend: self.name(),
             message: "this backend keeps no holds with ids".to_owned(),
+            transient: false,
+            source: None,
+        })))
+    }
+
+    /// One operation on a key's reservations (the Throttle API's Reserve and Commit), atomic
+    /// on the key's rate state and its open reservations. A backend without them answers an
+    /// error.
+    fn reserve<'a>(
+        &'a self,
+        _request: &'a reserve::ReserveRequest,
+    ) -> BoxFuture<'a, Result<reserve::ReserveOutcome, LimiterError>> {
+        Box::pin(std::future::ready(Err(LimiterError {
+            backend: self.name(),
+            message: "this backend keeps no reservations".to_owned(),
             transient: false,
             source: None,
         })))

@@ -34,6 +34,11 @@ impl Backend {
         }
     }
 
+    /// The server's gRPC URL (for the other clients).
+    pub fn url(&self) -> String {
+        self._server.url()
+    }
+
     /// The memory backend's manual clock; `None` over Redis, which reads its own.
     pub fn memory_clock(&self) -> Option<&ManualClock> {
         self._redis.is_none().then_some(&self._server.clock)

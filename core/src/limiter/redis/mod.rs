@@ -39,6 +39,7 @@ mod holds;
 mod operate;
 mod redirect;
 mod replication;
+mod reserve;
 mod scan;
 pub mod script;
 mod slots;
@@ -496,6 +497,13 @@ impl Limiter for RedisLimiter {
         request: &'a super::holds::HoldRequest,
     ) -> BoxFuture<'a, Result<super::holds::HoldOutcome, LimiterError>> {
         Box::pin(self.hold_op(request))
+    }
+
+    fn reserve<'a>(
+        &'a self,
+        request: &'a super::reserve::ReserveRequest,
+    ) -> BoxFuture<'a, Result<super::reserve::ReserveOutcome, LimiterError>> {
+        Box::pin(self.reserve_op(request))
     }
 
     fn listen(&self) -> Option<BoxFuture<'_, ()>> {

@@ -95,6 +95,21 @@ impl Call {
         out
     }
 
+    /// Its KEYS and ARGV as sent, bytes (for a script that runs this one inside itself:
+    /// reservations, `redis/reserve.rs`).
+    pub fn keys_and_args_raw(&self) -> (Vec<&[u8]>, Vec<&[u8]>) {
+        let mut args = self.cmd.args_iter().skip(2).filter_map(|a| match a {
+            redis::Arg::Simple(b) => Some(b),
+            _ => None,
+        });
+        let count = args
+            .next()
+            .and_then(|n| std::str::from_utf8(n).ok()?.parse().ok())
+            .unwrap_or(0);
+        let keys = args.by_ref().take(count).collect();
+        (keys, args.collect())
+    }
+
     /// Its KEYS and ARGV, as text (for tests and debugging; the last ARGV, the requests, is
     /// binary).
     pub fn keys_and_args(&self) -> (Vec<String>, Vec<String>) {

@@ -75,6 +75,14 @@ pub static SOURCE: LazyLock<String> = LazyLock::new(|| {
         .collect()
 });
 
+/// The script's source with main.lua as the body of a local function
+/// `decide_batch(KEYS, ARGV)` that returns its reply, then `tail`, a script that calls it
+/// (reservations: `lua/reserve.lua`).
+pub(super) fn wrapping(tail: &str) -> String {
+    let head: String = [PRELUDE].into_iter().chain(ALGORITHMS).collect();
+    format!("{head}local function decide_batch(KEYS, ARGV)\n{MAIN}\nend\n{tail}")
+}
+
 static SHA: LazyLock<String> = LazyLock::new(|| redis::Script::new(&SOURCE).get_hash().to_owned());
 
 /// The function library: its name (also its one function's name) and its source.

@@ -1,0 +1,190 @@
+//! Reservations in the memory backend: each key's open reservations in one table beside the
+//! shards, bounded by the limiter's `max_keys` and [`MAX_OPEN`] per key. An operation holds the
+//! table's lock while it decides its batch on the shards (which it locks after the table, as
+//! nothing else does), so a reservation's record and its charge change together.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::{Clock, MemoryLimiter};
+use crate::limiter::reserve::{
+    MAX_OPEN, Records, ReserveOp, ReserveOutcome, ReserveRequest, check_after, settle,
+};
+use crate::limiter::{Batch, LimiterError};
+
+/// Every key's open reservations.
+pub(super) struct Table {
+    keys: Mutex<HashMap<Arc<[u8]>, Records>>,
+    max_keys: usize,
+}
+
+impl Table {
+    pub(super) fn new(max_keys: usize) -> Table {
+        Table {
+            keys: Mutex::new(HashMap::new()),
+            max_keys: max_keys.max(1),
+        }
+    }
+
+    /// Drops expired records, and keys left with none; returns how many keys went.
+    pub(super) fn sweep(&self, now: u64) -> usize {
+        let mut keys = self.keys.lock();
+        let before = keys.len();
+        keys.retain(|_, r| {
+            r.expire(now);
+            !r.is_empty()
+        });
+        before - keys.len()
+    }
+}
+
+impl<C: Clock> MemoryLimiter<C> {
+    /// One reservation operation, atomic on the key's records and its rate state.
+    pub(super) fn reserve_op(
+        &self,
+        request: &ReserveRequest,
+    ) -> Result<ReserveOutcome, LimiterError> {
+        let mut keys = self.reservations.keys.lock();
+        let now = self.clock.now_nanos();
+        if !keys.contains_key(&request.records) && keys.len() >= self.reservations.max_keys {
+            keys.retain(|_, r| {
+                r.expire(now);
+                !r.is_empty()
+            });
+            if keys.len() >= self.reservations.max_keys {
+                return Err(LimiterError {
+                    backend: "memory",
+                    message: format!(
+                        "{} keys hold open reservations, the most the limiter keeps",
+                        keys.len()
+                    ),
+                    transient: true,
+                    source: None,
+                });
+            }
+        }
+        let mut records = keys.remove(&request.records).unwrap_or_default();
+        records.expire(now);
+        let outcome = match &request.op {
+            ReserveOp::Reserve { batch, amount } => {
+                if records.open.len() >= MAX_OPEN {
+                    ReserveOutcome {
+                        done: false,
+                        id: 0,
+                        estimate: 0,
+                        open: records.open.len() as u64,
+                        outcome: None,
+                    }
+                } else {
+                    let outcome = self.decide(batch);
+                    let id = outcome
+                        .admitted
+                        .then(|| records.open(now, *amount, now.saturating_add(request.ttl_nanos)));
+                    ReserveOutcome {
+                        done: id.is_some(),
+                        id: id.unwrap_or(0),
+                        estimate: 0,
+                        open: records.open.len() as u64,
+                        outcome: Some(outcome),
+                    }
+                }
+            }
+            ReserveOp::Commit { id, actual, hit } => {
+                let estimate = records.close(*id);
+                let batch = Batch {
+                    hits: vec![settle(hit, estimate, *actual)],
+                };
+                let mut outcome = self.decide(&batch);
+                let after = Batch {
+                    hits: vec![check_after(hit)],
+                };
+                outcome.hits.extend(self.decide(&after).hits);
+                ReserveOutcome {
+                    done: estimate.is_some(),
+                    id: 0,
+                    estimate: estimate.unwrap_or(0),
+                    open: records.open.len() as u64,
+                    outcome: Some(outcome),
+                }
+            }
+        };
+        if !records.is_empty() {
+            keys.insert(Arc::clone(&request.records), records);
+        }
+        Ok(outcome)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::config::model::{Algorithm, Charge};
+    use crate::limiter::reserve::records_key;
+    use crate::limiter::{Hit, LimitParams, ManualClock, Role};
+
+    const SEC: u64 = 1_000_000_000;
+
+    fn reserve(key: &str, amount: u64) -> ReserveRequest {
+        let hit = Hit {
+            key: Arc::from(key.as_bytes()),
+            limit: LimitParams {
+                algorithm: Algorithm::Funnel,
+                quota: 10,
+                period_nanos: 10 * SEC,
+                burst: 10,
+                charge: Charge::Admitted,
+                borrow: false,
+                block_nanos: 0,
+                calendar: None,
+            },
+            cost: amount,
+            refund: false,
+            group: 0,
+            role: Role::Enforced,
+        };
+        ReserveRequest {
+            records: records_key(&hit.key),
+            ttl_nanos: SEC,
+            op: ReserveOp::Reserve {
+                batch: Batch { hits: vec![hit] },
+                amount,
+            },
+        }
+    }
+
+    #[test]
+    fn keys_with_open_reservations_are_bounded_by_max_keys() {
+        let clock = ManualClock::at(SEC);
+        let limiter = MemoryLimiter::with_clock(2, clock.clone());
+        assert!(limiter.reserve_op(&reserve("a", 1)).is_ok_and(|o| o.done));
+        assert!(limiter.reserve_op(&reserve("b", 1)).is_ok_and(|o| o.done));
+        let full = limiter.reserve_op(&reserve("c", 1));
+        assert!(full.is_err_and(|e| e.transient), "a third key is refused");
+        assert!(
+            limiter
+                .reserve_op(&reserve("a", 1))
+                .is_ok_and(|o| o.open == 2)
+        );
+        clock.advance(SEC);
+        assert!(
+            limiter.reserve_op(&reserve("c", 1)).is_ok_and(|o| o.done),
+            "expired records make room"
+        );
+        clock.advance(SEC);
+        assert_eq!(limiter.reservations.sweep(clock.now_nanos()), 1);
+        assert!(limiter.reservations.keys.lock().is_empty());
+    }
+
+    #[test]
+    fn a_refused_reserve_opens_nothing() {
+        let limiter = MemoryLimiter::with_clock(8, ManualClock::at(SEC));
+        let over = limiter.reserve_op(&reserve("a", 11)).expect("an answer");
+        assert!(!over.done && over.open == 0);
+        assert!(limiter.reservations.keys.lock().is_empty());
+        assert!(limiter.snapshot().is_empty(), "nothing charged");
+    }
+}

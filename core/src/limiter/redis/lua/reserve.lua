@@ -1,0 +1,112 @@
+-- reserve: one operation on a key's reservations (the Throttle API's Reserve and Commit),
+-- mirroring core/src/limiter/memory/reserve.rs and core/src/limiter/reserve.rs. Its own
+-- script (src/limiter/redis/reserve.rs): the batch script with main.lua as the function
+-- decide_batch(KEYS, ARGV), then this. One call decides the rate state and the records.
+--
+-- KEYS[1..n-1]  the batch's KEYS (prelude.lua's contract)
+-- KEYS[n]       the key's open reservations: a hash, field "n" the next id, field "<id>"
+--               "<amount>:<expiry>" (expiry in microseconds); its TTL reaches the latest
+--               expiry, and it is deleted when no reservation is open (its next id with it)
+-- ARGV[1..m-4]  the batch's ARGV (prelude.lua's contract: ARGV[1] is also this script's now);
+--               reserve: a request whose first hit takes the amount; commit: a request of
+--               one hit of cost 0, whose cost and refund flag are set here to settle, then
+--               any others (a check of what the key holds after it)
+-- ARGV[m-3]     the operation: "r" reserve, "c" commit
+-- ARGV[m-2]     reserve: the amount; commit: the reservation's id (decimal)
+-- ARGV[m-1]     reserve: the ttl in microseconds; commit: the actual amount
+-- ARGV[m]       the most reservations open at once on a key
+--
+-- Reply: { status, id, estimate, open, batch reply }: status 1 done (reserved; settled), 0
+-- not (refused by the limit; unknown, committed or expired id), 2 a reserve refused because
+-- `max` reservations are open (the batch did not run: its reply is ""); id the reservation's
+-- (reserve); estimate its amount (commit); open the reservations open after the call.
+
+floor, format = math.floor, string.format
+
+local nk, na = #KEYS, #ARGV
+local records = KEYS[nk]
+local batch_keys, batch_argv = {}, {}
+for i = 1, nk - 1 do batch_keys[i] = KEYS[i] end
+for i = 1, na - 4 do batch_argv[i] = ARGV[i] end
+local op, arg, arg2, max_open = ARGV[na - 3], ARGV[na - 2], clamp(ARGV[na - 1]),
+  clamp(ARGV[na])
+
+local now
+if ARGV[1] ~= "" then
+  now = clamp(ARGV[1])
+else
+  local t = redis.call("TIME")
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- The live records (amount and expiry per id), the expired ones deleted.
+local next_id, live, count, gone = 0, {}, 0, {}
+local flat = redis.call("HGETALL", records)
+for i = 1, #flat, 2 do
+  local field, value = flat[i], flat[i + 1]
+  if field == "n" then
+    next_id = clamp(value)
+  else
+    local amount, expiry = string.match(value, "^(%d+):(%d+)$")
+    expiry = tonumber(expiry)
+    if expiry == nil or expiry <= now then
+      gone[#gone + 1] = field
+    else
+      live[field] = { clamp(amount), expiry }
+      count = count + 1
+    end
+  end
+end
+if #gone > 0 then redis.call("HDEL", records, unpack(gone)) end
+
+local status, id, estimate, reply = 0, 0, 0, ""
+if op == "r" then
+  if count >= max_open then return { 2, 0, 0, count, "" } end
+  reply = decide_batch(batch_keys, batch_argv)
+  if type(reply) ~= "string" then return reply end
+  if struct.unpack("<d", reply, 1) == 1 then
+    id = math.max(next_id, floor(now))
+    local expiry = sat_add(now, arg2)
+    live[fmt(id)] = { clamp(arg), expiry }
+    count = count + 1
+    redis.call("HSET", records, "n", fmt(id + 1), fmt(id), fmt(clamp(arg)) .. ":" .. fmt(expiry))
+    status = 1
+  end
+elseif op == "c" then
+  local cost, role = 0, 0
+  local open = live[arg]
+  if open then
+    estimate = open[1]
+    live[arg] = nil
+    count = count - 1
+    redis.call("HDEL", records, arg)
+    if arg2 < estimate then
+      cost, role = estimate - arg2, 8
+    else
+      cost = arg2 - estimate
+    end
+    status = 1
+  end
+  local blob = batch_argv[#batch_argv]
+  local mode, hits, pos = struct.unpack(REQUEST_FORMAT, blob, 1)
+  local slot, limit, _, group = struct.unpack(HIT_FORMAT, blob, pos)
+  if hits ~= 1 then return redis.error_reply("sluice: a commit settles one hit") end
+  batch_argv[#batch_argv] = struct.pack(REQUEST_FORMAT, mode, 1) ..
+    struct.pack(HIT_FORMAT, slot, limit, cost, group, role) ..
+    string.sub(blob, REQUEST_BYTES + HIT_BYTES + 1)
+  reply = decide_batch(batch_keys, batch_argv)
+  if type(reply) ~= "string" then return reply end
+else
+  return redis.error_reply("sluice: unknown reservation operation " .. tostring(op))
+end
+
+if count == 0 then
+  redis.call("DEL", records)
+else
+  local latest = 0
+  for _, r in pairs(live) do
+    if r[2] > latest then latest = r[2] end
+  end
+  redis.call("PEXPIRE", records, format("%d", ttl_ms(now, latest)))
+end
+return { status, id, estimate, count, reply }
