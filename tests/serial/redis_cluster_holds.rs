@@ -1,0 +1,347 @@
+//! Holds on a Redis Cluster, through the real binary (DESIGN.md §13, "Holds" and "Redis
+//! operations"): `sluice.v1.Throttle` holds with ids (acquire, extend, release) keep working
+//! while their key's slot moves to another master and back (the `ASK` of the migration and
+//! the `MOVED` after it followed, never surfaced), the holds move with their key (none is
+//! lost, none counted twice: the holders inside never exceed the slots, and every release
+//! finds its hold), and an `algorithm: concurrency` rule takes and refunds holds over
+//! `ShouldRateLimit` on a Cluster, its pending denial and holds surviving a move.
+//! Serial: the answers are bounded by `redis.timeout_ms`, which a load beside them would eat.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use sluice::testing::grpc::{Code, RateLimitRequest, call, desc, limit_of, overall, refund, req};
+use sluice::testing::http;
+use sluice::testing::process::SluiceProcess;
+use sluice::testing::redis::RedisCluster;
+use sluice_client::pb::sluice::v1::throttle_client::ThrottleClient;
+use sluice_client::pb::sluice::v1::{
+    AcquireHoldRequest, HoldRequest, acquire_hold_request, hold_request,
+};
+use tokio_util::sync::CancellationToken;
+
+const SLOTS: u32 = 10;
+
+/// Long enough that no hold expires during a test: every slot freed is freed by a release.
+const LEASE_MS: u64 = 60_000;
+
+/// A Cluster call's time-out in the binary: redirections are followed within it.
+const TIMEOUT_MS: &str = "1000";
+
+const BINARY: &str = env!("CARGO_BIN_EXE_sluice");
+
+fn acquire(key: &str, count: u32) -> AcquireHoldRequest {
+    AcquireHoldRequest {
+        id: Some(acquire_hold_request::Id::Key(key.to_owned())),
+        slots: SLOTS,
+        lease_ms: LEASE_MS,
+        count,
+        name: String::new(),
+    }
+}
+
+fn touch(key: &str, hold_id: u64) -> HoldRequest {
+    HoldRequest {
+        id: Some(hold_request::Id::Key(key.to_owned())),
+        slots: SLOTS,
+        lease_ms: LEASE_MS,
+        hold_id,
+        name: String::new(),
+    }
+}
+
+/// `sluice serve` on the Cluster with `rules`.
+async fn start(cluster: &RedisCluster, rules: &std::path::Path) -> SluiceProcess {
+    let env = [("SLUICE_REDIS__TIMEOUT_MS", TIMEOUT_MS)];
+    SluiceProcess::over_redis(BINARY, rules, &cluster.url(), &env)
+        .ready()
+        .await
+}
+
+/// The `redirect` backend event on the binary's `/metrics`: redirections and transient
+/// Cluster errors followed.
+async fn redirects(sluice: &SluiceProcess) -> u64 {
+    let text = http::get(sluice.admin(), "/metrics").await.body;
+    http::sample(
+        &text,
+        "sluice_backend_events_total",
+        &[("backend", "redis"), ("event", "redirect")],
+    )
+    .unwrap_or(0.0) as u64
+}
+
+/// What the holders of the load saw.
+#[derive(Debug, Default)]
+struct Seen {
+    acquired: u64,
+    full: u64,
+    extended: u64,
+    released: u64,
+    /// Extensions or releases that did not find their hold.
+    lost: Vec<String>,
+    /// gRPC errors.
+    errors: Vec<String>,
+    /// The largest `held` the server answered.
+    most_held: u64,
+}
+
+/// Holders taking one slot of `key` in a loop until `stop`: acquire, extend, a few
+/// milliseconds inside, release. `inside` counts the holders inside, `peak` its maximum.
+fn holders(
+    url: &str,
+    key: &'static str,
+    count: usize,
+    stop: &CancellationToken,
+    inside: &Arc<AtomicUsize>,
+    peak: &Arc<AtomicUsize>,
+    seen: &Arc<Mutex<Seen>>,
+) -> tokio::task::JoinSet<()> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..count {
+        let (url, stop, inside, peak, seen) = (
+            url.to_owned(),
+            stop.clone(),
+            inside.clone(),
+            peak.clone(),
+            seen.clone(),
+        );
+        tasks.spawn(async move {
+            let mut stub = ThrottleClient::connect(url).await.expect("connect");
+            while !stop.is_cancelled() {
+                let a = match stub.acquire_hold(acquire(key, 1)).await {
+                    Ok(a) => a.into_inner(),
+                    Err(e) => {
+                        seen.lock().errors.push(format!("acquire: {e}"));
+                        continue;
+                    }
+                };
+                {
+                    let mut seen = seen.lock();
+                    seen.most_held = seen.most_held.max(a.held);
+                }
+                if !a.acquired {
+                    seen.lock().full += 1;
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    continue;
+                }
+                seen.lock().acquired += 1;
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
+                match stub.extend_hold(touch(key, a.hold_id)).await {
+                    Ok(e) if e.get_ref().found => seen.lock().extended += 1,
+                    Ok(e) => seen.lock().lost.push(format!("extend: {:?}", e.get_ref())),
+                    Err(e) => seen.lock().errors.push(format!("extend: {e}")),
+                }
+                tokio::time::sleep(Duration::from_millis(3)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                match stub.release_hold(touch(key, a.hold_id)).await {
+                    Ok(r) if r.get_ref().found => seen.lock().released += 1,
+                    Ok(r) => seen.lock().lost.push(format!("release: {:?}", r.get_ref())),
+                    Err(e) => seen.lock().errors.push(format!("release: {e}")),
+                }
+            }
+        });
+    }
+    tasks
+}
+
+/// Moves `slot` to master `to` as an operator does, staying `ask_for` between the key's
+/// `MIGRATE` and the end (while the source answers `ASK`); returns how many keys moved.
+fn move_slot(cluster: &RedisCluster, slot: u16, to: usize, ask_for: Duration) -> usize {
+    let from = cluster.begin_migration(slot, to);
+    std::thread::sleep(ask_for);
+    let moved = cluster.migrate_keys(slot, from, to, usize::MAX, ask_for);
+    cluster.end_migration(slot, from, to);
+    assert_eq!(cluster.owner(slot), to, "slot {slot} moved");
+    moved
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttle_holds_follow_their_slot_to_another_master_and_back() {
+    const KEY: &str = "semaphore";
+    const LONG: u32 = 3;
+    let _serial = crate::serial_async().await;
+    let cluster = Arc::new(RedisCluster::start());
+    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/rules/demo.yaml");
+    let sluice = start(&cluster, demo.as_ref()).await;
+    let slot = cluster.slot_of(&format!("{{{KEY}}}"));
+    let source = cluster.owner(slot);
+    let target = *cluster
+        .masters()
+        .iter()
+        .find(|&&m| m != source)
+        .expect("another master");
+
+    // A hold taken before the moves, extended between them, released after them.
+    let mut stub = ThrottleClient::connect(sluice.url())
+        .await
+        .expect("connect");
+    let long = stub
+        .acquire_hold(acquire(KEY, LONG))
+        .await
+        .expect("answer")
+        .into_inner();
+    assert!(long.acquired && long.held == u64::from(LONG), "{long:?}");
+
+    let stop = CancellationToken::new();
+    let (inside, peak) = (Arc::default(), Arc::default());
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let mut tasks = holders(&sluice.url(), KEY, 12, &stop, &inside, &peak, &seen);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = seen.lock().acquired;
+    let moving = cluster.clone();
+    let there = tokio::task::spawn_blocking(move || {
+        move_slot(&moving, slot, target, Duration::from_millis(200))
+    })
+    .await
+    .expect("the move there");
+    let kept = stub
+        .extend_hold(touch(KEY, long.hold_id))
+        .await
+        .expect("answer")
+        .into_inner();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let on_target = seen.lock().acquired - before;
+    let moving = cluster.clone();
+    let back = tokio::task::spawn_blocking(move || {
+        move_slot(&moving, slot, source, Duration::from_millis(200))
+    })
+    .await
+    .expect("the move back");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.cancel();
+    while tasks.join_next().await.is_some() {}
+    let released = stub
+        .release_hold(touch(KEY, long.hold_id))
+        .await
+        .expect("answer")
+        .into_inner();
+    let asking = cluster.nodes[target].calls("asking") + cluster.nodes[source].calls("asking");
+    let followed = redirects(&sluice).await;
+    let seen = std::mem::take(&mut *seen.lock());
+    let peak = peak.load(Ordering::SeqCst);
+    eprintln!(
+        "holds on a moving slot: {seen:?}; peak {peak} inside beside {LONG} held; {on_target} \
+         acquired while on the target; keys moved {there} and {back}; ASKING {asking}; \
+         {followed} redirections followed"
+    );
+
+    assert!(seen.errors.is_empty(), "errors surfaced: {:?}", seen.errors);
+    assert!(
+        seen.lost.is_empty(),
+        "holds lost in the moves: {:?}",
+        seen.lost
+    );
+    assert!(
+        peak + LONG as usize <= SLOTS as usize,
+        "{peak} inside beside {LONG} held: more than {SLOTS} slots"
+    );
+    assert!(seen.most_held <= u64::from(SLOTS), "{seen:?}");
+    assert_eq!(
+        (seen.acquired, seen.extended),
+        (seen.released, seen.released),
+        "every hold extended and released"
+    );
+    assert!(seen.full > 0, "the holders wanted more than the slots");
+    assert!(on_target > 0, "holds were taken while the slot was away");
+    assert!(kept.found && kept.held >= u64::from(LONG), "{kept:?}");
+    assert!(
+        released.found && released.held == 0,
+        "the long hold came back with its key, and nothing else is held: {released:?}"
+    );
+    assert_eq!((there, back), (1, 1), "the holds' key moved each way");
+    assert!(asking > 0, "calls met a migration under way (ASK followed)");
+    assert!(
+        followed > 0,
+        "calls met a moved slot (redirections followed)"
+    );
+}
+
+const INFLIGHT: &str = "
+domain: inflight
+descriptors:
+  - key: tenant
+    rate_limit:
+      algorithm: concurrency
+      requests_per_unit: 10
+      unit: minute
+";
+
+/// `tenant=<value>` taking (`cost` 1) or releasing (a refund of 1) a hold.
+fn take(value: &str) -> RateLimitRequest {
+    req("inflight", vec![desc(&[("tenant", value)])])
+}
+
+fn give_back(value: &str) -> RateLimitRequest {
+    let mut r = refund("tenant", value, 1);
+    r.domain = "inflight".to_owned();
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_rules_take_and_release_holds_on_a_cluster_across_a_move() {
+    let _serial = crate::serial_async().await;
+    let cluster = Arc::new(RedisCluster::start());
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let rules = dir.path().join("inflight.yaml");
+    std::fs::write(&rules, INFLIGHT).expect("write the rules");
+    let sluice = start(&cluster, &rules).await;
+    let mut client =
+        sluice::testing::grpc::connect_within(&sluice.url(), Duration::from_secs(10)).await;
+    let tenant = "a";
+    let slot = cluster.slot_of(&format!("sluice:{{inflight|tenant={tenant}}}"));
+    let source = cluster.owner(slot);
+    let target = *cluster
+        .masters()
+        .iter()
+        .find(|&&m| m != source)
+        .expect("another master");
+
+    for i in 0..10 {
+        let r = call(&mut client, take(tenant)).await;
+        assert_eq!(overall(&r), Code::Ok, "hold {i}: {r:?}");
+    }
+    let denied = call(&mut client, take(tenant)).await;
+    assert_eq!(overall(&denied), Code::OverLimit, "the 11th: {denied:?}");
+    assert_eq!(
+        limit_of(&denied.statuses[0]).map(|l| l.0),
+        Some(10),
+        "the concurrency rule answered"
+    );
+    let moving = cluster.clone();
+    let moved = tokio::task::spawn_blocking(move || {
+        move_slot(&moving, slot, target, Duration::from_millis(20))
+    })
+    .await
+    .expect("the move");
+    assert_eq!(moved, 1, "the key of the holds moved");
+
+    // The denial's refund frees nothing: the ten holds moved with their key.
+    let r = call(&mut client, give_back(tenant)).await;
+    assert_eq!(overall(&r), Code::Ok, "{r:?}");
+    let r = call(&mut client, take(tenant)).await;
+    assert_eq!(
+        overall(&r),
+        Code::OverLimit,
+        "ten held on the new master: {r:?}"
+    );
+    // That denial's refund, then one admitted request's: one slot free.
+    for _ in 0..2 {
+        let r = call(&mut client, give_back(tenant)).await;
+        assert_eq!(overall(&r), Code::Ok, "{r:?}");
+    }
+    let r = call(&mut client, take(tenant)).await;
+    assert_eq!(
+        overall(&r),
+        Code::Ok,
+        "a released slot is taken again: {r:?}"
+    );
+    assert_eq!(r.statuses[0].limit_remaining, 0, "{r:?}");
+    let r = call(&mut client, take(tenant)).await;
+    assert_eq!(overall(&r), Code::OverLimit, "{r:?}");
+    let followed = redirects(&sluice).await;
+    eprintln!("concurrency on a cluster: {followed} redirections followed");
+    assert!(followed > 0, "calls met the moved slot (MOVED followed)");
+}
