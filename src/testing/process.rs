@@ -81,6 +81,29 @@ pub fn serving_grpc(child: &mut Child) -> SocketAddr {
     }
 }
 
+/// Waits up to 20 s until the log file `log` of a starting `sluice` (at `info` or finer) says
+/// where it serves `what` (`"gRPC"`, `"admin HTTP"`): that address. For a child told to listen
+/// on port 0 (see [`serving_grpc`] for why), whose standard error goes to a file.
+pub fn logged_listener(log: &Path, what: &str) -> SocketAddr {
+    let marker = format!("serving {what}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let found = text.lines().find_map(|l| {
+            l.split_once(&marker)
+                .and_then(|(_, rest)| logged_addr(rest))
+        });
+        if let Some(addr) = found {
+            return addr;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sluice did not serve {what} within 20 s; its log:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// The first socket address in a log line's text (`addr=Some(127.0.0.1:4000)`, colours or
 /// not).
 fn logged_addr(text: &str) -> Option<SocketAddr> {
