@@ -125,8 +125,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(100)).await;
         stop.cancel();
         task.await.unwrap().unwrap();
-        let outcomes = reported.lock().clone();
-        outcomes
+        reported.lock().clone()
     }
 
     #[tokio::test]

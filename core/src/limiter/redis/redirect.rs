@@ -66,18 +66,16 @@ impl Exchange for Call {
 /// Another script's call (`EVALSHA`, `EVAL` when the node lacks it), then `WAIT` for the
 /// replicas like a batch's.
 impl Exchange for redis::ScriptInvocation<'_> {
-    fn exchange<'a, C: ConnectionLike + Send>(
-        &'a self,
-        conn: &'a mut C,
-        shared: &'a Shared,
-    ) -> impl Future<Output = RedisResult<Value>> + Send + 'a {
-        async move {
-            let reply = self.invoke_async(conn).await;
-            if let (Ok(_), Some(wait)) = (&reply, shared.wait.as_ref()) {
-                wait.after(conn).await;
-            }
-            reply
+    async fn exchange<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        shared: &Shared,
+    ) -> RedisResult<Value> {
+        let reply = self.invoke_async(conn).await;
+        if let (Ok(_), Some(wait)) = (&reply, shared.wait.as_ref()) {
+            wait.after(conn).await;
         }
+        reply
     }
 }
 
