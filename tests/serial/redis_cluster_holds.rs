@@ -4,7 +4,8 @@
 //! the `MOVED` after it followed, never surfaced), the holds move with their key (none is
 //! lost, none counted twice: the holders inside never exceed the slots, and every release
 //! finds its hold), and an `algorithm: concurrency` rule takes and refunds holds over
-//! `ShouldRateLimit` on a Cluster, its pending denial and holds surviving a move.
+//! `ShouldRateLimit` on a Cluster, its pending denial and holds surviving a move, as `/why` and
+//! a reset find its key after a move.
 //! Serial: the answers are bounded by `redis.timeout_ms`, which a load beside them would eat.
 
 use std::sync::Arc;
@@ -341,6 +342,37 @@ async fn concurrency_rules_take_and_release_holds_on_a_cluster_across_a_move() {
     assert_eq!(r.statuses[0].limit_remaining, 0, "{r:?}");
     let r = call(&mut client, take(tenant)).await;
     assert_eq!(overall(&r), Code::OverLimit, "{r:?}");
+
+    // Operators' calls follow the key too: `/why` (a dry run) as the first call after the
+    // slot moved back, and a reset as the first call after it moved there again.
+    let body = format!(
+        r#"{{"domain":"inflight","descriptors":[{{"entries":[{{"key":"tenant","value":"{tenant}"}}]}}]}}"#
+    );
+    let moving = cluster.clone();
+    tokio::task::spawn_blocking(move || move_slot(&moving, slot, source, Duration::ZERO))
+        .await
+        .expect("the move back");
+    let why = http::post(sluice.admin(), "/why", &body).await;
+    assert_eq!(why.status, 200, "{}", why.body);
+    let why: serde_json::Value = serde_json::from_str(&why.body).expect("JSON");
+    assert_eq!(why["overall_code"], "OVER_LIMIT", "ten held: {why}");
+    // The `MOVED` made sluice refresh its slot map: time for that refresh to end, so that the
+    // map is out of date again after the next move (not refreshed after it by chance).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let moving = cluster.clone();
+    tokio::task::spawn_blocking(move || move_slot(&moving, slot, target, Duration::ZERO))
+        .await
+        .expect("the move there again");
+    let reset = http::post(sluice.admin(), "/counters/reset", &body).await;
+    assert_eq!(reset.status, 200, "{}", reset.body);
+    assert!(reset.body.contains(r#""held":1"#), "{}", reset.body);
+    let r = call(&mut client, take(tenant)).await;
+    assert_eq!(overall(&r), Code::Ok, "{r:?}");
+    assert_eq!(
+        r.statuses[0].limit_remaining, 9,
+        "the reset freed every slot: {r:?}"
+    );
+
     let followed = redirects(&sluice).await;
     eprintln!("concurrency on a cluster: {followed} redirections followed");
     assert!(followed > 0, "calls met the moved slot (MOVED followed)");
