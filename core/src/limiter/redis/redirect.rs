@@ -15,10 +15,10 @@
 //! A batch is one slot, so it goes whole: an `ASK` sends every request of it to the target.
 //! What is sent is an [`Exchange`]: a batch's script call, and as well every other command that
 //! names a key (a hold's script call, a reset's `DEL`), so that they all follow the Cluster the
-//! same way. Any other failure is final: a time-out or a connection lost after the call was written may have
-//! run the script, so retrying it could decide its requests twice. The pauses grow from
-//! [`FIRST_PAUSE`] to [`MAX_PAUSE`] and are never taken past the time-out; the last error is
-//! then the call's.
+//! same way. Any other failure is final: a time-out or a connection lost after the call was
+//! written may have run the script, so retrying it could decide its requests twice. The pauses
+//! grow from [`FIRST_PAUSE`] to [`MAX_PAUSE`] and are never taken past the time-out; the last
+//! error is then the call's.
 
 use std::future::Future;
 use std::time::Duration;
