@@ -30,6 +30,87 @@ pub fn wait_listening(port: u16) {
     }
 }
 
+/// Follows the log (standard error, piped, at `info` or finer) of a starting `sluice` told to
+/// listen for gRPC on port 0, until it says where it serves gRPC: that address. Fails with the
+/// log so far when the process exits first (a port it was given was taken, a bad setting) or
+/// says nothing of it within 20 s. The rest of the log goes on to this process's standard
+/// error. A port the child binds itself cannot be taken between choosing and binding it, as a
+/// [`free_port`] given to it can (by any process's outgoing connection, among others).
+pub fn serving_grpc(child: &mut Child) -> SocketAddr {
+    use std::io::BufRead as _;
+    let stderr = child
+        .stderr
+        .take()
+        .expect("the child's standard error, piped");
+    let (lines, seen) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if let Err(unsent) = lines.send(line) {
+                eprintln!("{}", unsent.0);
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut log = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match seen.recv_timeout(left) {
+            Ok(line) => {
+                let addr = line
+                    .split_once("serving gRPC")
+                    .and_then(|(_, rest)| logged_addr(rest));
+                eprintln!("{line}");
+                log.push(line);
+                if let Some(addr) = addr {
+                    return addr;
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!(
+                "sluice exited ({:?}) before serving gRPC; its log:\n{}",
+                child.wait().ok(),
+                log.join("\n")
+            ),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!(
+                "sluice did not serve gRPC within 20 s; its log:\n{}",
+                log.join("\n")
+            ),
+        }
+    }
+}
+
+/// Waits up to 20 s until the log file `log` of a starting `sluice` (at `info` or finer) says
+/// where it serves `what` (`"gRPC"`, `"admin HTTP"`): that address. For a child told to listen
+/// on port 0 (see [`serving_grpc`] for why), whose standard error goes to a file.
+pub fn logged_listener(log: &Path, what: &str) -> SocketAddr {
+    let marker = format!("serving {what}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let found = text.lines().find_map(|l| {
+            l.split_once(&marker)
+                .and_then(|(_, rest)| logged_addr(rest))
+        });
+        if let Some(addr) = found {
+            return addr;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sluice did not serve {what} within 20 s; its log:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The first socket address in a log line's text (`addr=Some(127.0.0.1:4000)`, colours or
+/// not).
+fn logged_addr(text: &str) -> Option<SocketAddr> {
+    text.split(|c: char| !(c.is_ascii_hexdigit() || matches!(c, '.' | ':' | '[' | ']')))
+        .find_map(|word| word.parse().ok())
+}
+
 /// The `sluice` binary at `path`, with no `SLUICE_*` or `RUST_LOG` from the test's environment.
 pub fn sluice_command(path: &str) -> Command {
     let mut cmd = Command::new(path);

@@ -16,7 +16,7 @@ use sluice::reload::ReloadTrigger;
 use sluice::testing::eventually;
 use sluice::testing::grpc::*;
 use sluice::testing::http::{get, sample};
-use sluice::testing::process::{Served, free_port, sluice_command};
+use sluice::testing::process::{Served, logged_listener, sluice_command};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -255,12 +255,12 @@ async fn the_binary_logs_every_error_of_a_failed_reload_with_file_and_line() {
     std::fs::create_dir(&mount).unwrap();
     let mut map = ConfigMap::new(&mount, &rules(1));
     let log = dir.path().join("stderr.log");
-    let (grpc, admin) = (free_port(), free_port());
-    let admin: SocketAddr = ([127, 0, 0, 1], admin).into();
+    // Ports of the child's choosing (0), read from its log: one chosen here could be taken
+    // before it binds it.
     let child = sluice_command(env!("CARGO_BIN_EXE_sluice"))
         .args(["serve", "--rules", mount.to_str().unwrap()])
-        .args(["--grpc-listen", &format!("127.0.0.1:{grpc}")])
-        .args(["--admin-listen", &admin.to_string()])
+        .args(["--grpc-listen", "127.0.0.1:0"])
+        .args(["--admin-listen", "127.0.0.1:0"])
         .env("SLUICE_RELOAD__DEBOUNCE_MS", "50")
         .env_remove("NO_COLOR")
         .stdout(Stdio::null())
@@ -268,7 +268,11 @@ async fn the_binary_logs_every_error_of_a_failed_reload_with_file_and_line() {
         .spawn()
         .unwrap();
     let _served = Served(child);
-    connect_within(&format!("http://127.0.0.1:{grpc}"), Duration::from_secs(20)).await;
+    let (grpc, admin) = (
+        logged_listener(&log, "gRPC"),
+        logged_listener(&log, "admin HTTP"),
+    );
+    connect_within(&format!("http://{grpc}"), Duration::from_secs(20)).await;
     let metric = |name: &'static str, labels: &'static [(&'static str, &'static str)]| async move {
         sample(&get(admin, "/metrics").await.body, name, labels)
     };

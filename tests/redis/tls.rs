@@ -21,7 +21,7 @@ use std::process::{Command, Stdio};
 use sluice::testing::grpc::*;
 use sluice::testing::http::try_get;
 use sluice::testing::process::{
-    Served, SluiceProcess, free_port, loopback, sluice_command, wait_listening,
+    Served, SluiceProcess, free_port, loopback, serving_grpc, sluice_command,
 };
 use sluice::testing::ratelimit_env::{ENVOY_GATEWAY_REDIS_TLS, ISTIO};
 use sluice::testing::redis::{RedisCluster, RedisServer};
@@ -374,13 +374,13 @@ async fn started_as_ratelimit_with_its_redis_tls_variables() {
     let link = certs.dir().join("ratelimit");
     std::os::unix::fs::symlink(BIN, &link).expect("symlink");
 
-    let (grpc, http, debug) = (free_port(), free_port(), free_port());
     let mut env: HashMap<String, String> = ISTIO
         .iter()
         .chain(ENVOY_GATEWAY_REDIS_TLS)
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
         .collect();
-    // Envoy Gateway's files are mounted at /redis-certs; here they are the test's.
+    // Envoy Gateway's files are mounted at /redis-certs; here they are the test's. The ports
+    // are the child's to choose (0): one chosen here could be taken before it binds them.
     let swaps: [(&str, String); 11] = [
         ("REDIS_URL", format!("127.0.0.1:{tls_port}")),
         ("REDIS_TLS_CACERT", certs.file("ca.crt")),
@@ -388,25 +388,26 @@ async fn started_as_ratelimit_with_its_redis_tls_variables() {
         ("REDIS_TLS_CLIENT_KEY", certs.file("client.key")),
         ("RUNTIME_ROOT", data.display().to_string()),
         ("GRPC_HOST", "127.0.0.1".into()),
-        ("GRPC_PORT", grpc.to_string()),
+        ("GRPC_PORT", "0".into()),
         ("HOST", "127.0.0.1".into()),
-        ("PORT", http.to_string()),
+        ("PORT", "0".into()),
         ("DEBUG_HOST", "127.0.0.1".into()),
-        ("DEBUG_PORT", debug.to_string()),
+        ("DEBUG_PORT", "0".into()),
     ];
     env.extend(swaps.map(|(k, v)| (k.to_owned(), v)));
     env.insert("REDIS_TIMEOUT".into(), "3s".into());
     env.insert("SLUICE_REDIS__TIMEOUT_MS".into(), "3000".into());
+    // `LOG_LEVEL` (ISTIO's `debug`) logs where it serves gRPC.
     let child = Command::new(&link)
         .env_clear()
         .envs(&env)
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("start ratelimit");
-    let _ratelimit = Served(child);
-    wait_listening(grpc);
-    ok_then_over(format!("http://{}", loopback(grpc)), "v").await;
+    let mut ratelimit = Served(child);
+    let grpc = serving_grpc(&mut ratelimit.0);
+    ok_then_over(format!("http://{grpc}"), "v").await;
     // envoyproxy/ratelimit's counting: a fixed window (docs/ratelimit-compat.md).
     let exists: i64 = redis.cmd(&["EXISTS", "sluice:{t|k=v}:fixed_window:60"]);
     assert_eq!(exists, 1, "the state is in the TLS server");

@@ -414,7 +414,8 @@ async fn exchange(shared: &Shared, lane: usize, jobs: Vec<Job>) -> Exchanged {
     let slot = head.slot;
     drop(parts);
     let mut node = None;
-    let sent = send(shared, lane, slot, &call, &mut node);
+    let deadline = Instant::now() + shared.timeout;
+    let sent = send(shared, lane, slot, &call, deadline, &mut node);
     let reply = match tokio::time::timeout(shared.timeout, sent).await {
         Ok(result) => result,
         Err(_) => {
@@ -466,25 +467,23 @@ fn answer(exchanged: Exchanged) {
     }
 }
 
-/// Sends `call` (of `slot`, in a Cluster) and waits for its reply; `at` is the node it last
-/// went to.
-async fn send(
+/// Sends `call` (of `slot`, in a Cluster) and waits for its reply, following the Cluster until
+/// `deadline`; `at` is the node it last went to. Every command that names a key goes this way:
+/// a batch's script call, a hold's, a reset's `DEL`.
+pub(super) async fn send<E: redirect::Exchange>(
     shared: &Shared,
     lane: usize,
     slot: Option<u16>,
-    call: &script::Call,
+    call: &E,
+    deadline: Instant,
     at: &mut Option<Node>,
 ) -> RedisResult<Value> {
     if let (Some(topology), Some(slot)) = (shared.connector.topology(), slot) {
-        let deadline = Instant::now() + shared.timeout;
         return redirect::send(shared, topology, lane, slot, call, deadline, at).await;
     }
     *at = shared.connector.node(None);
     let reply = match shared.connector.get(lane).await {
-        Ok(mut conn) => {
-            super::replication::invoke(&mut conn, call, &shared.functions, shared.wait.as_ref())
-                .await
-        }
+        Ok(mut conn) => call.exchange(&mut conn, shared).await,
         Err(e) => Err(e),
     };
     // Sentinel: the master it connected to.

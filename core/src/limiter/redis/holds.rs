@@ -1,16 +1,17 @@
 //! Holds with ids on Redis: one `EVALSHA` (`EVAL` when Redis lacks the script) of a script
 //! made of the prelude, `concurrency.lua` and `holds.lua`, on the key's concurrency sorted set
-//! (the state `algorithm: concurrency` keeps): atomic, one call per operation. It skips the
+//! (the state `algorithm: concurrency` keeps): atomic, one call per operation, on the path of a
+//! batch's call (in a Cluster: to the key's slot's master, following redirections). It skips the
 //! deny cache (a release or an extension is never answered from it) and the breaker; a
 //! failure is an error (`UNAVAILABLE` to a Throttle caller), whatever `on_error` says: a hold
 //! answered by a fallback would name no record.
 
 use std::sync::LazyLock;
 
-use redis::{RedisResult, Value};
+use redis::RedisResult;
 use tokio::time::Instant;
 
-use super::{RedisLimiter, cluster, limiter_error, timed_out};
+use super::{RedisLimiter, limiter_error, timed_out};
 use crate::limiter::LimiterError;
 use crate::limiter::holds::{HoldOp, HoldOutcome, HoldRequest};
 
@@ -29,13 +30,20 @@ static SCRIPT: LazyLock<redis::Script> =
 impl RedisLimiter {
     pub(super) async fn hold_op(&self, request: &HoldRequest) -> Result<HoldOutcome, LimiterError> {
         let deadline = Instant::now() + self.timeout;
-        match tokio::time::timeout_at(deadline, self.hold_call(request)).await {
+        match tokio::time::timeout_at(deadline, self.hold_call(request, deadline)).await {
             Ok(result) => result.map_err(limiter_error),
-            Err(_) => Err(limiter_error(timed_out(self.timeout))),
+            Err(_) => {
+                self.commit.shared().connector.timed_out(0);
+                Err(limiter_error(timed_out(self.timeout)))
+            }
         }
     }
 
-    async fn hold_call(&self, request: &HoldRequest) -> RedisResult<HoldOutcome> {
+    async fn hold_call(
+        &self,
+        request: &HoldRequest,
+        deadline: Instant,
+    ) -> RedisResult<HoldOutcome> {
         let prefix = self.prefix();
         let key = [prefix, &request.key[..]].concat();
         let (op, arg) = match request.op {
@@ -55,20 +63,7 @@ impl RedisLimiter {
             .arg(request.slots)
             .arg(request.lease_nanos.div_ceil(1_000).max(1))
             .arg(arg);
-        let connector = &self.commit.shared().connector;
-        let reply: Value = match connector.topology() {
-            None => {
-                invocation
-                    .invoke_async(&mut connector.get(0).await?)
-                    .await?
-            }
-            Some(topology) => {
-                let node = topology.owner(cluster::slot(prefix, &request.key)).await?;
-                invocation
-                    .invoke_async(&mut topology.conn(&node, 0).await?)
-                    .await?
-            }
-        };
+        let reply = self.keyed(&request.key, &invocation, deadline).await?;
         let numbers: Vec<u64> = redis::from_redis_value(reply)?;
         let at = |i: usize| numbers.get(i).copied().unwrap_or(0);
         if numbers.len() != 4 {

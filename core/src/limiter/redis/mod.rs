@@ -383,6 +383,23 @@ impl RedisLimiter {
         &self.commit.shared().prefix
     }
 
+    /// Sends `call`, a command outside a batch that names `key` (without the prefix), by
+    /// `deadline` on lane 0: the path of a batch's call, so in a Cluster it goes to the key's
+    /// slot's master and follows redirections.
+    async fn keyed<E: redirect::Exchange>(
+        &self,
+        key: &[u8],
+        call: &E,
+        deadline: Instant,
+    ) -> RedisResult<redis::Value> {
+        let shared = self.commit.shared();
+        let slot = shared
+            .connector
+            .is_cluster()
+            .then(|| cluster::slot(self.prefix(), key));
+        group_commit::send(shared, 0, slot, call, deadline, &mut None).await
+    }
+
     /// Whether the next call goes to the function library (`FCALL`) or to the script
     /// (`EVALSHA`): the former when `redis.functions` is on, until Redis refuses functions.
     pub fn via(&self) -> script::Via {

@@ -12,7 +12,8 @@
 //!
 //! # Reset
 //!
-//! The keys are deleted (`DEL`, in a Cluster one per key on its slot's master), with their
+//! The keys are deleted (`DEL`, in a Cluster one per key on its slot's master, following
+//! redirections like a request's call), with their
 //! penalty boxes (`<key>:block`), then a
 //! message on the channel `<prefix>resets` tells every replica to forget its deny cache
 //! (the whole of it: a cached denial is only a shortcut, so forgetting too much costs round
@@ -102,7 +103,7 @@ impl RedisLimiter {
         let full = |key: &[u8]| [prefix, key].concat();
         // A key's penalty box (`block_for`) lives beside it, in the same slot: a reset ends it.
         let boxed = |key: &[u8]| [prefix, key, b":block"].concat();
-        let Some(topology) = connector.topology() else {
+        if !connector.is_cluster() {
             if keys.is_empty() {
                 return Ok(0);
             }
@@ -115,20 +116,19 @@ impl RedisLimiter {
             let deleted = del.query_async(&mut conn).await?;
             let _: usize = unblock.query_async(&mut conn).await?;
             return Ok(deleted);
-        };
+        }
+        // In a Cluster, a key's two `DEL`s go to its slot's master, each following the Cluster.
+        let deadline = Instant::now() + self.timeout.max(ADMIN_TIMEOUT);
         let mut deleted = 0;
         for (key, _) in keys {
-            let node = topology.owner(cluster::slot(prefix, key)).await?;
-            let mut conn = topology.conn(&node, 0).await?;
-            let n: usize = redis::cmd("DEL")
-                .arg(full(key))
-                .query_async(&mut conn)
-                .await?;
-            let _: usize = redis::cmd("DEL")
-                .arg(boxed(key))
-                .query_async(&mut conn)
-                .await?;
-            deleted += n;
+            let del = |name: Vec<u8>| {
+                let mut cmd = redis::cmd("DEL");
+                cmd.arg(name);
+                cmd
+            };
+            let n = self.keyed(key, &del(full(key)), deadline).await?;
+            self.keyed(key, &del(boxed(key)), deadline).await?;
+            deleted += redis::from_redis_value::<usize>(n)?;
         }
         Ok(deleted)
     }

@@ -12,12 +12,15 @@
 //! | `CLUSTERDOWN`, `READONLY`, `MASTERDOWN`, `LOADING` (a failover under way, or a node that is not the slot's master now) | after a pause, to the master by a refreshed map |
 //! | no connection could be made (refused, timed out: nothing was sent) | the same |
 //!
-//! A batch is one slot, so it goes whole: an `ASK` sends every request of it to the target. Any
-//! other failure is final: a time-out or a connection lost after the call was written may have
-//! run the script, so retrying it could decide its requests twice. The pauses grow from
-//! [`FIRST_PAUSE`] to [`MAX_PAUSE`] and are never taken past the time-out; the last error is
-//! then the call's.
+//! A batch is one slot, so it goes whole: an `ASK` sends every request of it to the target.
+//! What is sent is an [`Exchange`]: a batch's script call, and as well every other command that
+//! names a key (a hold's script call, a reset's `DEL`), so that they all follow the Cluster the
+//! same way. Any other failure is final: a time-out or a connection lost after the call was
+//! written may have run the script, so retrying it could decide its requests twice. The pauses
+//! grow from [`FIRST_PAUSE`] to [`MAX_PAUSE`] and are never taken past the time-out; the last
+//! error is then the call's.
 
+use std::future::Future;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
@@ -38,6 +41,54 @@ pub const MAX_PAUSE: Duration = Duration::from_millis(50);
 /// Attempts of one call at most, whatever the time-out (a redirection loop between nodes that
 /// disagree ends there).
 pub const MAX_ATTEMPTS: u32 = 32;
+
+/// What one attempt writes on a node's connection (the one of the key's slot, preceded by
+/// `ASKING` after an `ASK`), and the reply it reads.
+pub trait Exchange: Sync {
+    fn exchange<'a, C: ConnectionLike + Send>(
+        &'a self,
+        conn: &'a mut C,
+        shared: &'a Shared,
+    ) -> impl Future<Output = RedisResult<Value>> + Send + 'a;
+}
+
+/// A batch's script call, then `WAIT` for the replicas when `redis.wait_replicas` asks.
+impl Exchange for Call {
+    fn exchange<'a, C: ConnectionLike + Send>(
+        &'a self,
+        conn: &'a mut C,
+        shared: &'a Shared,
+    ) -> impl Future<Output = RedisResult<Value>> + Send + 'a {
+        replication::invoke(conn, self, &shared.functions, shared.wait.as_ref())
+    }
+}
+
+/// Another script's call (`EVALSHA`, `EVAL` when the node lacks it), then `WAIT` for the
+/// replicas like a batch's.
+impl Exchange for redis::ScriptInvocation<'_> {
+    async fn exchange<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        shared: &Shared,
+    ) -> RedisResult<Value> {
+        let reply = self.invoke_async(conn).await;
+        if let (Ok(_), Some(wait)) = (&reply, shared.wait.as_ref()) {
+            wait.after(conn).await;
+        }
+        reply
+    }
+}
+
+/// One command (of one key's slot).
+impl Exchange for Cmd {
+    fn exchange<'a, C: ConnectionLike + Send>(
+        &'a self,
+        conn: &'a mut C,
+        _: &'a Shared,
+    ) -> impl Future<Output = RedisResult<Value>> + Send + 'a {
+        self.query_async(conn)
+    }
+}
 
 /// Where an attempt goes.
 #[derive(Debug, Clone, PartialEq)]
@@ -61,12 +112,12 @@ enum Next {
 
 /// Sends `call` (of `slot`) on lane `lane`, following the Cluster until `deadline`. `at` is
 /// the node the last attempt went to (the one to blame for a failure).
-pub async fn send(
+pub async fn send<E: Exchange>(
     shared: &Shared,
     topology: &Topology,
     lane: usize,
     slot: u16,
-    call: &Call,
+    call: &E,
     deadline: Instant,
     at: &mut Option<Node>,
 ) -> RedisResult<Value> {
@@ -107,13 +158,13 @@ pub async fn send(
 }
 
 /// One attempt: whether anything was sent, and the answer.
-async fn attempt(
+async fn attempt<E: Exchange>(
     shared: &Shared,
     topology: &Topology,
     lane: usize,
     slot: u16,
     hop: &Hop,
-    call: &Call,
+    call: &E,
     at: &mut Option<Node>,
 ) -> (bool, RedisResult<Value>) {
     let node = match hop {
@@ -129,13 +180,8 @@ async fn attempt(
         Err(e) => return (false, Err(e)),
     };
     let result = match hop {
-        Hop::Ask(_) => {
-            let asking = &mut Asking(conn);
-            replication::invoke(asking, call, &shared.functions, shared.wait.as_ref()).await
-        }
-        _ => {
-            replication::invoke(&mut { conn }, call, &shared.functions, shared.wait.as_ref()).await
-        }
+        Hop::Ask(_) => call.exchange(&mut Asking(conn), shared).await,
+        _ => call.exchange(&mut { conn }, shared).await,
     };
     if let Err(e) = &result
         && lost(e)

@@ -48,7 +48,7 @@ impl Wait {
     }
 
     /// `WAIT` on `conn`, after a script call that ran there.
-    async fn after<C: ConnectionLike + Send>(&self, conn: &mut C) {
+    pub(super) async fn after<C: ConnectionLike + Send>(&self, conn: &mut C) {
         let confirmed: RedisResult<u64> = redis::cmd("WAIT")
             .arg(self.replicas)
             .arg(self.timeout_ms)
