@@ -82,7 +82,7 @@ mod tests {
     use parking_lot::Mutex;
 
     use super::*;
-    use crate::config::rules::LoadOptions;
+    use crate::config::rules_file::LoadOptions;
     use crate::reload::load;
     use crate::rules::RuleSet;
 
