@@ -1,12 +1,13 @@
-//! Holds on a Redis Cluster, through the real binary (DESIGN.md §13, "Holds" and "Redis
-//! operations"): `sluice.v1.Throttle` holds with ids (acquire, extend, release) keep working
+//! Holds on a Redis Cluster, through the real binary (docs/holds.md, and docs/redis.md's
+//! events table): `sluice.v1.Throttle` holds with ids (acquire, extend, release) keep working
 //! while their key's slot moves to another master and back (the `ASK` of the migration and
 //! the `MOVED` after it followed, never surfaced), the holds move with their key (none is
 //! lost, none counted twice: the holders inside never exceed the slots, and every release
 //! finds its hold); through a master's failover, only that master's holds fail, and only
 //! until its replica took over; and an `algorithm: concurrency` rule takes and refunds holds over
 //! `ShouldRateLimit` on a Cluster, its pending denial and holds surviving a move, as `/why` and
-//! a reset find its key after a move.
+//! a reset find its key after a move; reservations settle across a move (the commit follows the
+//! key's records to their new master).
 //! Serial: the answers are bounded by `redis.timeout_ms`, which a load beside them would eat.
 
 use std::sync::Arc;
@@ -20,7 +21,8 @@ use sluice::testing::process::SluiceProcess;
 use sluice::testing::redis::RedisCluster;
 use sluice_client::pb::sluice::v1::throttle_client::ThrottleClient;
 use sluice_client::pb::sluice::v1::{
-    AcquireHoldRequest, HoldRequest, acquire_hold_request, hold_request,
+    AcquireHoldRequest, Algorithm, CommitRequest, HoldRequest, ReserveRequest,
+    acquire_hold_request, commit_request, hold_request, reserve_request,
 };
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -476,4 +478,114 @@ async fn concurrency_rules_take_and_release_holds_on_a_cluster_across_a_move() {
     let followed = redirects(&sluice).await;
     eprintln!("concurrency on a cluster: {followed} redirections followed");
     assert!(followed > 0, "calls met the moved slot (MOVED followed)");
+}
+
+/// A reservation on `key`'s funnel of 100 a minute.
+fn reserve(key: &str, amount: u64) -> ReserveRequest {
+    ReserveRequest {
+        id: Some(reserve_request::Id::Key(key.to_owned())),
+        max_burst: 99,
+        count: 100,
+        period_ms: 60_000,
+        algorithm: Algorithm::Funnel.into(),
+        amount,
+        ttl_ms: LEASE_MS,
+        name: String::new(),
+    }
+}
+
+fn commit(key: &str, reservation_id: u64, actual: u64) -> CommitRequest {
+    CommitRequest {
+        id: Some(commit_request::Id::Key(key.to_owned())),
+        max_burst: 99,
+        count: 100,
+        period_ms: 60_000,
+        algorithm: Algorithm::Funnel.into(),
+        reservation_id,
+        actual,
+        name: String::new(),
+    }
+}
+
+/// Reservations opened before their key's slot moves are settled after it: each commit finds
+/// its record on the new master (`MOVED` followed, never surfaced), gives back or charges the
+/// difference once, and a second commit of the same id finds nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reservations_opened_before_a_move_settle_after_it() {
+    const KEY: &str = "budget";
+    let _serial = crate::serial_async().await;
+    let cluster = Arc::new(RedisCluster::start());
+    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/rules/demo.yaml");
+    let sluice = start(&cluster, demo.as_ref()).await;
+    let slot = cluster.slot_of(&format!("{{{KEY}}}"));
+    let source = cluster.owner(slot);
+    let target = *cluster
+        .masters()
+        .iter()
+        .find(|&&m| m != source)
+        .expect("another master");
+    let mut stub = ThrottleClient::connect(sluice.url())
+        .await
+        .expect("connect");
+    let under = stub
+        .reserve(reserve(KEY, 60))
+        .await
+        .expect("answer")
+        .into_inner();
+    assert!(under.admitted && under.open == 1, "{under:?}");
+
+    let moving = cluster.clone();
+    let there = tokio::task::spawn_blocking(move || {
+        move_slot(&moving, slot, target, Duration::from_millis(0))
+    })
+    .await
+    .expect("the move there");
+    let settled = stub
+        .commit(commit(KEY, under.reservation_id, 20))
+        .await
+        .expect("the commit after the move answers")
+        .into_inner();
+    assert!(
+        settled.settled && settled.estimate == 60 && settled.given_back == 40,
+        "the commit found its reservation on the new master: {settled:?}"
+    );
+    assert!(settled.remaining >= 79, "40 came back: {settled:?}");
+    let over = stub
+        .reserve(reserve(KEY, 30))
+        .await
+        .expect("answer")
+        .into_inner();
+    assert!(over.admitted, "{over:?}");
+
+    let moving = cluster.clone();
+    let back = tokio::task::spawn_blocking(move || {
+        move_slot(&moving, slot, source, Duration::from_millis(0))
+    })
+    .await
+    .expect("the move back");
+    let charged = stub
+        .commit(commit(KEY, over.reservation_id, 45))
+        .await
+        .expect("the commit after the move back answers")
+        .into_inner();
+    let again = stub
+        .commit(commit(KEY, over.reservation_id, 45))
+        .await
+        .expect("answer")
+        .into_inner();
+    let followed = redirects(&sluice).await;
+    eprintln!(
+        "reservations across moves: keys moved {there} and {back}; {settled:?}; {charged:?}; \
+         {followed} redirections followed"
+    );
+    assert!(
+        charged.settled && charged.charged == 15 && charged.given_back == 0,
+        "the overshoot was charged on the old master again: {charged:?}"
+    );
+    assert!(!again.settled, "a commit applies once: {again:?}");
+    assert!(
+        there >= 1 && back >= 1,
+        "the key and its records moved each way"
+    );
+    assert!(followed > 0, "the commits met a moved slot");
 }

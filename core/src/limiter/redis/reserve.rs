@@ -13,7 +13,7 @@ use redis::{RedisResult, Value};
 use tokio::time::Instant;
 
 use super::script::{self, Mode, Part, Unit, Via};
-use super::{RedisLimiter, cluster, limiter_error, timed_out};
+use super::{RedisLimiter, limiter_error, timed_out};
 use crate::limiter::reserve::{
     MAX_OPEN, ReserveOp, ReserveOutcome, ReserveRequest, check_after, settle,
 };
@@ -30,13 +30,20 @@ impl RedisLimiter {
         request: &ReserveRequest,
     ) -> Result<ReserveOutcome, LimiterError> {
         let deadline = Instant::now() + self.timeout;
-        match tokio::time::timeout_at(deadline, self.reserve_call(request)).await {
+        match tokio::time::timeout_at(deadline, self.reserve_call(request, deadline)).await {
             Ok(result) => result.map_err(limiter_error),
-            Err(_) => Err(limiter_error(timed_out(self.timeout))),
+            Err(_) => {
+                self.commit.shared().connector.timed_out(0);
+                Err(limiter_error(timed_out(self.timeout)))
+            }
         }
     }
 
-    async fn reserve_call(&self, request: &ReserveRequest) -> RedisResult<ReserveOutcome> {
+    async fn reserve_call(
+        &self,
+        request: &ReserveRequest,
+        deadline: Instant,
+    ) -> RedisResult<ReserveOutcome> {
         let sent = self.clock.now_nanos();
         let (batch, op, first, second) = match &request.op {
             ReserveOp::Reserve { batch, amount } => (
@@ -79,22 +86,9 @@ impl RedisLimiter {
             invocation.arg(arg);
         }
         invocation.arg(op).arg(first).arg(second).arg(MAX_OPEN);
-        let connector = &self.commit.shared().connector;
-        let reply: Value = match connector.topology() {
-            None => {
-                invocation
-                    .invoke_async(&mut connector.get(0).await?)
-                    .await?
-            }
-            Some(topology) => {
-                let node = topology
-                    .owner(cluster::slot(prefix, &request.records))
-                    .await?;
-                invocation
-                    .invoke_async(&mut topology.conn(&node, 0).await?)
-                    .await?
-            }
-        };
+        let reply = self
+            .keyed(request.records.as_ref(), &invocation, deadline)
+            .await?;
         let (status, id, estimate, open, batch_reply): (u64, u64, u64, u64, Value) =
             redis::from_redis_value(reply)?;
         let done = status == 1;
