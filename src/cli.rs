@@ -14,13 +14,13 @@ use sluice::config::settings::{Backend, LogFormat, Overrides};
     version,
     about = "A rate-limit service for Envoy (RLS v3)"
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     pub command: Command,
 }
 
 #[derive(Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Serve ShouldRateLimit over gRPC.
     Serve(ServeArgs),
     /// Validate rules files with the settings `serve` would use; print every error with file
@@ -34,7 +34,7 @@ pub enum Command {
 }
 
 #[derive(clap::Args)]
-pub struct WhyArgs {
+pub(crate) struct WhyArgs {
     /// The admin server: `http://host:port` or `host:port`.
     #[arg(long, value_name = "URL")]
     pub admin: String,
@@ -52,7 +52,7 @@ pub struct WhyArgs {
 }
 
 #[derive(clap::Args)]
-pub struct CheckArgs {
+pub(crate) struct CheckArgs {
     /// A rules file or directory (repeatable); none = the settings' `rules.paths`, else the
     /// embedded demo rules.
     #[arg(long = "rules", value_name = "PATH")]
@@ -65,7 +65,7 @@ pub struct CheckArgs {
 
 impl CheckArgs {
     /// The settings layer of the flags: the rules paths.
-    pub fn overrides(&self) -> Overrides {
+    pub(crate) fn overrides(&self) -> Overrides {
         Overrides {
             rules: self.rules.clone(),
             ..Overrides::default()
@@ -74,7 +74,7 @@ impl CheckArgs {
 }
 
 #[derive(clap::Args)]
-pub struct ServeArgs {
+pub(crate) struct ServeArgs {
     /// A rules file or directory (repeatable); none = the embedded demo rules.
     #[arg(long = "rules", value_name = "PATH")]
     pub rules: Vec<PathBuf>,
@@ -97,7 +97,7 @@ pub struct ServeArgs {
 
 impl ServeArgs {
     /// The settings layer of the flags.
-    pub fn overrides(&self) -> Overrides {
+    pub(crate) fn overrides(&self) -> Overrides {
         Overrides {
             rules: self.rules.clone(),
             backend: self.backend.map(Backend::from),

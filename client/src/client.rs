@@ -48,6 +48,7 @@ impl ClientBuilder {
         self
     }
 
+    /// What a call answers when sluice cannot decide (unreachable, time-out, error).
     pub fn fail_policy(mut self, policy: FailPolicy) -> ClientBuilder {
         self.policy = policy;
         self

@@ -40,7 +40,10 @@ pub enum AcquireError {
     /// The quantity is more than some key ever admits: waiting cannot help.
     Never(Verdict),
     /// The next try would come after the deadline; `retry_after` is what sluice last said.
-    Deadline { retry_after: Duration },
+    Deadline {
+        /// What sluice last said to wait.
+        retry_after: Duration,
+    },
     /// sluice could not decide, and the fail policy does not admit.
     Failed(Error),
 }

@@ -91,7 +91,10 @@ impl Hold {
 pub enum HoldError {
     /// The slots are taken; enough holds expire after `retry_after` (a release may free one
     /// sooner).
-    Busy { retry_after: Duration },
+    Busy {
+        /// How long until enough holds expire.
+        retry_after: Duration,
+    },
     /// No slot freed before the deadline.
     Deadline,
     /// sluice did not answer, or refused the request (`INVALID_ARGUMENT`). No fail policy

@@ -35,6 +35,7 @@ pub struct Reserve {
 }
 
 impl Reserve {
+    /// A reservation of `amount` on `key`'s `limit`, open for `ttl` until its commit.
     pub fn key(key: impl Into<Vec<u8>>, limit: Limit, amount: u64, ttl: Duration) -> Reserve {
         Reserve {
             key: key.into(),
@@ -86,7 +87,10 @@ impl Reserve {
 pub enum ReserveError {
     /// The limit does not admit the amount now (nothing was charged); it would after
     /// `retry_after`.
-    Refused { retry_after: Duration },
+    Refused {
+        /// How long until the amount would be admitted.
+        retry_after: Duration,
+    },
     /// sluice did not answer, or refused the request (`INVALID_ARGUMENT`;
     /// `RESOURCE_EXHAUSTED` when the key has 1000 reservations open). No fail policy applies:
     /// a reservation must name a record.
@@ -132,6 +136,7 @@ pub struct Settlement {
     pub given_back: u64,
     /// The key is over its limit after the commit (in debt), until `retry_after`.
     pub owed: bool,
+    /// When owed: how long until the debt is paid and a check passes again.
     pub retry_after: Option<Duration>,
     /// What the key would still admit now.
     pub remaining: u64,

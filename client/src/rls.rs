@@ -28,6 +28,7 @@ pub struct RateLimit {
 }
 
 impl RateLimit {
+    /// A request for `domain`, with no descriptors yet.
     pub fn domain(domain: impl Into<String>) -> RateLimit {
         RateLimit {
             request: RateLimitRequest {
@@ -98,12 +99,16 @@ pub struct RlsVerdict {
     pub response: RateLimitResponse,
 }
 
+/// One descriptor's answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DescriptorVerdict {
+    /// The descriptor is over its limit.
     pub over_limit: bool,
     /// The rule's requests per unit, when a rule applied.
     pub requests_per_unit: Option<u32>,
+    /// What the limit would still admit.
     pub remaining: u32,
+    /// How long until the limit is full again, when a rule applied.
     pub reset_after: Option<Duration>,
 }
 

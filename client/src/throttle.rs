@@ -11,9 +11,13 @@ pub enum Algorithm {
     /// CL.THROTTLE's leaky bucket (GCRA).
     #[default]
     Funnel,
+    /// A token bucket refilled at the steady rate.
     TokenBucket,
+    /// A counter per period, reset at its end.
     FixedWindow,
+    /// The current and the previous window, weighted.
     SlidingWindow,
+    /// Every admission's time, over one period.
     SlidingLog,
 }
 
@@ -59,14 +63,17 @@ impl Limit {
         }
     }
 
+    /// `count` a second.
     pub fn per_second(count: u32) -> Limit {
         Limit::per(count, Duration::from_secs(1))
     }
 
+    /// `count` a minute.
     pub fn per_minute(count: u32) -> Limit {
         Limit::per(count, Duration::from_secs(60))
     }
 
+    /// `count` an hour.
     pub fn per_hour(count: u32) -> Limit {
         Limit::per(count, Duration::from_secs(3600))
     }
@@ -77,6 +84,7 @@ impl Limit {
         self
     }
 
+    /// The algorithm (the funnel by default).
     pub fn algorithm(mut self, algorithm: Algorithm) -> Limit {
         self.algorithm = algorithm;
         self
@@ -197,12 +205,14 @@ pub struct Verdict {
     pub retry_after: Option<Duration>,
     /// One per key, in call order (empty when sluice was not reached).
     pub keys: Vec<KeyVerdict>,
+    /// Whether sluice answered, or the fail policy did.
     pub source: Source,
 }
 
 /// One key's answer: CL.THROTTLE's numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeyVerdict {
+    /// The key did not admit the quantity.
     pub limited: bool,
     /// The most this key admits at once (`max_burst + 1`).
     pub limit: u64,

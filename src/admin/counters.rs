@@ -44,7 +44,7 @@ struct Found {
 }
 
 /// `GET /counters`.
-pub async fn counters(
+pub(super) async fn counters(
     State(a): State<Admin>,
     RawQuery(q): RawQuery,
     headers: HeaderMap,
@@ -223,7 +223,11 @@ fn plain(v: &Value) -> String {
 }
 
 /// `GET /counters/top`.
-pub async fn top(State(a): State<Admin>, RawQuery(q): RawQuery, headers: HeaderMap) -> Response {
+pub(super) async fn top(
+    State(a): State<Admin>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+) -> Response {
     let q = super::access::query_pairs(q.as_deref());
     let window = match q.get("window").map(|w| Window::parse(w)) {
         None => Window::Minute,

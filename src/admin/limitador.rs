@@ -38,7 +38,7 @@ const MAX_COUNTERS: usize = 10_000;
 /// limitador's `CheckAndReportInfo`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct CheckAndReportInfo {
+pub(super) struct CheckAndReportInfo {
     namespace: String,
     values: BTreeMap<String, String>,
     delta: u64,
@@ -70,15 +70,15 @@ struct LimitView {
     variables: Vec<String>,
 }
 
-pub async fn check(State(a): State<Admin>, body: Bytes) -> Response {
+pub(super) async fn check(State(a): State<Admin>, body: Bytes) -> Response {
     decide(&a, body, Counting::CheckOnly).await
 }
 
-pub async fn report(State(a): State<Admin>, body: Bytes) -> Response {
+pub(super) async fn report(State(a): State<Admin>, body: Bytes) -> Response {
     decide(&a, body, Counting::CountOnly).await
 }
 
-pub async fn check_and_report(State(a): State<Admin>, body: Bytes) -> Response {
+pub(super) async fn check_and_report(State(a): State<Admin>, body: Bytes) -> Response {
     decide(&a, body, Counting::CheckAndCount).await
 }
 
@@ -154,7 +154,7 @@ async fn decide(a: &Admin, body: Bytes, counting: Counting) -> Response {
     }
 }
 
-pub async fn limits(State(a): State<Admin>, Path(namespace): Path<String>) -> Response {
+pub(super) async fn limits(State(a): State<Admin>, Path(namespace): Path<String>) -> Response {
     let rules = a.rules.load_full();
     let views: Vec<LimitView> = rules
         .namespaces()
@@ -184,7 +184,7 @@ fn limit_view(l: &NamespaceLimit) -> LimitView {
 /// in its current window, with what is left and the whole seconds until it resets (at most
 /// [`MAX_COUNTERS`]); `[]` for a namespace without limits. A key of a limit since removed or
 /// changed is not listed. 503 when the backend cannot be read.
-pub async fn counters(State(a): State<Admin>, Path(namespace): Path<String>) -> Response {
+pub(super) async fn counters(State(a): State<Admin>, Path(namespace): Path<String>) -> Response {
     let rules = a.rules.load_full();
     let Some(ns) = rules.namespaces().get(&namespace) else {
         return json(StatusCode::OK, "[]".to_owned());
@@ -258,7 +258,7 @@ fn limit_of<'a>(ns: &'a Namespace, raw: &[u8]) -> Option<(&'a Compiled, BTreeMap
     Some((c, values))
 }
 
-pub async fn status(State(a): State<Admin>) -> Response {
+pub(super) async fn status(State(a): State<Admin>) -> Response {
     let version = a.rules.status().version;
     json(
         StatusCode::OK,

@@ -29,7 +29,7 @@ const JS: &str = include_str!("ui/app.js");
 const TOP_KEYS: usize = 10;
 
 /// `GET /ui`: the page, its style and script inlined.
-pub async fn page() -> Response {
+pub(super) async fn page() -> Response {
     static PAGE: OnceLock<String> = OnceLock::new();
     let page = PAGE.get_or_init(|| HTML.replace("/*STYLE*/", CSS).replace("/*SCRIPT*/", JS));
     (
@@ -47,7 +47,7 @@ pub async fn page() -> Response {
 }
 
 /// `GET /ui/data`: everything the page shows.
-pub async fn data(State(a): State<Admin>) -> Response {
+pub(super) async fn data(State(a): State<Admin>) -> Response {
     let rules = a.rules.load_full();
     let status = a.rules.status();
     let (times, series) = a.metrics.history().read();

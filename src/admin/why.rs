@@ -28,7 +28,7 @@ const MAX_RULE_KEYS: usize = 100_000;
 const PAGE: usize = 1000;
 
 /// `POST /why`.
-pub async fn why(State(a): State<Admin>, body: Bytes) -> Response {
+pub(super) async fn why(State(a): State<Admin>, body: Bytes) -> Response {
     let request = match engine_request(&body) {
         Ok(r) => r,
         Err(response) => return *response,
@@ -222,7 +222,7 @@ struct RuleReset {
 }
 
 /// `POST /counters/reset`.
-pub async fn reset(State(a): State<Admin>, body: Bytes) -> Response {
+pub(super) async fn reset(State(a): State<Admin>, body: Bytes) -> Response {
     let is_rule = serde_json::from_slice::<Value>(&body)
         .ok()
         .and_then(|v| v.as_object().map(|o| o.contains_key("rule")))

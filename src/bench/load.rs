@@ -130,7 +130,7 @@ impl Tally {
         Ok(())
     }
 
-    pub fn requests(&self) -> u64 {
+    pub(super) fn requests(&self) -> u64 {
         self.ok + self.over_limit + self.errors.values().sum::<u64>()
     }
 }

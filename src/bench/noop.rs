@@ -15,7 +15,7 @@ use crate::transport::{ConnectionLimits, Http2Server};
 
 /// Answers OK to everything.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Noop;
+pub(super) struct Noop;
 
 #[tonic::async_trait]
 impl RateLimitService for Noop {

@@ -25,7 +25,7 @@ use crate::rules::naming::segment;
 use crate::rules::{Rule, RuleSet};
 
 /// The whole dump.
-pub fn dump(rules: &RuleSet, status: &ConfigStatus) -> String {
+pub(super) fn dump(rules: &RuleSet, status: &ConfigStatus) -> String {
     let mut out = format!(
         "# version {}, loaded at {} (Unix time), {} domain(s)\n",
         status.version,

@@ -16,7 +16,7 @@ use pb::rate_limit_quota_response::bucket_action::{
 
 /// One bucket's usage in a report.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Usage {
+pub(super) struct Usage {
     pub key: BucketKey,
     pub allowed: u64,
     pub denied: u64,
@@ -26,7 +26,7 @@ pub struct Usage {
 
 /// What a bucket is told.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Assignment {
+pub(super) enum Assignment {
     TokenBucket(TokenBucketSpec),
     DenyAll,
     AllowAll,
@@ -34,7 +34,7 @@ pub enum Assignment {
 
 impl Assignment {
     /// The `kind` label of the assignments metric.
-    pub fn kind(&self) -> &'static str {
+    pub(super) fn kind(&self) -> &'static str {
         match self {
             Assignment::TokenBucket(_) => "token_bucket",
             Assignment::DenyAll => "deny_all",
@@ -45,7 +45,7 @@ impl Assignment {
 
 /// Checks a report's domain against the stream's (`None` before the first report) and
 /// returns the domain the stream has from now on.
-pub fn domain(
+pub(super) fn domain(
     report: &pb::RateLimitQuotaUsageReports,
     stream: Option<&str>,
     bounds: &InputSettings,
@@ -69,7 +69,7 @@ pub fn domain(
 }
 
 /// Every bucket usage of a report, checked.
-pub fn usages(
+pub(super) fn usages(
     report: &pb::RateLimitQuotaUsageReports,
     bounds: &InputSettings,
 ) -> Result<Vec<Usage>, Status> {
@@ -146,14 +146,14 @@ fn bucket_key(id: &pb::BucketId, at: &str, b: &InputSettings) -> Result<BucketKe
 }
 
 /// The bucket id of a bucket key.
-pub fn bucket_id(key: &BucketKey) -> pb::BucketId {
+pub(super) fn bucket_id(key: &BucketKey) -> pb::BucketId {
     pb::BucketId {
         bucket: key.iter().cloned().collect(),
     }
 }
 
 /// An assignment for `key`, valid `ttl_secs`.
-pub fn assign(key: &BucketKey, assignment: Assignment, ttl_secs: u64) -> BucketAction {
+pub(super) fn assign(key: &BucketKey, assignment: Assignment, ttl_secs: u64) -> BucketAction {
     let strategy = match assignment {
         Assignment::AllowAll => Strategy::BlanketRule(BlanketRule::AllowAll as i32),
         Assignment::DenyAll => Strategy::BlanketRule(BlanketRule::DenyAll as i32),
@@ -175,7 +175,7 @@ pub fn assign(key: &BucketKey, assignment: Assignment, ttl_secs: u64) -> BucketA
 }
 
 /// Tells the data plane to forget `key`.
-pub fn abandon(key: &BucketKey) -> BucketAction {
+pub(super) fn abandon(key: &BucketKey) -> BucketAction {
     BucketAction {
         bucket_id: Some(bucket_id(key)),
         bucket_action: Some(Action::AbandonAction(AbandonAction {})),

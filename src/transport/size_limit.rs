@@ -68,7 +68,7 @@ const RESOURCE_EXHAUSTED: &str = "8";
 
 /// A trailers-only answer of `OUT_OF_RANGE` (tonic's decoding limit) becomes
 /// `RESOURCE_EXHAUSTED`, its message prefixed with the setting that was exceeded.
-pub fn too_large_is_resource_exhausted(headers: &mut http::HeaderMap, max: usize) {
+pub(super) fn too_large_is_resource_exhausted(headers: &mut http::HeaderMap, max: usize) {
     // Every answer passes here: the common case is one comparison, no allocation.
     if headers.get("grpc-status").map(|v| v.as_bytes()) != Some(OUT_OF_RANGE.as_bytes()) {
         return;

@@ -21,12 +21,12 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 /// The string attributes of a resource (`service.name`, ...).
-pub type ResourceAttributes = BTreeMap<String, String>;
+pub(crate) type ResourceAttributes = BTreeMap<String, String>;
 
 /// A span as received, with its resource's attributes.
-pub type Received = (ResourceAttributes, Span);
+pub(crate) type Received = (ResourceAttributes, Span);
 
-pub fn resource_attributes(resource: Option<&Resource>) -> ResourceAttributes {
+pub(crate) fn resource_attributes(resource: Option<&Resource>) -> ResourceAttributes {
     let attributes = resource
         .map(|r| r.attributes.as_slice())
         .unwrap_or_default();
@@ -40,7 +40,7 @@ pub fn resource_attributes(resource: Option<&Resource>) -> ResourceAttributes {
 }
 
 /// A span attribute's value as text.
-pub fn attribute(span: &Span, key: &str) -> Option<String> {
+pub(crate) fn attribute(span: &Span, key: &str) -> Option<String> {
     let value = span
         .attributes
         .iter()
@@ -55,12 +55,12 @@ pub fn attribute(span: &Span, key: &str) -> Option<String> {
 }
 
 /// An id (trace or span) as lower-case hex, as headers carry it.
-pub fn hex(id: &[u8]) -> String {
+pub(crate) fn hex(id: &[u8]) -> String {
     id.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The `service.name` a span was exported under.
-pub fn service(received: &Received) -> &str {
+pub(crate) fn service(received: &Received) -> &str {
     received.0.get("service.name").map_or("", String::as_str)
 }
 
@@ -86,7 +86,7 @@ impl TraceService for Export {
 
 /// A fake OTLP/gRPC collector on a loopback port, stopped by [`Collector::stop`] or when
 /// dropped.
-pub struct Collector {
+pub(crate) struct Collector {
     /// `http://127.0.0.1:<port>`.
     pub url: String,
     spans: mpsc::UnboundedReceiver<Received>,
@@ -95,7 +95,7 @@ pub struct Collector {
 }
 
 impl Collector {
-    pub async fn start() -> Collector {
+    pub(crate) async fn start() -> Collector {
         let (tx, spans) = mpsc::unbounded_channel();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
@@ -117,7 +117,7 @@ impl Collector {
     }
 
     /// The next span received, waiting up to `within`; fails, naming `what`, after that.
-    pub async fn next(&mut self, within: Duration, what: &str) -> Received {
+    pub(crate) async fn next(&mut self, within: Duration, what: &str) -> Received {
         tokio::time::timeout(within, self.spans.recv())
             .await
             .unwrap_or_else(|_| panic!("no span within {within:?} ({what})"))
@@ -126,7 +126,7 @@ impl Collector {
 
     /// Spans received until one satisfies `found`, within `within`: all of them, that one
     /// last.
-    pub async fn until(
+    pub(crate) async fn until(
         &mut self,
         within: Duration,
         found: impl Fn(&Received) -> bool,
@@ -148,7 +148,7 @@ impl Collector {
     }
 
     /// Stops the server and returns every span received and not yet taken.
-    pub async fn stop(mut self) -> Vec<Received> {
+    pub(crate) async fn stop(mut self) -> Vec<Received> {
         self.stop.cancel();
         if let Some(server) = self.server.take() {
             server.await.unwrap().unwrap();
@@ -169,7 +169,7 @@ impl Drop for Collector {
 
 /// The real binary (`sluice serve` on the memory backend with `rules`), exporting its spans
 /// over OTLP/gRPC to `collector` as `service_name`, each batch within 100 ms.
-pub fn traced_sluice(rules: &Path, collector: &str, service_name: &str) -> SluiceProcess {
+pub(crate) fn traced_sluice(rules: &Path, collector: &str, service_name: &str) -> SluiceProcess {
     let env = [
         ("SLUICE_LOG__OTLP_ENDPOINT", collector),
         ("SLUICE_LOG__OTLP_PROTOCOL", "grpc"),

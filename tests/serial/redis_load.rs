@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 /// What the callers of one class of keys got.
 #[derive(Debug, Default)]
-pub struct Tally {
+pub(crate) struct Tally {
     pub admitted: u64,
     pub denied: u64,
     /// When each failed request was sent, and its error.
@@ -35,7 +35,7 @@ impl Tally {
 }
 
 /// Callers asking the limiter in a loop until stopped, their answers tallied per class.
-pub struct Load {
+pub(crate) struct Load {
     tallies: Arc<Mutex<BTreeMap<&'static str, Tally>>>,
     stop: CancellationToken,
     tasks: tokio::task::JoinSet<()>,
@@ -43,7 +43,7 @@ pub struct Load {
 }
 
 impl Load {
-    pub fn new() -> Load {
+    pub(crate) fn new() -> Load {
         Load {
             tallies: Arc::default(),
             stop: CancellationToken::new(),
@@ -53,7 +53,7 @@ impl Load {
     }
 
     /// `callers` callers of `class`; caller `i` sends `batches[i % len]`.
-    pub fn add(
+    pub(crate) fn add(
         &mut self,
         limiter: &Arc<RedisLimiter>,
         class: &'static str,
@@ -76,7 +76,7 @@ impl Load {
     }
 
     /// Stops the callers; every class's tally, and how long the load ran.
-    pub async fn finish(mut self) -> (BTreeMap<&'static str, Tally>, Duration) {
+    pub(crate) async fn finish(mut self) -> (BTreeMap<&'static str, Tally>, Duration) {
         self.stop.cancel();
         while self.tasks.join_next().await.is_some() {}
         let elapsed = self.start.elapsed();
@@ -103,11 +103,11 @@ fn record(
 }
 
 /// The first few errors, for a message.
-pub fn first(errors: &[(Instant, String)]) -> Vec<&str> {
+pub(crate) fn first(errors: &[(Instant, String)]) -> Vec<&str> {
     errors.iter().take(5).map(|(_, e)| e.as_str()).collect()
 }
 
-pub fn no_redirection_surfaced(tallies: &BTreeMap<&'static str, Tally>) {
+pub(crate) fn no_redirection_surfaced(tallies: &BTreeMap<&'static str, Tally>) {
     for (class, tally) in tallies {
         for (_, e) in &tally.errors {
             let upper = e.to_ascii_uppercase();

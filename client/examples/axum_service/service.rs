@@ -9,7 +9,7 @@ use axum::routing::get;
 use sluice_client::{Client, Limit, Throttle, ThrottleLayer};
 
 /// The service: `GET /work` behind the layer.
-pub fn app(client: Client, limit: Limit) -> Router {
+pub(crate) fn app(client: Client, limit: Limit) -> Router {
     let layer = ThrottleLayer::new(client, move |req: &axum::http::Request<Body>| {
         let tenant = req
             .headers()
@@ -24,6 +24,6 @@ pub fn app(client: Client, limit: Limit) -> Router {
 }
 
 /// A capacity of `capacity` per `period`: bursts of all of it, refilled evenly.
-pub fn limit(capacity: u32, period: Duration) -> Limit {
+pub(crate) fn limit(capacity: u32, period: Duration) -> Limit {
     Limit::per(capacity, period).max_burst(capacity.saturating_sub(1))
 }

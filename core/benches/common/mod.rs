@@ -8,10 +8,10 @@ use std::time::Duration;
 use criterion::Criterion;
 use sluice_core::config::model::{Algorithm, Charge};
 use sluice_core::limiter::{Batch, Hit, LimitParams, Role};
-pub use sluice_core::rng::Rng;
+pub(crate) use sluice_core::rng::Rng;
 
 /// Criterion with a modest time budget (the whole suite runs in a few minutes).
-pub fn criterion() -> Criterion {
+pub(crate) fn criterion() -> Criterion {
     Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(2))
@@ -20,12 +20,12 @@ pub fn criterion() -> Criterion {
 }
 
 /// The seeded generator of `sluice bench`: every run draws the same sequence.
-pub fn rng() -> Rng {
+pub(crate) fn rng() -> Rng {
     Rng::new(0x5EED)
 }
 
 /// A limit that (practically) always admits: every hit stores a state.
-pub fn wide_limit() -> LimitParams {
+pub(crate) fn wide_limit() -> LimitParams {
     LimitParams {
         algorithm: Algorithm::Funnel,
         quota: 1_000_000_000,
@@ -39,14 +39,14 @@ pub fn wide_limit() -> LimitParams {
 }
 
 /// A state key shaped like the engine's: `{bench|user=user-<n>}:funnel:3600`.
-pub fn key(n: u64) -> Arc<[u8]> {
+pub(crate) fn key(n: u64) -> Arc<[u8]> {
     format!("{{bench|user=user-{n}}}:funnel:3600")
         .into_bytes()
         .into()
 }
 
 /// A batch of one hit on key `n`.
-pub fn batch(n: u64) -> Batch {
+pub(crate) fn batch(n: u64) -> Batch {
     Batch {
         hits: vec![Hit {
             key: key(n),

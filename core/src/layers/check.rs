@@ -5,11 +5,11 @@
 use std::path::{Path, PathBuf};
 
 /// A crate's table: each module, and the other modules of the same crate its code may name.
-pub type Table = [(&'static str, &'static [&'static str])];
+pub(super) type Table = [(&'static str, &'static [&'static str])];
 
 /// The `.rs` files of module `name` under `src`: `src/name.rs` and everything under
 /// `src/name/`.
-pub fn files(src: &Path, name: &str) -> Vec<PathBuf> {
+pub(super) fn files(src: &Path, name: &str) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let single = src.join(format!("{name}.rs"));
     if single.is_file() {
@@ -33,7 +33,7 @@ pub fn files(src: &Path, name: &str) -> Vec<PathBuf> {
 }
 
 /// The modules of `table` that `line` names as `crate::MODULE`, unless the line is a comment.
-pub fn named<'a>(table: &'a Table, line: &str) -> Vec<&'a str> {
+pub(super) fn named<'a>(table: &'a Table, line: &str) -> Vec<&'a str> {
     let code = line.trim_start();
     if code.starts_with("//") {
         return Vec::new();
@@ -51,7 +51,7 @@ pub fn named<'a>(table: &'a Table, line: &str) -> Vec<&'a str> {
 
 /// Every line under `src` that names a module its own module's row does not allow, as
 /// `file:line: module -> other`. Panics when a module of the table has no file (a stale row).
-pub fn wrong_arrows(src: &Path, table: &Table) -> Vec<String> {
+pub(super) fn wrong_arrows(src: &Path, table: &Table) -> Vec<String> {
     let mut wrong = Vec::new();
     for (module, allowed) in table {
         let found = files(src, module);

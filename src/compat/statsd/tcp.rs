@@ -16,7 +16,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 /// The most bytes waiting for the connection.
-pub const MAX_PENDING: usize = 1 << 20;
+pub(super) const MAX_PENDING: usize = 1 << 20;
 /// How long a connection attempt may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long one flush may spend writing.
@@ -25,7 +25,7 @@ const BACKOFF_MIN: Duration = Duration::from_millis(200);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 
 /// The connection, the lines waiting for it, and when to try connecting again.
-pub struct TcpSender {
+pub(super) struct TcpSender {
     target: String,
     stream: Option<TcpStream>,
     pending: Vec<u8>,
@@ -38,7 +38,7 @@ pub struct TcpSender {
 }
 
 impl TcpSender {
-    pub fn new(target: String) -> TcpSender {
+    pub(super) fn new(target: String) -> TcpSender {
         TcpSender {
             target,
             stream: None,
@@ -52,7 +52,7 @@ impl TcpSender {
 
     /// Queues `lines` and sends what the connection takes; returns how many lines were
     /// dropped because the buffer was full.
-    pub async fn send(&mut self, lines: &[String]) -> u64 {
+    pub(super) async fn send(&mut self, lines: &[String]) -> u64 {
         let dropped = self.queue(lines);
         if self.stream.as_ref().is_some_and(closed) {
             self.lost("closed by the server");

@@ -2,11 +2,12 @@
 //! the exact errors each gives, as `file:line: path: message` with the file's bare name. Used by
 //! rules_validation.rs, through the loader and through `sluice check`.
 
-pub const INVALID_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/rules/invalid");
+pub(crate) const INVALID_DIR: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/rules/invalid");
 
 /// Each invalid fixture and the errors it must give, as `file:line: path: message`.
 #[rustfmt::skip]
-pub const INVALID: &[(&str, &[&str])] = &[
+pub(crate) const INVALID: &[(&str, &[&str])] = &[
     ("algorithm_unknown.yaml", &[
         "algorithm_unknown.yaml:8: descriptors[0].rate_limit.algorithm: unknown algorithm 'leaky_bucket' (expected funnel, token_bucket, fixed_window, sliding_window, sliding_log or concurrency)",
         "algorithm_unknown.yaml:13: descriptors[1].rate_limits[0].algorithm: unknown algorithm 'Funnel' (expected funnel, token_bucket, fixed_window, sliding_window, sliding_log or concurrency)",
@@ -181,6 +182,6 @@ pub const INVALID: &[(&str, &[&str])] = &[
 ];
 
 /// Every expected error line of the directory, file by file (in name order), line by line.
-pub fn every_line() -> impl Iterator<Item = &'static str> {
+pub(crate) fn every_line() -> impl Iterator<Item = &'static str> {
     INVALID.iter().flat_map(|(_, lines)| lines.iter().copied())
 }

@@ -15,7 +15,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Clone)]
-pub struct Ads {
+pub(crate) struct Ads {
     pub snapshot: watch::Receiver<Option<DiscoveryResponse>>,
     pub requests: mpsc::UnboundedSender<DiscoveryRequest>,
     /// Ends every stream when cancelled.
@@ -66,7 +66,7 @@ impl AggregatedDiscoveryService for Ads {
 }
 
 /// The response of version `version` that carries `configs` (one resource per domain).
-pub fn snapshot(version: &str, configs: &[RateLimitConfig]) -> DiscoveryResponse {
+pub(crate) fn snapshot(version: &str, configs: &[RateLimitConfig]) -> DiscoveryResponse {
     DiscoveryResponse {
         version_info: version.into(),
         resources: configs

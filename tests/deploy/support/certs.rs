@@ -5,10 +5,10 @@ use rcgen::{
 };
 
 /// A CA generated for one test; `.0.pem()` is its certificate.
-pub struct Ca(pub CertifiedIssuer<'static, KeyPair>);
+pub(crate) struct Ca(pub CertifiedIssuer<'static, KeyPair>);
 
 impl Ca {
-    pub fn new() -> Ca {
+    pub(crate) fn new() -> Ca {
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         // Names of their own: a leaf whose issuer reads like its subject looks self-signed
@@ -21,7 +21,7 @@ impl Ca {
     }
 
     /// A leaf for `names` (the first is also its common name), as (certificate, key) PEM.
-    pub fn leaf(&self, names: &[&str]) -> (String, String) {
+    pub(crate) fn leaf(&self, names: &[&str]) -> (String, String) {
         let key = KeyPair::generate().unwrap();
         let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
         let mut params = CertificateParams::new(names.clone()).unwrap();

@@ -4,10 +4,10 @@
 use std::path::Path;
 use std::process::Command;
 
-pub use sluice::testing::envoy::{EnvoyProcess, INSTALL, binary};
+pub(crate) use sluice::testing::envoy::{EnvoyProcess, INSTALL, binary};
 
 /// `envoy --mode validate -c FILE`: panics with Envoy's message if the file is not valid.
-pub fn validate(config: &Path) {
+pub(crate) fn validate(config: &Path) {
     let out = Command::new(binary())
         .args(["--mode", "validate", "--log-level", "warn", "-c"])
         .arg(config)
@@ -23,7 +23,7 @@ pub fn validate(config: &Path) {
 }
 
 /// Replaces `from` by `to` in `text`, which must hold `from` exactly once.
-pub fn replace_once(text: &str, from: &str, to: &str) -> String {
+pub(crate) fn replace_once(text: &str, from: &str, to: &str) -> String {
     let found = text.matches(from).count();
     assert_eq!(found, 1, "expected `{from}` exactly once in the template");
     text.replacen(from, to, 1)

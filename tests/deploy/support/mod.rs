@@ -6,29 +6,29 @@ use std::path::{Path, PathBuf};
 
 use sluice::testing::process::SluiceProcess;
 
-pub mod ads;
-pub mod certs;
-pub mod envoy;
-pub mod ratelimit;
-pub mod upstream;
-pub mod yaml;
+pub(crate) mod ads;
+pub(crate) mod certs;
+pub(crate) mod envoy;
+pub(crate) mod ratelimit;
+pub(crate) mod upstream;
+pub(crate) mod yaml;
 
 /// The real `sluice serve --rules <rules>` plus `args`, once `/readyz` answers 200.
-pub async fn start_sluice(rules: &Path, args: &[&str]) -> SluiceProcess {
+pub(crate) async fn start_sluice(rules: &Path, args: &[&str]) -> SluiceProcess {
     SluiceProcess::start(env!("CARGO_BIN_EXE_sluice"), rules, args, &[])
         .ready()
         .await
 }
 
 /// A file of the shipped Envoy configs, `deploy/envoy/<name>`.
-pub fn deploy_file(name: &str) -> PathBuf {
+pub(crate) fn deploy_file(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("deploy/envoy")
         .join(name)
 }
 
 /// `sluice check --rules <path>`, which must pass; its standard output.
-pub fn sluice_check(path: &Path) -> String {
+pub(crate) fn sluice_check(path: &Path) -> String {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(["check", "--rules"])
         .arg(path)

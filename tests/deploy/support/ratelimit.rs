@@ -25,29 +25,29 @@ use super::certs::Ca;
 use super::envoy::EnvoyProcess;
 
 /// How long a started instance has to come up.
-pub const WITHIN: Duration = Duration::from_secs(20);
+pub(crate) const WITHIN: Duration = Duration::from_secs(20);
 
 /// Envoy Gateway's domain for the listener `http` of Gateway `default/eg` (the IR listener
 /// name).
-pub const EG_DOMAIN: &str = "default/eg/http";
+pub(crate) const EG_DOMAIN: &str = "default/eg/http";
 
 // ---------------------------------------------------------------------------------------
 // The binary as `ratelimit`.
 
 /// A symlink named `ratelimit` to the sluice binary, in `dir`.
-pub fn ratelimit_link(dir: &Path) -> PathBuf {
+pub(crate) fn ratelimit_link(dir: &Path) -> PathBuf {
     let link = dir.join("ratelimit");
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &link).expect("symlink");
     link
 }
 
 /// `ratelimit` with exactly `env` (nothing inherited), killed when dropped.
-pub struct Ratelimit {
+pub(crate) struct Ratelimit {
     _process: Served,
 }
 
 impl Ratelimit {
-    pub fn start(link: &Path, env: &HashMap<String, String>) -> Ratelimit {
+    pub(crate) fn start(link: &Path, env: &HashMap<String, String>) -> Ratelimit {
         let child = Command::new(link)
             .env_clear()
             .envs(env)
@@ -63,7 +63,7 @@ impl Ratelimit {
 
 /// The ports given to one instance (envoyproxy/ratelimit's 8081, 8080, 6070, and the
 /// Prometheus one), free ones here.
-pub struct Ports {
+pub(crate) struct Ports {
     pub grpc: u16,
     pub http: u16,
     pub debug: u16,
@@ -71,7 +71,7 @@ pub struct Ports {
 }
 
 impl Ports {
-    pub fn new() -> Ports {
+    pub(crate) fn new() -> Ports {
         Ports {
             grpc: free_port(),
             http: free_port(),
@@ -83,7 +83,7 @@ impl Ports {
 
 /// `base` with the test's addresses: values swapped by `swaps`, plus the listeners on
 /// loopback free ports (the same variables, so still envoyproxy/ratelimit's).
-pub fn swap(
+pub(crate) fn swap(
     base: &[(&str, &str)],
     swaps: &[(&str, String)],
     ports: &Ports,
@@ -119,7 +119,7 @@ pub fn swap(
 }
 
 /// Waits until `GET /healthcheck` on the HTTP port answers 200.
-pub async fn healthy(ports: &Ports) {
+pub(crate) async fn healthy(ports: &Ports) {
     let deadline = Instant::now() + WITHIN;
     loop {
         let answer = try_get(loopback(ports.http), "/healthcheck").await;
@@ -135,14 +135,14 @@ pub async fn healthy(ports: &Ports) {
 }
 
 /// A client of the plain-text gRPC port of a started `ratelimit`.
-pub async fn plain_client(ports: &Ports) -> RateLimitServiceClient<Channel> {
+pub(crate) async fn plain_client(ports: &Ports) -> RateLimitServiceClient<Channel> {
     let url = format!("http://127.0.0.1:{}", ports.grpc);
     let channel = Channel::from_shared(url).unwrap().connect().await.unwrap();
     RateLimitServiceClient::new(channel)
 }
 
 /// Writes `text` to `dir/name`; its path.
-pub fn write(dir: &Path, name: &str, text: &str) -> String {
+pub(crate) fn write(dir: &Path, name: &str, text: &str) -> String {
     let path = dir.join(name);
     std::fs::write(&path, text).unwrap();
     path.display().to_string()
@@ -150,7 +150,7 @@ pub fn write(dir: &Path, name: &str, text: &str) -> String {
 
 /// A RUNTIME_ROOT in `dir` whose rules directory `<root>/<rules>` holds `files` (name, text),
 /// as a string for the env.
-pub fn runtime_root(dir: &Path, rules: &str, files: &[(&str, &str)]) -> String {
+pub(crate) fn runtime_root(dir: &Path, rules: &str, files: &[(&str, &str)]) -> String {
     let root = dir.join("data");
     let config = root.join(rules);
     std::fs::create_dir_all(&config).unwrap();
@@ -166,7 +166,7 @@ pub fn runtime_root(dir: &Path, rules: &str, files: &[(&str, &str)]) -> String {
 /// A management server on a free port: with `tls` (its certificate and key, and the CA of
 /// the client certificates it requires) mTLS as Envoy Gateway's, else plain text as AI
 /// Gateway's. Every request it receives is passed on.
-pub async fn ads_server(
+pub(crate) async fn ads_server(
     tls: Option<(&(String, String), &str)>,
     snapshot: watch::Receiver<Option<DiscoveryResponse>>,
 ) -> (SocketAddr, mpsc::UnboundedReceiver<DiscoveryRequest>) {
@@ -197,7 +197,7 @@ pub async fn ads_server(
 }
 
 /// The node id of the first request the management server receives.
-pub async fn node_id(requests: &mut mpsc::UnboundedReceiver<DiscoveryRequest>) -> String {
+pub(crate) async fn node_id(requests: &mut mpsc::UnboundedReceiver<DiscoveryRequest>) -> String {
     tokio::time::timeout(WITHIN, requests.recv())
         .await
         .expect("a request of the management server")
@@ -211,7 +211,7 @@ pub async fn node_id(requests: &mut mpsc::UnboundedReceiver<DiscoveryRequest>) -
 /// CA, the xDS server's, and the rate-limit's own, used both for its gRPC port and as its
 /// xDS client certificate), its management server (mTLS) serving `rules`, and `ratelimit`
 /// started with its exact env (ENVOY_GATEWAY) holding the test's addresses.
-pub struct EnvoyGateway {
+pub(crate) struct EnvoyGateway {
     pub ca_pem: String,
     pub ca_file: String,
     pub ports: Ports,
@@ -222,7 +222,7 @@ pub struct EnvoyGateway {
 
 impl EnvoyGateway {
     /// Files go in `dir`; Redis listens on `redis`.
-    pub async fn start(
+    pub(crate) async fn start(
         dir: &Path,
         redis: u16,
         rules: watch::Receiver<Option<DiscoveryResponse>>,
@@ -273,7 +273,7 @@ impl EnvoyGateway {
 // Envoy.
 
 /// The rate-limit filter of an Envoy started by [`envoy`].
-pub struct RlsFilter<'a> {
+pub(crate) struct RlsFilter<'a> {
     /// `envoy.filters.http.ratelimit`, or `envoy.filters.http.ratelimit/<name>` as gateways
     /// name a filter of their own.
     pub name: &'a str,
@@ -286,7 +286,7 @@ pub struct RlsFilter<'a> {
 /// Envoy on a free port with `filter` asking the RLS on `rls` (over TLS trusting `ca` when
 /// given), and `routes` (flow-style YAML or JSON route objects) to cluster `upstream`, the
 /// stub on port `upstream`. Envoy, and the port it listens on.
-pub async fn envoy(
+pub(crate) async fn envoy(
     filter: &RlsFilter<'_>,
     routes: &[String],
     rls: u16,

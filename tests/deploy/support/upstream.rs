@@ -2,13 +2,13 @@
 
 /// An HTTP server answering 200 `upstream` to everything, stopped when dropped. A request
 /// carrying `x-reply-tokens: N` gets `x-tokens-used: N` back (an LLM server reporting usage).
-pub struct Upstream {
+pub(crate) struct Upstream {
     pub port: u16,
     _stop: tokio::sync::oneshot::Sender<()>,
 }
 
 impl Upstream {
-    pub async fn start() -> Upstream {
+    pub(crate) async fn start() -> Upstream {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind the upstream stub");

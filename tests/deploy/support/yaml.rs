@@ -5,23 +5,23 @@
 use saphyr::{LoadableYamlNode as _, Yaml};
 
 /// One document of a multi-document text: its own text and its parsed form.
-pub struct Doc {
+pub(crate) struct Doc {
     pub text: String,
     pub yaml: Yaml<'static>,
 }
 
 impl Doc {
-    pub fn kind(&self) -> &str {
+    pub(crate) fn kind(&self) -> &str {
         opt(&self.yaml, "kind").and_then(Yaml::as_str).unwrap_or("")
     }
 
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         str_at(&self.yaml, "metadata.name")
     }
 }
 
 /// The non-empty documents of `text` (separated by `---` lines).
-pub fn documents(text: &str) -> Vec<Doc> {
+pub(crate) fn documents(text: &str) -> Vec<Doc> {
     let mut chunks = vec![String::new()];
     for line in text.lines() {
         if line == "---" {
@@ -46,7 +46,7 @@ pub fn documents(text: &str) -> Vec<Doc> {
 }
 
 /// The node at a dotted path (numbers index sequences), if any.
-pub fn opt<'a>(node: &'a Yaml<'static>, path: &str) -> Option<&'a Yaml<'static>> {
+pub(crate) fn opt<'a>(node: &'a Yaml<'static>, path: &str) -> Option<&'a Yaml<'static>> {
     path.split('.')
         .try_fold(node, |node, step| match step.parse::<usize>() {
             Ok(i) => node.as_sequence_get(i),
@@ -55,30 +55,30 @@ pub fn opt<'a>(node: &'a Yaml<'static>, path: &str) -> Option<&'a Yaml<'static>>
 }
 
 /// The node at a dotted path; panics naming the path when it is missing.
-pub fn at<'a>(node: &'a Yaml<'static>, path: &str) -> &'a Yaml<'static> {
+pub(crate) fn at<'a>(node: &'a Yaml<'static>, path: &str) -> &'a Yaml<'static> {
     opt(node, path).unwrap_or_else(|| panic!("no `{path}` in {node:?}"))
 }
 
-pub fn str_at<'a>(node: &'a Yaml<'static>, path: &str) -> &'a str {
+pub(crate) fn str_at<'a>(node: &'a Yaml<'static>, path: &str) -> &'a str {
     at(node, path)
         .as_str()
         .unwrap_or_else(|| panic!("`{path}` is not a string"))
 }
 
-pub fn int_at(node: &Yaml<'static>, path: &str) -> i64 {
+pub(crate) fn int_at(node: &Yaml<'static>, path: &str) -> i64 {
     at(node, path)
         .as_integer()
         .unwrap_or_else(|| panic!("`{path}` is not an integer"))
 }
 
-pub fn bool_at(node: &Yaml<'static>, path: &str) -> bool {
+pub(crate) fn bool_at(node: &Yaml<'static>, path: &str) -> bool {
     at(node, path)
         .as_bool()
         .unwrap_or_else(|| panic!("`{path}` is not a boolean"))
 }
 
 /// The items of the sequence at `path`.
-pub fn seq_at<'a>(node: &'a Yaml<'static>, path: &str) -> &'a [Yaml<'static>] {
+pub(crate) fn seq_at<'a>(node: &'a Yaml<'static>, path: &str) -> &'a [Yaml<'static>] {
     at(node, path)
         .as_vec()
         .map(Vec::as_slice)
@@ -86,7 +86,7 @@ pub fn seq_at<'a>(node: &'a Yaml<'static>, path: &str) -> &'a [Yaml<'static>] {
 }
 
 /// The item of the sequence at `path` whose `name` is `name`.
-pub fn named<'a>(node: &'a Yaml<'static>, path: &str, name: &str) -> &'a Yaml<'static> {
+pub(crate) fn named<'a>(node: &'a Yaml<'static>, path: &str, name: &str) -> &'a Yaml<'static> {
     seq_at(node, path)
         .iter()
         .find(|item| opt(item, "name").and_then(Yaml::as_str) == Some(name))
@@ -94,7 +94,7 @@ pub fn named<'a>(node: &'a Yaml<'static>, path: &str, name: &str) -> &'a Yaml<'s
 }
 
 /// The string pairs of the mapping at `path`, in order.
-pub fn string_map(node: &Yaml<'static>, path: &str) -> Vec<(String, String)> {
+pub(crate) fn string_map(node: &Yaml<'static>, path: &str) -> Vec<(String, String)> {
     at(node, path)
         .as_mapping()
         .unwrap_or_else(|| panic!("`{path}` is not a mapping"))
@@ -111,7 +111,7 @@ pub fn string_map(node: &Yaml<'static>, path: &str) -> Vec<(String, String)> {
 }
 
 /// The same data as JSON (scalars by their resolved type), e.g. to build an Envoy bootstrap.
-pub fn to_json(node: &Yaml<'_>) -> serde_json::Value {
+pub(crate) fn to_json(node: &Yaml<'_>) -> serde_json::Value {
     use saphyr::Scalar;
     use serde_json::Value;
     match node {

@@ -18,14 +18,14 @@ use sluice::limiter::token_bucket::{Bucket, TokenBucket};
 use sluice::limiter::{
     BatchOutcome, Clock, Hit, HitOutcome, LimitParams, ManualClock, MemoryLimiter, Role,
 };
-pub use sluice::testing::limits::{check_now, hit, limit};
+pub(crate) use sluice::testing::limits::{check_now, hit, limit};
 
-pub const MS: u64 = 1_000_000;
-pub const SEC: u64 = 1_000_000_000;
+pub(crate) const MS: u64 = 1_000_000;
+pub(crate) const SEC: u64 = 1_000_000_000;
 
 /// The configuration of every property test: 256 cases, and room for the rejects of the
 /// retry-time properties (which skip the draws whose cost is admitted).
-pub fn config() -> ProptestConfig {
+pub(crate) fn config() -> ProptestConfig {
     ProptestConfig {
         max_global_rejects: 1 << 20,
         ..ProptestConfig::with_cases(256)
@@ -34,7 +34,7 @@ pub fn config() -> ProptestConfig {
 
 /// Time steps in thousandths of `unit`: often none (a burst at one instant), up to three
 /// units; and a cost per step.
-pub fn steps(max_len: usize, max_cost: u64) -> impl Strategy<Value = Vec<(u64, u64)>> {
+pub(crate) fn steps(max_len: usize, max_cost: u64) -> impl Strategy<Value = Vec<(u64, u64)>> {
     vec(
         (prop_oneof![Just(0u64), 0u64..3000], 0..=max_cost),
         1..=max_len,
@@ -43,7 +43,7 @@ pub fn steps(max_len: usize, max_cost: u64) -> impl Strategy<Value = Vec<(u64, u
 
 /// Inputs of the bound properties of the window algorithms: a quota 1 to 49, a period 1 ms to
 /// 10 s, a start up to 100 s, and 1 to 200 time steps with costs 0 to 6.
-pub fn window_runs() -> impl Strategy<Value = (u32, u64, u64, Vec<(u64, u64)>)> {
+pub(crate) fn window_runs() -> impl Strategy<Value = (u32, u64, u64, Vec<(u64, u64)>)> {
     (1u32..50, MS..=10 * SEC, 0u64..=100 * SEC, steps(200, 6))
 }
 
@@ -51,7 +51,7 @@ pub fn window_runs() -> impl Strategy<Value = (u32, u64, u64, Vec<(u64, u64)>)> 
 /// 10 s, charged always half the time; for the funnel and the token bucket a burst 0 to 29 and
 /// borrowing either way, for the others a window limit), a start up to 1 s, and 1 to 200 single
 /// hits as (time step in thousandths of a unit, cost 0 to 8, refund one time in five).
-pub fn single_hits(
+pub(crate) fn single_hits(
     algorithm: Algorithm,
 ) -> impl Strategy<Value = (LimitParams, u64, Vec<(u64, u64, bool)>)> {
     let capacity = if algorithm.has_capacity() {
@@ -91,7 +91,7 @@ pub fn single_hits(
 /// One algorithm's pure functions, as the tests use them to predict what a backend answers.
 /// Each implementation calls the algorithm's own module directly (not [`Algo`], which the
 /// backends use), so that a wrong dispatch there shows as a disagreement.
-pub trait Pure {
+pub(crate) trait Pure {
     /// One key's state, as the algorithm's module keeps it.
     type State: Clone;
     /// Whether `cost` at `now` is admitted.
@@ -222,7 +222,7 @@ impl Pure for SlidingLog {
 /// The pure algorithm's answer for one hit of a limit charging `charge`; `state` becomes the
 /// state the hit leaves. A refund is always admitted; a denied hit changes the state only
 /// under `charge: always`, and reports nothing remaining and its retry time from the old state.
-pub fn answer<P: Pure>(
+pub(crate) fn answer<P: Pure>(
     pure: &P,
     charge: Charge,
     state: &mut P::State,
@@ -253,7 +253,7 @@ pub fn answer<P: Pure>(
 /// Single hits `(permille, cost, refund)` on one key of `limit` in a memory backend, each
 /// `permille` thousandths of `unit` after the last, from `start`: the backend answers exactly
 /// what `pure` (keeping its own state, `fresh` at first) answers, and holds at most that one key.
-pub fn assert_memory_agrees<P: Pure>(
+pub(crate) fn assert_memory_agrees<P: Pure>(
     limit: LimitParams,
     start: u64,
     unit: u64,
@@ -286,7 +286,7 @@ pub fn assert_memory_agrees<P: Pure>(
 /// The retry time of a denial of `cost` at `now` is exact: still denied one nanosecond before
 /// it, and at it (without other traffic) admitted exactly when `fits`. Draws where `cost` is
 /// admitted at `now` are rejected.
-pub fn assert_retry_time_is_exact<P: Pure>(
+pub(crate) fn assert_retry_time_is_exact<P: Pure>(
     pure: &P,
     state: &P::State,
     now: u64,
@@ -302,14 +302,14 @@ pub fn assert_retry_time_is_exact<P: Pure>(
 }
 
 /// `permille` thousandths of `unit` nanoseconds.
-pub fn step(unit: u64, permille: u64) -> u64 {
+pub(crate) fn step(unit: u64, permille: u64) -> u64 {
     let nanos = u128::from(unit) * u128::from(permille) / 1000;
     u64::try_from(nanos).unwrap_or(u64::MAX)
 }
 
 /// Drives one key of `limit` through `steps` (advance, cost), starting at `start`; returns
 /// every hit as (time, cost, outcome).
-pub fn outcomes(
+pub(crate) fn outcomes(
     limit: LimitParams,
     start: u64,
     unit: u64,
@@ -329,7 +329,7 @@ pub fn outcomes(
 }
 
 /// [`outcomes`], keeping only the admitted events as (time, cost), costs of 0 left out.
-pub fn admitted_events(
+pub(crate) fn admitted_events(
     limit: LimitParams,
     start: u64,
     unit: u64,
@@ -344,7 +344,7 @@ pub fn admitted_events(
 
 /// For every pair of admitted events i <= j, the cost admitted in [t_i, t_j] is at most
 /// `bound(t_j - t_i)`.
-pub fn assert_interval_bound(
+pub(crate) fn assert_interval_bound(
     events: &[(u64, u64)],
     bound: impl Fn(u64) -> u128,
 ) -> Result<(), TestCaseError> {
@@ -366,9 +366,9 @@ pub fn assert_interval_bound(
 }
 
 /// A descriptor: its role and its hits as (key index, cost, refund).
-pub type Descriptor = (Role, Vec<(usize, u64, bool)>);
+pub(crate) type Descriptor = (Role, Vec<(usize, u64, bool)>);
 
-pub fn descriptor() -> impl Strategy<Value = Descriptor> {
+pub(crate) fn descriptor() -> impl Strategy<Value = Descriptor> {
     let role = prop_oneof![
         3 => Just(Role::Enforced),
         1 => Just(Role::Shadow),
@@ -380,7 +380,7 @@ pub fn descriptor() -> impl Strategy<Value = Descriptor> {
 }
 
 /// One key's limit of `algorithm` for the denial property; one in four charges always.
-pub fn key_limit(algorithm: Algorithm) -> impl Strategy<Value = LimitParams> {
+pub(crate) fn key_limit(algorithm: Algorithm) -> impl Strategy<Value = LimitParams> {
     let charge = prop_oneof![3 => Just(Charge::Admitted), 1 => Just(Charge::Always)];
     (0u32..5, MS..=SEC, 0u32..6, any::<bool>(), charge).prop_map(
         move |(q, p, b, borrow, charge)| {
@@ -396,12 +396,12 @@ pub fn key_limit(algorithm: Algorithm) -> impl Strategy<Value = LimitParams> {
 }
 
 /// Random requests: a time step (up to 300 ms) and 1 to 3 descriptors.
-pub fn requests() -> impl Strategy<Value = Vec<(u64, Vec<Descriptor>)>> {
+pub(crate) fn requests() -> impl Strategy<Value = Vec<(u64, Vec<Descriptor>)>> {
     vec((0u64..300 * MS, vec(descriptor(), 1..=3)), 1..=60)
 }
 
 /// Inputs of the denial property for `algorithm`: four keys' limits and random requests.
-pub fn denials(
+pub(crate) fn denials(
     algorithm: Algorithm,
 ) -> impl Strategy<Value = (Vec<LimitParams>, Vec<(u64, Vec<Descriptor>)>)> {
     (vec(key_limit(algorithm), 4), requests())
@@ -426,7 +426,7 @@ fn batch(limits: &[LimitParams], descriptors: &[Descriptor]) -> Vec<Hit> {
 /// held key keeps its state, and each key of such a limit holds what taking (or, for a refund,
 /// giving back) their costs in batch order from its old state leaves (nothing, once fresh).
 /// Without such a limit, the same batch at the same instant gets the same outcome again.
-pub fn assert_denials_change_nothing(
+pub(crate) fn assert_denials_change_nothing(
     limits: &[LimitParams],
     requests: &[(u64, Vec<Descriptor>)],
 ) -> Result<(), TestCaseError> {

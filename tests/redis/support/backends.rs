@@ -12,10 +12,10 @@ use sluice::limiter::{ManualClock, RedisLimiter};
 use sluice::testing::grpc::{Client, TestServer, client};
 use sluice::testing::redis::RedisServer;
 
-pub const RULES: &str = include_str!("../../fixtures/semantics.yaml");
+pub(crate) const RULES: &str = include_str!("../../fixtures/semantics.yaml");
 
 /// What a test holds on to: the server, and the Redis behind it (if any).
-pub struct Backend {
+pub(crate) struct Backend {
     _server: TestServer,
     _redis: Option<RedisServer>,
 }
@@ -23,7 +23,7 @@ pub struct Backend {
 impl Backend {
     /// Whole seconds since the Unix epoch on the clock this backend's limiter reads: the
     /// server's manual clock over memory, the wall clock (Redis's `TIME`) over Redis.
-    pub fn now_secs(&self) -> u64 {
+    pub(crate) fn now_secs(&self) -> u64 {
         if self._redis.is_some() {
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -35,17 +35,17 @@ impl Backend {
     }
 
     /// The server's gRPC URL (for the other clients).
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         self._server.url()
     }
 
     /// The memory backend's manual clock; `None` over Redis, which reads its own.
-    pub fn memory_clock(&self) -> Option<&ManualClock> {
+    pub(crate) fn memory_clock(&self) -> Option<&ManualClock> {
         self._redis.is_none().then_some(&self._server.clock)
     }
 }
 
-pub async fn memory_serving(rules: &str) -> (Backend, Client) {
+pub(crate) async fn memory_serving(rules: &str) -> (Backend, Client) {
     let server = TestServer::start(rules).await;
     let c = client(&server).await;
     (
@@ -57,7 +57,7 @@ pub async fn memory_serving(rules: &str) -> (Backend, Client) {
     )
 }
 
-pub async fn redis_serving(rules: &str) -> (Backend, Client) {
+pub(crate) async fn redis_serving(rules: &str) -> (Backend, Client) {
     let redis = RedisServer::start();
     let limiter = RedisLimiter::new(&redis.settings(), 1_000).expect("valid redis settings");
     let server = TestServer::start_over(Settings::default(), rules, Arc::new(limiter)).await;

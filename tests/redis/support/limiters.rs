@@ -9,7 +9,7 @@ use sluice::testing::redis::RedisServer;
 
 const SEC: u64 = 1_000_000_000;
 
-pub struct Backends {
+pub(crate) struct Backends {
     pub redis: RedisServer,
     pub clock: ManualClock,
     pub memory: MemoryLimiter<ManualClock>,
@@ -19,7 +19,7 @@ pub struct Backends {
 }
 
 impl Backends {
-    pub fn start() -> Backends {
+    pub(crate) fn start() -> Backends {
         let redis = RedisServer::start();
         let clock = ManualClock::at(1_700_000_000 * SEC);
         let replica = || {
@@ -37,7 +37,7 @@ impl Backends {
     }
 
     /// The members of `key`'s sorted set in Redis (a concurrency key's holds).
-    pub fn members(&self, key: &str) -> Vec<String> {
+    pub(crate) fn members(&self, key: &str) -> Vec<String> {
         self.redis
             .cmd(&["ZRANGE", &format!("sluice:{key}"), "0", "-1"])
     }

@@ -13,7 +13,7 @@ use sluice::testing::process::SluiceProcess;
 
 /// `count` `sluice serve` processes over the Redis at `redis_url`, serving `rules` (kept in
 /// the returned file while they run).
-pub fn replicas(
+pub(crate) fn replicas(
     count: usize,
     rules: &str,
     redis_url: &str,
@@ -36,7 +36,7 @@ pub fn replicas(
 
 /// What the clients got.
 #[derive(Debug, Clone, Copy)]
-pub struct Tally {
+pub(crate) struct Tally {
     pub admitted: u64,
     pub denied: u64,
     pub errors: u64,
@@ -45,7 +45,7 @@ pub struct Tally {
 }
 
 /// `clients` clients per URL call for `run`; client `i` sends `request(i)` each time.
-pub async fn hammer(
+pub(crate) async fn hammer(
     urls: &[String],
     clients: usize,
     run: Duration,
@@ -91,7 +91,7 @@ pub async fn hammer(
 
 /// The funnel's bound: admitted <= burst + quota x elapsed / period (period 1 s here); and
 /// the limit, not the load, decided (many denials, and close to the bound).
-pub fn assert_exact(t: Tally, quota_per_second: f64, burst: f64) {
+pub(crate) fn assert_exact(t: Tally, quota_per_second: f64, burst: f64) {
     let bound = burst + quota_per_second * t.elapsed.as_secs_f64();
     eprintln!(
         "admitted {}, denied {}, errors {}, bound {bound:.1} over {:?}",

@@ -2,7 +2,7 @@
 //! replicas.
 
 #[macro_use]
-pub mod backends;
-pub mod limiters;
-pub mod load;
-pub mod rng;
+pub(crate) mod backends;
+pub(crate) mod limiters;
+pub(crate) mod load;
+pub(crate) mod rng;

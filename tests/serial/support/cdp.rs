@@ -13,7 +13,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
 /// A headless Chromium with one page, killed when dropped.
-pub struct Browser {
+pub(crate) struct Browser {
     child: Child,
     _profile: tempfile::TempDir,
     ws: TcpStream,
@@ -29,7 +29,7 @@ impl Drop for Browser {
 
 impl Browser {
     /// Chromium (`program`) showing `url` in a window of `size` (`"1280,900"`).
-    pub async fn open(program: &Path, url: &str, size: &str) -> Browser {
+    pub(crate) async fn open(program: &Path, url: &str, size: &str) -> Browser {
         let profile = tempfile::tempdir().expect("a profile directory");
         let child = Command::new(program)
             .args([
@@ -62,7 +62,7 @@ impl Browser {
     }
 
     /// Sends one command and returns its `result` (events before it are skipped).
-    pub async fn call(&mut self, method: &str, params: Value) -> Value {
+    pub(crate) async fn call(&mut self, method: &str, params: Value) -> Value {
         self.next_id += 1;
         let id = self.next_id;
         let text = json!({ "id": id, "method": method, "params": params }).to_string();
@@ -84,7 +84,7 @@ impl Browser {
     }
 
     /// The value of `expression` in the page (a promise is awaited); panics on an exception.
-    pub async fn eval(&mut self, expression: &str) -> Value {
+    pub(crate) async fn eval(&mut self, expression: &str) -> Value {
         let params =
             json!({ "expression": expression, "awaitPromise": true, "returnByValue": true });
         let result = self.call("Runtime.evaluate", params).await;
@@ -96,7 +96,7 @@ impl Browser {
     }
 
     /// Waits (at most 10 s) until `expression` is true in the page.
-    pub async fn wait_for(&mut self, expression: &str) {
+    pub(crate) async fn wait_for(&mut self, expression: &str) {
         let start = tokio::time::Instant::now();
         while self.eval(&format!("!!({expression})")).await != json!(true) {
             assert!(
@@ -108,7 +108,7 @@ impl Browser {
     }
 
     /// A PNG of the page as shown, also written to `file`.
-    pub async fn screenshot(&mut self, file: &Path) -> Vec<u8> {
+    pub(crate) async fn screenshot(&mut self, file: &Path) -> Vec<u8> {
         let result = self
             .call("Page.captureScreenshot", json!({ "format": "png" }))
             .await;

@@ -1,4 +1,4 @@
 //! Helpers of the serial tests: a small Chrome DevTools Protocol client (`cdp`) that drives a
 //! real headless Chromium.
 
-pub mod cdp;
+pub(crate) mod cdp;

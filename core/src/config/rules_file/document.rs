@@ -31,7 +31,7 @@ const DESCRIPTOR_KEYS: &[&str] = &[
 
 /// Checks one document; `None` for an empty document or one without a usable domain name.
 /// The descriptors of a domain with errors are partial: callers must look at `ctx.errors`.
-pub fn domain<'a>(doc: &'a MarkedYaml<'a>, ctx: &mut Ctx<'_>) -> Option<DomainRules> {
+pub(super) fn domain<'a>(doc: &'a MarkedYaml<'a>, ctx: &mut Ctx<'_>) -> Option<DomainRules> {
     if is_null(doc) {
         return None;
     }

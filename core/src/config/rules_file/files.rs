@@ -12,11 +12,11 @@ use std::path::{Path, PathBuf};
 use super::RuleError;
 
 /// What a rules path expands to: the files to load, in order, or an error for that path.
-pub type Found = Result<PathBuf, RuleError>;
+pub(super) type Found = Result<PathBuf, RuleError>;
 
 /// Expands each path: a directory into its rules files, anything else into itself (so an
 /// explicitly named file is loaded whatever its extension).
-pub fn expand(paths: &[PathBuf]) -> Vec<Found> {
+pub(super) fn expand(paths: &[PathBuf]) -> Vec<Found> {
     let mut found = Vec::new();
     for path in paths {
         match fs::metadata(path) {
@@ -75,7 +75,7 @@ fn is_rules_file(path: &Path) -> bool {
 }
 
 /// Reads a rules file, which must be UTF-8.
-pub fn read(path: &Path) -> Result<String, RuleError> {
+pub(super) fn read(path: &Path) -> Result<String, RuleError> {
     let bytes = fs::read(path).map_err(|e| io_error(path, &e))?;
     String::from_utf8(bytes).map_err(|e| {
         let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];

@@ -64,7 +64,7 @@ struct Placed {
 }
 
 /// The policy of a descriptor mapping: none, unlimited, or its limits.
-pub fn policy(descriptor: &Fields<'_>, ctx: &mut Ctx<'_>) -> Policy {
+pub(super) fn policy(descriptor: &Fields<'_>, ctx: &mut Ctx<'_>) -> Policy {
     let single = descriptor.get("rate_limit");
     let list = descriptor.get_raw("rate_limits");
     if let (Some(_), Some(l)) = (single, list) {
@@ -200,7 +200,7 @@ fn one(node: &MarkedYaml<'_>, path: &str, at: usize, ctx: &mut Ctx<'_>) -> Optio
 }
 
 /// Reads an optional boolean field; absent, null or invalid is false.
-pub fn flag(fields: &Fields<'_>, name: &str, ctx: &mut Ctx<'_>) -> bool {
+pub(super) fn flag(fields: &Fields<'_>, name: &str, ctx: &mut Ctx<'_>) -> bool {
     fields
         .get(name)
         .and_then(|f| boolean(f, ctx))

@@ -30,7 +30,7 @@ const MAX_SECONDS: u64 = 100 * Unit::Year.seconds();
 /// Whether a document is a limitador limits file rather than a ratelimit domain: a sequence at
 /// the top that is empty or whose first item is a mapping with one of limitador's own keys
 /// (`namespace`, `max_value`, `seconds`). Any other sequence stays "expected a mapping".
-pub fn is_limits_file(doc: &MarkedYaml<'_>) -> bool {
+pub(super) fn is_limits_file(doc: &MarkedYaml<'_>) -> bool {
     let YamlData::Sequence(items) = &doc.data else {
         return false;
     };
@@ -47,7 +47,7 @@ pub fn is_limits_file(doc: &MarkedYaml<'_>) -> bool {
 }
 
 /// Every limit of one sequence document that is valid; the others are reported.
-pub fn limits<'a>(doc: &'a MarkedYaml<'a>, ctx: &mut Ctx<'_>) -> Vec<NamespaceLimit> {
+pub(super) fn limits<'a>(doc: &'a MarkedYaml<'a>, ctx: &mut Ctx<'_>) -> Vec<NamespaceLimit> {
     let YamlData::Sequence(items) = &doc.data else {
         return Vec::new();
     };
@@ -189,7 +189,7 @@ fn algorithm(fields: &Fields<'_>, max_value: Option<u32>, ctx: &mut Ctx<'_>) -> 
 
 /// Reports a limit that is the same limit as an earlier one (same namespace, window,
 /// conditions and variables, or the same id): limitador would keep only one of them.
-pub fn check_unique(all: &[NamespaceLimit], new: &[NamespaceLimit], ctx: &mut Ctx<'_>) {
+pub(super) fn check_unique(all: &[NamespaceLimit], new: &[NamespaceLimit], ctx: &mut Ctx<'_>) {
     for (i, limit) in new.iter().enumerate() {
         let earlier = all.iter().chain(&new[..i]).find(|other| {
             other.same_limit(limit)

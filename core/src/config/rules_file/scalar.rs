@@ -8,7 +8,7 @@ use serde_json::{Map, Number, Value};
 use super::tree::{Ctx, Field, describe, index, join, key_name, line, scalar_text};
 
 /// A string field. Numbers and booleans are taken as written (`value: 123` is `"123"`).
-pub fn string(f: &Field<'_>, ctx: &mut Ctx<'_>) -> Option<String> {
+pub(super) fn string(f: &Field<'_>, ctx: &mut Ctx<'_>) -> Option<String> {
     match &f.node.data {
         YamlData::Value(Scalar::String(s)) => Some(s.to_string()),
         YamlData::Value(Scalar::Null) => Some(String::new()),
@@ -19,7 +19,7 @@ pub fn string(f: &Field<'_>, ctx: &mut Ctx<'_>) -> Option<String> {
 
 /// A boolean field: `true` or `false`, or an unquoted YAML 1.1 spelling (`yes`, `off`, ...)
 /// as envoyproxy/ratelimit's YAML library reads them.
-pub fn boolean(f: &Field<'_>, ctx: &mut Ctx<'_>) -> Option<bool> {
+pub(super) fn boolean(f: &Field<'_>, ctx: &mut Ctx<'_>) -> Option<bool> {
     match &f.node.data {
         YamlData::Value(Scalar::Boolean(b)) => Some(*b),
         YamlData::Value(Scalar::String(s)) if ctx.source(f.node) == s => match yaml11_bool(s) {
@@ -40,7 +40,7 @@ fn yaml11_bool(s: &str) -> Option<bool> {
 }
 
 /// An unsigned 32-bit integer field. Floats, negative and too large values are errors.
-pub fn uint(f: &Field<'_>, ctx: &mut Ctx<'_>) -> Option<u32> {
+pub(super) fn uint(f: &Field<'_>, ctx: &mut Ctx<'_>) -> Option<u32> {
     match &f.node.data {
         YamlData::Value(Scalar::Integer(i)) => in_range(f, &i.to_string(), *i < 0, ctx),
         YamlData::Value(Scalar::FloatingPoint(_)) if is_integer(ctx.source(f.node)) => {
@@ -82,7 +82,7 @@ fn mismatch<T>(f: &Field<'_>, expected: &str, ctx: &mut Ctx<'_>) -> Option<T> {
 }
 
 /// A `metadata` mapping, converted to JSON.
-pub fn json_map(f: &Field<'_>, ctx: &mut Ctx<'_>) -> Option<Map<String, Value>> {
+pub(super) fn json_map(f: &Field<'_>, ctx: &mut Ctx<'_>) -> Option<Map<String, Value>> {
     match json(f.node, &f.path, f.line, ctx)? {
         Value::Object(map) => Some(map),
         _ => mismatch(f, "a mapping", ctx),

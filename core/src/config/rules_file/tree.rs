@@ -13,12 +13,12 @@ use super::{DefaultsFrom, LoadOptions, RuleError};
 use crate::config::model::{LimitDefaults, Location};
 
 /// The deepest indentation (in columns) a line of a rules file may have.
-pub const MAX_INDENT: usize = 100;
+pub(super) const MAX_INDENT: usize = 100;
 /// The most block indicators (`- `, `? `, `: `) one line may hold.
-pub const MAX_INDICATORS: usize = 50;
+pub(super) const MAX_INDICATORS: usize = 50;
 
 /// One file being checked: its name, its text and the errors found so far.
-pub struct Ctx<'t> {
+pub(super) struct Ctx<'t> {
     pub file: Arc<PathBuf>,
     text: &'t str,
     chars: CharIndex,
@@ -34,7 +34,7 @@ pub struct Ctx<'t> {
 }
 
 impl<'t> Ctx<'t> {
-    pub fn new(file: Arc<PathBuf>, text: &'t str) -> Ctx<'t> {
+    pub(super) fn new(file: Arc<PathBuf>, text: &'t str) -> Ctx<'t> {
         Ctx {
             file,
             text,
@@ -48,13 +48,13 @@ impl<'t> Ctx<'t> {
     }
 
     /// Reads the limits of `domain` from here on with that domain's defaults.
-    pub fn enter_domain(&mut self, domain: &str) {
+    pub(super) fn enter_domain(&mut self, domain: &str) {
         (self.defaults, self.defaults_from) = self.options.defaults(domain);
         domain.clone_into(&mut self.domain);
     }
 
     /// Where the default algorithm of the current domain comes from, for messages.
-    pub fn algorithm_source(&self) -> String {
+    pub(super) fn algorithm_source(&self) -> String {
         if self.defaults_from.algorithm {
             format!("limits.domains.\"{}\".algorithm", self.domain)
         } else {
@@ -63,7 +63,7 @@ impl<'t> Ctx<'t> {
     }
 
     /// Records one error at `line` (1-based) and YAML `path`.
-    pub fn error(&mut self, line: usize, path: &str, message: impl Into<String>) {
+    pub(super) fn error(&mut self, line: usize, path: &str, message: impl Into<String>) {
         self.errors.push(RuleError {
             file: self.file.as_ref().clone(),
             line,
@@ -72,7 +72,7 @@ impl<'t> Ctx<'t> {
         });
     }
 
-    pub fn location(&self, line: usize) -> Location {
+    pub(super) fn location(&self, line: usize) -> Location {
         Location {
             file: Arc::clone(&self.file),
             line,
@@ -80,7 +80,7 @@ impl<'t> Ctx<'t> {
     }
 
     /// The source text a node was read from (empty if its span is unknown).
-    pub fn source(&self, node: &MarkedYaml<'_>) -> &'t str {
+    pub(super) fn source(&self, node: &MarkedYaml<'_>) -> &'t str {
         let start = self.chars.byte_offset(self.text, node.span.start.index());
         let end = self.chars.byte_offset(self.text, node.span.end.index());
         match (start, end) {
@@ -133,7 +133,7 @@ impl CharIndex {
 
 /// Parses every YAML document of the file. A syntax error (or a file nested too deeply to be
 /// parsed safely) is reported once and yields no documents.
-pub fn parse<'t>(ctx: &mut Ctx<'t>) -> Vec<MarkedYaml<'t>> {
+pub(super) fn parse<'t>(ctx: &mut Ctx<'t>) -> Vec<MarkedYaml<'t>> {
     if let Some(line) = too_deep(ctx.text) {
         let message = format!(
             "nested too deeply (at most {MAX_INDENT} columns of indentation and \
@@ -199,12 +199,12 @@ fn indicators(line: &str) -> usize {
 }
 
 /// The 1-based line a node starts on.
-pub fn line(node: &MarkedYaml<'_>) -> usize {
+pub(super) fn line(node: &MarkedYaml<'_>) -> usize {
     node.span.start.line()
 }
 
 /// True for a YAML null (`~`, `null`, or nothing) and for an empty document.
-pub fn is_null(node: &MarkedYaml<'_>) -> bool {
+pub(super) fn is_null(node: &MarkedYaml<'_>) -> bool {
     matches!(
         node.data,
         YamlData::Value(Scalar::Null) | YamlData::BadValue
@@ -212,7 +212,7 @@ pub fn is_null(node: &MarkedYaml<'_>) -> bool {
 }
 
 /// Describes a node for "expected X, got Y" messages.
-pub fn describe(node: &MarkedYaml<'_>, ctx: &Ctx<'_>) -> String {
+pub(super) fn describe(node: &MarkedYaml<'_>, ctx: &Ctx<'_>) -> String {
     match &node.data {
         YamlData::Mapping(_) => "a mapping".into(),
         YamlData::Sequence(_) => "a sequence".into(),
@@ -230,7 +230,7 @@ pub fn describe(node: &MarkedYaml<'_>, ctx: &Ctx<'_>) -> String {
 }
 
 /// `path.key`, or `key` at the top of a document.
-pub fn join(path: &str, key: &str) -> String {
+pub(super) fn join(path: &str, key: &str) -> String {
     if path.is_empty() {
         key.to_owned()
     } else {
@@ -239,12 +239,12 @@ pub fn join(path: &str, key: &str) -> String {
 }
 
 /// `path[index]`.
-pub fn index(path: &str, i: usize) -> String {
+pub(super) fn index(path: &str, i: usize) -> String {
     format!("{path}[{i}]")
 }
 
 /// One `key: value` of a checked mapping.
-pub struct Field<'a> {
+pub(super) struct Field<'a> {
     /// The line of the key.
     pub line: usize,
     /// The YAML path of the key.
@@ -253,7 +253,7 @@ pub struct Field<'a> {
 }
 
 /// A mapping whose keys were all allowed in its context.
-pub struct Fields<'a> {
+pub(super) struct Fields<'a> {
     /// The line the mapping starts on.
     pub line: usize,
     /// The YAML path of the mapping.
@@ -263,19 +263,19 @@ pub struct Fields<'a> {
 
 impl<'a> Fields<'a> {
     /// The field `name`, unless it is absent or null.
-    pub fn get(&self, name: &str) -> Option<&Field<'a>> {
+    pub(super) fn get(&self, name: &str) -> Option<&Field<'a>> {
         self.get_raw(name).filter(|f| !is_null(f.node))
     }
 
     /// The field `name`, even when its value is null.
-    pub fn get_raw(&self, name: &str) -> Option<&Field<'a>> {
+    pub(super) fn get_raw(&self, name: &str) -> Option<&Field<'a>> {
         self.entries.iter().find(|(k, _)| k == name).map(|(_, f)| f)
     }
 }
 
 /// Reads `node` as a mapping whose keys must be among `allowed`; every other key is an error.
 /// `line` is where to report a node that is not a mapping.
-pub fn mapping<'a>(
+pub(super) fn mapping<'a>(
     node: &'a MarkedYaml<'a>,
     path: &str,
     line: usize,
@@ -326,7 +326,7 @@ fn add_field<'a>(
 }
 
 /// The text of a mapping key; keys must be scalars.
-pub fn key_name(key: &MarkedYaml<'_>, path: &str, ctx: &mut Ctx<'_>) -> Option<String> {
+pub(super) fn key_name(key: &MarkedYaml<'_>, path: &str, ctx: &mut Ctx<'_>) -> Option<String> {
     match &key.data {
         YamlData::Value(Scalar::String(s)) => Some(s.to_string()),
         YamlData::Value(scalar) => Some(scalar_text(key, scalar, ctx)),
@@ -340,7 +340,7 @@ pub fn key_name(key: &MarkedYaml<'_>, path: &str, ctx: &mut Ctx<'_>) -> Option<S
 
 /// The text of a non-string scalar as written (`0x1F` stays `0x1F`), or its value when the
 /// source has anchors, tags or an alias in front of it.
-pub fn scalar_text(node: &MarkedYaml<'_>, scalar: &Scalar<'_>, ctx: &Ctx<'_>) -> String {
+pub(super) fn scalar_text(node: &MarkedYaml<'_>, scalar: &Scalar<'_>, ctx: &Ctx<'_>) -> String {
     let raw = ctx.source(node).trim();
     if !raw.is_empty() && Scalar::parse_from_cow(raw.into()) == *scalar {
         return raw.to_owned();

@@ -20,11 +20,11 @@ use tokio::time::Instant;
 use super::topology::Node;
 
 /// The most nodes with failures remembered at once (a Cluster has at most about 1000 nodes).
-pub const MAX_NODES: usize = 1024;
+pub(super) const MAX_NODES: usize = 1024;
 
 /// A breaker per node.
 #[derive(Debug)]
-pub struct Breakers {
+pub(super) struct Breakers {
     failures: u32,
     cooldown: Duration,
     nodes: Mutex<HashMap<Node, Breaker>>,
@@ -34,7 +34,7 @@ pub struct Breakers {
 
 impl Breakers {
     /// Breakers that open after `failures` consecutive failures (0 = never open).
-    pub fn new(failures: u32, cooldown: Duration) -> Breakers {
+    pub(super) fn new(failures: u32, cooldown: Duration) -> Breakers {
         Breakers {
             failures,
             cooldown,
@@ -44,13 +44,13 @@ impl Breakers {
     }
 
     /// Whether a call to `node` may be made now (a probe, when open and cooled down).
-    pub fn allow(&self, node: &str) -> bool {
+    pub(super) fn allow(&self, node: &str) -> bool {
         !self.failing.load(Ordering::Acquire)
             || self.nodes.lock().get(node).is_none_or(Breaker::allow)
     }
 
     /// Records the result of a call to `node`.
-    pub fn record(&self, node: &Node, ok: bool) {
+    pub(super) fn record(&self, node: &Node, ok: bool) {
         if ok && !self.failing.load(Ordering::Acquire) {
             return;
         }
@@ -79,19 +79,19 @@ impl Breakers {
     }
 
     /// Whether no node has failures (then every call is allowed).
-    pub fn quiet(&self) -> bool {
+    pub(super) fn quiet(&self) -> bool {
         !self.failing.load(Ordering::Acquire)
     }
 
     /// Whether calls to some node are being refused.
-    pub fn any_open(&self) -> bool {
+    pub(super) fn any_open(&self) -> bool {
         self.failing.load(Ordering::Acquire) && self.nodes.lock().values().any(Breaker::is_open)
     }
 }
 
 /// The breaker's state.
 #[derive(Debug)]
-pub struct Breaker {
+pub(super) struct Breaker {
     failures: u32,
     cooldown: Duration,
     state: Mutex<State>,
@@ -107,7 +107,7 @@ enum State {
 
 impl Breaker {
     /// A breaker that opens after `failures` consecutive failures (0 = never opens).
-    pub fn new(failures: u32, cooldown: Duration) -> Breaker {
+    pub(super) fn new(failures: u32, cooldown: Duration) -> Breaker {
         Breaker {
             failures,
             cooldown,
@@ -116,7 +116,7 @@ impl Breaker {
     }
 
     /// Whether a call may be made now (a probe, when open and cooled down).
-    pub fn allow(&self) -> bool {
+    pub(super) fn allow(&self) -> bool {
         let mut state = self.state.lock();
         match *state {
             State::Closed(_) => true,
@@ -132,7 +132,7 @@ impl Breaker {
     }
 
     /// Records the result of a call to `node` (named in the log when it opens).
-    pub fn record(&self, ok: bool, node: &str) {
+    pub(super) fn record(&self, ok: bool, node: &str) {
         let mut state = self.state.lock();
         *state = match (*state, ok) {
             (_, true) => State::Closed(0),
@@ -155,7 +155,7 @@ impl Breaker {
     }
 
     /// Whether calls are currently being refused.
-    pub fn is_open(&self) -> bool {
+    pub(super) fn is_open(&self) -> bool {
         matches!(*self.state.lock(), State::Open(_))
     }
 }

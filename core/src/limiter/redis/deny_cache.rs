@@ -90,7 +90,7 @@ type Denials = SmallVec<[Denial; 1]>;
 
 /// Denied hits, until their retry time.
 #[derive(Debug)]
-pub struct DenyCache {
+pub(super) struct DenyCache {
     capacity: usize,
     held: Mutex<Held>,
 }
@@ -189,7 +189,7 @@ fn met_stored_state(batch: &Batch, outcome: &BatchOutcome, applied: &[bool]) -> 
 
 impl DenyCache {
     /// A cache of at most `capacity` keys' denials (0 disables it).
-    pub fn new(capacity: usize) -> DenyCache {
+    pub(super) fn new(capacity: usize) -> DenyCache {
         DenyCache {
             capacity,
             held: Mutex::new(Held::default()),
@@ -198,7 +198,7 @@ impl DenyCache {
 
     /// The answer to `batch` at `now` when every one of its hits is a live denial of its cost,
     /// else `None`.
-    pub fn answer(&self, batch: &Batch, now: u64) -> Option<BatchOutcome> {
+    pub(super) fn answer(&self, batch: &Batch, now: u64) -> Option<BatchOutcome> {
         if self.capacity == 0 || batch.hits.is_empty() {
             return None;
         }
@@ -226,7 +226,7 @@ impl DenyCache {
     /// Remembers the denials of an outcome Redis gave for a batch sent at `sent`, and forgets
     /// those of the keys the batch took from or gave back to (their remembered retry times
     /// would no longer be Redis's).
-    pub fn learn(&self, batch: &Batch, outcome: &BatchOutcome, sent: u64) {
+    pub(super) fn learn(&self, batch: &Batch, outcome: &BatchOutcome, sent: u64) {
         if self.capacity == 0 {
             return;
         }
@@ -270,19 +270,19 @@ impl DenyCache {
     }
 
     /// Drops expired entries at `now`; returns how many keys went.
-    pub fn sweep(&self, now: u64) -> usize {
+    pub(super) fn sweep(&self, now: u64) -> usize {
         self.held.lock().purge(now)
     }
 
     /// Forgets every denial (a key was reset, here or by another replica).
-    pub fn clear(&self) {
+    pub(super) fn clear(&self) {
         let mut held = self.held.lock();
         held.map.clear();
         held.earliest = None;
     }
 
     /// Keys held (expired ones included until they are dropped).
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.held.lock().map.len()
     }
 }

@@ -53,13 +53,13 @@ use super::topology::Node;
 use crate::limiter::{BatchOutcome, Hit};
 
 /// The most requests one call carries.
-pub const MAX_REQUESTS: usize = 64;
+pub(super) const MAX_REQUESTS: usize = 64;
 
 /// About the most bytes of arguments one call carries (a single larger request goes alone).
-pub const MAX_BYTES: usize = 64 * 1024;
+pub(super) const MAX_BYTES: usize = 64 * 1024;
 
 /// What every lane's task needs.
-pub struct Shared {
+pub(super) struct Shared {
     pub connector: Connector,
     pub functions: Functions,
     pub prefix: Vec<u8>,
@@ -73,7 +73,7 @@ pub struct Shared {
 }
 
 /// What a request's call came to.
-pub struct Answer {
+pub(super) struct Answer {
     /// The node that answered, or that the call failed on (when it got that far).
     pub node: Option<Node>,
     pub result: RedisResult<BatchOutcome>,
@@ -176,7 +176,7 @@ impl Future for YieldOnce {
 }
 
 /// The lanes, per node; their tasks start on first use (they need the runtime).
-pub struct GroupCommit {
+pub(super) struct GroupCommit {
     shared: Arc<Shared>,
     /// Per node its own lanes (`None`: the deployment's one node, or a Cluster slot whose
     /// master is not known yet), so that a node slow to answer or gone holds up no call to
@@ -189,7 +189,7 @@ pub struct GroupCommit {
 }
 
 /// The most nodes with lanes of their own.
-pub const MAX_NODES: usize = 1024;
+pub(super) const MAX_NODES: usize = 1024;
 
 /// A node's lanes and their tasks, stopped when dropped.
 struct Lanes {
@@ -221,7 +221,7 @@ impl Drop for Lanes {
 }
 
 /// One request for [`GroupCommit::submit`].
-pub struct Request {
+pub(super) struct Request {
     pub hits: Vec<Hit>,
     pub mode: Mode,
     pub unit: Unit,
@@ -234,7 +234,7 @@ pub struct Request {
 }
 
 impl GroupCommit {
-    pub fn new(shared: Shared) -> GroupCommit {
+    pub(super) fn new(shared: Shared) -> GroupCommit {
         GroupCommit {
             shared: Arc::new(shared),
             nodes: ArcSwap::default(),
@@ -243,7 +243,7 @@ impl GroupCommit {
         }
     }
 
-    pub fn shared(&self) -> &Shared {
+    pub(super) fn shared(&self) -> &Shared {
         &self.shared
     }
 
@@ -266,7 +266,7 @@ impl GroupCommit {
     }
 
     /// Decides `request` in the next call of a lane of its node, as if alone.
-    pub async fn submit(&self, request: Request) -> Answer {
+    pub(super) async fn submit(&self, request: Request) -> Answer {
         let lanes = self.lanes(request.node);
         let index = self.next.fetch_add(1, Ordering::Relaxed) % lanes.lanes.len().max(1);
         let Some(lane) = lanes.lanes.get(index) else {

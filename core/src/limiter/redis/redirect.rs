@@ -33,18 +33,18 @@ use super::script::Call;
 use super::topology::{Node, Topology};
 
 /// The first pause before trying again after `TRYAGAIN`, `CLUSTERDOWN` or an unreachable node.
-pub const FIRST_PAUSE: Duration = Duration::from_millis(5);
+pub(super) const FIRST_PAUSE: Duration = Duration::from_millis(5);
 
 /// The longest pause between two attempts.
-pub const MAX_PAUSE: Duration = Duration::from_millis(50);
+pub(super) const MAX_PAUSE: Duration = Duration::from_millis(50);
 
 /// Attempts of one call at most, whatever the time-out (a redirection loop between nodes that
 /// disagree ends there).
-pub const MAX_ATTEMPTS: u32 = 32;
+pub(super) const MAX_ATTEMPTS: u32 = 32;
 
 /// What one attempt writes on a node's connection (the one of the key's slot, preceded by
 /// `ASKING` after an `ASK`), and the reply it reads.
-pub trait Exchange: Sync {
+pub(super) trait Exchange: Sync {
     fn exchange<'a, C: ConnectionLike + Send>(
         &'a self,
         conn: &'a mut C,
@@ -112,7 +112,7 @@ enum Next {
 
 /// Sends `call` (of `slot`) on lane `lane`, following the Cluster until `deadline`. `at` is
 /// the node the last attempt went to (the one to blame for a failure).
-pub async fn send<E: Exchange>(
+pub(super) async fn send<E: Exchange>(
     shared: &Shared,
     topology: &Topology,
     lane: usize,

@@ -23,7 +23,7 @@ use crate::config::settings::RedisSettings;
 
 /// What to wait for after each script call.
 #[derive(Debug)]
-pub struct Wait {
+pub(super) struct Wait {
     /// Replicas that must confirm the writes.
     replicas: u32,
     /// How long Redis may wait for them, in milliseconds.
@@ -34,7 +34,7 @@ pub struct Wait {
 
 impl Wait {
     /// The wait the settings ask for; `None` when `wait_replicas` is 0.
-    pub fn from_settings(settings: &RedisSettings) -> Option<Wait> {
+    pub(super) fn from_settings(settings: &RedisSettings) -> Option<Wait> {
         (settings.wait_replicas > 0).then(|| Wait {
             replicas: settings.wait_replicas,
             timeout_ms: settings.wait_timeout_ms,
@@ -43,7 +43,7 @@ impl Wait {
     }
 
     /// Calls so far whose writes fewer replicas than asked confirmed in time.
-    pub fn short(&self) -> u64 {
+    pub(super) fn short(&self) -> u64 {
         self.short.load(Ordering::Relaxed)
     }
 
@@ -70,7 +70,7 @@ impl Wait {
 
 /// Runs `call` on `conn` ([`script::invoke`]) and, when it ran and `wait` is set, waits for the
 /// replicas before handing its reply back.
-pub async fn invoke<C: ConnectionLike + Send>(
+pub(super) async fn invoke<C: ConnectionLike + Send>(
     conn: &mut C,
     call: &Call,
     functions: &Functions,

@@ -6,13 +6,13 @@ use redis::{RedisError, RedisResult, Value};
 use super::topology::Node;
 
 /// Hash slots in a Redis Cluster.
-pub const SLOTS: u16 = 16384;
+pub(super) const SLOTS: u16 = 16384;
 
 /// The slot of `prefix` followed by `key`, where `prefix` holds no `{` (so a hash tag can only
 /// be in `key`), without putting them together: CRC16 (XMODEM) of the hash tag (the part
 /// between the first `{` and the next `}`, when not empty), else of the whole key, modulo
 /// [`SLOTS`].
-pub fn prefixed_slot(prefix: &[u8], key: &[u8]) -> u16 {
+pub(super) fn prefixed_slot(prefix: &[u8], key: &[u8]) -> u16 {
     let tag = key.iter().position(|&b| b == b'{').and_then(|open| {
         let rest = key.get(open + 1..)?;
         let close = rest.iter().position(|&b| b == b'}')?;
@@ -41,7 +41,7 @@ fn crc16(mut crc: u16, bytes: &[u8]) -> u16 {
 
 /// Which master serves each slot.
 #[derive(Default)]
-pub struct SlotMap {
+pub(super) struct SlotMap {
     /// Per slot, the index of its master in `masters`; `u16::MAX`: not served.
     owners: Vec<u16>,
     masters: Vec<Node>,
@@ -49,19 +49,19 @@ pub struct SlotMap {
 
 impl SlotMap {
     /// The master of `slot`, when one serves it.
-    pub fn owner(&self, slot: u16) -> Option<&Node> {
+    pub(super) fn owner(&self, slot: u16) -> Option<&Node> {
         let index = *self.owners.get(usize::from(slot))?;
         self.masters.get(usize::from(index))
     }
 
     /// The masters, each once.
-    pub fn masters(&self) -> &[Node] {
+    pub(super) fn masters(&self) -> &[Node] {
         &self.masters
     }
 }
 
 /// `host:port` split at its last colon.
-pub fn split(node: &str) -> RedisResult<(String, u16)> {
+pub(super) fn split(node: &str) -> RedisResult<(String, u16)> {
     node.rsplit_once(':')
         .and_then(|(host, port)| Some((host.to_owned(), port.parse().ok()?)))
         .ok_or_else(|| {
@@ -71,7 +71,7 @@ pub fn split(node: &str) -> RedisResult<(String, u16)> {
 
 /// `CLUSTER SLOTS`: per range `[first, last, [ip, port, id, ...], replicas...]`. A master
 /// whose ip is empty or `?` is on the host that answered, `asked`.
-pub fn parse_slots(reply: &Value, asked: &str) -> RedisResult<SlotMap> {
+pub(super) fn parse_slots(reply: &Value, asked: &str) -> RedisResult<SlotMap> {
     let bad = |what: &'static str| RedisError::from((redis::ErrorKind::Parse, what));
     let Value::Array(ranges) = reply else {
         return Err(bad("CLUSTER SLOTS: not an array"));

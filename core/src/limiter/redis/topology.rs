@@ -33,13 +33,13 @@ use super::connection::{Timeouts, Tls};
 use super::slots::{SlotMap, parse_slots, split};
 
 /// A node's address, `host:port`, as the Cluster gives it.
-pub type Node = Arc<str>;
+pub(super) type Node = Arc<str>;
 
 /// The least time between two refreshes of the slot map.
-pub const REFRESH_EVERY: Duration = Duration::from_millis(100);
+pub(super) const REFRESH_EVERY: Duration = Duration::from_millis(100);
 
 /// The nodes a refresh (or a probe) asks at once; the next one asks the next ones.
-pub const FANOUT: usize = 5;
+pub(super) const FANOUT: usize = 5;
 
 /// A lane's connection to one node.
 #[derive(Default)]
