@@ -303,6 +303,7 @@ fn batch_of(keys: &[KeyPlan]) -> (Batch, Vec<usize>) {
             refund: k.refund,
             group: 2 * i,
             role: Role::Enforced,
+            hold: None,
         });
         if k.may_deny() {
             hits.push(Hit {
@@ -312,6 +313,7 @@ fn batch_of(keys: &[KeyPlan]) -> (Batch, Vec<usize>) {
                 refund: false,
                 group: 2 * i + 1,
                 role: Role::Shadow,
+                hold: None,
             });
         }
     }

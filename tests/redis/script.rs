@@ -54,6 +54,7 @@ fn random_hit(rng: &mut Rng, seed: u64) -> Hit {
         refund: rng.chance(10),
         group,
         role: role_of(group),
+        hold: None,
     }
 }
 

@@ -255,6 +255,7 @@ fn push_hits<'r>(
                 refund: ctx.descriptor.refund,
                 group: ctx.group,
                 role,
+                hold: None,
             });
             (rule, batch.hits.len() - 1)
         })

@@ -48,6 +48,40 @@ use std::collections::VecDeque;
 /// The most records of pending denials a key keeps (and the cap on slots).
 pub const MAX_RECORDS: u32 = crate::config::model::SLIDING_LOG_MAX_QUOTA;
 
+/// The ids of holds named by a request (`hold_id`, docs/holds.md) are in
+/// `[BY_ID, 2 * BY_ID)`: above every id a key counts out itself (from 0, or from the time in
+/// microseconds, below 2^52 until the year 2112), and exact as the script's numbers (2^53).
+pub const BY_ID: u64 = 1 << 52;
+
+/// The most bytes of a request's hold id (`hold_id`): a longer one is refused.
+pub const MAX_HOLD_ID_BYTES: usize = 256;
+
+/// The record id of a hold a request names with `request_id` (its `hold_id` entry's value):
+/// 52 bits of a fixed 64-bit hash (FNV-1a, then a mix), in `[BY_ID, 2 * BY_ID)`. The same on
+/// every replica and backend (the Redis script is sent the number). Two ids share a record
+/// only when their hashes agree in 52 bits, about one chance in 2^52 per pair of holds live
+/// at once on one key.
+///
+/// ```
+/// use sluice_core::limiter::concurrency::{BY_ID, hold_id};
+/// let a = hold_id(b"4f1c2e8a-0b1d-4a5e-9c3f-2d7e6b1a9c00");
+/// assert!((BY_ID..2 * BY_ID).contains(&a));
+/// assert_eq!(a, hold_id(b"4f1c2e8a-0b1d-4a5e-9c3f-2d7e6b1a9c00"));
+/// assert_ne!(a, hold_id(b"4f1c2e8a-0b1d-4a5e-9c3f-2d7e6b1a9c01"));
+/// ```
+pub fn hold_id(request_id: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in request_id {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    // A final mix, so that every bit of the id depends on every byte.
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    BY_ID | (h & (BY_ID - 1))
+}
+
 /// One limit's parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Concurrency {
@@ -181,15 +215,17 @@ impl Concurrency {
         } else {
             &mut holds.denied
         };
-        let expiry = now.saturating_add(self.lease);
+        let mut expiry = now.saturating_add(self.lease);
         let full = list.len() >= cap;
         match list.back_mut() {
-            Some(back) if back.expiry >= expiry || full => {
+            // A request's named hold is never merged with others (its id frees exactly it).
+            Some(back) if (back.expiry >= expiry && back.id < BY_ID) || full => {
                 back.expiry = back.expiry.max(expiry);
                 back.count = back.count.saturating_add(cost);
                 back.id
             }
-            _ => {
+            back => {
+                expiry = expiry.max(back.map_or(0, |b| b.expiry));
                 list.push_back(Record {
                     id,
                     expiry,
@@ -296,6 +332,40 @@ impl Concurrency {
                 true
             }
             None => false,
+        }
+    }
+}
+
+/// Holds named by the request (a rule's `hold_id`, docs/holds.md): an admitted request's
+/// hold is a record under its id, a denied one leaves nothing, and a release frees only the
+/// hold with its id.
+impl Concurrency {
+    /// Takes an admitted `cost` at `now` under `id` (see [`hold_id`]): a new record, or, when
+    /// `id` is already held, that record with `cost` more, moved to the back with the new
+    /// expiry. Its expiry is `now` + the lease, at least the newest one's.
+    pub fn take_id(&self, holds: &mut Holds, now: u64, id: u64, cost: u64) {
+        if self.slots == 0 || cost == 0 {
+            return;
+        }
+        Self::trim(holds, now);
+        let at = holds.admitted.iter().position(|r| r.id == id);
+        let held = at.and_then(|i| holds.admitted.remove(i)).map_or(0, |r| r.count);
+        self.push_newest(holds, now, id, held.saturating_add(cost));
+    }
+
+    /// Releases up to `cost` of the live hold `id` at `now`; frees nothing when `id` is not
+    /// held (unknown, expired, released, or its request was denied). Never touches another
+    /// record.
+    pub fn give_back_id(&self, holds: &mut Holds, now: u64, id: u64, cost: u64) {
+        Self::trim(holds, now);
+        let Some(at) = holds.admitted.iter().position(|r| r.id == id) else {
+            return;
+        };
+        if let Some(r) = holds.admitted.get_mut(at) {
+            r.count = r.count.saturating_sub(cost);
+            if r.count == 0 {
+                holds.admitted.remove(at);
+            }
         }
     }
 }

@@ -90,6 +90,7 @@ use store::{Found, Kind};
 ///     refund: false,
 ///     group: 0,
 ///     role: Role::Enforced,
+///     hold: None,
 /// };
 /// let batch = Batch { hits: vec![hit] };
 /// let mut check = || limiter.check(&batch).now_or_never().unwrap().unwrap();
@@ -565,6 +566,7 @@ mod tests {
             refund: false,
             group: 0,
             role: Role::Enforced,
+            hold: None,
         };
         Batch { hits: vec![hit] }
     }
@@ -647,6 +649,7 @@ mod penalty_and_calendar {
             refund: false,
             group: 0,
             role: Role::Enforced,
+            hold: None,
         };
         Batch { hits: vec![hit] }
     }

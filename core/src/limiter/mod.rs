@@ -93,6 +93,10 @@ pub struct Hit {
     /// Index of the request descriptor this hit belongs to; hits of one descriptor are adjacent.
     pub group: usize,
     pub role: Role,
+    /// The hold this hit names, for a `concurrency` limit whose rule declares `hold_id`
+    /// ([`concurrency::hold_id`] of the request's id): an admitted cost is held under it, a
+    /// denied one leaves nothing, a refund frees only it (docs/holds.md). `None`: anonymous.
+    pub hold: Option<u64>,
 }
 
 /// All hits of one request.
@@ -326,5 +330,6 @@ pub(crate) fn funnel_hit(
         refund: false,
         group,
         role,
+        hold: None,
     }
 }
