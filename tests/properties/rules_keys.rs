@@ -238,6 +238,7 @@ fn shared_rules() -> RuleSet {
         on_deny: None,
         block_nanos: 0,
         time_zone: None,
+        hold_id: None,
     };
     let files = rule(
         "path",

@@ -27,6 +27,7 @@ fn limited(
         on_deny: None,
         block_nanos: 0,
         time_zone: None,
+        hold_id: None,
     };
     DescriptorRule {
         policy: Policy::Limited(vec![limit]),
