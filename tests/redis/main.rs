@@ -5,7 +5,8 @@
 //! plain Redis path (`batching`); and the admin's visibility on both backends (`/counters`,
 //! `/counters/top`, the limit gauges, `admin.token`: `visibility`); the penalty box
 //! (`block_for`) and calendar windows (`time_zone`) on both backends (`penalty`); the Throttle
-//! API's holds with ids on both backends (`throttle_holds`). A missing `redis-server`
+//! API's holds with ids on both backends (`throttle_holds`); `algorithm: concurrency` with
+//! holds named by the request (`hold_id`) on both backends (`concurrency_by_id`). A missing `redis-server`
 //! fails these tests with the command that installs it. (The fault tests, which bound answer
 //! times, are in tests/serial/.)
 
@@ -16,6 +17,7 @@ mod algorithms;
 mod batching;
 mod cluster;
 mod concurrency;
+mod concurrency_by_id;
 mod footprint;
 mod limitador;
 mod penalty;
