@@ -490,4 +490,39 @@ mod tests {
         );
         assert_eq!(c.acquire(&mut h, 20 * SEC, 4), None, "more than the slots");
     }
+
+    #[test]
+    fn holds_named_by_the_request_free_exactly_themselves() {
+        let c = Concurrency::new(3, 10 * SEC);
+        let mut h = Holds::default();
+        let (a, b, x) = (hold_id(b"a"), hold_id(b"b"), hold_id(b"x"));
+        c.take_id(&mut h, 0, a, 1);
+        c.take_id(&mut h, 0, b, 2);
+        assert_eq!(h.admitted.len(), 2, "same instant, two records");
+        assert!(!c.admits(&h, 1, 1));
+        c.give_back_id(&mut h, 1, x, 1);
+        assert_eq!(c.held(&h, 1), 3, "an unknown id frees nothing");
+        c.give_back_id(&mut h, 1, b, 5);
+        assert_eq!(c.held(&h, 1), 1, "b's 2, never more");
+        c.give_back_id(&mut h, 1, b, 1);
+        assert_eq!(c.held(&h, 1), 1, "b is gone");
+        // The same id again adds up, with a new expiry.
+        c.take_id(&mut h, 5 * SEC, a, 1);
+        assert_eq!(h.admitted.len(), 1);
+        assert_eq!(c.held(&h, 14 * SEC), 2, "both expire at 15 s");
+        assert_eq!(c.held(&h, 15 * SEC), 0);
+    }
+
+    #[test]
+    fn an_anonymous_hold_never_merges_into_a_named_one() {
+        let c = Concurrency::new(4, 10 * SEC);
+        let mut h = Holds::default();
+        let a = hold_id(b"a");
+        c.take_id(&mut h, 0, a, 1);
+        c.take(&mut h, 0, 1);
+        assert_eq!(h.admitted.len(), 2);
+        c.give_back_id(&mut h, 1, a, 1);
+        assert_eq!(c.held(&h, 1), 1, "the anonymous hold stays");
+        assert!(h.admitted().all(|r| r.id < BY_ID));
+    }
 }

@@ -183,7 +183,7 @@ fn one_hold_id(placed: &[Placed], ctx: &mut Ctx<'_>) -> bool {
                     "hold_id '{key}' differs from {at}'s '{k}': the limits of one descriptor \
                      name a request's hold by one entry"
                 );
-                ctx.error(p.line, &format!("{}.hold_id", p.path), message);
+                ctx.error(p.line, &p.path, message);
                 ok = false;
             }
         }
