@@ -238,7 +238,8 @@ impl Concurrency {
     }
 
     /// Releases `cost` at `now`: pending denials first, then admitted holds, earliest expiry
-    /// first; never more than is held.
+    /// first; never more than is held. A hold a request names (see [`hold_id`]) is freed
+    /// only by a release naming it ([`Concurrency::give_back_id`]), never by this one.
     pub fn give_back(&self, holds: &mut Holds, now: u64, cost: u64) {
         Self::trim(holds, now);
         let left = release(&mut holds.denied, cost);
@@ -370,17 +371,23 @@ impl Concurrency {
     }
 }
 
-/// Takes up to `cost` from the front of `list`; what was not there to take.
+/// Takes up to `cost` from the front of `list`, passing over the holds requests name (ids
+/// from [`BY_ID`]); what was not there to take.
 fn release(list: &mut VecDeque<Record>, mut cost: u64) -> u64 {
+    let mut at = 0;
     while cost > 0 {
-        let Some(front) = list.front_mut() else {
+        let Some(r) = list.get_mut(at) else {
             break;
         };
-        let take = cost.min(front.count);
-        front.count -= take;
+        if r.id >= BY_ID {
+            at += 1;
+            continue;
+        }
+        let take = cost.min(r.count);
+        r.count -= take;
         cost -= take;
-        if front.count == 0 {
-            list.pop_front();
+        if r.count == 0 {
+            list.remove(at);
         }
     }
     cost
@@ -524,5 +531,10 @@ mod tests {
         c.give_back_id(&mut h, 1, a, 1);
         assert_eq!(c.held(&h, 1), 1, "the anonymous hold stays");
         assert!(h.admitted().all(|r| r.id < BY_ID));
+        // And an anonymous release never frees a named hold.
+        c.take_id(&mut h, 2, a, 2);
+        c.give_back(&mut h, 3, 5);
+        assert_eq!(c.held(&h, 3), 2, "a's 2 stay");
+        assert!(h.admitted().all(|r| r.id == a));
     }
 }

@@ -95,16 +95,22 @@ MAKERS.c = MAKERS.c and function()
     return record(p, v, now, cost, "d", MAX_RECORDS)
   end
 
-  -- Takes up to `cost` from the front of `list` (in place); what was not there to take.
+  -- Takes up to `cost` from the front of `list` (in place), passing over the holds requests
+  -- name (ids from BY_ID: only a release naming them frees them); what was not there to take.
   local function release(list, cost)
-    while cost > 0 and #list > 0 do
-      local f = list[1]
-      local t = math.min(cost, f.count)
-      cost = cost - t
-      if t == f.count then
-        table.remove(list, 1)
+    local at = 1
+    while cost > 0 and at <= #list do
+      local f = list[at]
+      if f.id >= BY_ID then
+        at = at + 1
       else
-        list[1] = { id = f.id, expiry = f.expiry, count = f.count - t }
+        local t = math.min(cost, f.count)
+        cost = cost - t
+        if t == f.count then
+          table.remove(list, at)
+        else
+          list[at] = { id = f.id, expiry = f.expiry, count = f.count - t }
+        end
       end
     end
     return cost
