@@ -67,12 +67,24 @@ async fn a_denied_requests_release_frees_nothing_and_nothing_is_kept_for_it() {
     for id in ["c", "d", "e"] {
         let denied = check(&mut b, vec![named(l, id, 1)]).await;
         assert!(!denied.admitted);
-        assert!(!denied.hits[0].from_local_cache, "the deny cache never answers");
+        assert!(
+            !denied.hits[0].from_local_cache,
+            "the deny cache never answers"
+        );
     }
     let members = b.members(KEY);
-    assert_eq!(members.len(), 3, "the id and two holds, no denial: {members:?}");
+    assert_eq!(
+        members.len(),
+        3,
+        "the id and two holds, no denial: {members:?}"
+    );
     for m in &members[1..] {
-        let id: u64 = m.split(':').nth(1).expect("a:<id>:<count>").parse().expect("a number");
+        let id: u64 = m
+            .split(':')
+            .nth(1)
+            .expect("a:<id>:<count>")
+            .parse()
+            .expect("a number");
         assert!(m.starts_with("a:") && m.ends_with(":1"), "{m}");
         assert!((BY_ID..2 * BY_ID).contains(&id), "{m}");
     }
@@ -107,7 +119,10 @@ async fn a_release_frees_only_its_own_hold_and_unknown_ids_free_nothing() {
     // frees 1 of it.
     assert!(admitted(&mut b, vec![named(l, "a", 1)]).await);
     assert!(admitted(&mut b, vec![named(l, "d", 1)]).await);
-    assert!(!admitted(&mut b, vec![named(l, "a", 1)]).await, "a holds 2, d 1");
+    assert!(
+        !admitted(&mut b, vec![named(l, "a", 1)]).await,
+        "a holds 2, d 1"
+    );
     assert!(admitted(&mut b, vec![named(l, "a", -1)]).await);
     assert_eq!(held(&mut b, l).await, 2);
     assert!(admitted(&mut b, vec![named(l, "a", -1)]).await);
@@ -124,11 +139,17 @@ async fn a_lost_release_frees_its_slot_after_one_lease_and_a_late_one_nothing() 
     b.clock.advance(SEC);
     let denied = check(&mut b, vec![named(l, "x", 1)]).await;
     assert!(!denied.admitted);
-    assert_eq!(denied.hits[0].reset_nanos, SEC, "one lease after it was taken");
+    assert_eq!(
+        denied.hits[0].reset_nanos, SEC,
+        "one lease after it was taken"
+    );
     b.clock.advance(SEC - 1_000);
     assert!(!admitted(&mut b, vec![named(l, "y", 1)]).await);
     b.clock.advance(1_000);
-    assert!(admitted(&mut b, vec![named(l, "z", 1)]).await, "one lease later");
+    assert!(
+        admitted(&mut b, vec![named(l, "z", 1)]).await,
+        "one lease later"
+    );
     // The lost hold's release, arriving late, frees nothing: not z's slot.
     assert!(admitted(&mut b, vec![named(l, "lost", -1)]).await);
     assert_eq!(held(&mut b, l).await, 1);

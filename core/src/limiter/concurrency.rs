@@ -350,7 +350,9 @@ impl Concurrency {
         }
         Self::trim(holds, now);
         let at = holds.admitted.iter().position(|r| r.id == id);
-        let held = at.and_then(|i| holds.admitted.remove(i)).map_or(0, |r| r.count);
+        let held = at
+            .and_then(|i| holds.admitted.remove(i))
+            .map_or(0, |r| r.count);
         self.push_newest(holds, now, id, held.saturating_add(cost));
     }
 

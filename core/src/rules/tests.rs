@@ -371,8 +371,16 @@ fn a_hold_id_entry_is_matched_but_not_keyed() {
         descriptor_part("d", &without, Some(&plain)),
         "one state for every request id"
     );
+    // The admin's walk (/why) agrees.
+    assert!(matches!(
+        explain::explain(d, &with_id),
+        explain::Walk::Matched(_)
+    ));
     // Another key, or the id entry not last, matches nothing.
-    assert!(d.find(&entries(&[("tenant", "acme"), ("trace_id", "t")])).is_none());
+    assert!(
+        d.find(&entries(&[("tenant", "acme"), ("trace_id", "t")]))
+            .is_none()
+    );
     let not_last = entries(&[("tenant", "acme"), ("request_id", "r"), ("x", "y")]);
     assert!(d.find(&not_last).is_none());
 }
