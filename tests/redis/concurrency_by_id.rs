@@ -32,7 +32,7 @@ fn slots(n: u32) -> LimitParams {
 fn named(limit: LimitParams, id: &str, cost: i64) -> Hit {
     Hit {
         refund: cost < 0,
-        hold: Some(hold_id(id.as_bytes())),
+        hold: std::num::NonZeroU64::new(hold_id(id.as_bytes())),
         ..limits::hit(KEY, limit, cost.unsigned_abs())
     }
 }

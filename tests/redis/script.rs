@@ -242,7 +242,7 @@ fn algorithm_hit(rng: &mut Rng, seed: u64, algorithm: Algorithm, periods: &[u64]
     // they repeat, beside anonymous ones on the same keys.
     if algorithm == Algorithm::Concurrency && rng.chance(50) {
         let id = rng.pick(&["r1", "r2", "r3", "r4"]);
-        hit.hold = Some(sluice::limiter::concurrency::hold_id(id.as_bytes()));
+        hit.hold = std::num::NonZeroU64::new(sluice::limiter::concurrency::hold_id(id.as_bytes()));
     }
     hit
 }

@@ -2,7 +2,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashSet;
-use std::num::NonZeroU32;
+use std::num::{NonZeroU32, NonZeroU64};
 use std::sync::Arc;
 
 use super::{Descriptor, Override, Request};
@@ -191,7 +191,7 @@ struct HitContext<'a> {
     quota_mode: bool,
     /// The hold the descriptor names (its `hold_id` entry's, hashed), if any: given to the
     /// hits of the limits that declare `hold_id`.
-    hold: Option<u64>,
+    hold: Option<NonZeroU64>,
 }
 
 fn descriptor_plan<'r>(
@@ -241,9 +241,10 @@ fn descriptor_plan<'r>(
                         // request id shares the holds.
                         let entries = &ctx.descriptor.entries;
                         let (entries, hold) = match entries.split_last() {
-                            Some((id, levels)) if m.hold() => {
-                                (levels, Some(concurrency::hold_id(id.value.as_bytes())))
-                            }
+                            Some((id, levels)) if m.hold() => (
+                                levels,
+                                NonZeroU64::new(concurrency::hold_id(id.value.as_bytes())),
+                            ),
                             _ => (entries.as_slice(), None),
                         };
                         let part = key::descriptor_part(ctx.domain, entries, Some(&m));

@@ -96,7 +96,8 @@ pub struct Hit {
     /// The hold this hit names, for a `concurrency` limit whose rule declares `hold_id`
     /// ([`concurrency::hold_id`] of the request's id): an admitted cost is held under it, a
     /// denied one leaves nothing, a refund frees only it (docs/holds.md). `None`: anonymous.
-    pub hold: Option<u64>,
+    /// (Non-zero: ids are at least [`concurrency::BY_ID`], and the field takes 8 bytes.)
+    pub hold: Option<std::num::NonZeroU64>,
 }
 
 /// All hits of one request.

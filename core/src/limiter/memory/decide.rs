@@ -128,7 +128,7 @@ pub(super) fn decide(
 /// Takes a hit's cost (or gives it back, for a refund).
 fn apply(hit: &Hit, algo: &Algo, state: &mut State, now: u64) {
     if let Some(id) = hit.hold {
-        algo.apply_id(state, now, hit.cost, id, hit.refund);
+        algo.apply_id(state, now, hit.cost, id.get(), hit.refund);
     } else if hit.refund {
         algo.give_back(state, now, hit.cost);
     } else {

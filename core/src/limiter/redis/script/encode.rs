@@ -177,7 +177,7 @@ pub fn encode(
             if let Some(id) = hit.hold {
                 // Exact: a hold's id is below 2^53 (concurrency::BY_ID).
                 #[allow(clippy::cast_precision_loss)]
-                let id = id.min(MAX_EXACT) as f64;
+                let id = id.get().min(MAX_EXACT) as f64;
                 let _ = blob.write_all(&id.to_le_bytes());
             }
         }
