@@ -96,6 +96,8 @@ impl Algo {
     /// Takes `cost` at `now` under the hold `id` (a request's named hold), or gives it back
     /// from that hold only, for a refund. Only `concurrency` names holds; another algorithm
     /// takes or gives back as without an id.
+    #[cold]
+    #[inline(never)]
     pub fn apply_id(&self, state: &mut State, now: u64, cost: u64, id: u64, refund: bool) {
         let Algo::Concurrency(c) = self else {
             if refund {
