@@ -19,6 +19,12 @@
 //! it and says what it costs (under steady denials, a release stays parked in the pending
 //! denials until they drain or the hold's lease ends).
 //!
+//! A hold a request names (a rule's `hold_id`: Envoy's `x-request-id`) is an admitted record
+//! under the id's hash ([`hold_id`], at least [`BY_ID`]): [`Concurrency::take_id`] makes it (or
+//! adds to it), a denied request makes nothing, and [`Concurrency::give_back_id`] frees only
+//! it; anonymous releases pass over it. With every request naming its hold, the holds counted
+//! are exactly the admitted requests in flight (docs/holds.md, "By request id").
+//!
 //! Records are kept in expiry order; a record is made at `max(now + P, newest expiry)` (a
 //! clock that went back never reorders them: a hold then lasts a little longer), merged into
 //! the newest record when that has the same expiry. Admitted holds are at most Q records (each
