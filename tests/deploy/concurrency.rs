@@ -159,7 +159,7 @@ fn envoy_config(
 }
 
 /// The shipped recipe's action putting the request's id into both calls' descriptor.
-const REQUEST_ID_ACTION: &str = "                                    - request_headers: { header_name: x-request-id, descriptor_key: request_id }\n";
+const REQUEST_ID_ACTION: &str = "                                    - request_headers: { header_name: x-request-id, descriptor_key: request_id, skip_if_absent: true }\n";
 
 /// Which releases Envoy sends.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

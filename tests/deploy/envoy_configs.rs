@@ -74,7 +74,7 @@ fn the_concurrency_recipe_holds_and_releases_in_its_rules_domain() {
         "apply_on_stream_done: true",
         "hits_addend: { number: 1, is_negative_hits: true }",
         "descriptor_key: tenant",
-        "- request_headers: { header_name: x-request-id, descriptor_key: request_id }",
+        "- request_headers: { header_name: x-request-id, descriptor_key: request_id, skip_if_absent: true }",
         "generate_request_id: true",
         "timeout: 240s",
     ] {
