@@ -315,6 +315,7 @@ descriptors:
             on_deny: _,
             block_nanos: _,
             time_zone: _,
+            hold_id: _,
         } = limit(&mut model);
         let Location { file: _, line: _ } = &model.domains[0].location;
         vec![
@@ -377,6 +378,7 @@ descriptors:
             ("time_zone", |m| {
                 limit(m).time_zone = crate::config::model::Zone::named("Europe/Berlin").ok();
             }),
+            ("hold_id", |m| limit(m).hold_id = Some("request_id".into())),
             ("unlimited name", |m| *unlimited(m).0 = None),
             ("unlimited replaces", |m| unlimited(m).1.push("x".into())),
         ]

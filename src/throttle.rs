@@ -304,6 +304,7 @@ fn batch_of(keys: &[KeyPlan]) -> (Batch, Vec<usize>) {
             refund: k.refund,
             group: 2 * i,
             role: Role::Enforced,
+            hold: None,
         });
         if k.may_deny() {
             hits.push(Hit {
@@ -313,6 +314,7 @@ fn batch_of(keys: &[KeyPlan]) -> (Batch, Vec<usize>) {
                 refund: false,
                 group: 2 * i + 1,
                 role: Role::Shadow,
+                hold: None,
             });
         }
     }

@@ -97,6 +97,7 @@ fn limited(rule: String, limits: &[LimitRule], part: &str, shadow: bool) -> Opti
                 refund: false,
                 group: 0,
                 role,
+                hold: None,
             }
         })
         .collect();

@@ -32,6 +32,7 @@ pub fn hit(key: impl AsRef<[u8]>, limit: LimitParams, cost: u64) -> Hit {
         refund: false,
         group: 0,
         role: Role::Enforced,
+        hold: None,
     }
 }
 

@@ -87,6 +87,7 @@ fn template(key: &KeyPlan) -> Hit {
         limit: key.limit,
         cost: 0,
         refund: false,
+        hold: None,
         group: 0,
         role: Role::Enforced,
     }

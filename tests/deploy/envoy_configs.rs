@@ -60,7 +60,8 @@ fn the_concurrency_rules_pass_sluice_check() {
 }
 
 /// deploy/envoy/concurrency.yaml takes a hold at the start and releases it at stream done,
-/// in the domain of its rules, and its route ends before the lease does.
+/// both under the request's id (x-request-id, which Envoy generates), in the domain of its
+/// rules, whose limit names that entry (`hold_id`), and its route ends before the lease does.
 #[test]
 fn the_concurrency_recipe_holds_and_releases_in_its_rules_domain() {
     let config =
@@ -73,6 +74,8 @@ fn the_concurrency_recipe_holds_and_releases_in_its_rules_domain() {
         "apply_on_stream_done: true",
         "hits_addend: { number: 1, is_negative_hits: true }",
         "descriptor_key: tenant",
+        "- request_headers: { header_name: x-request-id, descriptor_key: request_id, skip_if_absent: true }",
+        "generate_request_id: true",
         "timeout: 240s",
     ] {
         assert!(
@@ -81,6 +84,7 @@ fn the_concurrency_recipe_holds_and_releases_in_its_rules_domain() {
         );
     }
     assert!(rules.contains("algorithm: concurrency") && rules.contains("unit_multiplier: 5"));
+    assert!(rules.contains("hold_id: request_id"));
 }
 
 #[test]

@@ -181,6 +181,63 @@ proptest! {
     }
 }
 
+/// A concurrency rule on `tenant` whose holds are named by the last entry `request_id`
+/// (`hold_id`), 2 slots leased for a minute.
+const HOLD_RULES: &str = "domain: d\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: concurrency, hold_id: request_id}\n";
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Through the engine and the memory backend: requests of one tenant with any ids take
+    /// holds on one state key, the tenant's alone (no id in it), and a release naming an id
+    /// frees exactly that request's hold.
+    #[test]
+    fn a_hold_id_is_no_part_of_the_state_key(tenant in text(), ids in proptest::collection::vec(text(), 1..6)) {
+        use futures_util::FutureExt as _;
+        use sluice::engine::{Descriptor, Engine, Options, Request};
+        use sluice::limiter::{Limiter, MemoryLimiter};
+        let model = sluice::config::rules_file::from_sources(&[("r.yaml".into(), HOLD_RULES.to_owned())])
+            .expect("valid rules");
+        let rules = Arc::new(arc_swap::ArcSwap::from_pointee(RuleSet::compile(model)));
+        let memory = Arc::new(MemoryLimiter::new(64));
+        let engine = Engine::new(rules, memory.clone() as Arc<dyn Limiter>, Options::default());
+        let request = |id: &str, refund: bool| Request {
+            domain: "d".into(),
+            descriptors: vec![Descriptor {
+                entries: vec![Entry::new("tenant", tenant.clone()), Entry::new("request_id", id)],
+                hits_addend: Some(1),
+                refund,
+                ..Descriptor::default()
+            }],
+            hits_addend: 0,
+        };
+        let mut admitted = Vec::new();
+        for id in &ids {
+            let answer = engine.should_rate_limit(&request(id, false)).now_or_never();
+            let answer = answer.expect("ready").expect("answered");
+            if answer.overall_code == sluice::engine::Code::Ok {
+                admitted.push(id.clone());
+            }
+        }
+        prop_assert!(!admitted.is_empty() && admitted.len() <= 2);
+        let part = descriptor_part("d", &[Entry::new("tenant", tenant.clone())], None);
+        let key = state_key(&part, Algorithm::Concurrency, 60_000_000_000);
+        let keys: Vec<Vec<u8>> = memory.snapshot().into_iter().map(|(k, _)| k).collect();
+        prop_assert_eq!(keys, vec![key.to_vec()]);
+        // The first admitted id's release frees one slot of its hold, and nothing else: the
+        // other holds (an id sent twice took two slots) stay.
+        let first = admitted[0].clone();
+        engine.should_rate_limit(&request(&first, true)).now_or_never().expect("ready").expect("answered");
+        let check = Request {
+            descriptors: vec![Descriptor { hits_addend: Some(0), ..request("probe", false).descriptors[0].clone() }],
+            ..request("probe", false)
+        };
+        let answer = engine.should_rate_limit(&check).now_or_never().expect("ready").expect("answered");
+        let remaining = answer.statuses[0].limit_remaining;
+        prop_assert_eq!(remaining as usize, 2 - admitted.len() + 1);
+    }
+}
+
 #[test]
 fn underscore_join_collision_does_not_exist() {
     let a = descriptor_part("d", &[Entry::new("a", "b_c")], None);
@@ -238,6 +295,7 @@ fn shared_rules() -> RuleSet {
         on_deny: None,
         block_nanos: 0,
         time_zone: None,
+        hold_id: None,
     };
     let files = rule(
         "path",

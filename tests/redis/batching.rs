@@ -83,6 +83,7 @@ fn hit_of(
         refund: rng.chance(refund_percent),
         group,
         role: [Role::Enforced, Role::Enforced, Role::Shadow, Role::Quota][group],
+        hold: None,
     }
 }
 
@@ -427,6 +428,7 @@ async fn every_request_of_a_failed_batch_gets_its_own_on_error_answer() {
                         refund: false,
                         group: h as usize,
                         role: Role::Enforced,
+                        hold: None,
                     })
                     .collect::<Vec<_>>();
                 let batch = Batch { hits };

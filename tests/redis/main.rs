@@ -6,7 +6,8 @@
 //! `/counters/top`, the limit gauges, `admin.token`: `visibility`); the penalty box
 //! (`block_for`) and calendar windows (`time_zone`) on both backends (`penalty`); the Throttle
 //! API's holds with ids and its reservations on both backends (`throttle_holds`,
-//! `throttle_reserve`). A missing `redis-server`
+//! `throttle_reserve`); `algorithm: concurrency` with holds named by the request (`hold_id`)
+//! on both backends (`concurrency_by_id`). A missing `redis-server`
 //! fails these tests with the command that installs it. (The fault tests, which bound answer
 //! times, are in tests/serial/.)
 
@@ -17,6 +18,7 @@ mod algorithms;
 mod batching;
 mod cluster;
 mod concurrency;
+mod concurrency_by_id;
 mod footprint;
 mod limitador;
 mod penalty;

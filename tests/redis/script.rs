@@ -54,6 +54,7 @@ fn random_hit(rng: &mut Rng, seed: u64) -> Hit {
         refund: rng.chance(10),
         group,
         role: role_of(group),
+        hold: None,
     }
 }
 
@@ -237,6 +238,12 @@ fn algorithm_hit(rng: &mut Rng, seed: u64, algorithm: Algorithm, periods: &[u64]
     hit.key = format!("{{diff|seed={seed}}}:{}:{name}", algorithm.as_str())
         .into_bytes()
         .into();
+    // Half the concurrency hits name their hold (a rule's hold_id), from a few ids so that
+    // they repeat, beside anonymous ones on the same keys.
+    if algorithm == Algorithm::Concurrency && rng.chance(50) {
+        let id = rng.pick(&["r1", "r2", "r3", "r4"]);
+        hit.hold = std::num::NonZeroU64::new(sluice::limiter::concurrency::hold_id(id.as_bytes()));
+    }
     hit
 }
 

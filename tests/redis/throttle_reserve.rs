@@ -60,6 +60,7 @@ fn rate_hit(algorithm: Algorithm, cost: u64) -> Hit {
         },
         cost,
         refund: false,
+        hold: None,
         group: 0,
         role: Role::Enforced,
     }

@@ -55,6 +55,7 @@ pub(crate) fn batch(n: u64) -> Batch {
             refund: false,
             group: 0,
             role: Role::Enforced,
+            hold: None,
         }],
     }
 }

@@ -119,6 +119,10 @@ pub struct LimitRule {
     /// Calendar windows (`time_zone`): only on a `fixed_window` limit whose unit is day,
     /// week, month or year, with a `unit_multiplier` of 1.
     pub time_zone: Option<Zone>,
+    /// `hold_id`: only on a `concurrency` limit, the key of the request entry that names
+    /// the request's hold (Envoy's `x-request-id`). That entry, the descriptor's last, is
+    /// matched by this rule but is not part of the state key (docs/holds.md).
+    pub hold_id: Option<String>,
 }
 
 /// A custom denial (`on_deny`): the body and headers of the 429 Envoy sends when this limit

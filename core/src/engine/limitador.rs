@@ -163,6 +163,7 @@ fn batch(applied: &[Applied<'_>], cost: u64, counting: Counting) -> Batch {
                 refund: false,
                 group: 0,
                 role: Role::Enforced,
+                hold: None,
             }
         })
         .collect();

@@ -198,6 +198,9 @@ impl Engine {
             quota_mode: self.options.quota_mode,
         };
         let planned = plan::plan_request(domain, request, modes);
+        if let Some(message) = &planned.bad_hold_id {
+            return Err(invalid(message.clone()));
+        }
         let outcome = if planned.batch.hits.is_empty() {
             BatchOutcome {
                 hits: Vec::new(),

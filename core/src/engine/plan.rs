@@ -2,12 +2,12 @@
 
 use std::borrow::Cow;
 use std::collections::HashSet;
-use std::num::NonZeroU32;
+use std::num::{NonZeroU32, NonZeroU64};
 use std::sync::Arc;
 
 use super::{Descriptor, Override, Request};
 use crate::config::model::{Algorithm, Charge, LimitDefaults, LimitRule, Policy};
-use crate::limiter::{Batch, Hit, LimitParams, Role};
+use crate::limiter::{Batch, Hit, LimitParams, Role, concurrency};
 use crate::rules::{Domain, Match, Rule, key};
 
 /// YAML `metadata` of a matched rule.
@@ -38,6 +38,9 @@ pub(super) struct DescriptorPlan<'r> {
 pub(super) struct Planned<'r> {
     pub descriptors: Vec<DescriptorPlan<'r>>,
     pub batch: Batch,
+    /// A hold id (a `hold_id` entry's value) longer than
+    /// [`concurrency::MAX_HOLD_ID_BYTES`]: the request is refused (`INVALID_ARGUMENT`).
+    pub bad_hold_id: Option<String>,
 }
 
 /// What a descriptor matched before `replaces` is applied.
@@ -67,6 +70,7 @@ pub(super) fn plan_request<'r>(
         .collect();
     let replaced = replaced_names(&candidates);
     let mut batch = Batch::default();
+    let mut bad_hold_id = None;
     let descriptors = candidates
         .into_iter()
         .zip(&request.descriptors)
@@ -78,11 +82,32 @@ pub(super) fn plan_request<'r>(
                 cost: cost(request, d),
                 group,
                 quota_mode: modes.quota_mode,
+                hold: None,
             };
+            if let Candidate::Rule(m) = &c
+                && m.hold()
+                && let Some(id) = d.entries.last()
+                && id.value.len() > concurrency::MAX_HOLD_ID_BYTES
+            {
+                bad_hold_id.get_or_insert_with(|| {
+                    format!(
+                        "descriptors[{group}].entries[{}].value: a hold id ({}) of {} bytes, \
+                         more than {}",
+                        d.entries.len() - 1,
+                        id.key,
+                        id.value.len(),
+                        concurrency::MAX_HOLD_ID_BYTES
+                    )
+                });
+            }
             descriptor_plan(c, &replaced, &ctx, &mut batch)
         })
         .collect();
-    Planned { descriptors, batch }
+    Planned {
+        descriptors,
+        batch,
+        bad_hold_id,
+    }
 }
 
 fn candidate<'r>(domain: Option<&'r Domain>, d: &Descriptor) -> Candidate<'r> {
@@ -122,6 +147,7 @@ fn override_rule(limit: Override, defaults: LimitDefaults) -> LimitRule {
         on_deny: None,
         block_nanos: 0,
         time_zone: None,
+        hold_id: None,
     }
 }
 
@@ -156,12 +182,16 @@ fn cost(request: &Request, d: &Descriptor) -> u64 {
         .unwrap_or_else(|| u64::from(request.hits_addend.max(1)))
 }
 
+#[derive(Clone, Copy)]
 struct HitContext<'a> {
     domain: &'a str,
     descriptor: &'a Descriptor,
     cost: u64,
     group: usize,
     quota_mode: bool,
+    /// The hold the descriptor names (its `hold_id` entry's, hashed), if any: given to the
+    /// hits of the limits that declare `hold_id`.
+    hold: Option<NonZeroU64>,
 }
 
 fn descriptor_plan<'r>(
@@ -207,11 +237,21 @@ fn descriptor_plan<'r>(
                     if kept.is_empty() {
                         Applies::Nothing
                     } else {
-                        let part =
-                            key::descriptor_part(ctx.domain, &ctx.descriptor.entries, Some(&m));
+                        // A hold id entry (the last) is no part of the state key: every
+                        // request id shares the holds.
+                        let entries = &ctx.descriptor.entries;
+                        let (entries, hold) = match entries.split_last() {
+                            Some((id, levels)) if m.hold() => (
+                                levels,
+                                NonZeroU64::new(concurrency::hold_id(id.value.as_bytes())),
+                            ),
+                            _ => (entries.as_slice(), None),
+                        };
+                        let part = key::descriptor_part(ctx.domain, entries, Some(&m));
                         let role = role_of(rule, ctx.quota_mode);
+                        let ctx = HitContext { hold, ..*ctx };
                         Applies::Limits {
-                            limits: push_hits(kept, &part, role, ctx, batch),
+                            limits: push_hits(kept, &part, role, &ctx, batch),
                             role,
                         }
                     }
@@ -255,6 +295,7 @@ fn push_hits<'r>(
                 refund: ctx.descriptor.refund,
                 group: ctx.group,
                 role,
+                hold: ctx.hold.filter(|_| rule.hold_id.is_some()),
             });
             (rule, batch.hits.len() - 1)
         })

@@ -93,6 +93,29 @@ impl Algo {
         };
     }
 
+    /// Takes `cost` at `now` under the hold `id` (a request's named hold), or gives it back
+    /// from that hold only, for a refund. Only `concurrency` names holds; another algorithm
+    /// takes or gives back as without an id.
+    #[cold]
+    #[inline(never)]
+    pub fn apply_id(&self, state: &mut State, now: u64, cost: u64, id: u64, refund: bool) {
+        let Algo::Concurrency(c) = self else {
+            if refund {
+                self.give_back(state, now, cost);
+            } else {
+                self.take(state, now, cost);
+            }
+            return;
+        };
+        let mut holds = take_holds(state);
+        if refund {
+            c.give_back_id(&mut holds, now, id, cost);
+        } else {
+            c.take_id(&mut holds, now, id, cost);
+        }
+        *state = State::Concurrency(holds);
+    }
+
     /// Records what a denied request leaves behind: for `concurrency`, its cost as a pending
     /// denial (its release is still to come); nothing for the others.
     pub fn deny(&self, state: &mut State, now: u64, cost: u64) {

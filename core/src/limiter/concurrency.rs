@@ -19,6 +19,12 @@
 //! it and says what it costs (under steady denials, a release stays parked in the pending
 //! denials until they drain or the hold's lease ends).
 //!
+//! A hold a request names (a rule's `hold_id`: Envoy's `x-request-id`) is an admitted record
+//! under the id's hash ([`hold_id`], at least [`BY_ID`]): [`Concurrency::take_id`] makes it (or
+//! adds to it), a denied request makes nothing, and [`Concurrency::give_back_id`] frees only
+//! it; anonymous releases pass over it. With every request naming its hold, the holds counted
+//! are exactly the admitted requests in flight (docs/holds.md, "By request id").
+//!
 //! Records are kept in expiry order; a record is made at `max(now + P, newest expiry)` (a
 //! clock that went back never reorders them: a hold then lasts a little longer), merged into
 //! the newest record when that has the same expiry. Admitted holds are at most Q records (each
@@ -47,6 +53,40 @@ use std::collections::VecDeque;
 
 /// The most records of pending denials a key keeps (and the cap on slots).
 pub const MAX_RECORDS: u32 = crate::config::model::SLIDING_LOG_MAX_QUOTA;
+
+/// The ids of holds named by a request (`hold_id`, docs/holds.md) are in
+/// `[BY_ID, 2 * BY_ID)`: above every id a key counts out itself (from 0, or from the time in
+/// microseconds, below 2^52 until the year 2112), and exact as the script's numbers (2^53).
+pub const BY_ID: u64 = 1 << 52;
+
+/// The most bytes of a request's hold id (`hold_id`): a longer one is refused.
+pub const MAX_HOLD_ID_BYTES: usize = 256;
+
+/// The record id of a hold a request names with `request_id` (its `hold_id` entry's value):
+/// 52 bits of a fixed 64-bit hash (FNV-1a, then a mix), in `[BY_ID, 2 * BY_ID)`. The same on
+/// every replica and backend (the Redis script is sent the number). Two ids share a record
+/// only when their hashes agree in 52 bits, about one chance in 2^52 per pair of holds live
+/// at once on one key.
+///
+/// ```
+/// use sluice_core::limiter::concurrency::{BY_ID, hold_id};
+/// let a = hold_id(b"4f1c2e8a-0b1d-4a5e-9c3f-2d7e6b1a9c00");
+/// assert!((BY_ID..2 * BY_ID).contains(&a));
+/// assert_eq!(a, hold_id(b"4f1c2e8a-0b1d-4a5e-9c3f-2d7e6b1a9c00"));
+/// assert_ne!(a, hold_id(b"4f1c2e8a-0b1d-4a5e-9c3f-2d7e6b1a9c01"));
+/// ```
+pub fn hold_id(request_id: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in request_id {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    // A final mix, so that every bit of the id depends on every byte.
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    BY_ID | (h & (BY_ID - 1))
+}
 
 /// One limit's parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -181,15 +221,17 @@ impl Concurrency {
         } else {
             &mut holds.denied
         };
-        let expiry = now.saturating_add(self.lease);
+        let mut expiry = now.saturating_add(self.lease);
         let full = list.len() >= cap;
         match list.back_mut() {
-            Some(back) if back.expiry >= expiry || full => {
+            // A request's named hold is never merged with others (its id frees exactly it).
+            Some(back) if (back.expiry >= expiry && back.id < BY_ID) || full => {
                 back.expiry = back.expiry.max(expiry);
                 back.count = back.count.saturating_add(cost);
                 back.id
             }
-            _ => {
+            back => {
+                expiry = expiry.max(back.map_or(0, |b| b.expiry));
                 list.push_back(Record {
                     id,
                     expiry,
@@ -202,7 +244,8 @@ impl Concurrency {
     }
 
     /// Releases `cost` at `now`: pending denials first, then admitted holds, earliest expiry
-    /// first; never more than is held.
+    /// first; never more than is held. A hold a request names (see [`hold_id`]) is freed
+    /// only by a release naming it ([`Concurrency::give_back_id`]), never by this one.
     pub fn give_back(&self, holds: &mut Holds, now: u64, cost: u64) {
         Self::trim(holds, now);
         let left = release(&mut holds.denied, cost);
@@ -300,17 +343,59 @@ impl Concurrency {
     }
 }
 
-/// Takes up to `cost` from the front of `list`; what was not there to take.
+/// Holds named by the request (a rule's `hold_id`, docs/holds.md): an admitted request's
+/// hold is a record under its id, a denied one leaves nothing, and a release frees only the
+/// hold with its id.
+impl Concurrency {
+    /// Takes an admitted `cost` at `now` under `id` (see [`hold_id`]): a new record, or, when
+    /// `id` is already held, that record with `cost` more, moved to the back with the new
+    /// expiry. Its expiry is `now` + the lease, at least the newest one's.
+    pub fn take_id(&self, holds: &mut Holds, now: u64, id: u64, cost: u64) {
+        if self.slots == 0 || cost == 0 {
+            return;
+        }
+        Self::trim(holds, now);
+        let at = holds.admitted.iter().position(|r| r.id == id);
+        let held = at
+            .and_then(|i| holds.admitted.remove(i))
+            .map_or(0, |r| r.count);
+        self.push_newest(holds, now, id, held.saturating_add(cost));
+    }
+
+    /// Releases up to `cost` of the live hold `id` at `now`; frees nothing when `id` is not
+    /// held (unknown, expired, released, or its request was denied). Never touches another
+    /// record.
+    pub fn give_back_id(&self, holds: &mut Holds, now: u64, id: u64, cost: u64) {
+        Self::trim(holds, now);
+        let Some(at) = holds.admitted.iter().position(|r| r.id == id) else {
+            return;
+        };
+        if let Some(r) = holds.admitted.get_mut(at) {
+            r.count = r.count.saturating_sub(cost);
+            if r.count == 0 {
+                holds.admitted.remove(at);
+            }
+        }
+    }
+}
+
+/// Takes up to `cost` from the front of `list`, passing over the holds requests name (ids
+/// from [`BY_ID`]); what was not there to take.
 fn release(list: &mut VecDeque<Record>, mut cost: u64) -> u64 {
+    let mut at = 0;
     while cost > 0 {
-        let Some(front) = list.front_mut() else {
+        let Some(r) = list.get_mut(at) else {
             break;
         };
-        let take = cost.min(front.count);
-        front.count -= take;
+        if r.id >= BY_ID {
+            at += 1;
+            continue;
+        }
+        let take = cost.min(r.count);
+        r.count -= take;
         cost -= take;
-        if front.count == 0 {
-            list.pop_front();
+        if r.count == 0 {
+            list.remove(at);
         }
     }
     cost
@@ -419,5 +504,45 @@ mod tests {
             "an expired hold is not extended"
         );
         assert_eq!(c.acquire(&mut h, 20 * SEC, 4), None, "more than the slots");
+    }
+
+    #[test]
+    fn holds_named_by_the_request_free_exactly_themselves() {
+        let c = Concurrency::new(3, 10 * SEC);
+        let mut h = Holds::default();
+        let (a, b, x) = (hold_id(b"a"), hold_id(b"b"), hold_id(b"x"));
+        c.take_id(&mut h, 0, a, 1);
+        c.take_id(&mut h, 0, b, 2);
+        assert_eq!(h.admitted.len(), 2, "same instant, two records");
+        assert!(!c.admits(&h, 1, 1));
+        c.give_back_id(&mut h, 1, x, 1);
+        assert_eq!(c.held(&h, 1), 3, "an unknown id frees nothing");
+        c.give_back_id(&mut h, 1, b, 5);
+        assert_eq!(c.held(&h, 1), 1, "b's 2, never more");
+        c.give_back_id(&mut h, 1, b, 1);
+        assert_eq!(c.held(&h, 1), 1, "b is gone");
+        // The same id again adds up, with a new expiry.
+        c.take_id(&mut h, 5 * SEC, a, 1);
+        assert_eq!(h.admitted.len(), 1);
+        assert_eq!(c.held(&h, 14 * SEC), 2, "both expire at 15 s");
+        assert_eq!(c.held(&h, 15 * SEC), 0);
+    }
+
+    #[test]
+    fn an_anonymous_hold_never_merges_into_a_named_one() {
+        let c = Concurrency::new(4, 10 * SEC);
+        let mut h = Holds::default();
+        let a = hold_id(b"a");
+        c.take_id(&mut h, 0, a, 1);
+        c.take(&mut h, 0, 1);
+        assert_eq!(h.admitted.len(), 2);
+        c.give_back_id(&mut h, 1, a, 1);
+        assert_eq!(c.held(&h, 1), 1, "the anonymous hold stays");
+        assert!(h.admitted().all(|r| r.id < BY_ID));
+        // And an anonymous release never frees a named hold.
+        c.take_id(&mut h, 2, a, 2);
+        c.give_back(&mut h, 3, 5);
+        assert_eq!(c.held(&h, 3), 2, "a's 2 stay");
+        assert!(h.admitted().all(|r| r.id == a));
     }
 }

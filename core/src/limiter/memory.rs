@@ -91,6 +91,7 @@ use store::{Found, Kind};
 ///     refund: false,
 ///     group: 0,
 ///     role: Role::Enforced,
+///     hold: None,
 /// };
 /// let batch = Batch { hits: vec![hit] };
 /// let mut check = || limiter.check(&batch).now_or_never().unwrap().unwrap();
@@ -576,6 +577,7 @@ mod tests {
             refund: false,
             group: 0,
             role: Role::Enforced,
+            hold: None,
         };
         Batch { hits: vec![hit] }
     }
@@ -658,6 +660,7 @@ mod penalty_and_calendar {
             refund: false,
             group: 0,
             role: Role::Enforced,
+            hold: None,
         };
         Batch { hits: vec![hit] }
     }

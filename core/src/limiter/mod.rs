@@ -94,6 +94,11 @@ pub struct Hit {
     /// Index of the request descriptor this hit belongs to; hits of one descriptor are adjacent.
     pub group: usize,
     pub role: Role,
+    /// The hold this hit names, for a `concurrency` limit whose rule declares `hold_id`
+    /// ([`concurrency::hold_id`] of the request's id): an admitted cost is held under it, a
+    /// denied one leaves nothing, a refund frees only it (docs/holds.md). `None`: anonymous.
+    /// (Non-zero: ids are at least [`concurrency::BY_ID`], and the field takes 8 bytes.)
+    pub hold: Option<std::num::NonZeroU64>,
 }
 
 /// All hits of one request.
@@ -342,5 +347,6 @@ pub(crate) fn funnel_hit(
         refund: false,
         group,
         role,
+        hold: None,
     }
 }

@@ -153,6 +153,7 @@ mod tests {
             },
             cost: 7,
             refund: false,
+            hold: None,
             group: 0,
             role: Role::Shadow,
         }

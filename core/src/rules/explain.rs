@@ -116,6 +116,13 @@ pub fn explain<'a>(domain: &'a Domain, entries: &[Entry]) -> Walk<'a> {
     let mut level: &'a Level = &domain.root;
     let mut last: Option<&'a Rule> = None;
     for (i, entry) in entries.iter().enumerate() {
+        // The last entry naming the request's hold (the rule's `hold_id`) is no level.
+        if let Some(rule) = last
+            && i + 1 == entries.len()
+            && rule.hold_id.as_deref() == Some(entry.key.as_str())
+        {
+            break;
+        }
         if let Some(rule) = last
             && rule.children().is_empty()
         {

@@ -206,15 +206,30 @@ impl Domain {
     /// assert!(api.find(&[Entry::new("path", "/other")]).is_none());
     /// assert!(api.find(&[]).is_none());
     /// ```
+    ///
+    /// A rule whose limit declares `hold_id: K` also matches when one more entry, the last,
+    /// has the key `K`: that entry names the request's hold ([`Match::hold`]) and is no level
+    /// of the walk (it takes precedence over a child rule of key `K`).
     pub fn find(&self, entries: &[Entry]) -> Option<Match<'_>> {
         let (first, rest) = entries.split_first()?;
         let mut rule = self.root.find(&first.key, &first.value)?;
         let mut path = MatchPath::new(rule);
-        for entry in rest {
+        for (i, entry) in rest.iter().enumerate() {
+            if i + 1 == rest.len() && rule.hold_id.as_deref() == Some(entry.key.as_str()) {
+                return Some(Match {
+                    path,
+                    last: rule,
+                    hold: true,
+                });
+            }
             rule = rule.children.find(&entry.key, &entry.value)?;
             path.push(rule);
         }
-        Some(Match { path, last: rule })
+        Some(Match {
+            path,
+            last: rule,
+            hold: false,
+        })
     }
 }
 
@@ -231,6 +246,8 @@ pub struct Rule {
     pub share_threshold: bool,
     pub metadata: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
     pub location: Location,
+    /// The entry key naming a request's hold, when one of its limits declares `hold_id`.
+    pub hold_id: Option<String>,
     /// What an observer derives from this rule once, kept for the life of the compiled rule
     /// set (the metrics keep the rule's counters here: see [`RuleSlot`]).
     pub slot: RuleSlot,
@@ -241,7 +258,12 @@ pub struct Rule {
 
 impl Rule {
     fn compile(rule: DescriptorRule) -> Rule {
+        let hold_id = match &rule.policy {
+            Policy::Limited(limits) => limits.iter().find_map(|l| l.hold_id.clone()),
+            _ => None,
+        };
         Rule {
+            hold_id,
             key: rule.key,
             value: rule.value,
             policy: rule.policy,
@@ -279,6 +301,8 @@ impl Rule {
 pub struct Match<'a> {
     path: MatchPath<'a>,
     last: &'a Rule,
+    /// The request's last entry names its hold (the rule's `hold_id`), and is no level.
+    hold: bool,
 }
 
 /// The rules of a walk: inline up to [`MatchPath::INLINE`] levels, on the heap beyond
@@ -329,9 +353,16 @@ impl<'a> Match<'a> {
         self.last
     }
 
-    /// The rule matched at each level, one per request entry.
+    /// The rule matched at each level, one per request entry (but the hold's, see
+    /// [`Match::hold`]).
     pub fn path(&self) -> &[&'a Rule] {
         self.path.as_slice()
+    }
+
+    /// Whether the request's last entry names its hold (the rule's `hold_id`): then it is
+    /// no level of [`Match::path`], and no part of the state key.
+    pub fn hold(&self) -> bool {
+        self.hold
     }
 }
 

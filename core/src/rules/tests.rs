@@ -27,6 +27,7 @@ fn limited(
         on_deny: None,
         block_nanos: 0,
         time_zone: None,
+        hold_id: None,
     };
     DescriptorRule {
         policy: Policy::Limited(vec![limit]),
@@ -344,4 +345,42 @@ fn shared_wildcards_share_one_descriptor_part() {
         part("/files/a"),
         descriptor_part("d", &entries(&[("path", "/files/*")]), None)
     );
+}
+
+/// A concurrency rule with `hold_id: request_id` matches one more, last, entry of that key:
+/// it names the request's hold, is no level of the path and no part of the state key.
+#[test]
+fn a_hold_id_entry_is_matched_but_not_keyed() {
+    let mut tenant = limited("tenant", ValueMatch::Any, "slots", vec![]);
+    if let Policy::Limited(limits) = &mut tenant.policy {
+        limits[0].algorithm = Algorithm::Concurrency;
+        limits[0].hold_id = Some("request_id".into());
+    }
+    let rules = domain(vec![tenant]);
+    let d = rules.domain("d").expect("the domain");
+    let with_id = entries(&[("tenant", "acme"), ("request_id", "r-1")]);
+    let m = d.find(&with_id).expect("matched with the id");
+    assert!(m.hold());
+    assert_eq!(m.path().len(), 1);
+    assert_eq!(m.rule().hold_id.as_deref(), Some("request_id"));
+    let without = entries(&[("tenant", "acme")]);
+    let plain = d.find(&without).expect("matched without an id");
+    assert!(!plain.hold());
+    assert_eq!(
+        descriptor_part("d", &with_id[..1], Some(&m)),
+        descriptor_part("d", &without, Some(&plain)),
+        "one state for every request id"
+    );
+    // The admin's walk (/why) agrees.
+    assert!(matches!(
+        explain::explain(d, &with_id),
+        explain::Walk::Matched(_)
+    ));
+    // Another key, or the id entry not last, matches nothing.
+    assert!(
+        d.find(&entries(&[("tenant", "acme"), ("trace_id", "t")]))
+            .is_none()
+    );
+    let not_last = entries(&[("tenant", "acme"), ("request_id", "r"), ("x", "y")]);
+    assert!(d.find(&not_last).is_none());
 }

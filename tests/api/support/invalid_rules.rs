@@ -64,6 +64,12 @@ pub(crate) const INVALID: &[(&str, &[&str])] = &[
         "domain_missing.yaml:5: domain: must not be empty",
         "domain_missing.yaml:7: domain: must not be empty",
     ]),
+    ("hold_id_invalid.yaml", &[
+        "hold_id_invalid.yaml:8: descriptors[0].rate_limit.hold_id: hold_id names a request's hold: it needs algorithm: concurrency",
+        "hold_id_invalid.yaml:14: descriptors[1].rate_limit.hold_id: must name the descriptor entry that carries the request's id (e.g. request_id)",
+        "hold_id_invalid.yaml:21: descriptors[2].rate_limits[1]: hold_id 'trace_id' differs from descriptors[2].rate_limits[0]'s 'request_id': the limits of one descriptor name a request's hold by one entry",
+        "hold_id_invalid.yaml:28: descriptors[3].rate_limit.hold_id: hold_id must not be set on an unlimited limit",
+    ]),
     ("integer_invalid.yaml", &[
         "integer_invalid.yaml:7: descriptors[0].rate_limit.requests_per_unit: must not be negative, got -5",
         "integer_invalid.yaml:11: descriptors[1].rate_limit.requests_per_unit: must be at most 4294967295, got 4294967296",

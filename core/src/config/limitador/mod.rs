@@ -49,6 +49,7 @@ impl NamespaceLimit {
             on_deny: None,
             block_nanos: 0,
             time_zone: None,
+            hold_id: None,
         }
     }
 

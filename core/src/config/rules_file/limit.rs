@@ -27,6 +27,7 @@ const LIMIT_KEYS: &[&str] = &[
     "on_deny",
     "block_for",
     "time_zone",
+    "hold_id",
 ];
 
 /// The keys that mean nothing on an unlimited limit.
@@ -40,6 +41,7 @@ const LIMITED_ONLY: &[&str] = &[
     "on_deny",
     "block_for",
     "time_zone",
+    "hold_id",
 ];
 
 /// The longest period a limit may have: 100 years of 365 days.
@@ -130,6 +132,7 @@ fn combine(placed: Vec<Placed>, listed: usize, ctx: &mut Ctx<'_>) -> Option<Poli
         ok = false;
     }
     ok &= distinct_states(&placed, ctx);
+    ok &= one_hold_id(&placed, ctx);
     let rules = placed.into_iter().filter_map(|p| match p.limit {
         Limit::Limited(rule) => Some(rule),
         Limit::Unlimited { .. } => None,
@@ -156,6 +159,33 @@ fn distinct_states(placed: &[Placed], ctx: &mut Ctx<'_>) -> bool {
             );
             ctx.error(later.line, &later.path, message);
             ok = false;
+        }
+    }
+    ok
+}
+
+/// The limits of one descriptor that name a hold name it by one entry key.
+fn one_hold_id(placed: &[Placed], ctx: &mut Ctx<'_>) -> bool {
+    let mut first: Option<(&str, &str)> = None;
+    let mut ok = true;
+    for p in placed {
+        let Limit::Limited(LimitRule {
+            hold_id: Some(key), ..
+        }) = &p.limit
+        else {
+            continue;
+        };
+        match first {
+            None => first = Some((key, &p.path)),
+            Some((k, _)) if k == key => {}
+            Some((k, at)) => {
+                let message = format!(
+                    "hold_id '{key}' differs from {at}'s '{k}': the limits of one descriptor \
+                     name a request's hold by one entry"
+                );
+                ctx.error(p.line, &p.path, message);
+                ok = false;
+            }
         }
     }
     ok
@@ -236,6 +266,7 @@ fn limited(
     let block_nanos = block_for(fields, ctx);
     let written = algorithm.map(|(a, _)| a);
     let time_zone = time_zone(fields, (written, unit), ctx);
+    let hold_id = hold_id(fields, written, ctx);
     let fits = algorithm.is_none_or(|a| fits_algorithm(fields, a, (requests, borrow), ctx));
     let requests = requests?;
     let (algorithm, _) = algorithm?;
@@ -261,7 +292,34 @@ fn limited(
         on_deny: on_deny?,
         block_nanos: block_nanos?,
         time_zone: time_zone?,
+        hold_id: hold_id?,
     })
+}
+
+/// `hold_id: <entry key>`: only with `algorithm: concurrency`; a non-empty key.
+fn hold_id(
+    fields: &Fields<'_>,
+    algorithm: Option<crate::config::model::Algorithm>,
+    ctx: &mut Ctx<'_>,
+) -> Option<Option<String>> {
+    let Some(f) = fields.get("hold_id") else {
+        return Some(None);
+    };
+    let key = string(f, ctx)?;
+    if key.is_empty() {
+        ctx.error(
+            f.line,
+            &f.path,
+            "must name the descriptor entry that carries the request's id (e.g. request_id)",
+        );
+        return None;
+    }
+    if algorithm != Some(crate::config::model::Algorithm::Concurrency) {
+        let message = "hold_id names a request's hold: it needs algorithm: concurrency";
+        ctx.error(f.line, &f.path, message);
+        return None;
+    }
+    Some(Some(key))
 }
 
 fn unit(fields: &Fields<'_>, at: usize, ctx: &mut Ctx<'_>) -> Option<Unit> {

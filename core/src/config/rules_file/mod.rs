@@ -84,7 +84,7 @@
 //!   case-insensitive.
 //! - **Unlimited with a unit** (`unlimited_with_unit.yaml`): `unlimited: true` together with
 //!   `unit`, or with any other setting of a limited limit (`unit_multiplier`, `algorithm`,
-//!   `burst`, `charge`, `borrow`, `on_deny`, `block_for`, `time_zone`): `unit: unit must not
+//!   `burst`, `charge`, `borrow`, `on_deny`, `block_for`, `time_zone`, `hold_id`): `unit: unit must not
 //!   be set on an unlimited limit`.
 //!   `requests_per_unit`, `name` and `replaces` stay allowed, as envoyproxy/ratelimit files
 //!   carry them.
@@ -130,6 +130,11 @@
 //!   concurrency`); `burst` and `borrow: true` as for any algorithm without a capacity. Its
 //!   charge is `always` unless written (a denied request keeps a pending denial), whatever the
 //!   domain's or the settings' default (docs/holds.md).
+//! - **A bad `hold_id`** (`hold_id_invalid.yaml`): on another algorithm (`hold_id: hold_id
+//!   names a request's hold: it needs algorithm: concurrency`), empty (`hold_id: must name the
+//!   descriptor entry that carries the request's id (e.g. request_id)`), two limits of one
+//!   descriptor naming different keys (`hold_id 'b' differs from <path>'s 'a': the limits of
+//!   one descriptor name a request's hold by one entry`), on an unlimited limit.
 //! - **Unknown charge** (`charge_unknown.yaml`): `charge: unknown charge 'x' (expected
 //!   admitted or always)`.
 //! - **A bad `on_deny`** (`on_deny_invalid.yaml`): a key other than `body`, `content_type`,

@@ -414,3 +414,18 @@ fn time_zone_checks_its_algorithm_even_when_it_is_the_default() {
         ]
     );
 }
+
+#[test]
+fn hold_id_is_read_into_a_concurrency_limit() {
+    let text = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: concurrency, hold_id: request_id}\n  - key: j\n    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: concurrency}\n";
+    let model = load(text).unwrap_or_else(|e| panic!("{e:?}"));
+    let hold_ids: Vec<Option<String>> = model.domains[0]
+        .descriptors
+        .iter()
+        .map(|d| match &d.policy {
+            Policy::Limited(limits) => limits[0].hold_id.clone(),
+            other => panic!("limited, not {other:?}"),
+        })
+        .collect();
+    assert_eq!(hold_ids, [Some("request_id".to_owned()), None]);
+}

@@ -127,7 +127,9 @@ pub(super) fn decide(
 
 /// Takes a hit's cost (or gives it back, for a refund).
 fn apply(hit: &Hit, algo: &Algo, state: &mut State, now: u64) {
-    if hit.refund {
+    if let Some(id) = hit.hold {
+        algo.apply_id(state, now, hit.cost, id.get(), hit.refund);
+    } else if hit.refund {
         algo.give_back(state, now, hit.cost);
     } else {
         algo.take(state, now, hit.cost);
@@ -222,7 +224,8 @@ fn penalty(hit: &Hit, algo: &Algo, state: &State, until: &mut u64, now: u64) -> 
 }
 
 /// Applies the planned hits to the original states, in batch order, and keeps the pending
-/// denial of each hit that does not consume and keeps denials (see [`Algo::deny`]); marks in
+/// denial of each hit that does not consume and keeps denials (see [`Algo::deny`]; a hit
+/// naming its hold keeps none: its release names it too); marks in
 /// `changed` the slots a cost (not a check-only 0) was applied to.
 fn commit(
     hits: &[Hit],
@@ -233,7 +236,7 @@ fn commit(
     changed: &mut [bool],
 ) {
     for ((hit, &slot), &go) in hits.iter().zip(of_hit).zip(consume) {
-        let denial = !go && !hit.refund && hit.limit.keeps_denials();
+        let denial = !go && !hit.refund && hit.limit.keeps_denials() && hit.hold.is_none();
         if !(go || denial) || hit.cost == 0 {
             continue;
         }

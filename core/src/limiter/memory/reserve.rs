@@ -143,6 +143,7 @@ mod tests {
             },
             cost: amount,
             refund: false,
+            hold: None,
             group: 0,
             role: Role::Enforced,
         };

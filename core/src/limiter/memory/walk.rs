@@ -93,6 +93,7 @@ fn check_only(key: &[u8], limit: LimitParams, state: &State, until: u64, now: u6
         refund: false,
         group: 0,
         role: Role::Enforced,
+        hold: None,
     };
     let batch = Batch { hits: vec![hit] };
     let mut states = [state.clone()];
@@ -271,6 +272,7 @@ mod tests {
             refund: false,
             group: 0,
             role: Role::Enforced,
+            hold: None,
         };
         let outcome = limiter.check(&Batch { hits: vec![hit] }).now_or_never();
         assert!(matches!(outcome, Some(Ok(o)) if o.admitted));

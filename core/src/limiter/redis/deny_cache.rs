@@ -310,6 +310,7 @@ mod tests {
             refund: false,
             group: 0,
             role: Role::Enforced,
+            hold: None,
         }
     }
 

@@ -191,6 +191,7 @@ fn check_only(key: &[u8], limit: LimitParams, group: usize) -> Hit {
         refund: false,
         group,
         role: Role::Enforced,
+        hold: None,
     }
 }
 

@@ -4,6 +4,8 @@
 -- by its expiry, kind "a" for an admitted hold and "d" for a pending denial (a denied
 -- request whose release is still to come); the member "n" holds the id of the next record,
 -- as the score -1 - id (below every expiry). Absent = no records.
+-- An admitted hold a request names (a rule's hold_id) is a record of its own whose id is at
+-- least 2^52 (BY_ID), never merged with another.
 --
 -- A state here is the key's live records read into two lists (admitted, denied), each in
 -- expiry order (expired records are dropped as the key is read), and the members stored
@@ -12,6 +14,8 @@
 
 MAKERS.c = MAKERS.c and function()
   local MAX_RECORDS = 10000
+  -- Ids of holds a request names (hold_id) are at least this (2^52; concurrency::BY_ID).
+  local BY_ID = 4503599627370496
 
   local function params(quota, period)
     if period < 1 then period = 1 end
@@ -69,10 +73,12 @@ MAKERS.c = MAKERS.c and function()
     local list = v[kind]
     local expiry = sat_add(now, p.lease)
     local back = list[#list]
-    if back and (back.expiry >= expiry or #list >= cap) then
+    -- a request's named hold is never merged with others (its id frees exactly it)
+    if back and ((back.expiry >= expiry and back.id < BY_ID) or #list >= cap) then
       list[#list] = { id = back.id, expiry = math.max(back.expiry, expiry),
                       count = sat_add(back.count, cost) }
     else
+      if back and back.expiry > expiry then expiry = back.expiry end
       list[#list + 1] = { id = v.next_id, expiry = expiry, count = cost }
       v.next_id = v.next_id + 1
     end
@@ -89,16 +95,22 @@ MAKERS.c = MAKERS.c and function()
     return record(p, v, now, cost, "d", MAX_RECORDS)
   end
 
-  -- Takes up to `cost` from the front of `list` (in place); what was not there to take.
+  -- Takes up to `cost` from the front of `list` (in place), passing over the holds requests
+  -- name (ids from BY_ID: only a release naming them frees them); what was not there to take.
   local function release(list, cost)
-    while cost > 0 and #list > 0 do
-      local f = list[1]
-      local t = math.min(cost, f.count)
-      cost = cost - t
-      if t == f.count then
-        table.remove(list, 1)
+    local at = 1
+    while cost > 0 and at <= #list do
+      local f = list[at]
+      if f.id >= BY_ID then
+        at = at + 1
       else
-        list[1] = { id = f.id, expiry = f.expiry, count = f.count - t }
+        local t = math.min(cost, f.count)
+        cost = cost - t
+        if t == f.count then
+          table.remove(list, at)
+        else
+          list[at] = { id = f.id, expiry = f.expiry, count = f.count - t }
+        end
       end
     end
     return cost
@@ -107,6 +119,42 @@ MAKERS.c = MAKERS.c and function()
   local function give(p, v, now, cost)
     v = copy(v)
     release(v.a, release(v.d, cost))
+    return v
+  end
+
+  -- Holds a request names (mirrors Concurrency::take_id, give_back_id): an admitted cost
+  -- under `id`, added to that hold when it is live (moved to the back, with the new expiry);
+  -- a release frees up to `cost` of that hold only, nothing when it is not held.
+  local function take_id(p, v, now, cost, id)
+    if p.slots == 0 or cost == 0 then return v end
+    v = copy(v)
+    local held = 0
+    for i, r in ipairs(v.a) do
+      if r.id == id then
+        held = r.count
+        table.remove(v.a, i)
+        break
+      end
+    end
+    local expiry = sat_add(now, p.lease)
+    local back = v.a[#v.a]
+    if back and back.expiry > expiry then expiry = back.expiry end
+    v.a[#v.a + 1] = { id = id, expiry = expiry, count = sat_add(held, cost) }
+    return v
+  end
+
+  local function give_id(p, v, now, cost, id)
+    for i, r in ipairs(v.a) do
+      if r.id == id then
+        v = copy(v)
+        if r.count <= cost then
+          table.remove(v.a, i)
+        else
+          v.a[i] = { id = r.id, expiry = r.expiry, count = r.count - cost }
+        end
+        return v
+      end
+    end
     return v
   end
 
@@ -166,6 +214,8 @@ MAKERS.c = MAKERS.c and function()
     redis.call("PEXPIRE", key, fmt(ttl_ms(now, fresh_at)))
   end
 
-  return algorithm(params, load, admits, take, give, remaining, reset, until_admitted, fresh_at,
-    nil, save, deny)
+  local algo = algorithm(params, load, admits, take, give, remaining, reset, until_admitted,
+    fresh_at, nil, save, deny)
+  algo.take_id, algo.give_id = take_id, give_id
+  return algo
 end

@@ -61,7 +61,7 @@ local nrequests = tonumber(ARGV[3 + 7 * nlimits]) or 0
 local blob = ARGV[4 + 7 * nlimits] or ""
 local size, read = #blob, struct.unpack
 local hit_slot, hit_limit, hit_cost = {}, {}, {}
-local hit_refund, hit_group, hit_role = {}, {}, {}
+local hit_refund, hit_group, hit_role, hit_hold = {}, {}, {}, {}
 local req_first, req_count, req_independent, req_dry = {}, {}, {}, {}
 local pos, total = 1, 0
 for r = 1, nrequests do
@@ -78,6 +78,16 @@ for r = 1, nrequests do
   for h = 1, count do
     local slot, limit, cost, group, role
     slot, limit, cost, group, role, pos = read(HIT_FORMAT, blob, pos)
+    local hold = false
+    if role >= ROLE_HOLD then
+      if pos + HOLD_BYTES - 1 > size then
+        return redis.error_reply("sluice: malformed hit " .. h .. " of request " .. r)
+      end
+      hold, pos = read(HOLD_FORMAT, blob, pos)
+      role = role - ROLE_HOLD
+      if not (hold >= 0) then hold = 0 end
+      hold = hold - hold % 1
+    end
     local refund = role >= 8
     if refund then role = role - 8 end
     local algo = limit_algo[limit]
@@ -90,6 +100,8 @@ for r = 1, nrequests do
     hit_slot[total], hit_limit[total], hit_cost[total], hit_refund[total] = slot, limit, cost,
       refund
     hit_group[total], hit_role[total] = group, role
+    -- a hold id only means something to an algorithm with holds (concurrency)
+    hit_hold[total] = algo.take_id ~= nil and hold
   end
 end
 if pos ~= size + 1 then
@@ -297,8 +309,14 @@ for r = 1, nrequests do
       local later = key_uses[s] - 1
       key_uses[s] = later
       if later > 0 and (ok or limit_always[l]) then
-        local apply = refund and algo.give or algo.take
-        key_tentative[s] = apply(p, state, now, cost)
+        local hold = hit_hold[i]
+        if hold then
+          local apply = refund and algo.give_id or algo.take_id
+          key_tentative[s] = apply(p, state, now, cost, hold)
+        else
+          local apply = refund and algo.give or algo.take
+          key_tentative[s] = apply(p, state, now, cost)
+        end
       end
     end
 
@@ -338,12 +356,18 @@ for r = 1, nrequests do
       local cost = hit_cost[i]
       local l = hit_limit[i]
       if (go or limit_always[l]) and cost > 0 then
-        local s, algo = hit_slot[i], limit_algo[l]
-        local apply = hit_refund[i] and algo.give or algo.take
-        key_state[s] = apply(limit_params[l], key_state[s], now, cost)
+        local s, algo, hold = hit_slot[i], limit_algo[l], hit_hold[i]
+        if hold then
+          local apply = hit_refund[i] and algo.give_id or algo.take_id
+          key_state[s] = apply(limit_params[l], key_state[s], now, cost, hold)
+        else
+          local apply = hit_refund[i] and algo.give or algo.take
+          key_state[s] = apply(limit_params[l], key_state[s], now, cost)
+        end
         key_changed[s] = true
-      elseif cost > 0 and not hit_refund[i] and limit_pending[l] then
-        -- a concurrency hit that does not consume keeps its cost as a pending denial
+      elseif cost > 0 and not hit_refund[i] and limit_pending[l] and not hit_hold[i] then
+        -- a concurrency hit that does not consume keeps its cost as a pending denial (one
+        -- naming its hold keeps nothing: its release names the hold too)
         local s = hit_slot[i]
         key_state[s] = limit_algo[l].deny(limit_params[l], key_state[s], now, cost)
         key_changed[s] = true

@@ -64,7 +64,9 @@
 --   cost       d:  the cost (0 = check only), an integral double (exact below 2^53)
 --   group      I4: the descriptor the hit belongs to (equal for one descriptor)
 --   role       B:  0 enforced, 1 shadow, 2 quota mode; plus 8 to give the cost back
---              (is_negative_hits) instead of taking it
+--              (is_negative_hits) instead of taking it; plus 16 when the hit names its hold
+--              (a concurrency rule's hold_id): then HOLD_BYTES = 8 more bytes follow, the
+--   hold       d:  the hold's id, an integral double in [2^52, 2^53) (concurrency.lua)
 --
 -- The limits' fields are decimal integers, each parsed once; the requests are unpacked,
 -- whole, before any key is read (a malformed call fails before anything is written).
@@ -104,6 +106,7 @@ local floor, format
 -- The binary layout of ARGV[4+5L] (see above), and the role codes.
 local REQUEST_FORMAT, REQUEST_BYTES = "<BI4", 5
 local HIT_FORMAT, HIT_BYTES = "<I4I4dI4B", 21
+local HOLD_FORMAT, HOLD_BYTES, ROLE_HOLD = "<d", 8, 16
 local ROLE_ENFORCED, ROLE_QUOTA, ROLE_QUOTA_SHADOW = 0, 2, 3
 -- The reply's markers (see above), and how many of its numbers one struct.pack takes (they go
 -- through Lua's stack as arguments, like MGET's keys below).
@@ -224,6 +227,9 @@ end
 --
 -- `deny(params, state, now, cost)`, set only by concurrency, keeps what a denied request
 -- leaves behind (its pending denial); main.lua calls it for each hit of a denied request.
+-- `take_id(params, state, now, cost, id)` and `give_id(...)`, set only by concurrency, take
+-- and give back under a hold the request names (a hit with a hold id); main.lua calls them
+-- instead of `take` and `give` for such a hit.
 local function algorithm(params, load, admits, take, give, remaining, reset, until_admitted,
                          fresh_at, text, save, deny)
   return {

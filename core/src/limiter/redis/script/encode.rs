@@ -11,6 +11,12 @@ const REQUEST_BYTES: usize = 5;
 /// Bytes per hit in the binary ARGV (slot `I4`, limit `I4`, cost `d`, group `I4`, role `B`).
 const HIT_BYTES: usize = 21;
 
+/// Bytes a hit naming its hold (role flag [`ROLE_HOLD`]) adds after its 21: the id, `d`.
+const HOLD_BYTES: usize = 8;
+
+/// The role byte's flag of a hit followed by its hold's id.
+const ROLE_HOLD: u8 = 16;
+
 /// The largest integer the script handles exactly (2^53 - 1); larger inputs are clamped.
 pub const MAX_EXACT: u64 = (1 << 53) - 1;
 
@@ -87,6 +93,9 @@ impl Call {
                         blob[at + 20],
                     );
                     at += HIT_BYTES;
+                    if hit.4 & ROLE_HOLD != 0 {
+                        at += HOLD_BYTES;
+                    }
                     hit
                 })
                 .collect();
@@ -180,6 +189,12 @@ pub fn encode(
         let _ = blob.write_all(&head);
         for (hit, (slot, limit)) in part.hits.iter().zip(indices.by_ref()) {
             let _ = blob.write_all(&encode_hit(hit, slot + 1, limit + 1));
+            if let Some(id) = hit.hold {
+                // Exact: a hold's id is below 2^53 (concurrency::BY_ID).
+                #[allow(clippy::cast_precision_loss)]
+                let id = id.get().min(MAX_EXACT) as f64;
+                let _ = blob.write_all(&id.to_le_bytes());
+            }
         }
     }
     drop(blob);
@@ -194,7 +209,10 @@ pub fn encode(
 /// The encoded size of a call's arguments for `hits`, roughly (for bounding a batch).
 pub fn encoded_size(hits: &[Hit], prefix: &[u8]) -> usize {
     hits.iter()
-        .map(|h| prefix.len() + h.key.len() + HIT_BYTES + 40)
+        .map(|h| {
+            let hold = if h.hold.is_some() { HOLD_BYTES } else { 0 };
+            prefix.len() + h.key.len() + HIT_BYTES + hold + 40
+        })
         .sum::<usize>()
         + REQUEST_BYTES
 }
@@ -248,14 +266,16 @@ fn push_limit(cmd: &mut Cmd, l: &ScriptLimit) {
     };
 }
 
-/// A hit's 21 bytes in the binary ARGV (see `HIT_FORMAT` in `prelude.lua`).
+/// A hit's 21 bytes in the binary ARGV (see `HIT_FORMAT` in `prelude.lua`); a hit naming its
+/// hold has [`ROLE_HOLD`] in its role byte, and its id follows (written by [`encode`]).
 fn encode_hit(hit: &Hit, slot: usize, limit: usize) -> [u8; HIT_BYTES] {
     let role = match hit.role {
         Role::Enforced => 0,
         Role::Shadow => 1,
         Role::Quota => 2,
         Role::QuotaShadow => 3,
-    } + if hit.refund { 8 } else { 0 };
+    } + if hit.refund { 8 } else { 0 }
+        + if hit.hold.is_some() { ROLE_HOLD } else { 0 };
     let mut out = [0; HIT_BYTES];
     out[0..4].copy_from_slice(&index(slot).to_le_bytes());
     out[4..8].copy_from_slice(&index(limit).to_le_bytes());

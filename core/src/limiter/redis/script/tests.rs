@@ -30,6 +30,7 @@ fn hit(key: &str, group: usize) -> Hit {
         refund: false,
         group,
         role: Role::Quota,
+        hold: None,
     }
 }
 
