@@ -197,7 +197,7 @@ impl App {
 
     /// What counts a rules load (from files or xDS): the metrics, and envoyproxy/ratelimit's
     /// stats when counted.
-    pub fn reload_report(&self) -> impl Fn(&Reloaded) + Send + Sync + 'static {
+    pub(crate) fn reload_report(&self) -> impl Fn(&Reloaded) + Send + Sync + 'static {
         let (metrics, stats) = (self.metrics.clone(), self.ratelimit_stats.clone());
         move |outcome| {
             metrics.reloaded(outcome);
@@ -213,13 +213,13 @@ impl App {
     }
 
     /// The active rules and their history (for a rules source other than files).
-    pub fn active_rules(&self) -> Arc<ActiveRules> {
+    pub(crate) fn active_rules(&self) -> Arc<ActiveRules> {
         self.rules.clone()
     }
 
     /// Rules come from `source` (xDS) from now on: reloads from files stop, and readiness asks
     /// `source` whether rules are loaded.
-    pub fn set_rules_source(&mut self, source: Arc<dyn RulesProbe>) {
+    pub(crate) fn set_rules_source(&mut self, source: Arc<dyn RulesProbe>) {
         self.rules.set_external();
         self.rules_source = Some(source);
     }

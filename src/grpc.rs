@@ -16,18 +16,18 @@ use crate::wire::decide;
 
 /// The `envoy.service.ratelimit.v3.RateLimitService` implementation.
 #[derive(Clone)]
-pub struct RateLimiter {
+pub(crate) struct RateLimiter {
     engine: Arc<Engine>,
 }
 
 impl RateLimiter {
-    pub fn new(engine: Arc<Engine>) -> Self {
+    pub(crate) fn new(engine: Arc<Engine>) -> Self {
         RateLimiter { engine }
     }
 
     /// The tonic service, ready to add to a server. A request whose encoded size is over
     /// `input.max_request_bytes` is refused before it is read, with `RESOURCE_EXHAUSTED`.
-    pub fn into_service(self) -> RlsService {
+    pub(crate) fn into_service(self) -> RlsService {
         let max = self.engine.input_limits().max_request_bytes;
         SizeLimited::new(
             RateLimitServiceServer::new(self).max_decoding_message_size(max),
@@ -37,7 +37,7 @@ impl RateLimiter {
 }
 
 /// The RLS service as served (see [`SizeLimited`]).
-pub type RlsService = SizeLimited<RateLimitServiceServer<RateLimiter>>;
+pub(crate) type RlsService = SizeLimited<RateLimitServiceServer<RateLimiter>>;
 
 #[tonic::async_trait]
 impl RateLimitService for RateLimiter {
@@ -57,7 +57,7 @@ impl RateLimitService for RateLimiter {
 /// Maps an engine error to the status Envoy sees: a malformed request is
 /// `INVALID_ARGUMENT`; a backend failure is `UNAVAILABLE`, so that Envoy's
 /// `failure_mode_deny` decides.
-pub fn status_of(error: &EngineError) -> Status {
+pub(crate) fn status_of(error: &EngineError) -> Status {
     match error {
         EngineError::InvalidArgument(m) => Status::invalid_argument(m.clone()),
         EngineError::Backend(e) => Status::unavailable(e.to_string()),

@@ -17,7 +17,7 @@ use crate::limiter::Limiter;
 use crate::rules::RuleSet;
 
 /// A source of rules other than files (xDS): whether it has delivered a set.
-pub trait RulesProbe: Send + Sync + 'static {
+pub(crate) trait RulesProbe: Send + Sync + 'static {
     /// Ready, or why not.
     fn ready(&self) -> Result<(), String>;
 }
@@ -56,17 +56,17 @@ impl Readiness {
     }
 
     /// Rules are loaded when `source` says so (see the field).
-    pub fn with_rules_source(mut self, source: Option<Arc<dyn RulesProbe>>) -> Self {
+    pub(crate) fn with_rules_source(mut self, source: Option<Arc<dyn RulesProbe>>) -> Self {
         self.rules_source = source;
         self
     }
 
     /// From now on the service is not ready; never undone.
-    pub fn start_draining(&self) {
+    pub(crate) fn start_draining(&self) {
         self.draining.store(true, Ordering::SeqCst);
     }
 
-    pub fn is_draining(&self) -> bool {
+    pub(crate) fn is_draining(&self) -> bool {
         self.draining.load(Ordering::SeqCst)
     }
 

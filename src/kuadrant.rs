@@ -25,7 +25,7 @@ pub struct Kuadrant {
 }
 
 /// The Kuadrant service as served (see [`SizeLimited`]).
-pub type KuadrantService = SizeLimited<RateLimitServiceServer<Kuadrant>>;
+pub(crate) type KuadrantService = SizeLimited<RateLimitServiceServer<Kuadrant>>;
 
 impl Kuadrant {
     pub fn new(engine: Arc<Engine>) -> Kuadrant {
@@ -33,7 +33,7 @@ impl Kuadrant {
     }
 
     /// The tonic service; a request over `input.max_request_bytes` is `RESOURCE_EXHAUSTED`.
-    pub fn into_service(self) -> KuadrantService {
+    pub(crate) fn into_service(self) -> KuadrantService {
         let max = self.engine.input_limits().max_request_bytes;
         SizeLimited::new(
             RateLimitServiceServer::new(self).max_decoding_message_size(max),

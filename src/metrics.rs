@@ -249,7 +249,7 @@ impl Metrics {
 
     /// Sets the gauges read from the active rules (limits, periods, the busiest key's share
     /// since the last call) and forgets the top denied keys of domains no longer configured.
-    pub fn refresh_rules(&self, rules: &RuleSet) {
+    pub(crate) fn refresh_rules(&self, rules: &RuleSet) {
         self.live.refresh(rules);
         self.top.retain(|name| rules.domain(name).is_some());
     }
@@ -270,7 +270,7 @@ impl Metrics {
     }
 
     /// The keys denied most.
-    pub fn top_denied(&self) -> &top::TopDenied {
+    pub(crate) fn top_denied(&self) -> &top::TopDenied {
         &self.top
     }
 

@@ -105,7 +105,7 @@ impl ActiveRules {
 
     /// From now on the rules come from outside through [`ActiveRules::apply`]: reloads
     /// (SIGHUP, file changes) change nothing.
-    pub fn set_external(&self) {
+    pub(crate) fn set_external(&self) {
         self.external.store(true, Ordering::SeqCst);
     }
 
@@ -120,7 +120,7 @@ impl ActiveRules {
         }
     }
 
-    pub fn source_version(&self) -> Option<String> {
+    pub(crate) fn source_version(&self) -> Option<String> {
         self.source_version.lock().clone()
     }
 

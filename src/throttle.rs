@@ -30,7 +30,7 @@ pub use pb::throttle_server::ThrottleServer;
 
 /// How a Throttle call ended, for metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ThrottleResult {
+pub(crate) enum ThrottleResult {
     Allowed,
     Limited,
     Invalid,
@@ -38,14 +38,7 @@ pub enum ThrottleResult {
 }
 
 impl ThrottleResult {
-    pub const ALL: [ThrottleResult; 4] = [
-        ThrottleResult::Allowed,
-        ThrottleResult::Limited,
-        ThrottleResult::Invalid,
-        ThrottleResult::Unavailable,
-    ];
-
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ThrottleResult::Allowed => "allowed",
             ThrottleResult::Limited => "limited",
@@ -56,7 +49,7 @@ impl ThrottleResult {
 }
 
 /// Receives the result of every call with the caller's `name` (metrics).
-pub trait ThrottleObserver: Send + Sync + 'static {
+pub(crate) trait ThrottleObserver: Send + Sync + 'static {
     fn throttled(&self, name: &str, result: ThrottleResult);
 }
 
@@ -66,14 +59,14 @@ impl ThrottleObserver for () {
 
 /// The `sluice.v1.Throttle` implementation.
 #[derive(Clone)]
-pub struct Throttler {
+pub(crate) struct Throttler {
     limiter: Arc<dyn Limiter>,
     input: InputSettings,
     observer: Arc<dyn ThrottleObserver>,
 }
 
 impl Throttler {
-    pub fn new(limiter: Arc<dyn Limiter>, input: InputSettings) -> Throttler {
+    pub(crate) fn new(limiter: Arc<dyn Limiter>, input: InputSettings) -> Throttler {
         Throttler {
             limiter,
             input,
@@ -81,14 +74,14 @@ impl Throttler {
         }
     }
 
-    pub fn with_observer(mut self, observer: Arc<dyn ThrottleObserver>) -> Throttler {
+    pub(crate) fn with_observer(mut self, observer: Arc<dyn ThrottleObserver>) -> Throttler {
         self.observer = observer;
         self
     }
 
     /// The tonic service; a request over `input.max_request_bytes` is refused unread, with
     /// `RESOURCE_EXHAUSTED` naming the setting (as RLS does).
-    pub fn into_service(self) -> ThrottleService {
+    pub(crate) fn into_service(self) -> ThrottleService {
         let max = self.input.max_request_bytes;
         ThrottleService::new(
             ThrottleServer::new(self).max_decoding_message_size(max),
@@ -98,7 +91,7 @@ impl Throttler {
 
     /// Decides one request, in a debug-level `throttle` span (the caller's `name`, the
     /// number of `keys`, the `result`), as `should_rate_limit` is for RLS.
-    pub async fn throttle(
+    pub(crate) async fn throttle(
         &self,
         request: &pb::ThrottleRequest,
     ) -> Result<pb::ThrottleResponse, tonic::Status> {
@@ -148,7 +141,7 @@ impl Throttler {
 /// names a hold.
 impl Throttler {
     /// `AcquireHold`: takes `count` slots under a new id, or nothing.
-    pub async fn acquire_hold(
+    pub(crate) async fn acquire_hold(
         &self,
         request: &pb::AcquireHoldRequest,
     ) -> Result<pb::AcquireHoldResponse, tonic::Status> {
@@ -202,7 +195,7 @@ impl Throttler {
     }
 
     /// `ReleaseHold` (`extend: false`) or `ExtendHold` (`extend: true`) of one hold.
-    pub async fn touch_hold(
+    pub(crate) async fn touch_hold(
         &self,
         request: &pb::HoldRequest,
         extend: bool,
@@ -284,7 +277,7 @@ fn hold_key(id: Option<&pb::hold_request::Id>) -> &[u8] {
 
 /// The Throttle service as served: tonic's `OUT_OF_RANGE` for a message over its decoding
 /// limit becomes `RESOURCE_EXHAUSTED` (see [`crate::transport::SizeLimited`]).
-pub type ThrottleService = crate::transport::SizeLimited<ThrottleServer<Throttler>>;
+pub(crate) type ThrottleService = crate::transport::SizeLimited<ThrottleServer<Throttler>>;
 
 /// A backend failure is `UNAVAILABLE` (the caller's fail policy decides), as for RLS.
 fn unavailable(e: &LimiterError) -> tonic::Status {

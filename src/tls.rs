@@ -49,7 +49,7 @@ pub enum TlsError {
 
 impl TlsFiles {
     /// The files of the `[tls]` settings, when TLS is on (`cert_file` and `key_file` set).
-    pub fn from_settings(settings: &TlsSettings) -> Option<TlsFiles> {
+    pub(crate) fn from_settings(settings: &TlsSettings) -> Option<TlsFiles> {
         Some(TlsFiles {
             cert: settings.cert_file.clone()?,
             key: settings.key_file.clone()?,
@@ -90,7 +90,7 @@ impl TlsFiles {
 }
 
 /// The active configuration, swapped whole on reload.
-pub type ActiveTls = Arc<ArcSwap<ServerConfig>>;
+pub(crate) type ActiveTls = Arc<ArcSwap<ServerConfig>>;
 
 /// Reloads `tls` from `files` whenever one of them changes (their contents, not only their
 /// directory), until `stop`.

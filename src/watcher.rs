@@ -37,7 +37,7 @@ impl ReloadTrigger {
 
 /// Waits for a request, then until none came for `debounce`: true, time to act; false when
 /// `stop` came first.
-pub async fn debounced(
+pub(crate) async fn debounced(
     requests: &mut mpsc::Receiver<()>,
     debounce: Duration,
     stop: &CancellationToken,
@@ -60,7 +60,7 @@ pub async fn debounced(
 }
 
 /// A running watcher; dropping it stops its thread.
-pub struct FileWatcher {
+pub(crate) struct FileWatcher {
     _inner: RecommendedWatcher,
 }
 
@@ -69,7 +69,7 @@ impl FileWatcher {
     /// `trigger` on each change; `what` names the files in its log lines (`rules`, `TLS
     /// certificates`). `None` (logged) when the system refuses a watcher, in which case only
     /// explicit triggers (SIGHUP) reload.
-    pub fn start(
+    pub(crate) fn start(
         what: &'static str,
         paths: &[PathBuf],
         trigger: ReloadTrigger,

@@ -20,7 +20,7 @@ pub struct PemError {
 
 /// A CA file of a TLS client: its PEM text, checked to hold at least one certificate usable
 /// as a trust anchor.
-pub fn read_ca(path: &Path) -> Result<Vec<u8>, PemError> {
+pub(crate) fn read_ca(path: &Path) -> Result<Vec<u8>, PemError> {
     let mut roots = RootCertStore::empty();
     for cert in certificates(path)? {
         roots.add(cert).map_err(|e| file(path, e))?;
@@ -30,7 +30,7 @@ pub fn read_ca(path: &Path) -> Result<Vec<u8>, PemError> {
 
 /// A TLS client's certificate chain and private key: their PEM texts, checked to parse and
 /// to belong together.
-pub fn read_identity(cert: &Path, key: &Path) -> Result<(Vec<u8>, Vec<u8>), PemError> {
+pub(crate) fn read_identity(cert: &Path, key: &Path) -> Result<(Vec<u8>, Vec<u8>), PemError> {
     let chain = certificates(cert)?;
     let der = private_key(key)?;
     let provider = rustls::crypto::ring::default_provider();

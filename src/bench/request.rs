@@ -42,7 +42,7 @@ impl Spread {
     }
 
     /// A sequential spread starts at `first` (mod N).
-    pub fn starting_at(self, first: u64) -> Spread {
+    pub(crate) fn starting_at(self, first: u64) -> Spread {
         self.next.store(first, Ordering::Relaxed);
         self
     }
@@ -87,7 +87,7 @@ impl Template {
     }
 
     /// A request from a proto3-JSON file (`.json`, or YAML of the same shape).
-    pub fn from_file(path: &Path) -> anyhow::Result<Template> {
+    pub(crate) fn from_file(path: &Path) -> anyhow::Result<Template> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?;
         let json = json_of_yaml(&text).with_context(|| format!("{}", path.display()))?;
@@ -98,7 +98,10 @@ impl Template {
     }
 
     /// A request from `--domain` and `--descriptor key=value,key2=value2` flags.
-    pub fn from_flags(domain: Option<&str>, descriptors: &[String]) -> anyhow::Result<Template> {
+    pub(crate) fn from_flags(
+        domain: Option<&str>,
+        descriptors: &[String],
+    ) -> anyhow::Result<Template> {
         let domain = domain.context("give --request FILE, or --domain and --descriptor")?;
         anyhow::ensure!(
             !descriptors.is_empty(),
@@ -115,12 +118,12 @@ impl Template {
         }))
     }
 
-    pub fn set_hits(&mut self, hits: u32) {
+    pub(crate) fn set_hits(&mut self, hits: u32) {
         self.base.hits_addend = hits;
     }
 
     /// Spreads one key; fails when no entry of the request has it.
-    pub fn set_spread(&mut self, spread: Spread) -> anyhow::Result<()> {
+    pub(crate) fn set_spread(&mut self, spread: Spread) -> anyhow::Result<()> {
         let present = self
             .base
             .descriptors

@@ -88,7 +88,7 @@ pub fn settings(env: &HashMap<String, String>) -> Result<(Settings, Translation)
 
 /// The variable that names a settings file (TOML or YAML) under envoyproxy/ratelimit's
 /// environment, read below that environment's own variables.
-pub const CONFIG_FILE: &str = "SLUICE_CONFIG_FILE";
+pub(crate) const CONFIG_FILE: &str = "SLUICE_CONFIG_FILE";
 
 /// `translation` without span export when this sluice is built without the `otel` feature:
 /// tracing changes no answer, so `TRACING_ENABLED` is then ignored (and logged) rather than

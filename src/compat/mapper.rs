@@ -68,14 +68,14 @@ pub struct Mapper {
 
 impl Mapper {
     /// The built-in mapping.
-    pub fn builtin() -> Mapper {
+    pub(crate) fn builtin() -> Mapper {
         // Tested to parse; an empty mapper (default names) is the safe fallback.
         parse(DEFAULT_YAML, "built-in mapping").map_or_else(|_| Mapper::default(), |(m, _)| m)
     }
 
     /// The mapping `[ratelimit_metrics]` asks for: its `mapper_file` (what it ignores is
     /// logged), else the built-in one.
-    pub fn for_settings(
+    pub(crate) fn for_settings(
         settings: &crate::config::settings::RatelimitMetricsSettings,
     ) -> Result<Mapper, MapperError> {
         let Some(path) = &settings.mapper_file else {
@@ -137,7 +137,7 @@ impl Mapper {
 
 /// A metric name from any text: characters outside `[a-zA-Z0-9_:]` as `_`, and `_` in
 /// front of a leading digit.
-pub fn escape(name: &str) -> String {
+pub(crate) fn escape(name: &str) -> String {
     let mut out = String::with_capacity(name.len() + 1);
     if name.starts_with(|c: char| c.is_ascii_digit()) {
         out.push('_');

@@ -29,7 +29,7 @@ use crate::reload::Reloaded;
 use crate::rules::naming::{rule_label, value_segments};
 
 /// The per-rule stats, in this order.
-pub const RULE_STATS: [&str; 6] = [
+pub(crate) const RULE_STATS: [&str; 6] = [
     "total_hits",
     "over_limit",
     "near_limit",
@@ -46,7 +46,7 @@ const SHADOW: usize = 4;
 const LOCAL_CACHE: usize = 5;
 
 /// The service-level counters, in this order, with their statsd names.
-pub const SERVICE_STATS: [&str; 6] = [
+pub(crate) const SERVICE_STATS: [&str; 6] = [
     "ratelimit.service.config_load_success",
     "ratelimit.service.config_load_error",
     "ratelimit.service.call.should_rate_limit.redis_error",
@@ -63,13 +63,13 @@ const TOTAL_REQUESTS: usize = 4;
 const GLOBAL_SHADOW: usize = 5;
 
 /// The name of the response-time timer.
-pub const RESPONSE_TIME: &str = "ratelimit_server.ShouldRateLimit.response_time";
+pub(crate) const RESPONSE_TIME: &str = "ratelimit_server.ShouldRateLimit.response_time";
 
 /// The stats key of the unknown domains past the cap.
 const OTHER_DOMAINS: &str = OTHER;
 
 /// The upper bounds of the response-time histogram (seconds), statsd_exporter's defaults.
-pub const LATENCY_BUCKETS: [f64; 11] = [
+pub(crate) const LATENCY_BUCKETS: [f64; 11] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
@@ -78,13 +78,13 @@ const MAX_SAMPLES: usize = 1000;
 
 /// The counters of one stats key.
 #[derive(Debug, Default)]
-pub struct RuleStat {
+pub(crate) struct RuleStat {
     pub counts: [AtomicU64; 6],
 }
 
 /// The response-time histogram, and the samples not yet sent to statsd.
 #[derive(Debug, Default)]
-pub struct Latency {
+pub(crate) struct Latency {
     /// Per bucket of [`LATENCY_BUCKETS`], then +Inf (not cumulative).
     pub buckets: [u64; 12],
     pub sum_seconds: f64,
@@ -153,7 +153,7 @@ impl RatelimitStats {
     }
 
     /// `domain_not_found` per sanitized domain (`__other__` past the cap), sorted.
-    pub fn unknown_domains(&self) -> Vec<(String, u64)> {
+    pub(crate) fn unknown_domains(&self) -> Vec<(String, u64)> {
         let mut merged: HashMap<String, u64> = HashMap::new();
         for (domain, n) in self.unknown_domains.read().iter() {
             let key = if domain == OTHER_DOMAINS {
@@ -190,12 +190,12 @@ impl RatelimitStats {
     }
 
     /// Counts statsd lines that could not be sent (TCP buffer full).
-    pub fn count_statsd_dropped(&self, lines: u64) {
+    pub(crate) fn count_statsd_dropped(&self, lines: u64) {
         self.statsd_dropped.fetch_add(lines, Ordering::Relaxed);
     }
 
     /// statsd lines dropped so far.
-    pub fn statsd_dropped(&self) -> u64 {
+    pub(crate) fn statsd_dropped(&self) -> u64 {
         self.statsd_dropped.load(Ordering::Relaxed)
     }
 
@@ -206,7 +206,7 @@ impl RatelimitStats {
     }
 
     /// The response times observed since the last call (at most [`MAX_SAMPLES`]).
-    pub fn take_samples(&self) -> Vec<Duration> {
+    pub(crate) fn take_samples(&self) -> Vec<Duration> {
         std::mem::take(&mut self.latency.lock().samples)
     }
 
@@ -317,7 +317,7 @@ impl Observer for RatelimitStats {
 
 /// A stats key as envoyproxy/ratelimit writes it: `:` and `|` as `_`, and the dots of
 /// anything shaped like an IPv4 address (four groups of 1 to 3 digits) as `_`.
-pub fn sanitize(key: &str) -> String {
+pub(crate) fn sanitize(key: &str) -> String {
     let mut out: Vec<u8> = key
         .bytes()
         .map(|b| if b == b':' || b == b'|' { b'_' } else { b })

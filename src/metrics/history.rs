@@ -13,9 +13,9 @@ use crate::config::model::Policy;
 use crate::rules::RuleSet;
 
 /// Time between samples.
-pub const EVERY: Duration = Duration::from_secs(2);
+pub(crate) const EVERY: Duration = Duration::from_secs(2);
 /// Samples kept (5 minutes).
-pub const KEPT: usize = 150;
+pub(crate) const KEPT: usize = 150;
 
 /// One rule's rates, per second, oldest first, one per sample interval.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]

@@ -58,7 +58,7 @@ impl LiveRule {
     /// A `concurrency` rule's most holds of any key decided since the previous call (the
     /// admin page's view; the gauge keeps its own); with none decided since, the holds of the
     /// key decided last.
-    pub fn take_holds(&self) -> u64 {
+    pub(crate) fn take_holds(&self) -> u64 {
         self.read_holds(&self.page_holds)
     }
 
@@ -204,7 +204,7 @@ impl LiveRules {
 }
 
 /// Whether the rule's one limit is `concurrency` (its reports are then about holds).
-pub fn holds_only(rule: &Rule) -> bool {
+pub(crate) fn holds_only(rule: &Rule) -> bool {
     matches!(&rule.policy, Policy::Limited(l) if l.len() == 1 && l.first().is_some_and(|x| x.algorithm == Algorithm::Concurrency))
 }
 
@@ -220,7 +220,7 @@ fn used_ppm(r: &DescriptorReport<'_>) -> u32 {
 }
 
 /// Calls `f` with every rule of a tree and its path (`a.b_c`), parents first.
-pub fn each_rule(rules: &[Rule], prefix: &str, f: &mut dyn FnMut(&str, &Rule)) {
+pub(crate) fn each_rule(rules: &[Rule], prefix: &str, f: &mut dyn FnMut(&str, &Rule)) {
     for rule in rules {
         let path = if prefix.is_empty() {
             segment(rule)

@@ -40,9 +40,9 @@ use crate::engine::DescriptorReport;
 /// Counters per sketch.
 pub const K: usize = 256;
 /// Sketches per slice.
-pub const SHARDS: usize = 4;
+pub(crate) const SHARDS: usize = 4;
 /// A key's text is cut to this many bytes (its counter is still that of the whole key).
-pub const MAX_KEY_BYTES: usize = 256;
+pub(crate) const MAX_KEY_BYTES: usize = 256;
 
 /// A window of time: its slices' length and number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +77,7 @@ impl Window {
 
 /// One key as reported.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Heavy {
+pub(crate) struct Heavy {
     /// The descriptor's entries, `k1=v1|k2=v2` (escaped as in state keys; cut to
     /// [`MAX_KEY_BYTES`]).
     pub key: String,
@@ -89,7 +89,7 @@ pub struct Heavy {
 
 /// The keys denied most in one domain and window.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Top {
+pub(crate) struct Top {
     /// Heaviest first.
     pub keys: Vec<Heavy>,
     /// Denied cost seen in the window (all keys).
@@ -99,7 +99,7 @@ pub struct Top {
 }
 
 /// The sketches of every domain.
-pub struct TopDenied {
+pub(crate) struct TopDenied {
     domains: RwLock<HashMap<String, Arc<DomainTop>, RandomState>>,
     hasher: RandomState,
     start: Instant,
@@ -128,7 +128,7 @@ impl Default for TopDenied {
 
 impl TopDenied {
     /// The most counters one domain may hold.
-    pub const fn max_counters() -> usize {
+    pub(crate) const fn max_counters() -> usize {
         2 * Window::SLICES * SHARDS * K
     }
 
@@ -172,7 +172,7 @@ impl TopDenied {
     }
 
     /// The `n` keys of `domain` denied most in `window`.
-    pub fn top(&self, domain: &str, window: Window, n: usize) -> Top {
+    pub(crate) fn top(&self, domain: &str, window: Window, n: usize) -> Top {
         let Some(d) = self.domains.read().get(domain).cloned() else {
             return Top::default();
         };
@@ -209,7 +209,7 @@ impl TopDenied {
 
     /// The denied cost of one key (a descriptor's entries) of `domain` in `window`, and the
     /// bound on its error (as [`Top::error_bound`]): a key no counter holds reads 0.
-    pub fn denied(
+    pub(crate) fn denied(
         &self,
         domain: &str,
         entries: &[crate::rules::Entry],
@@ -239,14 +239,14 @@ impl TopDenied {
     }
 
     /// The domains with sketches.
-    pub fn domains(&self) -> Vec<String> {
+    pub(crate) fn domains(&self) -> Vec<String> {
         let mut names: Vec<String> = self.domains.read().keys().cloned().collect();
         names.sort();
         names
     }
 
     /// Counters held, all domains together.
-    pub fn counters_held(&self) -> usize {
+    pub(crate) fn counters_held(&self) -> usize {
         let domains: Vec<Arc<DomainTop>> = self.domains.read().values().cloned().collect();
         domains
             .iter()
@@ -262,7 +262,7 @@ impl TopDenied {
     }
 
     /// Denials dropped because every sketch of their slice was busy.
-    pub fn dropped(&self) -> u64 {
+    pub(crate) fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
     }
 }

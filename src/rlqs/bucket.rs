@@ -15,7 +15,7 @@ use crate::rules::naming::segment;
 use crate::rules::{Domain, Entry, Match, Rule, key};
 
 /// A bucket id: its entries sorted by key (a map has no order; this is its identity).
-pub type BucketKey = Vec<(String, String)>;
+pub(crate) type BucketKey = Vec<(String, String)>;
 
 /// Most tree nodes one match may visit (a bucket with many keys at a level with many keys
 /// could otherwise try every order).
@@ -23,7 +23,7 @@ const MAX_STEPS: usize = 4096;
 
 /// What the rules say about one bucket.
 #[derive(Debug, Clone)]
-pub enum Target {
+pub(crate) enum Target {
     /// No rule with a limit: the bucket gets no assignment.
     Unmatched,
     /// `unlimited`: always allowed, nothing charged.
@@ -46,7 +46,7 @@ pub struct Limited {
 
 impl Target {
     /// The rule label, when matched.
-    pub fn rule(&self) -> Option<&str> {
+    pub(crate) fn rule(&self) -> Option<&str> {
         match self {
             Target::Unmatched => None,
             Target::Unlimited { rule } => Some(rule),
@@ -57,7 +57,7 @@ impl Target {
 
 /// What the rules of `domain` (none: unknown domain) say about `bucket`; `shadow` is the
 /// global shadow mode.
-pub fn resolve(domain: Option<&Domain>, bucket: &BucketKey, shadow: bool) -> Target {
+pub(crate) fn resolve(domain: Option<&Domain>, bucket: &BucketKey, shadow: bool) -> Target {
     let Some(domain) = domain else {
         return Target::Unmatched;
     };
@@ -111,7 +111,7 @@ fn limited(rule: String, limits: &[LimitRule], part: &str, shadow: bool) -> Opti
 }
 
 /// A limit's rate in nano-requests per second.
-pub fn rate_of(l: &LimitParams) -> u64 {
+pub(crate) fn rate_of(l: &LimitParams) -> u64 {
     super::share::limit_rate(l.quota, period_secs(l))
 }
 

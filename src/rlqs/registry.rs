@@ -16,7 +16,7 @@ use parking_lot::Mutex;
 use super::share;
 
 /// One bucket of one stream: (stream id, bucket serial within the stream).
-pub type MemberId = (u64, u64);
+pub(crate) type MemberId = (u64, u64);
 
 #[derive(Debug, Default)]
 struct Members {
@@ -26,7 +26,7 @@ struct Members {
 
 /// The members of every shared state.
 #[derive(Debug, Default)]
-pub struct Registry {
+pub(crate) struct Registry {
     states: Mutex<HashMap<Arc<[u8]>, Members>>,
 }
 
@@ -34,7 +34,7 @@ impl Registry {
     /// Records `member`'s demand on `state` (`None`: not measured yet; a measured demand is
     /// kept until a new one comes) and returns its fair share of `total`, with the state's
     /// generation.
-    pub fn share(
+    pub(crate) fn share(
         &self,
         state: &Arc<[u8]>,
         member: MemberId,
@@ -63,12 +63,12 @@ impl Registry {
     }
 
     /// The generation of `state` (0 when nobody is on it).
-    pub fn generation(&self, state: &Arc<[u8]>) -> u64 {
+    pub(crate) fn generation(&self, state: &Arc<[u8]>) -> u64 {
         self.states.lock().get(state).map_or(0, |m| m.generation)
     }
 
     /// Forgets `member` on `state`.
-    pub fn leave(&self, state: &Arc<[u8]>, member: MemberId) {
+    pub(crate) fn leave(&self, state: &Arc<[u8]>, member: MemberId) {
         let mut states = self.states.lock();
         if let Some(members) = states.get_mut(state) {
             if members.demands.remove(&member).is_some() {
@@ -81,12 +81,13 @@ impl Registry {
     }
 
     /// Shared states with at least one member.
-    pub fn states(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn states(&self) -> usize {
         self.states.lock().len()
     }
 
     /// Members on all states.
-    pub fn members(&self) -> usize {
+    pub(crate) fn members(&self) -> usize {
         self.states.lock().values().map(|m| m.demands.len()).sum()
     }
 }

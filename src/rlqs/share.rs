@@ -33,7 +33,7 @@ const MAX_FILL_INTERVAL: u64 = 100_000_000;
 const PRECISE_FILL: u64 = 100;
 
 /// The rate a limit of `quota` per `period_secs` allows, in nano-requests per second.
-pub fn limit_rate(quota: u32, period_secs: u64) -> u64 {
+pub(crate) fn limit_rate(quota: u32, period_secs: u64) -> u64 {
     let rate = u128::from(quota) * u128::from(NANOS) / u128::from(period_secs.max(1));
     u64::try_from(rate).unwrap_or(u64::MAX)
 }
@@ -148,7 +148,7 @@ fn intervals() -> impl Iterator<Item = u64> {
 /// `elapsed_secs` (whole seconds, truncated by Envoy: up to one more second really passed)
 /// under a limit of rate `total`, beyond the burst: the report is charged in one go, so the
 /// limiter is checked with the burst raised by this much.
-pub fn report_allowance(total: u64, elapsed_secs: u64) -> u64 {
+pub(crate) fn report_allowance(total: u64, elapsed_secs: u64) -> u64 {
     let tokens = u128::from(total) * u128::from(elapsed_secs.saturating_add(1));
     u64::try_from(tokens.div_ceil(u128::from(NANOS))).unwrap_or(u64::MAX)
 }

@@ -29,7 +29,7 @@ impl KeyPlan {
     }
 
     /// The limiter may deny it (a refund or a check is always admitted).
-    pub fn may_deny(&self) -> bool {
+    pub(crate) fn may_deny(&self) -> bool {
         !self.refund && self.cost > 0
     }
 }
@@ -101,14 +101,14 @@ fn plan_key(k: &pb::ThrottleKey, input: &InputSettings) -> Result<KeyPlan, Strin
 
 /// A holds key checked against the input bounds: its state key, slots and lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HoldKey {
+pub(crate) struct HoldKey {
     pub key: Arc<[u8]>,
     pub slots: u32,
     pub lease_nanos: u64,
 }
 
 /// Checks a holds call's key, slots and lease (and its name, as a Throttle call's).
-pub fn hold_key(
+pub(crate) fn hold_key(
     key: &[u8],
     slots: u32,
     lease_ms: u64,

@@ -11,7 +11,7 @@ use super::params::{self, KeyPlan};
 use super::{ThrottleResult, Throttler, answer, batch_of, ms_up, unavailable};
 
 /// The longest a reservation stays open: a day.
-pub const MAX_TTL_MS: u64 = 86_400_000;
+pub(crate) const MAX_TTL_MS: u64 = 86_400_000;
 
 const NANOS_PER_MS: u64 = 1_000_000;
 
@@ -95,7 +95,7 @@ fn template(key: &KeyPlan) -> Hit {
 
 impl Throttler {
     /// `Reserve`: charges `amount` now under a new id, or nothing.
-    pub async fn reserve(
+    pub(crate) async fn reserve(
         &self,
         request: &pb::ReserveRequest,
     ) -> Result<pb::ReserveResponse, tonic::Status> {
@@ -172,7 +172,7 @@ impl Throttler {
     }
 
     /// `Commit`: settles a reservation to `actual`.
-    pub async fn commit(
+    pub(crate) async fn commit(
         &self,
         request: &pb::CommitRequest,
     ) -> Result<pb::CommitResponse, tonic::Status> {

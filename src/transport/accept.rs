@@ -24,7 +24,7 @@ impl Http2Server {
     /// until `shutdown` resolves; then stops accepting (the listener is closed), asks every
     /// connection to close (GOAWAY: the requests in flight finish, no new ones start) and
     /// returns once all are closed.
-    pub async fn serve(
+    pub(crate) async fn serve(
         self,
         routes: Routes,
         listener: TcpListener,

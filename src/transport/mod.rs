@@ -40,7 +40,7 @@ pub use tls::HANDSHAKE_TIMEOUT;
 
 /// Where a connection's streams run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Streams {
+pub(crate) enum Streams {
     /// On the connection's task: the answers a wake-up finishes leave in one write.
     OnConnection,
     /// One task each, spread over the workers.
@@ -49,7 +49,7 @@ pub enum Streams {
 
 /// Bounds on the gRPC port's connections; none: no bound.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConnectionLimits {
+pub(crate) struct ConnectionLimits {
     /// A connection must have sent its whole HTTP/2 preface this long after it was accepted
     /// (over TLS: after its handshake) (`server.preface_timeout_ms`).
     pub preface_timeout: Option<Duration>,
@@ -82,7 +82,7 @@ impl Default for ConnectionLimits {
 /// `max_concurrent_streams` a client queues its requests (or opens another connection); a
 /// stream opened anyway is refused (REFUSED_STREAM).
 #[derive(Debug, Clone, Copy)]
-pub struct Http2Server {
+pub(crate) struct Http2Server {
     /// Streams a client may open at once on one connection (advertised in SETTINGS).
     pub max_concurrent_streams: u32,
     pub streams: Streams,
@@ -91,7 +91,7 @@ pub struct Http2Server {
 
 impl Http2Server {
     /// `stream_tasks`: each stream on a task of its own (`server.stream_tasks`).
-    pub fn new(
+    pub(crate) fn new(
         max_concurrent_streams: u32,
         stream_tasks: bool,
         connections: ConnectionLimits,

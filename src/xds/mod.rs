@@ -42,7 +42,7 @@ const INVALID_ARGUMENT: i32 = 3;
 
 /// What the client knows, shared with readiness.
 #[derive(Debug)]
-pub struct XdsState {
+pub(crate) struct XdsState {
     server: String,
     inner: Mutex<Inner>,
     accepted: watch::Sender<bool>,
@@ -56,13 +56,13 @@ struct Inner {
 
 impl XdsState {
     /// Waits until a first set of rules has been accepted.
-    pub async fn first_rules(&self) {
+    pub(crate) async fn first_rules(&self) {
         let mut rx = self.accepted.subscribe();
         let _ = rx.wait_for(|accepted| *accepted).await;
     }
 
     /// The version of the last accepted set.
-    pub fn acked_version(&self) -> Option<String> {
+    pub(crate) fn acked_version(&self) -> Option<String> {
         self.inner.lock().acked_version.clone()
     }
 
@@ -89,7 +89,7 @@ impl RulesProbe for XdsState {
 pub type Report = Box<dyn Fn(&Reloaded) + Send + Sync>;
 
 /// The rules client.
-pub struct XdsClient {
+pub(crate) struct XdsClient {
     settings: XdsSettings,
     rules: Arc<ActiveRules>,
     options: LoadOptions,
@@ -100,11 +100,11 @@ pub struct XdsClient {
 /// A setting the client cannot use (unreadable TLS files, bad address).
 #[derive(Debug, thiserror::Error)]
 #[error("xds: {0}")]
-pub struct XdsError(String);
+pub(crate) struct XdsError(String);
 
 impl XdsClient {
     /// A client that swaps what it receives into `rules`, validated with `options`.
-    pub fn new(
+    pub(crate) fn new(
         settings: &XdsSettings,
         rules: Arc<ActiveRules>,
         options: LoadOptions,
@@ -125,17 +125,17 @@ impl XdsClient {
     }
 
     /// The shared state (readiness, the first set).
-    pub fn state(&self) -> Arc<XdsState> {
+    pub(crate) fn state(&self) -> Arc<XdsState> {
         self.state.clone()
     }
 
     /// Checks the settings the connection needs (address, TLS files) once, before running.
-    pub fn endpoint(&self) -> Result<Endpoint, XdsError> {
+    pub(crate) fn endpoint(&self) -> Result<Endpoint, XdsError> {
         endpoint(&self.settings)
     }
 
     /// Runs until `stop`: connects, follows the stream, reconnects with backoff.
-    pub async fn run(self, endpoint: Endpoint, stop: CancellationToken) {
+    pub(crate) async fn run(self, endpoint: Endpoint, stop: CancellationToken) {
         let mut backoff = Backoff::new(&self.settings);
         loop {
             let progressed = tokio::select! {

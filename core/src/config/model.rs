@@ -140,11 +140,11 @@ pub struct OnDeny {
 
 impl OnDeny {
     /// The largest body, in bytes.
-    pub const MAX_BODY: usize = 4096;
+    pub(crate) const MAX_BODY: usize = 4096;
     /// The most headers (besides `content-type`).
-    pub const MAX_HEADERS: usize = 16;
+    pub(crate) const MAX_HEADERS: usize = 16;
     /// The longest header value, in bytes.
-    pub const MAX_HEADER_VALUE: usize = 1024;
+    pub(crate) const MAX_HEADER_VALUE: usize = 1024;
 
     /// Every header to send: `content-type` first when set, then the others.
     pub fn all_headers(&self) -> impl Iterator<Item = (&str, &str)> {
@@ -157,7 +157,7 @@ impl OnDeny {
 
 impl LimitRule {
     /// The longest `block_for`: 30 days.
-    pub const MAX_BLOCK_SECS: u64 = 30 * 86_400;
+    pub(crate) const MAX_BLOCK_SECS: u64 = 30 * 86_400;
 
     /// The calendar of a limit with a `time_zone` (whose unit validation made a calendar one).
     pub fn calendar(&self) -> Option<Calendar> {

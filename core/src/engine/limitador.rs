@@ -194,7 +194,7 @@ pub struct Asked {
 
 /// The names limitador gives its rate-limit headers (draft 03 of the IETF RateLimit
 /// headers), without `Retry-After`.
-pub fn draft03_names() -> HeaderNames {
+pub(crate) fn draft03_names() -> HeaderNames {
     HeaderNames {
         limit: "X-RateLimit-Limit".to_owned(),
         remaining: "X-RateLimit-Remaining".to_owned(),

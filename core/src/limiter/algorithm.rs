@@ -98,7 +98,7 @@ impl Algo {
     /// takes or gives back as without an id.
     #[cold]
     #[inline(never)]
-    pub fn apply_id(&self, state: &mut State, now: u64, cost: u64, id: u64, refund: bool) {
+    pub(crate) fn apply_id(&self, state: &mut State, now: u64, cost: u64, id: u64, refund: bool) {
         let Algo::Concurrency(c) = self else {
             if refund {
                 self.give_back(state, now, cost);

@@ -52,7 +52,7 @@
 use std::collections::VecDeque;
 
 /// The most records of pending denials a key keeps (and the cap on slots).
-pub const MAX_RECORDS: u32 = crate::config::model::SLIDING_LOG_MAX_QUOTA;
+pub(crate) const MAX_RECORDS: u32 = crate::config::model::SLIDING_LOG_MAX_QUOTA;
 
 /// The ids of holds named by a request (`hold_id`, docs/holds.md) are in
 /// `[BY_ID, 2 * BY_ID)`: above every id a key counts out itself (from 0, or from the time in
@@ -173,7 +173,7 @@ impl Concurrency {
     }
 
     /// The earliest expiry of a live admitted hold at `now`.
-    pub fn oldest_expiry(&self, holds: &Holds, now: u64) -> Option<u64> {
+    pub(crate) fn oldest_expiry(&self, holds: &Holds, now: u64) -> Option<u64> {
         Self::live(&holds.admitted, now).next().map(|r| r.expiry)
     }
 
@@ -258,7 +258,7 @@ impl Concurrency {
     }
 
     /// Nanoseconds until every admitted hold has expired (0 when none is live).
-    pub fn until_free(&self, holds: &Holds, now: u64) -> u64 {
+    pub(crate) fn until_free(&self, holds: &Holds, now: u64) -> u64 {
         holds
             .admitted
             .back()
@@ -322,7 +322,7 @@ impl Concurrency {
     }
 
     /// Frees the live hold `id` at `now`; whether there was one (else nothing changes).
-    pub fn release_id(&self, holds: &mut Holds, now: u64, id: u64) -> bool {
+    pub(crate) fn release_id(&self, holds: &mut Holds, now: u64, id: u64) -> bool {
         Self::trim(holds, now);
         let at = holds.admitted.iter().position(|r| r.id == id);
         at.and_then(|i| holds.admitted.remove(i)).is_some()
@@ -330,7 +330,7 @@ impl Concurrency {
 
     /// Pushes the live hold `id`'s expiry to `now` + the lease (at least the newest expiry);
     /// whether there was one (else nothing changes).
-    pub fn extend_id(&self, holds: &mut Holds, now: u64, id: u64) -> bool {
+    pub(crate) fn extend_id(&self, holds: &mut Holds, now: u64, id: u64) -> bool {
         Self::trim(holds, now);
         let at = holds.admitted.iter().position(|r| r.id == id);
         match at.and_then(|i| holds.admitted.remove(i)) {
@@ -350,7 +350,7 @@ impl Concurrency {
     /// Takes an admitted `cost` at `now` under `id` (see [`hold_id`]): a new record, or, when
     /// `id` is already held, that record with `cost` more, moved to the back with the new
     /// expiry. Its expiry is `now` + the lease, at least the newest one's.
-    pub fn take_id(&self, holds: &mut Holds, now: u64, id: u64, cost: u64) {
+    pub(crate) fn take_id(&self, holds: &mut Holds, now: u64, id: u64, cost: u64) {
         if self.slots == 0 || cost == 0 {
             return;
         }
@@ -365,7 +365,7 @@ impl Concurrency {
     /// Releases up to `cost` of the live hold `id` at `now`; frees nothing when `id` is not
     /// held (unknown, expired, released, or its request was denied). Never touches another
     /// record.
-    pub fn give_back_id(&self, holds: &mut Holds, now: u64, id: u64, cost: u64) {
+    pub(crate) fn give_back_id(&self, holds: &mut Holds, now: u64, id: u64, cost: u64) {
         Self::trim(holds, now);
         let Some(at) = holds.admitted.iter().position(|r| r.id == id) else {
             return;

@@ -77,7 +77,7 @@ impl FixedWindow {
     }
 
     /// The same limit with calendar windows (`None`: epoch-aligned ones).
-    pub fn with_calendar(self, calendar: Option<Calendar>) -> FixedWindow {
+    pub(crate) fn with_calendar(self, calendar: Option<Calendar>) -> FixedWindow {
         FixedWindow { calendar, ..self }
     }
 
@@ -94,7 +94,7 @@ impl FixedWindow {
     }
 
     /// The end of the window holding `now` (the start of the next).
-    pub fn window_end(&self, now: u64) -> u64 {
+    pub(crate) fn window_end(&self, now: u64) -> u64 {
         match &self.calendar {
             None => self.window_start(now).saturating_add(self.period),
             Some(c) => c.window(now).1,

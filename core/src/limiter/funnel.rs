@@ -87,7 +87,7 @@ impl Funnel {
     /// How far `tat` may run ahead of `now`: the capacity plus one period, so at most one
     /// period's quota is owed beyond the burst, and a key charged at `now` is admitted again
     /// by `now + period + interval` at the latest.
-    pub fn debt_cap(&self, now: u64) -> u64 {
+    pub(crate) fn debt_cap(&self, now: u64) -> u64 {
         now.saturating_add(self.tolerance)
             .saturating_add(self.period)
     }

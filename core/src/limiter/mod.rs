@@ -303,14 +303,14 @@ impl LimitParams {
     /// Whether a denied request takes this limit's cost as it would an admitted one's:
     /// `charge: always`, except on `concurrency` (see [`Self::keeps_denials`]).
     #[inline]
-    pub fn takes_when_denied(&self) -> bool {
+    pub(crate) fn takes_when_denied(&self) -> bool {
         self.charge == Charge::Always && self.algorithm != Algorithm::Concurrency
     }
 
     /// Whether a denied request keeps its cost as a pending denial: `concurrency` with
     /// `charge: always` (its default: Envoy releases denied requests too, docs/holds.md).
     #[inline]
-    pub fn keeps_denials(&self) -> bool {
+    pub(crate) fn keeps_denials(&self) -> bool {
         self.charge == Charge::Always && self.algorithm == Algorithm::Concurrency
     }
 

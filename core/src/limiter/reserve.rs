@@ -20,7 +20,7 @@ use crate::config::model::Charge;
 
 /// The most reservations open at once on one key: a reserve beyond it is refused, whatever
 /// the limit says (records are dropped when they expire or are committed).
-pub const MAX_OPEN: usize = 1000;
+pub(crate) const MAX_OPEN: usize = 1000;
 
 /// What to do.
 #[derive(Debug, Clone)]
@@ -86,7 +86,7 @@ pub fn settle(template: &Hit, estimate: Option<u64>, actual: u64) -> Hit {
 
 /// The check (cost 0) run after a commit's settling hit, in the same atomic call: what the
 /// key holds after it (denied while the key is in debt, with the wait until it is paid).
-pub fn check_after(template: &Hit) -> Hit {
+pub(crate) fn check_after(template: &Hit) -> Hit {
     let mut hit = template.clone();
     hit.role = Role::Enforced;
     hit.limit.charge = Charge::Admitted;

@@ -76,7 +76,7 @@ impl TokenBucket {
     }
 
     /// The bucket at `now`, with every refill due by then applied.
-    pub fn refilled(&self, bucket: Bucket, now: u64) -> Bucket {
+    pub(crate) fn refilled(&self, bucket: Bucket, now: u64) -> Bucket {
         if bucket.used == 0 {
             return FULL;
         }
@@ -130,7 +130,7 @@ impl TokenBucket {
 
     /// The most tokens a bucket may lack: the burst plus one refill, so at most one period's
     /// quota is owed beyond empty.
-    pub fn debt_cap(&self) -> u64 {
+    pub(crate) fn debt_cap(&self) -> u64 {
         self.burst.saturating_add(self.quota)
     }
 

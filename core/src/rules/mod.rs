@@ -286,7 +286,7 @@ impl Rule {
     }
 
     /// The wildcard pattern whose matches share one state, when `share_threshold` is set.
-    pub fn shared_pattern(&self) -> Option<&str> {
+    pub(crate) fn shared_pattern(&self) -> Option<&str> {
         match &self.value {
             ValueMatch::Wildcard(pattern) if self.share_threshold => Some(pattern),
             _ => None,

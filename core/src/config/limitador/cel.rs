@@ -14,15 +14,15 @@ use ::cel::objects::Value;
 use ::cel::{Context, ExecutionError, IdedExpr, Program};
 
 /// The longest expression accepted, in bytes.
-pub const MAX_SOURCE_BYTES: usize = 4096;
+pub(crate) const MAX_SOURCE_BYTES: usize = 4096;
 /// The deepest nesting of brackets (`(`, `[`, `{`) accepted before the parser runs.
-pub const MAX_NESTING: usize = 32;
+pub(crate) const MAX_NESTING: usize = 32;
 /// The most operator characters (outside string literals) accepted before the parser runs:
 /// it bounds how deep the parser itself may go.
-pub const MAX_OPERATORS: usize = 256;
+pub(crate) const MAX_OPERATORS: usize = 256;
 /// The deepest expression tree accepted: evaluation recurses once per level, on the stack of
 /// the runtime's worker threads.
-pub const MAX_DEPTH: usize = 32;
+pub(crate) const MAX_DEPTH: usize = 32;
 
 /// One compiled expression and the text it was compiled from. Equal by source text.
 #[derive(Clone)]
@@ -77,7 +77,7 @@ impl Expr {
     }
 
     /// Whether the expression reads `limit` (the limit's own `name` and `id`).
-    pub fn reads_limit(&self) -> bool {
+    pub(crate) fn reads_limit(&self) -> bool {
         self.program.references().has_variable("limit")
     }
 
@@ -227,7 +227,7 @@ where
 }
 
 /// `limit`, bound for one limit's expressions: its `name` and `id` (null when unset).
-pub fn limit_value(name: Option<&str>, id: Option<&str>) -> Value {
+pub(crate) fn limit_value(name: Option<&str>, id: Option<&str>) -> Value {
     let text = |s: Option<&str>| s.map_or(Value::Null, |s| Value::String(Arc::new(s.to_owned())));
     let map: HashMap<String, Value> =
         HashMap::from([("name".to_owned(), text(name)), ("id".to_owned(), text(id))]);

@@ -56,7 +56,7 @@ impl NamespaceLimit {
     /// What makes two limits the same limit, as limitador compares them: the namespace, the
     /// window, the conditions and the variables (not `max_value` nor `name`, so a reload that
     /// changes only those keeps the counters).
-    pub fn same_limit(&self, other: &NamespaceLimit) -> bool {
+    pub(crate) fn same_limit(&self, other: &NamespaceLimit) -> bool {
         self.namespace == other.namespace
             && self.seconds == other.seconds
             && self.conditions == other.conditions

@@ -87,21 +87,21 @@ impl Tls {
     }
 
     /// Whether the certificate's names go unchecked.
-    pub fn skips_hostname_verification(&self) -> bool {
+    pub(crate) fn skips_hostname_verification(&self) -> bool {
         self.skip_hostname_verification
     }
 }
 
 /// Time limits of connections.
 #[derive(Debug, Clone, Copy)]
-pub struct Timeouts {
+pub(crate) struct Timeouts {
     pub connect: Duration,
     pub response: Duration,
 }
 
 /// A connection ready for one call (cheap to clone: all of them are multiplexed handles).
 #[derive(Clone)]
-pub enum Conn {
+pub(crate) enum Conn {
     /// One server, reconnecting by itself.
     Single(ConnectionManager),
     /// One node: the master Sentinel named, or a node of a Cluster.
@@ -137,7 +137,7 @@ impl ConnectionLike for Conn {
 }
 
 /// Makes and keeps the connections to a Redis deployment, one per lane.
-pub struct Connector {
+pub(crate) struct Connector {
     kind: Kind,
     lanes: Vec<Lane>,
     timeouts: Timeouts,
@@ -162,7 +162,12 @@ enum Kind {
 impl Connector {
     /// Parses `url` and prepares `lanes` connections (at least one); no I/O happens until the
     /// first call.
-    pub fn new(url: &str, tls: &Tls, timeouts: Timeouts, lanes: usize) -> RedisResult<Connector> {
+    pub(crate) fn new(
+        url: &str,
+        tls: &Tls,
+        timeouts: Timeouts,
+        lanes: usize,
+    ) -> RedisResult<Connector> {
         let kind = if let Some(rest) = url.strip_prefix("redis+sentinel://") {
             sentinel(rest, None)?
         } else if let Some(rest) = url.strip_prefix("rediss+sentinel://") {
@@ -188,12 +193,12 @@ impl Connector {
     }
 
     /// Whether this is a Redis Cluster (whose calls must keep to one slot each).
-    pub fn is_cluster(&self) -> bool {
+    pub(crate) fn is_cluster(&self) -> bool {
         matches!(self.kind, Kind::Cluster(_))
     }
 
     /// The Cluster, for a Cluster.
-    pub fn topology(&self) -> Option<&Topology> {
+    pub(crate) fn topology(&self) -> Option<&Topology> {
         match &self.kind {
             Kind::Cluster(topology) => Some(topology),
             _ => None,
@@ -202,7 +207,7 @@ impl Connector {
 
     /// The node a call of `slot` goes to now, when known: the server, the master Sentinel
     /// last named, or the master of `slot` by the Cluster's slot map.
-    pub fn node(&self, slot: Option<u16>) -> Option<Node> {
+    pub(crate) fn node(&self, slot: Option<u16>) -> Option<Node> {
         match &self.kind {
             Kind::Single(.., node) => Some(node.clone()),
             Kind::Sentinel(_, master) => Some(master.lock().clone()),
@@ -211,7 +216,7 @@ impl Connector {
     }
 
     /// How many lanes (connections) it keeps.
-    pub fn lanes(&self) -> usize {
+    pub(crate) fn lanes(&self) -> usize {
         self.lanes.len()
     }
 
@@ -220,7 +225,7 @@ impl Connector {
     }
 
     /// Lane `lane`'s connection: the cached one, or a new one.
-    pub async fn get(&self, lane: usize) -> RedisResult<Conn> {
+    pub(crate) async fn get(&self, lane: usize) -> RedisResult<Conn> {
         // A Cluster's calls go to their slot's master (`super::redirect`); this is any node,
         // for a `PING`.
         if let Kind::Cluster(topology) = &self.kind {
@@ -262,7 +267,7 @@ impl Connector {
 
     /// A new publish/subscribe connection to the server, or to the master the sentinels name
     /// now; a Cluster has none.
-    pub async fn pubsub(&self) -> RedisResult<redis::aio::PubSub> {
+    pub(crate) async fn pubsub(&self) -> RedisResult<redis::aio::PubSub> {
         match &self.kind {
             Kind::Single(client, ..) => client.get_async_pubsub().await,
             Kind::Sentinel(client, _) => {
@@ -275,7 +280,7 @@ impl Connector {
 
     /// Tells the connector that a call took too long: a Sentinel connection is dropped (a
     /// master that hangs is as lost as one that is gone).
-    pub fn timed_out(&self, lane: usize) {
+    pub(crate) fn timed_out(&self, lane: usize) {
         if matches!(self.kind, Kind::Sentinel(..)) {
             self.lane(lane).cached.store(None);
         }
@@ -283,7 +288,7 @@ impl Connector {
 
     /// Tells the connector that a call failed with `err`: a Sentinel connection is dropped
     /// (the next call asks the sentinels where the master is now).
-    pub fn failed(&self, lane: usize, err: &RedisError) {
+    pub(crate) fn failed(&self, lane: usize, err: &RedisError) {
         let lost = err.is_io_error()
             || err.is_timeout()
             || err.is_connection_dropped()

@@ -50,7 +50,7 @@ struct Lane {
 }
 
 /// The Cluster: its slot map, its nodes' connections, and the task that refreshes the map.
-pub struct Topology {
+pub(crate) struct Topology {
     inner: Arc<Inner>,
     refresher: OnceLock<AbortHandle>,
 }
@@ -73,7 +73,7 @@ struct Inner {
 
 impl Topology {
     /// The Cluster whose seed nodes are `hosts`; no I/O until the first call.
-    pub fn new(
+    pub(crate) fn new(
         hosts: &[(String, u16)],
         user: Option<&str>,
         password: Option<&str>,
@@ -137,13 +137,13 @@ impl Topology {
     }
 
     /// The master that serves `slot` by the current map, if known.
-    pub fn owner_now(&self, slot: u16) -> Option<Node> {
+    pub(crate) fn owner_now(&self, slot: u16) -> Option<Node> {
         self.inner.map.load().owner(slot).cloned()
     }
 
     /// The master that serves `slot`; when the map does not say, asks for a refresh and waits
     /// for it (the caller bounds the wait).
-    pub async fn owner(&self, slot: u16) -> RedisResult<Node> {
+    pub(crate) async fn owner(&self, slot: u16) -> RedisResult<Node> {
         if let Some(node) = self.owner_now(slot) {
             return Ok(node);
         }
@@ -161,7 +161,7 @@ impl Topology {
     }
 
     /// Asks for the slot map to be refreshed (at most once per [`REFRESH_EVERY`]).
-    pub fn stale(&self) {
+    pub(crate) fn stale(&self) {
         self.refresher
             .get_or_init(|| tokio::spawn(refresher(self.inner.clone())).abort_handle());
         self.inner.stale.notify_one();
@@ -169,18 +169,22 @@ impl Topology {
 
     /// Lane `lane`'s connection to `node`: the cached one, or a new one. An error means that
     /// nothing was sent.
-    pub async fn conn(&self, node: &Node, lane: usize) -> RedisResult<MultiplexedConnection> {
+    pub(crate) async fn conn(
+        &self,
+        node: &Node,
+        lane: usize,
+    ) -> RedisResult<MultiplexedConnection> {
         self.inner.conn(node, lane).await
     }
 
     /// Forgets lane `lane`'s connection to `node` (it failed; the next call connects again).
-    pub fn forget(&self, node: &Node, lane: usize) {
+    pub(crate) fn forget(&self, node: &Node, lane: usize) {
         self.inner.forget(node, lane);
     }
 
     /// `PING` to a few known nodes at once (asking for the slot map first when there is none):
     /// `Ok` when one answers.
-    pub async fn ping(&self) -> RedisResult<()> {
+    pub(crate) async fn ping(&self) -> RedisResult<()> {
         if self.inner.map.load().masters().is_empty() {
             self.stale();
         }
@@ -197,7 +201,7 @@ impl Topology {
 
     /// A subscriber's connection to some node (the masters of the map, then the seeds): a
     /// Cluster delivers every `PUBLISH` to the subscribers of all its nodes.
-    pub async fn pubsub(&self) -> RedisResult<redis::aio::PubSub> {
+    pub(crate) async fn pubsub(&self) -> RedisResult<redis::aio::PubSub> {
         let mut last = None;
         for node in self.inner.candidates() {
             let subscriber = match self.inner.client(&node) {
@@ -213,7 +217,7 @@ impl Topology {
     }
 
     /// A connection to some node (the masters of the map, then the seeds).
-    pub async fn any(&self, lane: usize) -> RedisResult<MultiplexedConnection> {
+    pub(crate) async fn any(&self, lane: usize) -> RedisResult<MultiplexedConnection> {
         let mut last = None;
         for node in self.inner.candidates() {
             match self.conn(&node, lane).await {

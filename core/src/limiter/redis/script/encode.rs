@@ -106,7 +106,7 @@ impl Call {
 
     /// Its KEYS and ARGV as sent, bytes (for a script that runs this one inside itself:
     /// reservations, `redis/reserve.rs`).
-    pub fn keys_and_args_raw(&self) -> (Vec<&[u8]>, Vec<&[u8]>) {
+    pub(crate) fn keys_and_args_raw(&self) -> (Vec<&[u8]>, Vec<&[u8]>) {
         let mut args = self.cmd.args_iter().skip(2).filter_map(|a| match a {
             redis::Arg::Simple(b) => Some(b),
             _ => None,

@@ -67,7 +67,7 @@ pub(super) const SCRIPT_MAKERS: &str =
 const LIBRARY_MAKERS: &str = "MAKERS.f, MAKERS.b, MAKERS.w, MAKERS.s, MAKERS.l, MAKERS.c = true, true, true, true, true, true";
 
 /// The Lua source of the script form, with its KEYS/ARGV contract at the top.
-pub static SOURCE: LazyLock<String> = LazyLock::new(|| {
+pub(crate) static SOURCE: LazyLock<String> = LazyLock::new(|| {
     [PRELUDE]
         .into_iter()
         .chain(ALGORITHMS)
@@ -87,14 +87,14 @@ static SHA: LazyLock<String> = LazyLock::new(|| redis::Script::new(&SOURCE).get_
 
 /// The function library: its name (also its one function's name) and its source.
 #[derive(Debug)]
-pub struct Library {
+pub(crate) struct Library {
     pub name: String,
     pub source: String,
 }
 
 /// The library form. Its name holds a hash of its code, so that two versions of sluice
 /// sharing a Redis (a rolling upgrade) each call their own.
-pub static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
+pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
     let prelude = PRELUDE.replacen(SCRIPT_MAKERS, LIBRARY_MAKERS, 1);
     let body: String = [prelude.as_str()]
         .into_iter()
