@@ -1,6 +1,6 @@
 //! Round trips to Redis, watched by Redis itself (`MONITOR`): one script call per request
 //! whatever its number of descriptors, no other command from sluice, and none at all for a
-//! key in the deny cache.
+//! key in the deny cache; a concurrency limit (a hold and its release) costs no call of its own.
 
 use std::sync::Arc;
 
@@ -106,4 +106,42 @@ async fn without_the_deny_cache_every_denial_is_a_round_trip() {
 
 async fn hit_rt(c: &mut Client, key: &str, value: &str) -> RateLimitResponse {
     call(c, req("redis", vec![desc(&[(key, value)])])).await
+}
+
+/// Holds cost what other limits cost: a request whose descriptors include a concurrency limit
+/// (its hold named by the request's id) beside a funnel is one script call, and so is its
+/// stream-done release.
+#[tokio::test]
+async fn a_hold_and_its_release_are_one_script_call_each_beside_other_limits() {
+    const HOLDS: &str = "domain: redis
+descriptors:
+  - key: wide
+    rate_limit: {unit: minute, requests_per_unit: 1000}
+  - key: inflight
+    rate_limit: {algorithm: concurrency, unit: minute, requests_per_unit: 100, hold_id: request_id}
+";
+    let redis = RedisServer::start();
+    let limiter = RedisLimiter::new(&redis.settings(), 1_000).expect("valid redis settings");
+    let server = TestServer::start_over(Settings::default(), HOLDS, Arc::new(limiter)).await;
+    let mut c = client(&server).await;
+    let held = |id: &str| desc(&[("inflight", "tenant"), ("request_id", id)]);
+    call(&mut c, req("redis", vec![held("warm")])).await;
+    let monitor = redis.monitor();
+    for round in 0..10 {
+        let id = format!("r{round}");
+        let r = call(
+            &mut c,
+            req("redis", vec![desc(&[("wide", &id)]), held(&id)]),
+        )
+        .await;
+        assert_eq!(overall(&r), Code::Ok, "{r:?}");
+        let mut release = with_hits(held(&id), 1);
+        release.is_negative_hits = true;
+        let r = call(&mut c, req("redis", vec![release])).await;
+        assert_eq!(overall(&r), Code::Ok, "{r:?}");
+    }
+    assert_eq!(monitor.client_commands(), ["evalsha"; 20]);
+    // Every release found its hold: only the warm-up's is held.
+    let r = call(&mut c, req("redis", vec![held("last")])).await;
+    assert_eq!(r.statuses[0].limit_remaining, 98, "{r:?}");
 }
