@@ -226,13 +226,28 @@ fn bad_options_fail_with_a_message() {
     );
 }
 
-/// The threads of a process named `sluice-worker` (the serving runtime's workers).
+/// The threads of a process named `sluice-worker` (the serving runtime's workers), once two
+/// readings 100 ms apart agree: a thread that a worker has just started carries its creator's
+/// name until it sets its own (`sluice-blocking` for the blocking pool's), which is what a
+/// single reading may catch.
 fn workers(served: &Served) -> usize {
-    let tasks = std::fs::read_dir(format!("/proc/{}/task", served.0.id())).expect("/proc");
-    tasks
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-        .filter(|name| name.trim() == "sluice-worker")
-        .count()
+    let count = || {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", served.0.id())).expect("/proc");
+        tasks
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .filter(|name| name.trim() == "sluice-worker")
+            .count()
+    };
+    let mut last = count();
+    for _ in 0..20 {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let now = count();
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+    panic!("the worker threads' count never settled (last {last})")
 }
 
 #[test]
