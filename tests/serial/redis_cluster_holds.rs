@@ -26,6 +26,7 @@ use sluice_client::pb::sluice::v1::{
 };
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
 
 const SLOTS: u32 = 10;
 
@@ -156,6 +157,27 @@ fn holders(
     tasks
 }
 
+/// The master that holds `slot` now, and another one to move it to.
+fn source_and_target(cluster: &RedisCluster, slot: u16) -> (usize, usize) {
+    let source = cluster.owner(slot);
+    let target = *cluster
+        .masters()
+        .iter()
+        .find(|&&m| m != source)
+        .expect("another master");
+    (source, target)
+}
+
+/// `sluice serve` on the Cluster with the demo rules, and a Throttle client of it.
+async fn throttle_on(cluster: &RedisCluster) -> (SluiceProcess, ThrottleClient<Channel>) {
+    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/rules/demo.yaml");
+    let sluice = start(cluster, demo.as_ref()).await;
+    let stub = ThrottleClient::connect(sluice.url())
+        .await
+        .expect("connect");
+    (sluice, stub)
+}
+
 /// Moves `slot` to master `to` as an operator does, staying `ask_for` between the key's
 /// `MIGRATE` and the end (while the source answers `ASK`); returns how many keys moved.
 fn move_slot(cluster: &RedisCluster, slot: u16, to: usize, ask_for: Duration) -> usize {
@@ -173,20 +195,11 @@ async fn throttle_holds_follow_their_slot_to_another_master_and_back() {
     const LONG: u32 = 3;
     let _serial = crate::serial_async().await;
     let cluster = Arc::new(RedisCluster::start());
-    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/rules/demo.yaml");
-    let sluice = start(&cluster, demo.as_ref()).await;
+    let (sluice, mut stub) = throttle_on(&cluster).await;
     let slot = cluster.slot_of(&format!("{{{KEY}}}"));
-    let source = cluster.owner(slot);
-    let target = *cluster
-        .masters()
-        .iter()
-        .find(|&&m| m != source)
-        .expect("another master");
+    let (source, target) = source_and_target(&cluster, slot);
 
     // A hold taken before the moves, extended between them, released after them.
-    let mut stub = ThrottleClient::connect(sluice.url())
-        .await
-        .expect("connect");
     let long = stub
         .acquire_hold(acquire(KEY, LONG))
         .await
@@ -395,12 +408,7 @@ async fn concurrency_rules_take_and_release_holds_on_a_cluster_across_a_move() {
         sluice::testing::grpc::connect_within(&sluice.url(), Duration::from_secs(10)).await;
     let tenant = "a";
     let slot = cluster.slot_of(&format!("sluice:{{inflight|tenant={tenant}}}"));
-    let source = cluster.owner(slot);
-    let target = *cluster
-        .masters()
-        .iter()
-        .find(|&&m| m != source)
-        .expect("another master");
+    let (source, target) = source_and_target(&cluster, slot);
 
     for i in 0..10 {
         let r = call(&mut client, take(tenant)).await;
@@ -515,18 +523,9 @@ async fn reservations_opened_before_a_move_settle_after_it() {
     const KEY: &str = "budget";
     let _serial = crate::serial_async().await;
     let cluster = Arc::new(RedisCluster::start());
-    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/rules/demo.yaml");
-    let sluice = start(&cluster, demo.as_ref()).await;
+    let (sluice, mut stub) = throttle_on(&cluster).await;
     let slot = cluster.slot_of(&format!("{{{KEY}}}"));
-    let source = cluster.owner(slot);
-    let target = *cluster
-        .masters()
-        .iter()
-        .find(|&&m| m != source)
-        .expect("another master");
-    let mut stub = ThrottleClient::connect(sluice.url())
-        .await
-        .expect("connect");
+    let (source, target) = source_and_target(&cluster, slot);
     let under = stub
         .reserve(reserve(KEY, 60))
         .await
