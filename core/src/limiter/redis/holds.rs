@@ -11,7 +11,7 @@ use std::sync::LazyLock;
 use redis::RedisResult;
 use tokio::time::Instant;
 
-use super::{RedisLimiter, limiter_error, timed_out};
+use super::RedisLimiter;
 use crate::limiter::LimiterError;
 use crate::limiter::holds::{HoldOp, HoldOutcome, HoldRequest};
 
@@ -29,14 +29,8 @@ static SCRIPT: LazyLock<redis::Script> =
 
 impl RedisLimiter {
     pub(super) async fn hold_op(&self, request: &HoldRequest) -> Result<HoldOutcome, LimiterError> {
-        let deadline = Instant::now() + self.timeout;
-        match tokio::time::timeout_at(deadline, self.hold_call(request, deadline)).await {
-            Ok(result) => result.map_err(limiter_error),
-            Err(_) => {
-                self.commit.shared().connector.timed_out(0);
-                Err(limiter_error(timed_out(self.timeout)))
-            }
-        }
+        self.within_timeout(|deadline| self.hold_call(request, deadline))
+            .await
     }
 
     async fn hold_call(

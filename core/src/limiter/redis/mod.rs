@@ -383,6 +383,23 @@ impl RedisLimiter {
         &self.commit.shared().prefix
     }
 
+    /// One direct call (a hold's, a reservation's) within `redis.timeout_ms`: `call` gets the
+    /// deadline to pass down; a time-out is a backend error and counts against lane 0's
+    /// connection, as a batch call's does.
+    async fn within_timeout<T, F>(&self, call: impl FnOnce(Instant) -> F) -> Result<T, LimiterError>
+    where
+        F: std::future::Future<Output = RedisResult<T>>,
+    {
+        let deadline = Instant::now() + self.timeout;
+        match tokio::time::timeout_at(deadline, call(deadline)).await {
+            Ok(result) => result.map_err(limiter_error),
+            Err(_) => {
+                self.commit.shared().connector.timed_out(0);
+                Err(limiter_error(timed_out(self.timeout)))
+            }
+        }
+    }
+
     /// Sends `call`, a command outside a batch that names `key` (without the prefix), by
     /// `deadline` on lane 0: the path of a batch's call, so in a Cluster it goes to the key's
     /// slot's master and follows redirections.

@@ -12,8 +12,8 @@ use std::sync::LazyLock;
 use redis::{RedisResult, Value};
 use tokio::time::Instant;
 
+use super::RedisLimiter;
 use super::script::{self, Mode, Part, Unit, Via};
-use super::{RedisLimiter, limiter_error, timed_out};
 use crate::limiter::reserve::{
     MAX_OPEN, ReserveOp, ReserveOutcome, ReserveRequest, check_after, settle,
 };
@@ -29,14 +29,8 @@ impl RedisLimiter {
         &self,
         request: &ReserveRequest,
     ) -> Result<ReserveOutcome, LimiterError> {
-        let deadline = Instant::now() + self.timeout;
-        match tokio::time::timeout_at(deadline, self.reserve_call(request, deadline)).await {
-            Ok(result) => result.map_err(limiter_error),
-            Err(_) => {
-                self.commit.shared().connector.timed_out(0);
-                Err(limiter_error(timed_out(self.timeout)))
-            }
-        }
+        self.within_timeout(|deadline| self.reserve_call(request, deadline))
+            .await
     }
 
     async fn reserve_call(
