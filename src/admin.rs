@@ -16,8 +16,10 @@
 //! | `POST /counters/reset` | the `/json` request (or `{"rule": "<name as in /rlconfig>"}`) in: forgets the state of every limit it matches (every key of the rule), for every replica |
 //! | `POST /json` | a proto3-JSON `RateLimitRequest` in, the JSON `RateLimitResponse` out: 200 OK, 429 over the limit; 400 bad JSON or invalid request; 413 body over `input.max_request_bytes`; 503 backend unavailable |
 //!
-//! With `admin.token`, `/json`, `/why`, `/counters*` and `/ui*` (and `/metrics` with
-//! `admin.token_metrics`) need it (see `access.rs`).
+//! `/why`, `/counters*` and `/ui*`, and the decision endpoints `/json`, `/check`, `/report`
+//! and `/check_and_report` (unless `admin.open_decisions`), need `admin.token` when one is
+//! set, and are refused without one unless the port listens on loopback (see `access.rs`);
+//! `/metrics` needs the token with `admin.token_metrics`.
 //!
 //! The server keeps answering while the service drains (so that probes see `/readyz` fail)
 //! and stops once the gRPC server has.
@@ -83,8 +85,19 @@ const INDEX: &str = "\
 pub fn router(admin: Admin) -> Router {
     let max_body = admin.engine.input_limits().max_request_bytes;
     let guard = middleware::from_fn_with_state(admin.access.clone(), access::guard);
-    let guarded = Router::new()
+    // The decision endpoints: the limiter's door, as the gRPC port is (`access::DECISIONS`).
+    let decisions = Router::new()
         .route("/json", post(json).layer(DefaultBodyLimit::max(max_body)))
+        // limitador's HTTP API (docs/limitador-compat.md).
+        .route("/check", post(limitador::check))
+        .route("/report", post(limitador::report))
+        .route("/check_and_report", post(limitador::check_and_report));
+    let decisions = if admin.access.open_decisions {
+        decisions
+    } else {
+        decisions.layer(guard.clone())
+    };
+    let guarded = Router::new()
         .route(
             "/why",
             post(why::why).layer(DefaultBodyLimit::max(max_body)),
@@ -111,12 +124,10 @@ pub fn router(admin: Admin) -> Router {
         .route("/readyz", get(readyz))
         .route("/healthcheck", get(readyz))
         .route("/rlconfig", get(rlconfig))
-        // limitador's HTTP API (docs/limitador-compat.md); it reveals no counter keys.
-        .route("/check", post(limitador::check))
-        .route("/report", post(limitador::report))
-        .route("/check_and_report", post(limitador::check_and_report))
+        // limitador's; they reveal the limits (as /rlconfig does) and the rules' version.
         .route("/limits/{namespace}", get(limitador::limits))
         .route("/status", get(limitador::status))
+        .merge(decisions)
         .merge(guarded.layer(guard))
         .merge(metrics_route)
         .with_state(admin)

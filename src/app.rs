@@ -84,7 +84,11 @@ impl App {
             settings.memory.sweep_interval_secs.max(1),
         ));
         let token = settings.admin.resolve_token().map_err(anyhow::Error::msg)?;
-        app.access = crate::admin::access::Access::new(token, settings.admin.token_metrics);
+        app.access = crate::admin::access::Access::new(
+            token,
+            settings.admin.token_metrics,
+            settings.admin.open_decisions,
+        );
         if let Some(files) = TlsFiles::from_settings(&settings.tls) {
             app = app.with_tls(files)?;
         }
@@ -158,6 +162,7 @@ impl App {
             access: crate::admin::access::Access::new(
                 settings.admin.token.clone(),
                 settings.admin.token_metrics,
+                settings.admin.open_decisions,
             ),
         }
     }

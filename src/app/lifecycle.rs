@@ -162,13 +162,20 @@ fn spawn_tasks(
     if let Some(listener) = admin_listener {
         let addr = listener.local_addr().ok();
         tracing::info!(?addr, "serving admin HTTP");
+        let mut access = app.access.clone();
+        if let Some(addr) = addr {
+            access = access.listening_on(addr);
+        }
+        if let Some(notice) = access.refusal_notice() {
+            tracing::warn!("{notice}");
+        }
         let admin = Admin {
             engine: app.engine.clone(),
             rules: app.rules.clone(),
             readiness: readiness.clone(),
             metrics: app.metrics.clone(),
             backend: app.limiter.clone(),
-            access: app.access.clone(),
+            access,
         };
         let serve = admin::serve(listener, admin, stop.clone());
         guarded(tasks, failed, async {

@@ -228,6 +228,12 @@ impl Reader<'_> {
             };
             self.set(key, std::net::SocketAddr::new(addr, port).to_string());
         }
+        // limitador answers its HTTP API (`/check`, `/report`, `/check_and_report`) to anyone;
+        // its users' callers rely on that (docs/security.md#the-drop-ins). Left to
+        // SLUICE_ADMIN__OPEN_DECISIONS when set.
+        if self.env("SLUICE_ADMIN__OPEN_DECISIONS").is_none() {
+            self.set("ADMIN__OPEN_DECISIONS", "true");
+        }
         Ok(())
     }
 

@@ -26,6 +26,10 @@ impl Reader<'_> {
             let addr = self.address(host, port, dh, dp)?;
             self.set(key, addr);
         }
+        // envoyproxy/ratelimit answers `/json` on its HTTP port to anyone, as its gRPC port;
+        // its users' callers rely on that (docs/security.md#the-drop-ins). A setting below
+        // the environment: SLUICE_ADMIN__OPEN_DECISIONS=false closes it.
+        self.set("ADMIN__OPEN_DECISIONS", "true");
         Ok(())
     }
 

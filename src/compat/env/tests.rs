@@ -11,6 +11,8 @@ fn envoy_gateway_env_gives_xds_tls_redis_and_its_prometheus_port() {
     let (s, t) = settings(&env(ENVOY_GATEWAY)).unwrap();
     assert_eq!(s.server.grpc_listen.to_string(), "0.0.0.0:8081");
     assert_eq!(s.server.admin_listen.to_string(), "0.0.0.0:8080");
+    // `/json` answers every caller, as envoyproxy/ratelimit's does.
+    assert!(s.admin.open_decisions);
     assert_eq!(
         s.debug.listen.map(|a| a.to_string()).as_deref(),
         Some("0.0.0.0:6070")
@@ -591,7 +593,9 @@ fn set_ratelimit_variables_win_and_sluice_variables_set_the_rest() {
     e.insert("GRPC_PORT".into(), "9081".into());
     e.insert("SLUICE_REDIS__URL".into(), "redis://other:1".into());
     e.insert("SLUICE_MEMORY__MAX_KEYS".into(), "5".into());
+    e.insert("SLUICE_ADMIN__OPEN_DECISIONS".into(), "false".into());
     let (s, _) = settings(&e).unwrap();
+    assert!(!s.admin.open_decisions, "the operator closed /json");
     assert_eq!(s.server.grpc_listen.to_string(), "0.0.0.0:9081");
     assert_eq!(s.redis.url, "redis://redis:6379");
     assert_eq!(s.log.format, LogFormat::Json);

@@ -39,7 +39,15 @@ fn limitadors_defaults() {
     assert_eq!(get(&s, "SERVER__ADMIN_LISTEN"), Some("0.0.0.0:8080"));
     assert_eq!(get(&s, "LIMITER__BACKEND"), Some("memory"));
     assert_eq!(get(&s, "RESPONSE__HEADERS"), None);
+    // Its HTTP API answers every caller, as limitador's does.
+    assert_eq!(get(&s, "ADMIN__OPEN_DECISIONS"), Some("true"));
     assert!(!s.validate);
+    let closed = run(
+        &["limits.yaml"],
+        &[("SLUICE_ADMIN__OPEN_DECISIONS", "false")],
+    )
+    .unwrap();
+    assert_eq!(get(&closed, "ADMIN__OPEN_DECISIONS"), None);
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! `[admin]`: who may read the admin endpoints that reveal keys or decide.
+//! `[admin]`: who may call the admin endpoints that reveal or change limiter state, or decide.
 
 use std::path::PathBuf;
 
@@ -8,12 +8,17 @@ use serde::Deserialize;
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdminSettings {
-    /// A bearer token required on `/json`, `/counters*` and `/ui*`; none: open.
+    /// A bearer token required on `/why`, `/counters*`, `/ui*` and the decision endpoints;
+    /// none: those answer only on a loopback admin port.
     pub token: Option<String>,
-    /// A file holding the token (its first line); exclusive with `token`.
+    /// A file holding the token (its first line, read at start); exclusive with `token`.
     pub token_file: Option<PathBuf>,
     /// Also require the token on `/metrics`.
     pub token_metrics: bool,
+    /// The decision endpoints (`/json`, and limitador's `/check`, `/report`,
+    /// `/check_and_report`) answer every caller, token or not, as the gRPC port does. On when
+    /// started as `ratelimit` or `limitador-server`, whose users call them so.
+    pub open_decisions: bool,
 }
 
 impl AdminSettings {
@@ -67,7 +72,7 @@ mod tests {
         let both = AdminSettings {
             token: Some("a".into()),
             token_file: Some(file),
-            token_metrics: false,
+            ..AdminSettings::default()
         };
         assert!(both.check().is_err());
         let empty = AdminSettings {
