@@ -5,10 +5,12 @@
 //! Python stubs generated from the protos, invalid parameters, reflection and metrics:
 //! `throttle`), Kuadrant's `CheckRateLimit` and `Report` from Python stubs (`kuadrant`), limitador's HTTP API
 //! against its own spec and its metric names, as `limitador-server` on memory and Redis
-//! (`limitador_http`), and
+//! (`limitador_http`), the admin port refusing state endpoints beyond loopback without a token
+//! (`admin_access`), and
 //! docs/settings.md's table against the settings types. (The ordered
 //! drain and the Rust client's timing tests, which bound times, are in tests/serial/.)
 
+mod admin_access;
 mod bench_cli;
 mod chaos;
 mod check_config;
