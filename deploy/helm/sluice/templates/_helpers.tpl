@@ -102,6 +102,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if and (not .Values.rules.existingConfigMap) (not .Values.rules.content) (not .Values.rules.files) }}
 {{- fail "rules.content and rules.files are empty and rules.existingConfigMap is not set: sluice needs rules" }}
 {{- end }}
+{{- if and .Values.admin.tokenMetrics (not (include "sluice.adminSecret" .)) }}
+{{- fail "admin.tokenMetrics needs a token: admin.createToken or admin.existingSecret" }}
+{{- end }}
 {{- if hasKey .Values.rules.files "rules.yaml" }}
 {{- if .Values.rules.content }}
 {{- fail "rules.files has a rules.yaml: that name is rules.content's" }}
@@ -121,5 +124,22 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- .Values.terminationGracePeriodSeconds }}
 {{- else }}
 {{- add .Values.shutdown.drainDelaySecs .Values.shutdown.graceSecs 5 }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret and key holding the admin token; empty: no token. */}}
+{{- define "sluice.adminSecret" -}}
+{{- if .Values.admin.existingSecret }}
+{{- .Values.admin.existingSecret }}
+{{- else if .Values.admin.createToken }}
+{{- printf "%s-admin" (include "sluice.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{- define "sluice.adminSecretKey" -}}
+{{- if .Values.admin.existingSecret }}
+{{- .Values.admin.existingSecretKey }}
+{{- else }}
+{{- "token" }}
 {{- end }}
 {{- end }}
