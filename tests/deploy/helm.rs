@@ -963,14 +963,25 @@ fn promtool() -> Command {
     Command::new(path)
 }
 
+/// `promtool check rules` on the alerts, then `promtool test rules` with
+/// `tests/fixtures/helm/alerts-test.yaml`: each alert fires, with its labels and annotations,
+/// on the series that should fire it, and only there.
 #[test]
-fn the_alerts_pass_promtool_check_rules() {
+fn the_alerts_pass_promtool_check_rules_and_fire_when_they_should() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let file = alert_rules_file(&render(Some("all-on-values.yaml")), dir.path());
     let mut command = promtool();
     command.args(["check", "rules"]).arg(&file);
     let out = run(command, "promtool check rules");
     assert!(out.contains("SUCCESS: 5 rules found"), "{out}");
+
+    let tests = dir.path().join("alerts-test.yaml");
+    std::fs::copy(root().join("tests/fixtures/helm/alerts-test.yaml"), &tests)
+        .expect("copy the alerts' tests");
+    let mut command = promtool();
+    command.args(["test", "rules"]).arg(&tests);
+    let out = run(command, "promtool test rules");
+    assert!(out.contains("SUCCESS"), "{out}");
 }
 
 /// Every expression of the dashboard (its panels' queries and its variables') and of the
