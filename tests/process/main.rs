@@ -6,9 +6,12 @@
 //! `throttle`), Kuadrant's `CheckRateLimit` and `Report` from Python stubs (`kuadrant`), limitador's HTTP API
 //! against its own spec and its metric names, as `limitador-server` on memory and Redis
 //! (`limitador_http`), and
-//! docs/settings.md's table against the settings types. (The ordered
+//! docs/settings.md's table against the settings types; started as `ratelimit`, per-second
+//! limits in a Redis of their own and the Memcached backend shared by two replicas, each
+//! answering as one Redis does (`backends`). (The ordered
 //! drain and the Rust client's timing tests, which bound times, are in tests/serial/.)
 
+mod backends;
 mod bench_cli;
 mod chaos;
 mod check_config;

@@ -16,6 +16,7 @@ use super::model::{Algorithm, Charge};
 mod admin;
 mod dropin;
 mod input;
+mod memcache;
 mod ops;
 mod redis;
 mod rlqs;
@@ -23,6 +24,7 @@ mod xds;
 pub use admin::AdminSettings;
 pub use dropin::{DebugSettings, RatelimitMetricsSettings, StatsdProtocol, StatsdSettings};
 pub use input::InputSettings;
+pub use memcache::MemcacheSettings;
 pub use ops::{MetricsSettings, ReloadSettings, TlsSettings};
 use redis::check_userinfo;
 
@@ -51,6 +53,7 @@ pub struct Settings {
     pub input: InputSettings,
     pub memory: MemorySettings,
     pub redis: RedisSettings,
+    pub memcache: MemcacheSettings,
     pub response: ResponseSettings,
     pub metrics: MetricsSettings,
     pub reload: ReloadSettings,
@@ -187,6 +190,9 @@ pub enum Backend {
     #[default]
     Memory,
     Redis,
+    /// Fixed windows only, counted with `INCR` in Memcached (envoyproxy/ratelimit's
+    /// `BACKEND_TYPE=memcache`).
+    Memcache,
 }
 
 /// `[limiter]`.
@@ -345,8 +351,16 @@ impl Settings {
             .map_err(config::ConfigError::Message)?;
         self.statsd.check().map_err(config::ConfigError::Message)?;
         self.admin.check().map_err(config::ConfigError::Message)?;
+        if self.limiter.backend == Backend::Memcache {
+            self.memcache
+                .check()
+                .map_err(config::ConfigError::Message)?;
+        }
         if self.limiter.backend == Backend::Redis {
             check_userinfo(&self.redis.url).map_err(config::ConfigError::Message)?;
+            if let Some(url) = &self.redis.per_second_url {
+                check_userinfo(url).map_err(config::ConfigError::Message)?;
+            }
             self.redis
                 .check_tls()
                 .map_err(config::ConfigError::Message)?;
@@ -377,6 +391,7 @@ fn apply_overrides(mut b: Builder, cli: &Overrides) -> Result<Builder, config::C
         let name = match backend {
             Backend::Memory => "memory",
             Backend::Redis => "redis",
+            Backend::Memcache => "memcache",
         };
         b = b.set_override("limiter.backend", name)?;
     }

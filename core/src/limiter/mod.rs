@@ -21,7 +21,10 @@ pub mod fixed_window;
 pub mod funnel;
 pub mod gathering;
 pub mod holds;
+pub mod memcache;
+mod memcache_conn;
 pub mod memory;
+pub mod per_second;
 pub mod plan;
 pub mod redis;
 pub mod reserve;
@@ -35,7 +38,9 @@ use std::sync::Arc;
 
 pub use self::redis::RedisLimiter;
 pub use clock::{Clock, ManualClock, MonotonicClock};
+pub use memcache::MemcacheLimiter;
 pub use memory::MemoryLimiter;
+pub use per_second::PerSecond;
 
 use crate::config::model::{Algorithm, Charge};
 
