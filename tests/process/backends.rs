@@ -339,76 +339,99 @@ fn redis_env(redis: &RedisServer) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// envoyproxy/ratelimit's counting (every cost kept, denied or not), then sluice's all or
+/// nothing (`STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true`: a denied request keeps nothing,
+/// so what was taken is given back).
+const COUNTINGS: [&[(&str, &str)]; 2] =
+    [&[], &[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true")]];
+
+fn with(
+    env: &[(&'static str, String)],
+    counting: &[(&'static str, &'static str)],
+) -> Vec<(&'static str, String)> {
+    let mut out = env.to_vec();
+    out.extend(counting.iter().map(|(k, v)| (*k, (*v).to_owned())));
+    out
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_second_limits_live_in_their_own_redis_and_answers_do_not_change() {
     let dir = tempfile::tempdir().unwrap();
     let rules = fixed_window_rules();
-    let (plain, main, second) = (
-        RedisServer::start(),
-        RedisServer::start(),
-        RedisServer::start(),
-    );
-    let reference = Ratelimit::start(dir.path(), "one", &rules, &redis_env(&plain)).await;
-    let mut env = redis_env(&main);
-    env.extend([
-        ("REDIS_PERSECOND", "true".to_owned()),
-        ("REDIS_PERSECOND_SOCKET_TYPE", "tcp".to_owned()),
-        ("REDIS_PERSECOND_URL", second.addr()),
-    ]);
-    let split = Ratelimit::start(dir.path(), "split", &rules, &env).await;
-    let mut want = reference.client().await;
-    let mut got = [split.client().await];
-    clear_of_window_end(Duration::from_secs(60), Duration::from_secs(10)).await;
-    compare_within_a_second(&mut want, &mut got, per_second_cases).await;
-    compare(&mut want, &mut got, &fixed_window_cases("ps"), false).await;
+    for (n, counting) in COUNTINGS.into_iter().enumerate() {
+        let (plain, main, second) = (
+            RedisServer::start(),
+            RedisServer::start(),
+            RedisServer::start(),
+        );
+        let env = with(&redis_env(&plain), counting);
+        let reference = Ratelimit::start(dir.path(), &format!("one{n}"), &rules, &env).await;
+        let mut env = with(&redis_env(&main), counting);
+        env.extend([
+            ("REDIS_PERSECOND", "true".to_owned()),
+            ("REDIS_PERSECOND_SOCKET_TYPE", "tcp".to_owned()),
+            ("REDIS_PERSECOND_URL", second.addr()),
+        ]);
+        let split = Ratelimit::start(dir.path(), &format!("split{n}"), &rules, &env).await;
+        let mut want = reference.client().await;
+        let mut got = [split.client().await];
+        clear_of_window_end(Duration::from_secs(60), Duration::from_secs(10)).await;
+        compare_within_a_second(&mut want, &mut got, per_second_cases).await;
+        compare(&mut want, &mut got, &fixed_window_cases("ps"), false).await;
 
-    let (slow, fast) = (scan(&main), scan(&second));
-    assert!(!fast.is_empty() && !slow.is_empty(), "{slow:?} {fast:?}");
-    // A key names its descriptor and its period: the per-second ones are `…:1` (seconds).
-    for key in &fast {
+        let (slow, fast) = (scan(&main), scan(&second));
+        assert!(!fast.is_empty() && !slow.is_empty(), "{slow:?} {fast:?}");
+        for key in &fast {
+            assert!(
+                key.contains("multi") || key.contains("two_per_second"),
+                "{key}"
+            );
+        }
+        for key in &slow {
+            assert!(
+                !key.contains("two_per_second"),
+                "a per-second key in the main Redis: {key}"
+            );
+        }
         assert!(
-            key.contains("multi") || key.contains("two_per_second"),
-            "{key}"
+            slow.iter().any(|k| k.contains("multi")),
+            "multi's per-minute limit: {slow:?}"
+        );
+        assert!(
+            slow.iter().any(|k| k.contains("one_per_minute")),
+            "{slow:?}"
         );
     }
-    for key in &slow {
-        assert!(
-            !key.contains("two_per_second"),
-            "a per-second key in the main Redis: {key}"
-        );
-    }
-    assert!(
-        slow.iter().any(|k| k.contains("multi")),
-        "multi's per-minute limit: {slow:?}"
-    );
-    assert!(
-        slow.iter().any(|k| k.contains("one_per_minute")),
-        "{slow:?}"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memcached_answers_the_fixed_window_cases_as_redis_across_two_replicas() {
     let dir = tempfile::tempdir().unwrap();
     let rules = fixed_window_rules();
-    let (redis, memcached) = (RedisServer::start(), MemcachedServer::start());
-    let reference = Ratelimit::start(dir.path(), "redis", &rules, &redis_env(&redis)).await;
-    let env = [
-        ("BACKEND_TYPE", "memcache".to_owned()),
-        ("MEMCACHE_HOST_PORT", memcached.addr()),
-    ];
-    let a = Ratelimit::start(dir.path(), "a", &rules, &env).await;
-    let b = Ratelimit::start(dir.path(), "b", &rules, &env).await;
-    let mut want = reference.client().await;
-    let mut replicas = [a.client().await, b.client().await];
-    clear_of_window_end(Duration::from_secs(60), Duration::from_secs(10)).await;
-    compare_within_a_second(&mut want, &mut replicas, per_second_cases).await;
-    compare(&mut want, &mut replicas, &fixed_window_cases("mc"), false).await;
-    let keys = memcached.keys();
-    assert!(
-        keys.iter().any(|k| k.contains("one_per_minute")),
-        "the counters live in memcached: {keys:?}"
-    );
+    for (n, counting) in COUNTINGS.into_iter().enumerate() {
+        let (redis, memcached) = (RedisServer::start(), MemcachedServer::start());
+        let env = with(&redis_env(&redis), counting);
+        let reference = Ratelimit::start(dir.path(), &format!("redis{n}"), &rules, &env).await;
+        let env = with(
+            &[
+                ("BACKEND_TYPE", "memcache".to_owned()),
+                ("MEMCACHE_HOST_PORT", memcached.addr()),
+            ],
+            counting,
+        );
+        let a = Ratelimit::start(dir.path(), &format!("a{n}"), &rules, &env).await;
+        let b = Ratelimit::start(dir.path(), &format!("b{n}"), &rules, &env).await;
+        let mut want = reference.client().await;
+        let mut replicas = [a.client().await, b.client().await];
+        clear_of_window_end(Duration::from_secs(60), Duration::from_secs(10)).await;
+        compare_within_a_second(&mut want, &mut replicas, per_second_cases).await;
+        compare(&mut want, &mut replicas, &fixed_window_cases("mc"), false).await;
+        let keys = memcached.keys();
+        assert!(
+            keys.iter().any(|k| k.contains("one_per_minute")),
+            "the counters live in memcached: {keys:?}"
+        );
+    }
 }
 
 /// A rules file with another algorithm does not load on the memcache backend: `check`

@@ -86,8 +86,8 @@ impl Reader<'_> {
         )?;
         let Some(servers) = self.get("MEMCACHE_HOST_PORT").map(str::to_owned) else {
             return Err(self.unsupported(
-                "MEMCACHE_HOST_PORT",
-                "with BACKEND_TYPE=memcache: host:port[,host:port...]",
+                "BACKEND_TYPE",
+                "memcache needs its servers in MEMCACHE_HOST_PORT (host:port[,host:port...])",
             ));
         };
         self.set("MEMCACHE__SERVERS", servers);
