@@ -63,6 +63,10 @@ impl Ratelimit {
             ("PORT", http.to_string()),
             ("DEBUG_HOST", "127.0.0.1".to_owned()),
             ("DEBUG_PORT", debug.to_string()),
+            // Long enough that a loaded test machine never turns these behaviour tests into
+            // latency tests.
+            ("SLUICE_REDIS__TIMEOUT_MS", "5000".to_owned()),
+            ("SLUICE_MEMCACHE__TIMEOUT_MS", "5000".to_owned()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
@@ -446,6 +450,7 @@ fn other_algorithms_stop_a_memcache_start_naming_file_and_line() {
         .args(["check", "--rules"])
         .arg(&rules)
         .env("SLUICE_LIMITER__BACKEND", "memcache")
+        .env("SLUICE_LIMITS__DEFAULT_ALGORITHM", "fixed_window")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -454,4 +459,14 @@ fn other_algorithms_stop_a_memcache_start_naming_file_and_line() {
     let all = format!("{stdout}{stderr}");
     assert!(all.contains("rules.yaml:7"), "{all}");
     assert!(all.contains("memcache backend"), "{all}");
+    // A default algorithm of another kind stops it before the rules, naming the setting.
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["check", "--rules"])
+        .arg(&rules)
+        .env("SLUICE_LIMITER__BACKEND", "memcache")
+        .output()
+        .unwrap();
+    let all = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{all}");
+    assert!(all.contains("limits.default_algorithm is funnel"), "{all}");
 }

@@ -4,7 +4,9 @@
 //! [`funnel`], [`token_bucket`], [`fixed_window`], [`sliding_window`], [`sliding_log`],
 //! [`concurrency`].
 //! [`algorithm`] puts them behind one interface for the memory backend; the Redis backend
-//! mirrors them in Lua (`redis/lua/`). docs/algorithms.md compares them.
+//! mirrors them in Lua (`redis/lua/`). docs/algorithms.md compares them. The Memcached
+//! backend ([`memcache`]) keeps fixed windows only; [`per_second`] routes per-second limits
+//! to a limiter of their own.
 //!
 //! A request reaches a backend as one [`Batch`]: every limit of every descriptor that must be
 //! checked, so that a backend makes one decision (and, for Redis, one round trip) per request.
