@@ -246,6 +246,12 @@ fn fixed_window_cases(tag: &str) -> Vec<RateLimitRequest> {
         vec![desc(&[("user", admin.as_str()), ("route", "/admin")])],
     );
     steps.extend((0..6).map(|_| nested.clone()));
+    // Values Memcached cannot take in a key as they are: spaces, control characters, and
+    // one long enough to pass its 250 bytes.
+    let long = "l".repeat(300);
+    for value in ["sp ace\n%", "sp ace\n%", long.as_str(), long.as_str()] {
+        steps.push(one("one_per_minute", value));
+    }
     steps
 }
 
