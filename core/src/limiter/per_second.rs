@@ -539,4 +539,48 @@ mod tests {
         };
         assert_eq!(block_on(main.check(&m)).unwrap().hits[0].remaining, 4);
     }
+
+    /// A store that always fails.
+    struct Down;
+
+    impl Limiter for Down {
+        fn check<'a>(
+            &'a self,
+            _batch: &'a Batch,
+        ) -> BoxFuture<'a, Result<BatchOutcome, LimiterError>> {
+            Box::pin(std::future::ready(Err(LimiterError {
+                backend: "redis",
+                message: "down".to_owned(),
+                transient: true,
+                source: None,
+            })))
+        }
+
+        fn name(&self) -> &'static str {
+            "redis"
+        }
+    }
+
+    /// The per-second store fails: the request fails, and what the main store took is
+    /// given back.
+    #[test]
+    fn a_failed_side_fails_the_request_and_the_other_gives_back() {
+        let clock = ManualClock::at(1_000 * SECOND);
+        let main = Arc::new(MemoryLimiter::with_clock(100, clock));
+        let both = PerSecond::new(main.clone(), Arc::new(Down));
+        let batch = Batch {
+            hits: vec![window("m", 0, 3, MINUTE), window("s", 0, 2, SECOND)],
+        };
+        let err = block_on(both.check(&batch)).unwrap_err();
+        assert!(err.transient && err.message == "down", "{err}");
+        let m = Batch {
+            hits: vec![window("m", 0, 3, MINUTE)],
+        };
+        assert_eq!(block_on(main.check(&m)).unwrap().hits[0].remaining, 2);
+        let only_main = block_on(both.check(&m)).unwrap();
+        assert_eq!(
+            only_main.hits[0].remaining, 1,
+            "one store alone: its own call"
+        );
+    }
 }
