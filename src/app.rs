@@ -68,17 +68,37 @@ struct OpsSettings {
     connections: crate::transport::ConnectionLimits,
 }
 
+/// The backend of `settings`: memory, Redis (with per-second limits in a Redis of their own
+/// when `redis.per_second_url` is set), or Memcached.
+fn limiter_of(settings: &Settings) -> anyhow::Result<Arc<dyn Limiter>> {
+    let max_keys = settings.memory.max_keys;
+    let redis = |s: &crate::config::settings::RedisSettings| {
+        RedisLimiter::new(s, max_keys).context("invalid [redis] settings")
+    };
+    Ok(match settings.limiter.backend {
+        Backend::Memory => Arc::new(MemoryLimiter::new(max_keys)),
+        Backend::Redis => match settings.redis.per_second() {
+            None => Arc::new(redis(&settings.redis)?),
+            Some(second) => Arc::new(crate::limiter::PerSecond::new(
+                Arc::new(redis(&settings.redis)?),
+                Arc::new(redis(&second).context("redis.per_second_url")?),
+            )),
+        },
+        Backend::Memcache => Arc::new(
+            crate::limiter::MemcacheLimiter::new(
+                &settings.memcache,
+                Arc::new(crate::limiter::MonotonicClock::new()),
+            )
+            .context("invalid [memcache] settings")?,
+        ),
+    })
+}
+
 impl App {
     /// Builds the backend and the engine. Fails on settings it cannot honour.
     /// With the Redis backend, no connection is made here: sluice starts while Redis is down.
     pub fn build(settings: &Settings, rules: RuleSet) -> anyhow::Result<App> {
-        let limiter: Arc<dyn Limiter> = match settings.limiter.backend {
-            Backend::Memory => Arc::new(MemoryLimiter::new(settings.memory.max_keys)),
-            Backend::Redis => Arc::new(
-                RedisLimiter::new(&settings.redis, settings.memory.max_keys)
-                    .context("invalid [redis] settings")?,
-            ),
-        };
+        let limiter = limiter_of(settings)?;
         let mut app = App::from_parts(settings, rules, limiter);
         app.housekeeping = Some(Duration::from_secs(
             settings.memory.sweep_interval_secs.max(1),
@@ -102,7 +122,7 @@ impl App {
         let rules = Arc::new(ActiveRules::new(
             rules,
             settings.rules.paths.clone(),
-            (&settings.limits).into(),
+            settings.into(),
         ));
         let metrics = Metrics::new(MetricsOptions {
             near_limit_ratio: settings.metrics.near_limit_ratio,

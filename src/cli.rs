@@ -114,6 +114,7 @@ impl ServeArgs {
 pub enum BackendArg {
     Memory,
     Redis,
+    Memcache,
 }
 
 impl From<BackendArg> for Backend {
@@ -121,6 +122,7 @@ impl From<BackendArg> for Backend {
         match arg {
             BackendArg::Memory => Backend::Memory,
             BackendArg::Redis => Backend::Redis,
+            BackendArg::Memcache => Backend::Memcache,
         }
     }
 }

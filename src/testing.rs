@@ -17,6 +17,7 @@ pub mod envoy;
 pub mod grpc;
 pub mod http;
 pub mod limits;
+pub mod memcached;
 pub mod process;
 pub mod ratelimit_env;
 pub mod redis;

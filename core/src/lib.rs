@@ -9,7 +9,7 @@
 //! |---|---|
 //! | [`config`] | settings, and the rules files: parse, check, validate into a model |
 //! | [`rules`] | the compiled descriptor tree per domain, matching, state keys |
-//! | [`limiter`] | the algorithms as pure functions, the `Limiter` trait and its backends (memory, Redis) |
+//! | [`limiter`] | the algorithms as pure functions, the `Limiter` trait and its backends (memory, Redis, Memcached; per-second limits routed to a Redis of their own) |
 //! | [`engine`] | one request in domain types: match, one limiter call, statuses |
 //! | [`pem`] | PEM files (a CA, a certificate and key) read and checked before use |
 //! | [`rng`] | a small seeded generator for load generation and benchmarks |

@@ -214,7 +214,7 @@ impl Bound {
 /// The rules at start, and their domain count: from files, or none yet when they come over
 /// xDS.
 fn initial_rules(settings: &Settings) -> Result<(usize, RuleSet), rules_file::RuleErrors> {
-    let options: LoadOptions = (&settings.limits).into();
+    let options: LoadOptions = settings.into();
     let model = if settings.xds.enabled() {
         rules_file::from_sources_with(&[], options)?
     } else {
@@ -234,7 +234,7 @@ fn xds_client(
     let client = XdsClient::new(
         &settings.xds,
         app.active_rules(),
-        (&settings.limits).into(),
+        settings.into(),
         Box::new(app.reload_report()),
     );
     let endpoint = client.endpoint()?;

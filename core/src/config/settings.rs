@@ -16,6 +16,7 @@ use super::model::{Algorithm, Charge};
 mod admin;
 mod dropin;
 mod input;
+mod memcache;
 mod ops;
 mod redis;
 mod rlqs;
@@ -23,6 +24,7 @@ mod xds;
 pub use admin::AdminSettings;
 pub use dropin::{DebugSettings, RatelimitMetricsSettings, StatsdProtocol, StatsdSettings};
 pub use input::InputSettings;
+pub use memcache::MemcacheSettings;
 pub use ops::{MetricsSettings, ReloadSettings, TlsSettings};
 use redis::check_userinfo;
 
@@ -51,6 +53,7 @@ pub struct Settings {
     pub input: InputSettings,
     pub memory: MemorySettings,
     pub redis: RedisSettings,
+    pub memcache: MemcacheSettings,
     pub response: ResponseSettings,
     pub metrics: MetricsSettings,
     pub reload: ReloadSettings,
@@ -187,6 +190,9 @@ pub enum Backend {
     #[default]
     Memory,
     Redis,
+    /// Fixed windows only, counted with `INCR` in Memcached (envoyproxy/ratelimit's
+    /// `BACKEND_TYPE=memcache`).
+    Memcache,
 }
 
 /// `[limiter]`.
@@ -345,8 +351,18 @@ impl Settings {
             .map_err(config::ConfigError::Message)?;
         self.statsd.check().map_err(config::ConfigError::Message)?;
         self.admin.check().map_err(config::ConfigError::Message)?;
+        if self.limiter.backend == Backend::Memcache {
+            self.memcache
+                .check()
+                .map_err(config::ConfigError::Message)?;
+            self.fixed_windows_only()
+                .map_err(config::ConfigError::Message)?;
+        }
         if self.limiter.backend == Backend::Redis {
             check_userinfo(&self.redis.url).map_err(config::ConfigError::Message)?;
+            if let Some(url) = &self.redis.per_second_url {
+                check_userinfo(url).map_err(config::ConfigError::Message)?;
+            }
             self.redis
                 .check_tls()
                 .map_err(config::ConfigError::Message)?;
@@ -377,6 +393,7 @@ fn apply_overrides(mut b: Builder, cli: &Overrides) -> Result<Builder, config::C
         let name = match backend {
             Backend::Memory => "memory",
             Backend::Redis => "redis",
+            Backend::Memcache => "memcache",
         };
         b = b.set_override("limiter.backend", name)?;
     }
@@ -397,6 +414,29 @@ fn apply_overrides(mut b: Builder, cli: &Overrides) -> Result<Builder, config::C
         b = b.set_override("log.format", name)?;
     }
     Ok(b)
+}
+
+impl Settings {
+    /// With `limiter.backend = "memcache"`, the default algorithms must be fixed windows:
+    /// the limits that name none, and clients' overrides, take them.
+    fn fixed_windows_only(&self) -> Result<(), String> {
+        let why = "the memcache backend (limiter.backend) keeps fixed windows only";
+        if self.limits.default_algorithm != Algorithm::FixedWindow {
+            return Err(format!(
+                "limits.default_algorithm is {}: {why}; set it to fixed_window",
+                self.limits.default_algorithm.as_str()
+            ));
+        }
+        for (domain, d) in &self.limits.domains {
+            if let Some(a) = d.algorithm.filter(|a| *a != Algorithm::FixedWindow) {
+                return Err(format!(
+                    "limits.domains.\"{domain}\".algorithm is {}: {why}",
+                    a.as_str()
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `SLUICE_<SECTION>__<KEY>` variables of `env` as a settings source.
@@ -639,5 +679,31 @@ mod tests {
         let bad = env(&[("SLUICE_LIMITS__DEFAULT_ALGORITHM", "gcra")]);
         let err = Settings::load(None, bad, &Overrides::default()).unwrap_err();
         assert!(err.to_string().contains("token_bucket"), "{err}");
+    }
+
+    /// The memcache backend keeps fixed windows only: a default algorithm of another kind
+    /// stops the start, naming the setting; its servers are checked.
+    #[test]
+    fn memcache_needs_fixed_window_defaults_and_servers() {
+        let load = |pairs: &[(&str, &str)]| {
+            let mut all = vec![("SLUICE_LIMITER__BACKEND", "memcache")];
+            all.extend_from_slice(pairs);
+            Settings::load(None, env(&all), &Overrides::default())
+        };
+        let err = load(&[]).unwrap_err().to_string();
+        assert!(err.contains("limits.default_algorithm is funnel"), "{err}");
+        let fixed = ("SLUICE_LIMITS__DEFAULT_ALGORITHM", "fixed_window");
+        let s = load(&[fixed, ("SLUICE_MEMCACHE__SERVERS", "a:1,b:2")]).unwrap();
+        assert_eq!(s.limiter.backend, Backend::Memcache);
+        assert_eq!(s.memcache.server_list(), ["a:1", "b:2"]);
+        let err = load(&[fixed, ("SLUICE_MEMCACHE__SERVERS", "a")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("memcache.servers"), "{err}");
+        let s = load(&[fixed, ("SLUICE_REDIS__PER_SECOND_URL", "redis://x:1")]).unwrap();
+        assert_eq!(
+            s.redis.per_second().map(|r| r.url).as_deref(),
+            Some("redis://x:1")
+        );
     }
 }

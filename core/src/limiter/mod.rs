@@ -4,7 +4,9 @@
 //! [`funnel`], [`token_bucket`], [`fixed_window`], [`sliding_window`], [`sliding_log`],
 //! [`concurrency`].
 //! [`algorithm`] puts them behind one interface for the memory backend; the Redis backend
-//! mirrors them in Lua (`redis/lua/`). docs/algorithms.md compares them.
+//! mirrors them in Lua (`redis/lua/`). docs/algorithms.md compares them. The Memcached
+//! backend ([`memcache`]) keeps fixed windows only; [`per_second`] routes per-second limits
+//! to a limiter of their own.
 //!
 //! A request reaches a backend as one [`Batch`]: every limit of every descriptor that must be
 //! checked, so that a backend makes one decision (and, for Redis, one round trip) per request.
@@ -21,7 +23,10 @@ pub mod fixed_window;
 pub mod funnel;
 pub mod gathering;
 pub mod holds;
+pub mod memcache;
+mod memcache_conn;
 pub mod memory;
+pub mod per_second;
 pub mod plan;
 pub mod redis;
 pub mod reserve;
@@ -35,7 +40,9 @@ use std::sync::Arc;
 
 pub use self::redis::RedisLimiter;
 pub use clock::{Clock, ManualClock, MonotonicClock};
+pub use memcache::MemcacheLimiter;
 pub use memory::MemoryLimiter;
+pub use per_second::PerSecond;
 
 use crate::config::model::{Algorithm, Charge};
 

@@ -1,29 +1,47 @@
-//! The backend: Redis (its URL forms, auth and TLS) or memory.
+//! The backend: Redis (its URL forms, auth and TLS, and the per-second Redis of
+//! `REDIS_PERSECOND`), or Memcached (`BACKEND_TYPE=memcache`).
 
 use super::{Reader, Unsupported};
+
+/// The Memcached variables, read only with `BACKEND_TYPE=memcache`.
+const MEMCACHE: [&str; 4] = [
+    "MEMCACHE_HOST_PORT",
+    "MEMCACHE_SRV",
+    "MEMCACHE_TLS",
+    "MEMCACHE_MAX_IDLE_CONNS",
+];
+
+/// The per-second Redis's variables, read only with `REDIS_PERSECOND=true`.
+const PER_SECOND: [&str; 6] = [
+    "REDIS_PERSECOND_URL",
+    "REDIS_PERSECOND_SOCKET_TYPE",
+    "REDIS_PERSECOND_TYPE",
+    "REDIS_PERSECOND_AUTH",
+    "REDIS_PERSECOND_TLS",
+    "REDIS_PERSECOND_SENTINEL_AUTH",
+];
 
 impl Reader<'_> {
     pub(super) fn backend(&mut self) -> Result<(), Unsupported> {
         match self.or("BACKEND_TYPE", "redis") {
-            "redis" => {}
-            _ => {
-                return Err(self.unsupported(
-                    "BACKEND_TYPE",
-                    "sluice's backends are memory and Redis, not Memcached",
-                ));
-            }
+            "redis" => self.redis_backend(),
+            "memcache" => self.memcache_backend(),
+            _ => Err(self.unsupported("BACKEND_TYPE", "expected redis or memcache")),
         }
-        for name in ["MEMCACHE_HOST_PORT", "MEMCACHE_SRV", "MEMCACHE_TLS"] {
-            self.refuse(name, "no Memcached backend")?;
+    }
+
+    fn redis_backend(&mut self) -> Result<(), Unsupported> {
+        for name in MEMCACHE {
+            self.unused(name, "BACKEND_TYPE is redis");
         }
-        self.refuse("REDIS_PERSECOND", "sluice keeps every limit in one Redis")?;
         self.refuse(
             "REDIS_SENTINEL_AUTH",
             "sluice authenticates to the master only, not to the sentinels",
         )?;
         self.set("LIMITER__BACKEND", "redis");
-        let url = self.redis_url()?;
+        let url = self.redis_url("REDIS", "/var/run/nutcracker/ratelimit.sock")?;
         self.set("REDIS__URL", url);
+        self.per_second()?;
         self.redis_tls()?;
         if let Some(ms) = self.duration_ms("REDIS_TIMEOUT")? {
             self.set("REDIS__CONNECT_TIMEOUT_MS", ms.max(1).to_string());
@@ -34,11 +52,75 @@ impl Reader<'_> {
         Ok(())
     }
 
-    /// `REDIS_URL` (+ `REDIS_SOCKET_TYPE`, `REDIS_TYPE`, `REDIS_AUTH`, `REDIS_TLS`) as one URL.
-    fn redis_url(&self) -> Result<String, Unsupported> {
-        let url = self.or("REDIS_URL", "/var/run/nutcracker/ratelimit.sock");
-        let tls = self.flag("REDIS_TLS", false)?;
-        let auth = match self.get("REDIS_AUTH") {
+    /// `REDIS_PERSECOND=true`: per-second limits in the Redis of `REDIS_PERSECOND_URL` (+
+    /// `_SOCKET_TYPE`, `_TYPE`, `_AUTH`, `_TLS`), as `redis.per_second_url`.
+    fn per_second(&mut self) -> Result<(), Unsupported> {
+        if !self.flag("REDIS_PERSECOND", false)? {
+            for name in PER_SECOND {
+                self.unused(name, "REDIS_PERSECOND is off");
+            }
+            return Ok(());
+        }
+        self.refuse(
+            "REDIS_PERSECOND_SENTINEL_AUTH",
+            "sluice authenticates to the master only, not to the sentinels",
+        )?;
+        let url = self.redis_url(
+            "REDIS_PERSECOND",
+            "/var/run/nutcracker/ratelimitpersecond.sock",
+        )?;
+        self.set("REDIS__PER_SECOND_URL", url);
+        Ok(())
+    }
+
+    /// `BACKEND_TYPE=memcache`: the servers of `MEMCACHE_HOST_PORT`.
+    fn memcache_backend(&mut self) -> Result<(), Unsupported> {
+        self.set("LIMITER__BACKEND", "memcache");
+        self.refuse(
+            "MEMCACHE_SRV",
+            "sluice does not look up DNS SRV records: list the servers in MEMCACHE_HOST_PORT",
+        )?;
+        self.refuse(
+            "MEMCACHE_TLS",
+            "sluice reaches Memcached without TLS (a sidecar such as stunnel can add it)",
+        )?;
+        let Some(servers) = self.get("MEMCACHE_HOST_PORT").map(str::to_owned) else {
+            return Err(self.unsupported(
+                "BACKEND_TYPE",
+                "memcache needs its servers in MEMCACHE_HOST_PORT (host:port[,host:port...])",
+            ));
+        };
+        self.set("MEMCACHE__SERVERS", servers);
+        if let Some(n) = self.get("MEMCACHE_MAX_IDLE_CONNS").map(str::to_owned) {
+            match n.trim().parse::<usize>() {
+                Ok(n) => self.set("MEMCACHE__CONNECTIONS", n.max(1).to_string()),
+                Err(_) => {
+                    return Err(self.unsupported("MEMCACHE_MAX_IDLE_CONNS", "expected a number"));
+                }
+            }
+        }
+        if let Some(prefix) = self.get("CACHE_KEY_PREFIX").map(str::to_owned) {
+            self.set("MEMCACHE__PREFIX", prefix);
+        }
+        Ok(())
+    }
+
+    /// `name`, when set, goes to the ignored list: `why` it is not read.
+    fn unused(&mut self, name: &str, why: &str) {
+        if let Some(v) = self.get(name).map(str::to_owned) {
+            self.out
+                .ignored
+                .push((name.to_owned(), format!("{v}: {why}")));
+        }
+    }
+
+    /// `<var>_URL` (+ `<var>_SOCKET_TYPE`, `<var>_TYPE`, `<var>_AUTH`, `<var>_TLS`) as one
+    /// URL, `var` being `REDIS` or `REDIS_PERSECOND`.
+    fn redis_url(&self, var: &str, default_url: &str) -> Result<String, Unsupported> {
+        let name = |suffix: &str| format!("{var}_{suffix}");
+        let url = self.or(&name("URL"), default_url);
+        let tls = self.flag(&name("TLS"), false)?;
+        let auth = match self.get(&name("AUTH")) {
             None => String::new(),
             Some(a) => match a.split_once(':') {
                 Some((user, password)) => format!("{}:{}@", encode(user), encode(password)),
@@ -46,16 +128,16 @@ impl Reader<'_> {
             },
         };
         let s = if tls { "s" } else { "" };
-        let kind = self.or("REDIS_TYPE", "SINGLE").to_ascii_lowercase();
+        let kind = self.or(&name("TYPE"), "SINGLE").to_ascii_lowercase();
         match kind.as_str() {
             "single" => {
                 if self
-                    .or("REDIS_SOCKET_TYPE", "unix")
+                    .or(&name("SOCKET_TYPE"), "unix")
                     .eq_ignore_ascii_case("unix")
                 {
                     if tls || !auth.is_empty() {
                         return Err(self.unsupported(
-                            "REDIS_SOCKET_TYPE",
+                            &name("SOCKET_TYPE"),
                             "sluice takes no TLS or password over a Unix socket",
                         ));
                     }
@@ -69,8 +151,10 @@ impl Reader<'_> {
                 let sentinels: Vec<&str> = parts.collect();
                 if master.is_empty() || sentinels.is_empty() {
                     return Err(self.unsupported(
-                        "REDIS_URL",
-                        "with REDIS_TYPE=sentinel: <master name>,<sentinel1>,...,<sentinelN>",
+                        &name("URL"),
+                        &format!(
+                            "with {var}_TYPE=sentinel: <master name>,<sentinel1>,...,<sentinelN>"
+                        ),
                     ));
                 }
                 Ok(format!(
@@ -79,12 +163,13 @@ impl Reader<'_> {
                 ))
             }
             "cluster" => Ok(format!("redis{s}+cluster://{auth}{url}")),
-            _ => Err(self.unsupported("REDIS_TYPE", "expected single, sentinel or cluster")),
+            _ => Err(self.unsupported(&name("TYPE"), "expected single, sentinel or cluster")),
         }
     }
 
     /// The files of `REDIS_TLS_CACERT`, `REDIS_TLS_CLIENT_CERT` and `REDIS_TLS_CLIENT_KEY`,
-    /// and `REDIS_TLS_SKIP_HOSTNAME_VERIFICATION`: read only with `REDIS_TLS=true`, and the
+    /// and `REDIS_TLS_SKIP_HOSTNAME_VERIFICATION`: read only with `REDIS_TLS=true` (or
+    /// `REDIS_PERSECOND_TLS=true` with `REDIS_PERSECOND`: both Redis share them), and the
     /// client certificate only with its key, as envoyproxy/ratelimit reads them.
     fn redis_tls(&mut self) -> Result<(), Unsupported> {
         const FILES: [(&str, &str); 3] = [
@@ -94,7 +179,9 @@ impl Reader<'_> {
         ];
         const SKIP: &str = "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION";
         let skip = self.flag(SKIP, false)?;
-        if !self.flag("REDIS_TLS", false)? {
+        let per_second_tls =
+            self.flag("REDIS_PERSECOND", false)? && self.flag("REDIS_PERSECOND_TLS", false)?;
+        if !(self.flag("REDIS_TLS", false)? || per_second_tls) {
             for name in FILES.map(|(name, _)| name).into_iter().chain([SKIP]) {
                 if let Some(v) = self.get(name).map(str::to_owned) {
                     let why = format!("{v}: REDIS_TLS is off, so Redis is reached without TLS");

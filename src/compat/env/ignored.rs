@@ -71,6 +71,32 @@ pub(super) const IGNORED: &[(&str, &str)] = &[
         "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
         "response time is in seconds",
     ),
-    ("MEMCACHE_MAX_IDLE_CONNS", "no Memcached backend"),
-    ("MEMCACHE_SRV_REFRESH", "no Memcached backend"),
+    (
+        "MEMCACHE_SRV_REFRESH",
+        "sluice does not look up SRV records (MEMCACHE_SRV is refused)",
+    ),
+    (
+        "REDIS_PERSECOND_POOL_SIZE",
+        "sluice multiplexes its Redis connections",
+    ),
+    (
+        "REDIS_PERSECOND_PIPELINE_WINDOW",
+        "sluice batches Redis calls itself",
+    ),
+    (
+        "REDIS_PERSECOND_PIPELINE_LIMIT",
+        "sluice batches Redis calls itself",
+    ),
+    (
+        "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",
+        "sluice batches Redis calls itself",
+    ),
+    (
+        "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR",
+        "sluice multiplexes its Redis connections",
+    ),
+    (
+        "REDIS_PERSECOND_TIMEOUT",
+        "the per-second Redis connects within REDIS_TIMEOUT, as the main one",
+    ),
 ];

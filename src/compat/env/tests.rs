@@ -488,9 +488,16 @@ fn each_setting_maps() {
 fn what_sluice_cannot_honour_stops_naming_the_variable() {
     let cases: &[&[(&str, &str)]] = &[
         &[("BACKEND_TYPE", "memcache")],
-        &[("MEMCACHE_HOST_PORT", "m:11211")],
+        &[("BACKEND_TYPE", "memcache"), ("MEMCACHE_SRV", "_mc._tcp.x")],
+        &[
+            ("BACKEND_TYPE", "memcached"),
+            ("MEMCACHE_HOST_PORT", "m:11211"),
+        ],
         &[("GRPC_UDS", "/tmp/rl.sock")],
-        &[("REDIS_PERSECOND", "true")],
+        &[
+            ("REDIS_PERSECOND", "true"),
+            ("REDIS_PERSECOND_TYPE", "ring"),
+        ],
         &[
             ("REDIS_SOCKET_TYPE", "tcp"),
             ("REDIS_TLS", "true"),
@@ -696,4 +703,59 @@ fn a_settings_file_sets_what_the_environment_leaves_and_the_domains() {
         settings(&missing).is_err(),
         "a named file that is missing stops the start"
     );
+}
+
+/// `REDIS_PERSECOND=true` and its twins become `redis.per_second_url`; without it they are
+/// ignored (listed). `BACKEND_TYPE=memcache` takes `MEMCACHE_HOST_PORT` and
+/// `MEMCACHE_MAX_IDLE_CONNS`.
+#[test]
+fn per_second_redis_and_memcached_map_to_their_settings() {
+    let t = translate(&env(&[
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_URL", "main:6379"),
+        ("REDIS_PERSECOND", "true"),
+        ("REDIS_PERSECOND_SOCKET_TYPE", "tcp"),
+        ("REDIS_PERSECOND_URL", "fast:6379"),
+        ("REDIS_PERSECOND_AUTH", "u:p w"),
+        ("REDIS_PERSECOND_TLS", "true"),
+    ]))
+    .unwrap();
+    let get = |t: &Translation, key: &str| {
+        t.settings
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(
+        get(&t, "SLUICE_REDIS__PER_SECOND_URL").as_deref(),
+        Some("rediss://u:p%20w@fast:6379")
+    );
+    assert_eq!(
+        get(&t, "SLUICE_REDIS__URL").as_deref(),
+        Some("redis://main:6379")
+    );
+    let off = translate(&env(&[("REDIS_PERSECOND_URL", "fast:6379")])).unwrap();
+    assert_eq!(get(&off, "SLUICE_REDIS__PER_SECOND_URL"), None);
+    assert!(off.ignored.iter().any(|(k, _)| k == "REDIS_PERSECOND_URL"));
+    let mc = translate(&env(&[
+        ("BACKEND_TYPE", "memcache"),
+        ("MEMCACHE_HOST_PORT", "a:11211,b:11211"),
+        ("MEMCACHE_MAX_IDLE_CONNS", "4"),
+        ("CACHE_KEY_PREFIX", "rl_"),
+    ]))
+    .unwrap();
+    assert_eq!(
+        get(&mc, "SLUICE_LIMITER__BACKEND").as_deref(),
+        Some("memcache")
+    );
+    assert_eq!(
+        get(&mc, "SLUICE_MEMCACHE__SERVERS").as_deref(),
+        Some("a:11211,b:11211")
+    );
+    assert_eq!(
+        get(&mc, "SLUICE_MEMCACHE__CONNECTIONS").as_deref(),
+        Some("4")
+    );
+    assert_eq!(get(&mc, "SLUICE_MEMCACHE__PREFIX").as_deref(), Some("rl_"));
 }

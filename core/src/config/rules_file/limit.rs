@@ -269,8 +269,8 @@ fn limited(
     let hold_id = hold_id(fields, written, ctx);
     let fits = algorithm.is_none_or(|a| fits_algorithm(fields, a, (requests, borrow), ctx));
     let requests = requests?;
-    let (algorithm, _) = algorithm?;
-    if !fits {
+    let (algorithm, written) = algorithm?;
+    if !fits || !backend_keeps(fields, at, (algorithm, written), ctx) {
         return None;
     }
     if algorithm.has_capacity() {
@@ -294,6 +294,46 @@ fn limited(
         time_zone: time_zone?,
         hold_id: hold_id?,
     })
+}
+
+/// Whether the backend can keep this limit: with `limiter.backend = "memcache"`, fixed
+/// windows without `block_for` only (Memcached counts with `INCR`, and has no scripts).
+fn backend_keeps(
+    fields: &Fields<'_>,
+    at: usize,
+    (algorithm, written): (crate::config::model::Algorithm, bool),
+    ctx: &mut Ctx<'_>,
+) -> bool {
+    if !ctx.options.fixed_windows_only {
+        return true;
+    }
+    let mut ok = true;
+    if algorithm != crate::config::model::Algorithm::FixedWindow {
+        let (line, path) = match fields.get("algorithm") {
+            Some(f) if written => (f.line, f.path.clone()),
+            _ => (at, fields.path.clone()),
+        };
+        let source = if written {
+            String::new()
+        } else {
+            format!(" ({})", ctx.algorithm_source())
+        };
+        let message = format!(
+            "the memcache backend (limiter.backend) keeps fixed windows only, as Memcached \
+             counts with INCR and runs no scripts; this limit's algorithm is {}{source}: \
+             write algorithm: fixed_window, or use the redis or memory backend",
+            algorithm.as_str()
+        );
+        ctx.error(line, &path, message);
+        ok = false;
+    }
+    if let Some(f) = fields.get("block_for") {
+        let message = "block_for needs the redis or memory backend: the memcache backend \
+                       (limiter.backend) keeps a counter per window and nothing else";
+        ctx.error(f.line, &f.path, message.to_owned());
+        ok = false;
+    }
+    ok
 }
 
 /// `hold_id: <entry key>`: only with `algorithm: concurrency`; a non-empty key.

@@ -193,7 +193,7 @@ use std::sync::Arc;
 
 use super::limitador::NamespaceLimit;
 use super::model::{Algorithm, Charge, DomainRules, LimitDefaults, Location, RulesModel};
-use super::settings::{DomainLimits, LimitsSettings};
+use super::settings::{Backend, DomainLimits, LimitsSettings, Settings};
 
 /// One problem in a rules file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -247,6 +247,9 @@ pub struct LoadOptions {
     pub default_charge: Charge,
     /// Per domain, defaults that win over the two above (`limits.domains`).
     pub domains: Arc<BTreeMap<String, DomainLimits>>,
+    /// The backend keeps fixed windows only (`limiter.backend = "memcache"`): a limit of
+    /// another algorithm, or with `block_for`, is an error.
+    pub fixed_windows_only: bool,
 }
 
 impl LoadOptions {
@@ -281,6 +284,17 @@ impl From<&LimitsSettings> for LoadOptions {
             default_algorithm: limits.default_algorithm,
             default_charge: limits.default_charge,
             domains: Arc::new(limits.domains.clone()),
+            fixed_windows_only: false,
+        }
+    }
+}
+
+impl From<&Settings> for LoadOptions {
+    /// The limits' defaults, and what the backend can keep.
+    fn from(settings: &Settings) -> LoadOptions {
+        LoadOptions {
+            fixed_windows_only: settings.limiter.backend == Backend::Memcache,
+            ..(&settings.limits).into()
         }
     }
 }

@@ -290,6 +290,7 @@ fn a_domains_defaults_win_over_the_global_ones_and_a_limits_own_keys_over_both()
         default_algorithm: Algorithm::TokenBucket,
         default_charge: Charge::Admitted,
         domains: std::sync::Arc::new(domains),
+        fixed_windows_only: false,
     };
     let model = from_sources_with(&[(PathBuf::from("t.yaml"), text.to_owned())], options)
         .unwrap_or_else(|e| panic!("{e}"));
@@ -428,4 +429,49 @@ fn hold_id_is_read_into_a_concurrency_limit() {
         })
         .collect();
     assert_eq!(hold_ids, [Some("request_id".to_owned()), None]);
+}
+
+/// On the memcache backend, a limit of another algorithm (written, or from the defaults) and
+/// `block_for` are errors naming the line and the reason; fixed windows load.
+#[test]
+fn the_memcache_backend_refuses_all_but_fixed_windows() {
+    let text = "domain: d
+descriptors:
+  - key: a
+    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: fixed_window}
+  - key: b
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: c
+    rate_limit:
+      unit: minute
+      requests_per_unit: 1
+      algorithm: token_bucket
+  - key: e
+    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: fixed_window, block_for: 10s}
+";
+    let options = LoadOptions {
+        fixed_windows_only: true,
+        ..LoadOptions::default()
+    };
+    let errors = from_sources_with(&[(PathBuf::from("m.yaml"), text.to_owned())], options)
+        .unwrap_err()
+        .0;
+    let found: Vec<(usize, bool)> = errors
+        .iter()
+        .map(|e| (e.line, e.message.contains("memcache backend")))
+        .collect();
+    assert_eq!(found, [(6, true), (11, true), (13, true)], "{errors:?}");
+    assert!(
+        errors[0]
+            .message
+            .contains("funnel (limits.default_algorithm)"),
+        "{}",
+        errors[0]
+    );
+    let fixed = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: fixed_window}\n";
+    let options = LoadOptions {
+        fixed_windows_only: true,
+        ..LoadOptions::default()
+    };
+    assert!(from_sources_with(&[(PathBuf::from("m.yaml"), fixed.to_owned())], options).is_ok());
 }

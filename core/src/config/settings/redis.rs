@@ -63,6 +63,10 @@ pub struct RedisSettings {
     /// How long one `WAIT` may take; below `timeout_ms`. An answer is still given when fewer
     /// replicas confirmed in time (counted as the `wait_short` backend event).
     pub wait_timeout_ms: u64,
+    /// Limits whose period is one second live in this Redis instead (envoyproxy/ratelimit's
+    /// `REDIS_PERSECOND_URL`): the same URL forms, and every other `redis.*` setting applies
+    /// to it as to `url` (docs/redis.md, "Per-second limits in a Redis of their own").
+    pub per_second_url: Option<String>,
 }
 
 impl Default for RedisSettings {
@@ -84,6 +88,7 @@ impl Default for RedisSettings {
             tls_skip_hostname_verification: false,
             wait_replicas: 0,
             wait_timeout_ms: 50,
+            per_second_url: None,
         }
     }
 }
@@ -110,11 +115,26 @@ impl std::fmt::Debug for RedisSettings {
             )
             .field("wait_replicas", &self.wait_replicas)
             .field("wait_timeout_ms", &self.wait_timeout_ms)
+            .field(
+                "per_second_url",
+                &self.per_second_url.as_deref().map(redacted_url),
+            )
             .finish()
     }
 }
 
 impl RedisSettings {
+    /// The settings of the per-second Redis (`per_second_url`), if there is one: these, with
+    /// its URL.
+    pub fn per_second(&self) -> Option<RedisSettings> {
+        let url = self.per_second_url.as_ref()?;
+        Some(RedisSettings {
+            url: url.clone(),
+            per_second_url: None,
+            ..self.clone()
+        })
+    }
+
     /// Whether any `tls_*` setting is given.
     pub fn has_tls_settings(&self) -> bool {
         self.tls_ca_file.is_some()
@@ -141,10 +161,11 @@ impl RedisSettings {
         if !self.has_tls_settings() {
             return Ok(());
         }
-        if !self.url.starts_with("rediss") {
+        let plain = |url: &str| !url.starts_with("rediss");
+        if plain(&self.url) && self.per_second_url.as_deref().is_none_or(plain) {
             return Err(
                 "redis.tls_*: the TLS settings need a TLS URL (rediss://, rediss+sentinel:// \
-                 or rediss+cluster://)"
+                 or rediss+cluster://) in redis.url or redis.per_second_url"
                     .to_owned(),
             );
         }

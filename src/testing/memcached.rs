@@ -1,0 +1,148 @@
+//! A real `memcached` for tests, on a loopback port, killed on drop.
+//!
+//! memcached cannot be given port 0 and report the port it got, so the port is one the
+//! kernel just handed out and released; the start is then confirmed race-free: the server
+//! on that port must answer `stats` with the pid of the process started here (a process
+//! that lost the port to another exits, and one that answers with another pid is not ours).
+//! Either way the start is tried again on another port.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::process::free_port;
+
+/// A running `memcached`.
+pub struct MemcachedServer {
+    pub port: u16,
+    child: Child,
+}
+
+/// How many ports a start tries before it gives up.
+const ATTEMPTS: usize = 20;
+
+impl MemcachedServer {
+    /// A server on a free loopback port (no UDP), with the default memory.
+    pub fn start() -> MemcachedServer {
+        let program = program();
+        for _ in 0..ATTEMPTS {
+            let port = free_port();
+            let child = Command::new(&program)
+                .args([
+                    "-l",
+                    "127.0.0.1",
+                    "-p",
+                    &port.to_string(),
+                    "-U",
+                    "0",
+                    "-u",
+                    "root",
+                ])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot start {} ({e}); {INSTALL}", program.display()));
+            let mut server = MemcachedServer { port, child };
+            if server.confirm() {
+                return server;
+            }
+        }
+        panic!("memcached did not start on any of {ATTEMPTS} free ports");
+    }
+
+    /// Waits up to 10 s until the server on the port is this process; `false` when the
+    /// process exited (the port was taken) or another one answers there.
+    fn confirm(&mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let pid = self.child.id().to_string();
+        while Instant::now() < deadline {
+            if self.child.try_wait().ok().flatten().is_some() {
+                return false;
+            }
+            if let Some(stats) = self.command("stats") {
+                let ours = stats
+                    .iter()
+                    .any(|l| l.strip_prefix("STAT pid ") == Some(pid.as_str()));
+                return ours || self.stop_and(false);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("memcached on port {} never answered", self.port);
+    }
+
+    fn stop_and(&mut self, value: bool) -> bool {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        value
+    }
+
+    /// `127.0.0.1:<port>`.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The value of `key`, if it is there.
+    pub fn get(&self, key: &str) -> Option<String> {
+        let lines = self.command(&format!("get {key}"))?;
+        let at = lines.iter().position(|l| l.starts_with("VALUE "))?;
+        lines.get(at + 1).cloned()
+    }
+
+    /// Every key the server holds (`lru_crawler metadump all`), percent-encoded as
+    /// memcached lists them.
+    pub fn keys(&self) -> Vec<String> {
+        let lines = self.command("lru_crawler metadump all").unwrap_or_default();
+        lines
+            .iter()
+            .filter_map(|l| l.strip_prefix("key="))
+            .filter_map(|l| l.split(' ').next())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Sends one command whose answer ends with `END` (`stats`, `get`, `lru_crawler
+    /// metadump`) and reads it; `None` when nothing answers.
+    fn command(&self, line: &str) -> Option<Vec<String>> {
+        let mut stream = TcpStream::connect(self.addr()).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        stream.write_all(format!("{line}\r\n").as_bytes()).ok()?;
+        let mut reader = BufReader::new(stream);
+        let mut lines = Vec::new();
+        loop {
+            let mut text = String::new();
+            if reader.read_line(&mut text).ok()? == 0 {
+                return Some(lines);
+            }
+            let text = text.trim_end().to_owned();
+            let last = text == "END" || text.ends_with("ERROR");
+            lines.push(text);
+            if last {
+                return Some(lines);
+            }
+        }
+    }
+}
+
+impl Drop for MemcachedServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const INSTALL: &str = "install it: apt-get install -y memcached";
+
+/// `memcached` on the PATH, else Debian's.
+fn program() -> PathBuf {
+    std::env::var_os("PATH")
+        .and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|p| p.join("memcached"))
+                .find(|p| p.is_file())
+        })
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/memcached"))
+}
