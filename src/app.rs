@@ -19,6 +19,7 @@ use arc_swap::ArcSwap;
 use tokio::sync::mpsc;
 
 use crate::compat::stats::RatelimitStats;
+use crate::config::rules_file::LoadOptions;
 use crate::config::settings::{Backend, Settings};
 use crate::engine::{Engine, HeaderNames, Observers, Options};
 use crate::health::RulesProbe;
@@ -98,7 +99,7 @@ impl App {
         let rules = Arc::new(ActiveRules::new(
             rules,
             settings.rules.paths.clone(),
-            (&settings.limits).into(),
+            LoadOptions::from(settings),
         ));
         let metrics = Metrics::new(MetricsOptions {
             near_limit_ratio: settings.metrics.near_limit_ratio,

@@ -29,7 +29,7 @@ use crate::limiter::Limiter;
 use crate::proto::rate_limit_service_server::RateLimitServiceServer;
 use crate::reload::{self, WatchOptions};
 use crate::tls::{self, ActiveTls};
-use crate::transport::Http2Server;
+use crate::transport::{GrpcListener, Http2Server};
 
 /// Names under which gRPC health reports the service.
 const HEALTH_NAMES: [&str; 5] = [
@@ -42,7 +42,8 @@ const HEALTH_NAMES: [&str; 5] = [
 
 /// The bound listeners `run` serves on.
 pub struct Listeners {
-    pub grpc: TcpListener,
+    /// TCP (`TcpListener::into`), or a Unix socket.
+    pub grpc: GrpcListener,
     /// The admin HTTP server's; none: no admin server.
     pub admin: Option<TcpListener>,
 }
@@ -50,7 +51,10 @@ pub struct Listeners {
 impl From<TcpListener> for Listeners {
     /// gRPC alone.
     fn from(grpc: TcpListener) -> Listeners {
-        Listeners { grpc, admin: None }
+        Listeners {
+            grpc: grpc.into(),
+            admin: None,
+        }
     }
 }
 

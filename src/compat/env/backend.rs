@@ -17,10 +17,7 @@ impl Reader<'_> {
             self.refuse(name, "no Memcached backend")?;
         }
         self.refuse("REDIS_PERSECOND", "sluice keeps every limit in one Redis")?;
-        self.refuse(
-            "REDIS_SENTINEL_AUTH",
-            "sluice authenticates to the master only, not to the sentinels",
-        )?;
+        self.sentinel_auth();
         self.set("LIMITER__BACKEND", "redis");
         let url = self.redis_url()?;
         self.set("REDIS__URL", url);
@@ -32,6 +29,31 @@ impl Reader<'_> {
             self.set("REDIS__PREFIX", prefix);
         }
         Ok(())
+    }
+
+    /// `REDIS_SENTINEL_AUTH` (`password` or `user:password`, as `REDIS_AUTH`): the sentinels'
+    /// own credentials, read with `REDIS_TYPE=sentinel` only (as envoyproxy/ratelimit).
+    fn sentinel_auth(&mut self) {
+        let Some(auth) = self.get("REDIS_SENTINEL_AUTH").map(str::to_owned) else {
+            return;
+        };
+        if !self
+            .or("REDIS_TYPE", "SINGLE")
+            .eq_ignore_ascii_case("sentinel")
+        {
+            let why = "<redacted>: only read with REDIS_TYPE=sentinel".to_owned();
+            self.out
+                .ignored
+                .push(("REDIS_SENTINEL_AUTH".to_owned(), why));
+            return;
+        }
+        match auth.split_once(':') {
+            Some((user, password)) => {
+                self.set("REDIS__SENTINEL_USERNAME", user);
+                self.set("REDIS__SENTINEL_PASSWORD", password);
+            }
+            None => self.set("REDIS__SENTINEL_PASSWORD", auth),
+        }
     }
 
     /// `REDIS_URL` (+ `REDIS_SOCKET_TYPE`, `REDIS_TYPE`, `REDIS_AUTH`, `REDIS_TLS`) as one URL.

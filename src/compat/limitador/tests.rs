@@ -168,7 +168,7 @@ fn the_translation_gives_valid_settings() {
     assert!(got.response.headers);
     assert!(got.metrics.limitador, "limitador's metric names are served");
     assert!(!got.metrics.limitador_limit_name_label);
-    assert_eq!(got.server.grpc_listen.port(), 8081);
+    assert_eq!(got.server.grpc_listen.tcp().map(|a| a.port()), Some(8081));
     let s = run(&["l.yaml", "memory", "-c", "9"], &[]).unwrap();
     assert_eq!(settings(&s, &HashMap::new()).unwrap().memory.max_keys, 9);
 }

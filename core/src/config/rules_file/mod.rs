@@ -193,7 +193,7 @@ use std::sync::Arc;
 
 use super::limitador::NamespaceLimit;
 use super::model::{Algorithm, Charge, DomainRules, LimitDefaults, Location, RulesModel};
-use super::settings::{DomainLimits, LimitsSettings};
+use super::settings::{DomainLimits, LimitsSettings, Settings};
 
 /// One problem in a rules file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -247,6 +247,9 @@ pub struct LoadOptions {
     pub default_charge: Charge,
     /// Per domain, defaults that win over the two above (`limits.domains`).
     pub domains: Arc<BTreeMap<String, DomainLimits>>,
+    /// A domain defined again adds its top-level descriptors to the first definition
+    /// (`rules.merge_domains`) instead of being an error.
+    pub merge_domains: bool,
 }
 
 impl LoadOptions {
@@ -281,6 +284,17 @@ impl From<&LimitsSettings> for LoadOptions {
             default_algorithm: limits.default_algorithm,
             default_charge: limits.default_charge,
             domains: Arc::new(limits.domains.clone()),
+            merge_domains: false,
+        }
+    }
+}
+
+impl From<&Settings> for LoadOptions {
+    /// `[limits]`' defaults, and `rules.merge_domains`.
+    fn from(settings: &Settings) -> LoadOptions {
+        LoadOptions {
+            merge_domains: settings.rules.merge_domains,
+            ..(&settings.limits).into()
         }
     }
 }
@@ -359,8 +373,7 @@ impl Loader {
                 limitador::check_unique(&self.namespaces, &limits, &mut ctx);
                 self.namespaces.extend(limits);
             } else if let Some(domain) = document::domain(doc, &mut ctx) {
-                self.check_unique(&domain, &mut ctx);
-                self.domains.push(domain);
+                self.add_domain(domain, &mut ctx);
             }
         }
         ctx.errors.sort_by_key(|e| e.line);
@@ -385,16 +398,27 @@ impl Loader {
         }
     }
 
-    fn check_unique(&mut self, domain: &DomainRules, ctx: &mut tree::Ctx<'_>) {
-        if let Some(first) = self.seen.get(&domain.domain) {
+    /// Adds a domain's rules: a new domain, or (with `merge_domains`) its top-level
+    /// descriptors to the domain's first definition; otherwise a domain seen before is an
+    /// error.
+    fn add_domain(&mut self, domain: DomainRules, ctx: &mut tree::Ctx<'_>) {
+        let Some(first) = self.seen.get(&domain.domain) else {
+            let location = domain.location.clone();
+            self.seen.insert(domain.domain.clone(), location);
+            self.domains.push(domain);
+            return;
+        };
+        if !self.options.merge_domains {
             let message = format!(
                 "duplicate domain '{}' (first defined at {first})",
                 domain.domain
             );
             ctx.error(domain.location.line, "domain", message);
-        } else {
-            let location = domain.location.clone();
-            self.seen.insert(domain.domain.clone(), location);
+            return;
+        }
+        match self.domains.iter_mut().find(|d| d.domain == domain.domain) {
+            Some(into) => document::merge(into, domain.descriptors, ctx),
+            None => self.domains.push(domain),
         }
     }
 

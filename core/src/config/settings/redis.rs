@@ -63,6 +63,11 @@ pub struct RedisSettings {
     /// How long one `WAIT` may take; below `timeout_ms`. An answer is still given when fewer
     /// replicas confirmed in time (counted as the `wait_short` backend event).
     pub wait_timeout_ms: u64,
+    /// With a Sentinel URL: the password sluice gives the sentinels themselves (`AUTH`), apart
+    /// from the master's in the URL. None: the sentinels are asked without one.
+    pub sentinel_password: Option<String>,
+    /// With `sentinel_password`: the sentinels' ACL user (none: `default`).
+    pub sentinel_username: Option<String>,
 }
 
 impl Default for RedisSettings {
@@ -84,6 +89,8 @@ impl Default for RedisSettings {
             tls_skip_hostname_verification: false,
             wait_replicas: 0,
             wait_timeout_ms: 50,
+            sentinel_password: None,
+            sentinel_username: None,
         }
     }
 }
@@ -110,6 +117,11 @@ impl std::fmt::Debug for RedisSettings {
             )
             .field("wait_replicas", &self.wait_replicas)
             .field("wait_timeout_ms", &self.wait_timeout_ms)
+            .field(
+                "sentinel_password",
+                &self.sentinel_password.as_ref().map(|_| "<redacted>"),
+            )
+            .field("sentinel_username", &self.sentinel_username)
             .finish()
     }
 }
@@ -131,6 +143,21 @@ impl RedisSettings {
                  replicas is part of the time a request may wait for Redis",
                 self.wait_timeout_ms, self.timeout_ms
             ));
+        }
+        Ok(())
+    }
+
+    /// Checks that the `sentinel_*` settings go with a Sentinel URL, the user with a password.
+    pub(super) fn check_sentinel(&self) -> Result<(), String> {
+        let sentinel =
+            self.url.starts_with("redis+sentinel://") || self.url.starts_with("rediss+sentinel://");
+        if self.sentinel_password.is_some() && !sentinel {
+            return Err("redis.sentinel_password needs a Sentinel URL \
+                        (redis+sentinel:// or rediss+sentinel://)"
+                .to_owned());
+        }
+        if self.sentinel_username.is_some() && self.sentinel_password.is_none() {
+            return Err("redis.sentinel_username needs redis.sentinel_password".to_owned());
         }
         Ok(())
     }
