@@ -19,6 +19,7 @@ use arc_swap::ArcSwap;
 use tokio::sync::mpsc;
 
 use crate::compat::stats::RatelimitStats;
+use crate::config::limitador::labels::MetricLabels;
 use crate::config::rules_file::LoadOptions;
 use crate::config::settings::{Backend, Settings};
 use crate::engine::{Engine, HeaderNames, Observers, Options};
@@ -84,6 +85,15 @@ impl App {
         app.housekeeping = Some(Duration::from_secs(
             settings.memory.sweep_interval_secs.max(1),
         ));
+        if let Some(limitador) = app.metrics.limitador() {
+            let m = &settings.metrics;
+            let labels = MetricLabels::load(
+                m.limitador_labels_file.as_deref(),
+                m.limitador_labels_default.as_deref(),
+            )
+            .map_err(anyhow::Error::msg)?;
+            limitador.set_labels(labels);
+        }
         let token = settings.admin.resolve_token().map_err(anyhow::Error::msg)?;
         app.access = crate::admin::access::Access::new(token, settings.admin.token_metrics);
         if let Some(files) = TlsFiles::from_settings(&settings.tls) {

@@ -333,6 +333,16 @@ impl Settings {
                 "metrics.near_limit_ratio must be in (0, 1], got {ratio}"
             )));
         }
+        let m = &self.metrics;
+        if !m.limitador
+            && (m.limitador_labels_file.is_some() || m.limitador_labels_default.is_some())
+        {
+            return Err(config::ConfigError::Message(
+                "metrics.limitador_labels_file and metrics.limitador_labels_default label \
+                 limitador's series: they need metrics.limitador = true"
+                    .to_owned(),
+            ));
+        }
         let sampling = self.log.otlp_sampling_ratio;
         if !(0.0..=1.0).contains(&sampling) {
             return Err(config::ConfigError::Message(format!(

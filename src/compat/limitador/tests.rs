@@ -109,20 +109,58 @@ fn what_sluice_cannot_honour_is_named() {
         refused(&["l.yaml", "-H", "DRAFT_VERSION_99"], &[]),
         "--rate-limit-headers"
     );
-    assert_eq!(
-        refused(&["l.yaml", "-L", "x"], &[]),
-        "--custom-metric-labels"
-    );
-    assert_eq!(
-        refused(&["l.yaml", "--tracing-endpoint", "rpc://x"], &[]),
-        "--tracing-endpoint"
-    );
     assert_eq!(refused(&["l.yaml", "-b", "my-host"], &[]), "ENVOY_RLS_HOST");
     assert!(matches!(
         run(&["l.yaml", "--no-such"], &[]),
         Err(CliError::Usage(_))
     ));
     assert!(matches!(run(&["--help"], &[]), Err(CliError::Info(_))));
+}
+
+#[test]
+fn cel_metric_labels_and_the_tracing_endpoint_map_onto_settings() {
+    let args = [
+        "l.yaml",
+        "-L",
+        "/etc/labels.yaml",
+        "--metric-labels-default",
+        "{'tier': descriptors[0].tier}",
+    ];
+    let s = run(&args, &[]).unwrap();
+    let file = get(&s, "METRICS__LIMITADOR_LABELS_FILE");
+    assert_eq!(file, Some("/etc/labels.yaml"));
+    let default = get(&s, "METRICS__LIMITADOR_LABELS_DEFAULT");
+    assert_eq!(default, Some("{'tier': descriptors[0].tier}"));
+    for (flag, var, want) in [
+        (Some("rpc://jaeger:4317"), None, "http://jaeger:4317"),
+        (None, Some("collector:4317"), "http://collector:4317"),
+        (
+            Some("https://c:4317"),
+            Some("http://env:1"),
+            "https://c:4317",
+        ),
+    ] {
+        let mut args = vec!["l.yaml"];
+        args.extend(flag.iter().flat_map(|f| ["--tracing-endpoint", *f]));
+        let env: Vec<(&str, &str)> = var.iter().map(|v| ("TRACING_ENDPOINT", *v)).collect();
+        let s = run(&args, &env).unwrap();
+        if cfg!(feature = "otel") {
+            assert_eq!(
+                get(&s, "LOG__OTLP_ENDPOINT"),
+                Some(want),
+                "{flag:?} {var:?}"
+            );
+            assert_eq!(get(&s, "LOG__OTLP_PROTOCOL"), Some("grpc"));
+            assert_eq!(get(&s, "LOG__OTLP_SERVICE_NAME"), Some("limitador"));
+        } else {
+            assert_eq!(get(&s, "LOG__OTLP_ENDPOINT"), None);
+            assert_eq!(s.translation.ignored[0].0, "--tracing-endpoint");
+        }
+    }
+    // Empty is off, as there.
+    let s = run(&["l.yaml", "--tracing-endpoint", ""], &[]).unwrap();
+    assert_eq!(get(&s, "LOG__OTLP_ENDPOINT"), None);
+    assert!(s.translation.ignored.is_empty());
 }
 
 #[test]
