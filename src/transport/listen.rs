@@ -130,3 +130,68 @@ impl fmt::Display for Peer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    /// The process's umask, from /proc (Linux).
+    fn umask() -> u32 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("Umask:")).unwrap();
+        u32::from_str_radix(line["Umask:".len()..].trim(), 8).unwrap()
+    }
+
+    fn unix(path: &Path) -> ListenAddr {
+        ListenAddr::Unix(path.to_path_buf())
+    }
+
+    #[tokio::test]
+    async fn the_socket_file_has_bind_modes_and_goes_with_the_listener() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rl.sock");
+        let listener = GrpcListener::bind(&unix(&path)).await.unwrap();
+        assert_eq!(listener.local_addr().unwrap(), unix(&path));
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        assert!(meta.file_type().is_socket());
+        assert_eq!(meta.permissions().mode() & 0o777, 0o777 & !umask());
+        drop(listener);
+        assert!(!path.exists(), "removed with the listener");
+    }
+
+    #[tokio::test]
+    async fn a_stale_socket_is_replaced_a_live_one_or_another_file_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rl.sock");
+        // Left behind: a socket whose listener is gone without removing it.
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        assert!(path.exists());
+        let listener = GrpcListener::bind(&unix(&path)).await.unwrap();
+        // Something listens now: a second start is refused, the file kept.
+        let err = GrpcListener::bind(&unix(&path)).await.unwrap_err();
+        assert!(
+            err.to_string().contains("another process is listening"),
+            "{err}"
+        );
+        assert!(path.exists());
+        drop(listener);
+        // A file that is not a socket is never removed.
+        std::fs::write(&path, "data").unwrap();
+        let err = GrpcListener::bind(&unix(&path)).await.unwrap_err();
+        assert!(err.to_string().contains("is not a socket"), "{err}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "data");
+    }
+
+    #[tokio::test]
+    async fn a_file_put_in_its_place_is_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rl.sock");
+        let listener = GrpcListener::bind(&unix(&path)).await.unwrap();
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, "another's").unwrap();
+        drop(listener);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "another's");
+    }
+}

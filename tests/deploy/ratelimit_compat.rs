@@ -773,7 +773,6 @@ fn what_sluice_cannot_honour_stops_the_start_with_64_naming_it() {
     for (var, value) in [
         ("BACKEND_TYPE", "memcache"),
         ("REDIS_PERSECOND", "true"),
-        ("GRPC_UDS", "/tmp/x.sock"),
         ("TRACING_SAMPLING_RATE", "half"),
     ] {
         let out = Command::new(&link)
