@@ -5,7 +5,7 @@
 //! Python stubs generated from the protos, invalid parameters, reflection and metrics:
 //! `throttle`), Kuadrant's `CheckRateLimit` and `Report` from Python stubs (`kuadrant`), limitador's HTTP API
 //! against its own spec and its metric names, as `limitador-server` on memory and Redis
-//! (`limitador_http`), and
+//! (`limitador_http`), its CEL metric labels (`limitador_labels`), and
 //! docs/settings.md's table against the settings types. (The ordered
 //! drain and the Rust client's timing tests, which bound times, are in tests/serial/.)
 
@@ -16,6 +16,7 @@ mod cli;
 mod grpcurl;
 mod kuadrant;
 mod limitador_http;
+mod limitador_labels;
 mod readme;
 mod throttle;
 mod why;
