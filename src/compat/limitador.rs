@@ -161,6 +161,11 @@ impl Reader<'_> {
             .filter(|v| !v.is_empty())
     }
 
+    /// A switch variable: on when `1`, as limitador reads it (`true` too).
+    fn enabled(&self, name: &str) -> bool {
+        matches!(self.env(name), Some("1" | "true"))
+    }
+
     /// A flag's value, else its variable's.
     fn value(&self, id: &str, var: &str) -> Option<String> {
         let flag = self.m.try_get_one::<String>(id).ok().flatten().cloned();
@@ -275,7 +280,7 @@ impl Reader<'_> {
             }
             _ => match self.env("REDIS_URL").map(str::to_owned) {
                 Some(url) => {
-                    if self.env("REDIS_LOCAL_CACHE_ENABLED") == Some("true") {
+                    if self.enabled("REDIS_LOCAL_CACHE_ENABLED") {
                         self.ignore(
                             "REDIS_LOCAL_CACHE_ENABLED",
                             "true: served as `redis`, exact counters without a local cache",
@@ -334,7 +339,7 @@ impl Reader<'_> {
         }
         self.tracing();
         let in_labels = self.m.get_flag("limit_name_in_labels")
-            || self.env("LIMIT_NAME_IN_PROMETHEUS_LABELS") == Some("true");
+            || self.enabled("LIMIT_NAME_IN_PROMETHEUS_LABELS");
         self.set("METRICS__LIMITADOR", "true");
         if in_labels {
             self.set("METRICS__LIMITADOR_LIMIT_NAME_LABEL", "true");
