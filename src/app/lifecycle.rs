@@ -82,7 +82,11 @@ pub(super) async fn run(
     let failed = CancellationToken::new();
     let grpc_stop = CancellationToken::new();
     let mut tasks = Tasks::new();
-    let addr = listeners.grpc.local_addr().ok();
+    // `ip:port`, or `unix:PATH`.
+    let addr = listeners
+        .grpc
+        .local_addr()
+        .map_or_else(|e| format!("unknown ({e})"), |a| a.to_string());
     let throttle =
         crate::throttle::Throttler::new(engine.limiter().clone(), *engine.input_limits())
             .with_observer(app.metrics.clone())
@@ -100,7 +104,7 @@ pub(super) async fn run(
     });
     let (reflection_v1, reflection_v1alpha) = reflection()?;
     let backend = engine.backend_name();
-    tracing::info!(?addr, tls = tls.is_some(), backend, "serving gRPC");
+    tracing::info!(%addr, tls = tls.is_some(), backend, "serving gRPC");
     let routes = Routes::new(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

@@ -1,7 +1,7 @@
 //! envoyproxy/ratelimit settings that once stopped the start, now served by the binary
 //! started as `ratelimit`: `GRPC_UDS` (gRPC on a Unix socket, reached by a real Envoy whose
-//! rate-limit cluster's address is a `pipe`) and `MERGE_DOMAIN_CONFIG` (one domain's
-//! descriptors from two files).
+//! rate-limit cluster's address is a `pipe`), `MERGE_DOMAIN_CONFIG` (one domain's
+//! descriptors from two files) and `REDIS_SENTINEL_AUTH` (sentinels with `requirepass`).
 
 use std::collections::HashMap;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -28,18 +28,13 @@ use crate::support::upstream::Upstream;
 const PATH_RULES: &str = "domain: rl\ndescriptors:\n  - key: PATH\n    value: /limited\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
 
 /// The env of a deployment reading `RUNTIME_ROOT=root` (rules in `root/ratelimit/config`)
-/// with Redis over TCP, its listeners on `ports`.
-fn env(
-    root: &str,
-    redis: &RedisServer,
-    ports: &Ports,
-    more: &[(&str, &str)],
-) -> HashMap<String, String> {
+/// with Redis over TCP at `redis` (`host:port`), its listeners on `ports`, and `more`.
+fn env(root: &str, redis: &str, ports: &Ports, more: &[(&str, &str)]) -> HashMap<String, String> {
     let mut env: HashMap<String, String> = [
         ("RUNTIME_ROOT", root.to_owned()),
         ("RUNTIME_SUBDIRECTORY", "ratelimit".to_owned()),
         ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
-        ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+        ("REDIS_URL", redis.to_owned()),
         ("USE_STATSD", "false".to_owned()),
         ("LOG_LEVEL", "info".to_owned()),
         ("GRPC_HOST", "127.0.0.1".to_owned()),
@@ -105,7 +100,7 @@ async fn grpc_uds_serves_envoy_over_a_unix_socket_and_removes_it_at_the_end() {
     drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
     let ports = Ports::new();
     let path = socket.display().to_string();
-    let env = env(&root, &redis, &ports, &[("GRPC_UDS", &path)]);
+    let env = env(&root, &redis.addr(), &ports, &[("GRPC_UDS", &path)]);
     clear_of_window_end(Duration::from_secs(3600), Duration::from_secs(30)).await;
     let mut rl = start(&link, &env);
     healthy(&ports).await;
@@ -188,7 +183,7 @@ async fn merge_domain_config_serves_one_domains_limits_from_two_files() {
     let ports = Ports::new();
 
     // Without it, the domain defined twice stops the start, as in envoyproxy/ratelimit.
-    let err = refused(&link, &env(&root, &redis, &ports, &[]));
+    let err = refused(&link, &env(&root, &redis.addr(), &ports, &[]));
     assert!(
         err.contains("b.yaml:1: domain: duplicate domain 'rl' (first defined at"),
         "{err}"
@@ -197,7 +192,12 @@ async fn merge_domain_config_serves_one_domains_limits_from_two_files() {
     clear_of_window_end(Duration::from_secs(3600), Duration::from_secs(30)).await;
     let mut rl = start(
         &link,
-        &env(&root, &redis, &ports, &[("MERGE_DOMAIN_CONFIG", "true")]),
+        &env(
+            &root,
+            &redis.addr(),
+            &ports,
+            &[("MERGE_DOMAIN_CONFIG", "true")],
+        ),
     );
     healthy(&ports).await;
     let mut client = plain_client(&ports).await;
@@ -232,7 +232,12 @@ async fn merge_domain_config_serves_one_domains_limits_from_two_files() {
     );
     let err = refused(
         &link,
-        &env(&root, &redis, &ports, &[("MERGE_DOMAIN_CONFIG", "true")]),
+        &env(
+            &root,
+            &redis.addr(),
+            &ports,
+            &[("MERGE_DOMAIN_CONFIG", "true")],
+        ),
     );
     let a = dup.join("data/ratelimit/config/a.yaml");
     let says = format!(
@@ -240,4 +245,50 @@ async fn merge_domain_config_serves_one_domains_limits_from_two_files() {
         a.display()
     );
     assert!(err.contains(&says), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_sentinel_auth_reaches_sentinels_that_require_a_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = ratelimit_link(dir.path());
+    let master = RedisServer::start_with(&["--requirepass", "master-pw"]);
+    let auth = [
+        "--requirepass",
+        "sentinel-pw",
+        "--sentinel",
+        "auth-pass",
+        "mymaster",
+        "master-pw",
+    ];
+    let auth: Vec<String> = auth.iter().map(|a| (*a).to_owned()).collect();
+    let sentinel = RedisServer::sentinel_with("mymaster", master.port, 1, &auth);
+    let root = runtime_root(dir.path(), "ratelimit/config", &[("a.yaml", FILE_A)]);
+    let ports = Ports::new();
+    let sentinels = [
+        ("REDIS_TYPE", "sentinel"),
+        ("REDIS_AUTH", "master-pw"),
+        ("REDIS_SENTINEL_AUTH", "sentinel-pw"),
+    ];
+    let url = format!("mymaster,{}", sentinel.addr());
+    let env = env(&root, &url, &ports, &sentinels);
+    clear_of_window_end(Duration::from_secs(3600), Duration::from_secs(30)).await;
+    let _rl = start(&link, &env);
+    healthy(&ports).await;
+    let mut client = plain_client(&ports).await;
+    let mut codes = Vec::new();
+    for _ in 0..2 {
+        let answer = client
+            .should_rate_limit(request("a"))
+            .await
+            .unwrap()
+            .into_inner();
+        codes.push(Code::try_from(answer.overall_code).unwrap());
+    }
+    assert_eq!(codes, [Code::Ok, Code::OverLimit]);
+    let on_master = redis::Client::open(format!("redis://:master-pw@{}", master.addr())).unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query(&mut on_master.get_connection().unwrap())
+        .unwrap();
+    assert!(!keys.is_empty(), "counted on the master the sentinel names");
 }
