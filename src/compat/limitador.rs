@@ -281,10 +281,11 @@ impl Reader<'_> {
             _ => match self.env("REDIS_URL").map(str::to_owned) {
                 Some(url) => {
                     if self.enabled("REDIS_LOCAL_CACHE_ENABLED") {
-                        self.ignore(
-                            "REDIS_LOCAL_CACHE_ENABLED",
-                            "true: served as `redis`, exact counters without a local cache",
+                        let value = self.env("REDIS_LOCAL_CACHE_ENABLED").unwrap_or_default();
+                        let why = format!(
+                            "{value}: served as `redis`, exact counters without a local cache"
                         );
+                        self.ignore("REDIS_LOCAL_CACHE_ENABLED", &why);
                     }
                     self.set("LIMITER__BACKEND", "redis");
                     self.set("REDIS__URL", url);

@@ -164,6 +164,28 @@ fn cel_metric_labels_and_the_tracing_endpoint_map_onto_settings() {
 }
 
 #[test]
+fn switch_variables_are_on_with_1_as_limitador_reads_them() {
+    let env = [
+        ("REDIS_URL", "redis://r:6379"),
+        ("REDIS_LOCAL_CACHE_ENABLED", "1"),
+        ("LIMIT_NAME_IN_PROMETHEUS_LABELS", "1"),
+    ];
+    let s = run(&["l.yaml"], &env).unwrap();
+    assert_eq!(get(&s, "LIMITER__BACKEND"), Some("redis"));
+    assert_eq!(get(&s, "METRICS__LIMITADOR_LIMIT_NAME_LABEL"), Some("true"));
+    let ignored = &s.translation.ignored;
+    assert_eq!(ignored.len(), 1, "{ignored:?}");
+    assert_eq!(ignored[0].0, "REDIS_LOCAL_CACHE_ENABLED");
+    assert!(
+        ignored[0].1.starts_with("1: served as `redis`"),
+        "{ignored:?}"
+    );
+    let off = [("LIMIT_NAME_IN_PROMETHEUS_LABELS", "0")];
+    let s = run(&["l.yaml"], &off).unwrap();
+    assert_eq!(get(&s, "METRICS__LIMITADOR_LIMIT_NAME_LABEL"), None);
+}
+
+#[test]
 fn validate_and_the_accepted_no_ops() {
     let s = run(
         &[
