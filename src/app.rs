@@ -19,6 +19,8 @@ use arc_swap::ArcSwap;
 use tokio::sync::mpsc;
 
 use crate::compat::stats::RatelimitStats;
+use crate::config::limitador::labels::MetricLabels;
+use crate::config::rules_file::LoadOptions;
 use crate::config::settings::{Backend, Settings};
 use crate::engine::{Engine, HeaderNames, Observers, Options};
 use crate::health::RulesProbe;
@@ -103,6 +105,15 @@ impl App {
         app.housekeeping = Some(Duration::from_secs(
             settings.memory.sweep_interval_secs.max(1),
         ));
+        if let Some(limitador) = app.metrics.limitador() {
+            let m = &settings.metrics;
+            let labels = MetricLabels::load(
+                m.limitador_labels_file.as_deref(),
+                m.limitador_labels_default.as_deref(),
+            )
+            .map_err(anyhow::Error::msg)?;
+            limitador.set_labels(labels);
+        }
         let token = settings.admin.resolve_token().map_err(anyhow::Error::msg)?;
         app.access = crate::admin::access::Access::new(
             token,
@@ -122,7 +133,7 @@ impl App {
         let rules = Arc::new(ActiveRules::new(
             rules,
             settings.rules.paths.clone(),
-            settings.into(),
+            LoadOptions::from(settings),
         ));
         let metrics = Metrics::new(MetricsOptions {
             near_limit_ratio: settings.metrics.near_limit_ratio,

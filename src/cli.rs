@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use sluice::config::settings::{Backend, LogFormat, Overrides};
+use sluice::config::settings::{Backend, ListenAddr, LogFormat, Overrides};
 
 #[derive(Parser)]
 #[command(
@@ -86,8 +86,9 @@ pub(crate) struct ServeArgs {
     /// Redis URL for `--backend redis` (redis://, rediss://, redis+sentinel://, redis+cluster://).
     #[arg(long, value_name = "URL")]
     pub redis_url: Option<String>,
+    /// Where the gRPC server listens: `ip:port`, or a Unix socket, `unix:/path`.
     #[arg(long, value_name = "ADDR")]
-    pub grpc_listen: Option<SocketAddr>,
+    pub grpc_listen: Option<ListenAddr>,
     /// Where the admin HTTP server (health, metrics, rules dump, /json) listens.
     #[arg(long, value_name = "ADDR")]
     pub admin_listen: Option<SocketAddr>,
@@ -102,7 +103,7 @@ impl ServeArgs {
             rules: self.rules.clone(),
             backend: self.backend.map(Backend::from),
             redis_url: self.redis_url.clone(),
-            grpc_listen: self.grpc_listen,
+            grpc_listen: self.grpc_listen.clone(),
             log_format: self.log_format.map(LogFormat::from),
             admin_listen: self.admin_listen,
         }

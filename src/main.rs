@@ -54,7 +54,7 @@ fn check(args: &CheckArgs) -> ExitCode {
         Ok(s) => s,
         Err(code) => return code,
     };
-    match load_rules(&settings.rules.paths, (&settings).into()) {
+    match load_rules(&settings.rules.paths, LoadOptions::from(&settings)) {
         Ok(set) => {
             if set.limitador_limits == 0 {
                 println!("ok: {} domain(s)", set.domains);
@@ -162,7 +162,7 @@ fn as_limitador() -> Option<ExitCode> {
 
 /// `--validate`: the limits file is valid (exit 0) or its errors are printed (exit 1).
 fn validate_limits(settings: &Settings) -> ExitCode {
-    match load_rules(&settings.rules.paths, settings.into()) {
+    match load_rules(&settings.rules.paths, LoadOptions::from(settings)) {
         Ok(set) => {
             let limits = set.limitador_limits;
             println!("ok: {limits} limitador limit(s), {} domain(s)", set.domains);

@@ -140,7 +140,7 @@ impl TestServer {
             .expect("bind a loopback port");
         let admin_addr = admin.local_addr().expect("local address");
         let listeners = crate::app::Listeners {
-            grpc: listener,
+            grpc: listener.into(),
             admin: Some(admin),
         };
         let stop = CancellationToken::new();

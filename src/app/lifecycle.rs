@@ -29,7 +29,7 @@ use crate::limiter::Limiter;
 use crate::proto::rate_limit_service_server::RateLimitServiceServer;
 use crate::reload::{self, WatchOptions};
 use crate::tls::{self, ActiveTls};
-use crate::transport::Http2Server;
+use crate::transport::{GrpcListener, Http2Server};
 
 /// Names under which gRPC health reports the service.
 const HEALTH_NAMES: [&str; 5] = [
@@ -42,7 +42,8 @@ const HEALTH_NAMES: [&str; 5] = [
 
 /// The bound listeners `run` serves on.
 pub struct Listeners {
-    pub grpc: TcpListener,
+    /// TCP (`TcpListener::into`), or a Unix socket.
+    pub grpc: GrpcListener,
     /// The admin HTTP server's; none: no admin server.
     pub admin: Option<TcpListener>,
 }
@@ -50,7 +51,10 @@ pub struct Listeners {
 impl From<TcpListener> for Listeners {
     /// gRPC alone.
     fn from(grpc: TcpListener) -> Listeners {
-        Listeners { grpc, admin: None }
+        Listeners {
+            grpc: grpc.into(),
+            admin: None,
+        }
     }
 }
 
@@ -78,7 +82,11 @@ pub(super) async fn run(
     let failed = CancellationToken::new();
     let grpc_stop = CancellationToken::new();
     let mut tasks = Tasks::new();
-    let addr = listeners.grpc.local_addr().ok();
+    // `ip:port`, or `unix:PATH`.
+    let addr = listeners
+        .grpc
+        .local_addr()
+        .map_or_else(|e| format!("unknown ({e})"), |a| a.to_string());
     let throttle =
         crate::throttle::Throttler::new(engine.limiter().clone(), *engine.input_limits())
             .with_observer(app.metrics.clone())
@@ -96,7 +104,7 @@ pub(super) async fn run(
     });
     let (reflection_v1, reflection_v1alpha) = reflection()?;
     let backend = engine.backend_name();
-    tracing::info!(?addr, tls = tls.is_some(), backend, "serving gRPC");
+    tracing::info!(%addr, tls = tls.is_some(), backend, "serving gRPC");
     let routes = Routes::new(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

@@ -28,9 +28,10 @@ use super::{App, Listeners};
 use crate::compat::mapper::Mapper;
 use crate::compat::{serve, statsd};
 use crate::config::rules_file::{self, LoadOptions};
-use crate::config::settings::Settings;
+use crate::config::settings::{ListenAddr, Settings};
 use crate::reload::ReloadTrigger;
 use crate::rules::RuleSet;
+use crate::transport::GrpcListener;
 use crate::xds::XdsClient;
 
 /// Why the service cannot be built from its settings: one message per problem (every rule
@@ -112,7 +113,9 @@ impl Server {
             }
         }
         let listeners = Listeners {
-            grpc: bind(settings.server.grpc_listen).await?,
+            grpc: GrpcListener::bind(&settings.server.grpc_listen)
+                .await
+                .with_context(|| format!("cannot listen on {}", settings.server.grpc_listen))?,
             admin: Some(bind(settings.server.admin_listen).await?),
         };
         let drop_ins = DropIns::bind(&settings).await?;
@@ -139,9 +142,10 @@ pub struct Bound {
 }
 
 /// Where each bound port listens (port 0 in the settings: the port the system chose).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Addresses {
-    pub grpc: SocketAddr,
+    /// TCP, or the Unix socket's path.
+    pub grpc: ListenAddr,
     pub admin: Option<SocketAddr>,
     /// envoyproxy/ratelimit's metric names (`ratelimit_metrics.listen`).
     pub ratelimit_metrics: Option<SocketAddr>,
@@ -214,7 +218,7 @@ impl Bound {
 /// The rules at start, and their domain count: from files, or none yet when they come over
 /// xDS.
 fn initial_rules(settings: &Settings) -> Result<(usize, RuleSet), rules_file::RuleErrors> {
-    let options: LoadOptions = settings.into();
+    let options: LoadOptions = LoadOptions::from(settings);
     let model = if settings.xds.enabled() {
         rules_file::from_sources_with(&[], options)?
     } else {
@@ -234,7 +238,7 @@ fn xds_client(
     let client = XdsClient::new(
         &settings.xds,
         app.active_rules(),
-        settings.into(),
+        LoadOptions::from(settings),
         Box::new(app.reload_report()),
     );
     let endpoint = client.endpoint()?;

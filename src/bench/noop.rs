@@ -51,7 +51,7 @@ pub async fn serve_noop(
     Http2Server::new(1024, stream_tasks, limits)
         .serve(
             Routes::new(RateLimitServiceServer::new(Noop)),
-            listener,
+            listener.into(),
             None,
             shutdown,
         )

@@ -161,6 +161,11 @@ impl Reader<'_> {
             .filter(|v| !v.is_empty())
     }
 
+    /// A switch variable: on when `1`, as limitador reads it (`true` too).
+    fn enabled(&self, name: &str) -> bool {
+        matches!(self.env(name), Some("1" | "true"))
+    }
+
     /// A flag's value, else its variable's.
     fn value(&self, id: &str, var: &str) -> Option<String> {
         let flag = self.m.try_get_one::<String>(id).ok().flatten().cloned();
@@ -281,11 +286,12 @@ impl Reader<'_> {
             }
             _ => match self.env("REDIS_URL").map(str::to_owned) {
                 Some(url) => {
-                    if self.env("REDIS_LOCAL_CACHE_ENABLED") == Some("true") {
-                        self.ignore(
-                            "REDIS_LOCAL_CACHE_ENABLED",
-                            "true: served as `redis`, exact counters without a local cache",
+                    if self.enabled("REDIS_LOCAL_CACHE_ENABLED") {
+                        let value = self.env("REDIS_LOCAL_CACHE_ENABLED").unwrap_or_default();
+                        let why = format!(
+                            "{value}: served as `redis`, exact counters without a local cache"
                         );
+                        self.ignore("REDIS_LOCAL_CACHE_ENABLED", &why);
                     }
                     self.set("LIMITER__BACKEND", "redis");
                     self.set("REDIS__URL", url);
@@ -332,21 +338,15 @@ impl Reader<'_> {
         if self.m.get_flag("structured_logs") {
             self.set("LOG__FORMAT", "json");
         }
-        for (id, name) in [
-            ("custom_metric_labels", "--custom-metric-labels"),
-            ("metric_labels_default", "--metric-labels-default"),
-        ] {
-            if let Some(v) = self.m.get_one::<String>(id) {
-                let why = "sluice's metrics take no labels from CEL expressions";
-                return Err(unsupported(name, v, why));
-            }
+        if let Some(file) = self.m.get_one::<String>("custom_metric_labels").cloned() {
+            self.set("METRICS__LIMITADOR_LABELS_FILE", file);
         }
-        if let Some(v) = self.value("tracing_endpoint", "TRACING_ENDPOINT") {
-            let why = "use sluice's log.otlp_endpoint setting (SLUICE_LOG__OTLP_ENDPOINT)";
-            return Err(unsupported("--tracing-endpoint", &v, why));
+        if let Some(expr) = self.m.get_one::<String>("metric_labels_default").cloned() {
+            self.set("METRICS__LIMITADOR_LABELS_DEFAULT", expr);
         }
+        self.tracing();
         let in_labels = self.m.get_flag("limit_name_in_labels")
-            || self.env("LIMIT_NAME_IN_PROMETHEUS_LABELS") == Some("true");
+            || self.enabled("LIMIT_NAME_IN_PROMETHEUS_LABELS");
         self.set("METRICS__LIMITADOR", "true");
         if in_labels {
             self.set("METRICS__LIMITADOR_LIMIT_NAME_LABEL", "true");
@@ -358,6 +358,34 @@ impl Reader<'_> {
             );
         }
         Ok(())
+    }
+}
+
+impl Reader<'_> {
+    /// `--tracing-endpoint` (or `TRACING_ENDPOINT`): spans over OTLP/gRPC to that collector,
+    /// under limitador's service name. Empty: no tracing, as there. `rpc://` (limitador's
+    /// examples) and no scheme are plain-text `http://`.
+    fn tracing(&mut self) {
+        let endpoint = self.value("tracing_endpoint", "TRACING_ENDPOINT");
+        let Some(endpoint) = endpoint.filter(|e| !e.trim().is_empty()) else {
+            return;
+        };
+        if !cfg!(feature = "otel") {
+            let why = format!(
+                "{endpoint}: no spans are exported, as this sluice is built without the `otel` \
+                 feature"
+            );
+            self.ignore("--tracing-endpoint", &why);
+            return;
+        }
+        let endpoint = match endpoint.split_once("://") {
+            Some(("rpc", rest)) => format!("http://{rest}"),
+            Some(_) => endpoint,
+            None => format!("http://{endpoint}"),
+        };
+        self.set("LOG__OTLP_ENDPOINT", endpoint);
+        self.set("LOG__OTLP_PROTOCOL", "grpc");
+        self.set("LOG__OTLP_SERVICE_NAME", "limitador");
     }
 }
 

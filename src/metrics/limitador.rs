@@ -13,17 +13,24 @@
 //! | `datastore_latency`, `counter_latency` | histogram | seconds of the limiter call of those calls (the same observations: limitador's name since 1.6, and before) |
 //!
 //! A counter series appears with its first count, as in limitador. The namespace label is
-//! the request's domain (limitador counts calls to namespaces without limits too); past
-//! `metrics.max_value_label_sets` distinct label sets, new ones count under
-//! `limitador_namespace="__other__"`.
+//! the request's domain (limitador counts calls to namespaces without limits too). The three
+//! counters also carry the labels of `metrics.limitador_labels_file` and
+//! `metrics.limitador_labels_default` (limitador's `--custom-metric-labels` and
+//! `--metric-labels-default`: CEL over the request's descriptors, see
+//! `config::limitador::labels`). Past `metrics.max_value_label_sets` distinct label sets
+//! (namespace and CEL labels together), new ones count under
+//! `limitador_namespace="__other__"` without CEL labels.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use std::sync::OnceLock;
+
 use parking_lot::RwLock;
 
+use crate::config::limitador::labels::MetricLabels;
 use crate::engine::limitador::Counting;
 use crate::engine::{NamespaceReport, Observer};
 use crate::limiter::counters::BackendStatus;
@@ -43,6 +50,9 @@ const BUCKETS: [f64; 14] = [
 /// A namespace's `limited_calls`, by limit name.
 type ByLimitName = HashMap<Box<str>, AtomicU64>;
 
+/// A label set: the namespace, and the CEL labels rendered (`,name="value"`..., sorted).
+type Set = (Box<str>, Box<str>);
+
 /// The counters of one namespace.
 #[derive(Default)]
 struct Calls {
@@ -54,9 +64,11 @@ struct Calls {
 pub struct LimitadorMetrics {
     limit_name_label: bool,
     max_label_sets: usize,
-    by_namespace: RwLock<HashMap<Box<str>, Calls>>,
-    /// By namespace, then limit name (`""` without the label).
-    limited: RwLock<HashMap<Box<str>, ByLimitName>>,
+    /// The CEL labels, set once at start (none: no labels).
+    labels: OnceLock<MetricLabels>,
+    by_namespace: RwLock<HashMap<Set, Calls>>,
+    /// By label set, then limit name (`""` without the label).
+    limited: RwLock<HashMap<Set, ByLimitName>>,
     buckets: [AtomicU64; BUCKETS.len() + 1],
     latency_nanos: AtomicU64,
 }
@@ -66,6 +78,7 @@ impl LimitadorMetrics {
         LimitadorMetrics {
             limit_name_label,
             max_label_sets: max_label_sets.max(1),
+            labels: OnceLock::new(),
             by_namespace: RwLock::default(),
             limited: RwLock::default(),
             buckets: Default::default(),
@@ -73,34 +86,59 @@ impl LimitadorMetrics {
         }
     }
 
-    fn count_namespace(&self, namespace: &str, calls: u64, hits: u64) {
+    /// Sets the CEL labels (`metrics.limitador_labels_*`); only the first call counts.
+    pub fn set_labels(&self, labels: MetricLabels) {
+        if !labels.is_empty() {
+            let _ = self.labels.set(labels);
+        }
+    }
+
+    /// The CEL labels of a report, rendered (empty without labels).
+    fn extra(&self, report: &NamespaceReport<'_>) -> String {
+        let Some(labels) = self.labels.get() else {
+            return String::new();
+        };
+        let descriptors = report
+            .descriptors
+            .iter()
+            .map(|d| d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())));
+        let mut out = String::new();
+        for (name, value) in labels.eval(descriptors) {
+            let _ = write!(out, ",{name}=\"{}\"", escape(&value));
+        }
+        out
+    }
+
+    fn count_namespace(&self, set: (&str, &str), calls: u64, hits: u64) {
         let add = |c: &Calls| {
             c.authorized_calls.fetch_add(calls, Ordering::Relaxed);
             c.authorized_hits.fetch_add(hits, Ordering::Relaxed);
         };
-        if let Some(c) = self.by_namespace.read().get(namespace) {
+        let key: Set = (set.0.into(), set.1.into());
+        if let Some(c) = self.by_namespace.read().get(&key) {
             add(c);
             return;
         }
         let mut all = self.by_namespace.write();
-        let name = if all.len() < self.max_label_sets || all.contains_key(namespace) {
-            namespace
+        let key = if all.len() < self.max_label_sets || all.contains_key(&key) {
+            key
         } else {
-            OTHER
+            (OTHER.into(), "".into())
         };
-        add(all.entry(name.into()).or_default());
+        add(all.entry(key).or_default());
     }
 
-    fn count_limited(&self, namespace: &str, limit_name: &str) {
+    fn count_limited(&self, set: (&str, &str), limit_name: &str) {
         let limit_name = if self.limit_name_label {
             limit_name
         } else {
             ""
         };
+        let key: Set = (set.0.into(), set.1.into());
         if let Some(c) = self
             .limited
             .read()
-            .get(namespace)
+            .get(&key)
             .and_then(|by_name| by_name.get(limit_name))
         {
             c.fetch_add(1, Ordering::Relaxed);
@@ -109,14 +147,14 @@ impl LimitadorMetrics {
         let mut all = self.limited.write();
         let sets: usize = all.values().map(HashMap::len).sum();
         let known = all
-            .get(namespace)
+            .get(&key)
             .is_some_and(|by_name| by_name.contains_key(limit_name));
-        let (namespace, limit_name) = if known || sets < self.max_label_sets {
-            (namespace, limit_name)
+        let (key, limit_name) = if known || sets < self.max_label_sets {
+            (key, limit_name)
         } else {
-            (OTHER, "")
+            ((OTHER.into(), "".into()), "")
         };
-        all.entry(namespace.into())
+        all.entry(key)
             .or_default()
             .entry(limit_name.into())
             .or_insert_with(|| AtomicU64::new(0))
@@ -157,14 +195,15 @@ impl LimitadorMetrics {
 
     /// `authorized_calls` and `authorized_hits`, once something counted.
     fn authorized(&self, out: &mut String) {
-        let mut namespaces: Vec<(String, u64, u64)> = self
+        let mut namespaces: Vec<(String, String, u64, u64)> = self
             .by_namespace
             .read()
             .iter()
-            .map(|(n, c)| {
+            .map(|((n, extra), c)| {
                 let calls = c.authorized_calls.load(Ordering::Relaxed);
                 (
                     n.to_string(),
+                    extra.to_string(),
                     calls,
                     c.authorized_hits.load(Ordering::Relaxed),
                 )
@@ -180,24 +219,25 @@ impl LimitadorMetrics {
             ("authorized_hits", hits_help, true),
         ] {
             head(out, name, "counter", help);
-            for (ns, calls, hit_count) in &namespaces {
+            for (ns, extra, calls, hit_count) in &namespaces {
                 let value = if hits { hit_count } else { calls };
                 let ns = escape(ns);
-                let _ = writeln!(out, "{name}{{limitador_namespace=\"{ns}\"}} {value}");
+                let _ = writeln!(out, "{name}{{limitador_namespace=\"{ns}\"{extra}}} {value}");
             }
         }
     }
 
     /// `limited_calls`, once something counted.
     fn limited(&self, out: &mut String) {
-        let mut limited: Vec<(String, String, u64)> = self
+        let mut limited: Vec<(String, String, String, u64)> = self
             .limited
             .read()
             .iter()
-            .flat_map(|(n, by_name)| {
-                by_name
-                    .iter()
-                    .map(|(l, c)| (n.to_string(), l.to_string(), c.load(Ordering::Relaxed)))
+            .flat_map(|((n, extra), by_name)| {
+                by_name.iter().map(|(l, c)| {
+                    let count = c.load(Ordering::Relaxed);
+                    (n.to_string(), extra.to_string(), l.to_string(), count)
+                })
             })
             .collect();
         if limited.is_empty() {
@@ -206,12 +246,12 @@ impl LimitadorMetrics {
         limited.sort();
         let help = "Calls denied, by namespace (and limit name)";
         head(out, "limited_calls", "counter", help);
-        for (ns, limit, n) in &limited {
+        for (ns, extra, limit, n) in &limited {
             let _ = write!(out, "limited_calls{{limitador_namespace=\"{}\"", escape(ns));
             if self.limit_name_label {
                 let _ = write!(out, ",limit_name=\"{}\"", escape(limit));
             }
-            let _ = writeln!(out, "}} {n}");
+            let _ = writeln!(out, "{extra}}} {n}");
         }
     }
 
@@ -236,15 +276,13 @@ impl Observer for LimitadorMetrics {
         if let Some(elapsed) = report.backend_elapsed {
             self.observe_latency(elapsed);
         }
+        let extra = self.extra(report);
+        let set = (report.namespace, extra.as_str());
         match (report.counting, report.admitted) {
-            (Counting::CountOnly, _) => self.count_namespace(report.namespace, 0, report.cost),
-            (Counting::CheckAndCount, true) => {
-                self.count_namespace(report.namespace, 1, report.cost);
-            }
-            (Counting::CheckOnly, true) => self.count_namespace(report.namespace, 1, 0),
-            (_, false) => {
-                self.count_limited(report.namespace, report.limited_by.unwrap_or(""));
-            }
+            (Counting::CountOnly, _) => self.count_namespace(set, 0, report.cost),
+            (Counting::CheckAndCount, true) => self.count_namespace(set, 1, report.cost),
+            (Counting::CheckOnly, true) => self.count_namespace(set, 1, 0),
+            (_, false) => self.count_limited(set, report.limited_by.unwrap_or("")),
         }
     }
 }
@@ -311,6 +349,7 @@ mod tests {
     fn report(namespace: &str, counting: Counting, admitted: bool) -> NamespaceReport<'_> {
         NamespaceReport {
             namespace,
+            descriptors: &[],
             known: true,
             counting,
             admitted,
@@ -354,6 +393,49 @@ mod tests {
         assert!(text.contains("\nlimited_calls{limitador_namespace=\"__other__\"} 1\n"));
         assert!(text.contains("\nauthorized_calls{limitador_namespace=\"b\"} 1\n"));
         assert!(text.contains("\ndatastore_partitioned 1\n"), "{text}");
+    }
+
+    #[test]
+    fn cel_labels_are_label_values_and_count_towards_the_cap() {
+        use crate::engine::Descriptor;
+        use crate::rules::Entry;
+        let m = LimitadorMetrics::new(false, 2);
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), "user: descriptors[0].user\n").unwrap();
+        let labels = MetricLabels::load(Some(file.path()), Some("{'app': 'shop'}")).unwrap();
+        m.set_labels(labels);
+        let of = |user: &str| {
+            vec![Descriptor {
+                entries: vec![Entry {
+                    key: "user".into(),
+                    value: user.into(),
+                }],
+                ..Descriptor::default()
+            }]
+        };
+        for (user, admitted) in [("a\"b", true), ("a\"b", true), ("c", false), ("d", true)] {
+            let descriptors = of(user);
+            let mut r = report("ns", Counting::CheckAndCount, admitted);
+            r.descriptors = &descriptors;
+            m.namespace(&r);
+        }
+        let text = m.render(&BackendStatus::default());
+        let a = "\nauthorized_calls{limitador_namespace=\"ns\",app=\"shop\",user=\"a\\\"b\"} 2\n";
+        assert!(text.contains(a), "{text}");
+        let c = "\nlimited_calls{limitador_namespace=\"ns\",app=\"shop\",user=\"c\"} 1\n";
+        assert!(text.contains(c), "{text}");
+        // A cap of 2: user d is a third set... of authorized ones it is the second.
+        let d = "\nauthorized_hits{limitador_namespace=\"ns\",app=\"shop\",user=\"d\"} 3\n";
+        assert!(text.contains(d), "{text}");
+        let descriptors = of("e");
+        let mut r = report("ns", Counting::CheckAndCount, true);
+        r.descriptors = &descriptors;
+        m.namespace(&r);
+        let text = m.render(&BackendStatus::default());
+        assert!(
+            text.contains("\nauthorized_calls{limitador_namespace=\"__other__\"} 1\n"),
+            "{text}"
+        );
     }
 
     #[test]

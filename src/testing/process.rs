@@ -104,7 +104,7 @@ pub fn logged_listener(log: &Path, what: &str) -> SocketAddr {
     }
 }
 
-/// The first socket address in a log line's text (`addr=Some(127.0.0.1:4000)`, colours or
+/// The first socket address in a log line's text (`addr=127.0.0.1:4000`, `addr=Some(...)`, colours or
 /// not).
 fn logged_addr(text: &str) -> Option<SocketAddr> {
     text.split(|c: char| !(c.is_ascii_hexdigit() || matches!(c, '.' | ':' | '[' | ']')))

@@ -255,8 +255,8 @@ impl RedisServer {
         self.dir.path().join("server.log")
     }
 
-    /// Waits up to 10 s for `PING` to answer; a server that exits first fails the test
-    /// with the end of its log.
+    /// Waits up to 10 s for `PING` to answer (`NOAUTH` from a server with `requirepass` is
+    /// an answer); a server that exits first fails the test with the end of its log.
     fn wait_for_ping(&mut self, server: &str) {
         let deadline = Instant::now() + Duration::from_secs(10);
         let url = self.url();
@@ -264,7 +264,7 @@ impl RedisServer {
             let pong = ::redis::Client::open(url.as_str())
                 .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
                 .and_then(|mut c| ::redis::cmd("PING").query::<String>(&mut c));
-            if pong.is_ok() {
+            if pong.is_ok() || pong.is_err_and(|e| e.code() == Some("NOAUTH")) {
                 return;
             }
             let exited = self

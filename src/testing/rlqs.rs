@@ -70,7 +70,7 @@ impl Server {
         let addr = listener.local_addr().expect("its address");
         let stop = CancellationToken::new();
         let listeners = Listeners {
-            grpc: listener,
+            grpc: listener.into(),
             admin: None,
         };
         let task = tokio::spawn(app.run(listeners, stop.clone().cancelled_owned()));

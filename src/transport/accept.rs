@@ -3,15 +3,16 @@
 
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::{Semaphore, watch};
 use tonic::service::Routes;
 
+use super::listen::{GrpcListener, Peer};
 use super::{Http2Server, tls};
 use crate::tls::ActiveTls;
 
@@ -27,7 +28,7 @@ impl Http2Server {
     pub(crate) async fn serve(
         self,
         routes: Routes,
-        listener: TcpListener,
+        listener: GrpcListener,
         tls: Option<ActiveTls>,
         shutdown: impl Future<Output = ()>,
     ) {
@@ -41,17 +42,28 @@ impl Http2Server {
         {
             let listener = listener;
             let mut shutdown = pin!(shutdown);
-            while let Some((tcp, peer)) = next(&listener, shutdown.as_mut()).await {
+            while let Some((stream, peer)) = next(&listener, shutdown.as_mut()).await {
                 let Ok(slot) = slots.clone().try_acquire_owned() else {
                     // Dropped: closed at once.
                     tracing::debug!(%peer, ?cap, "gRPC connection refused: server.max_connections are open");
                     continue;
                 };
-                let serve =
-                    self.connection(tcp, peer, tls.clone(), routes.clone(), stopped.clone());
+                let (tls, routes, stopped) = (tls.clone(), routes.clone(), stopped.clone());
                 // The slot is held until the connection's task ends.
                 tokio::spawn(async move {
-                    serve.await;
+                    match stream {
+                        Stream::Tcp(tcp) => {
+                            // An answer is sent at once, not held back by Nagle's algorithm
+                            // waiting for the ACK of the previous one.
+                            if let Err(e) = tcp.set_nodelay(true) {
+                                tracing::debug!(%peer, error = %e, "TCP_NODELAY could not be set");
+                            }
+                            self.connection(tcp, peer, tls, routes, stopped).await;
+                        }
+                        Stream::Unix(unix) => {
+                            self.connection(unix, peer, tls, routes, stopped).await;
+                        }
+                    }
                     drop(slot);
                 });
             }
@@ -63,23 +75,20 @@ impl Http2Server {
     }
 
     /// Serves one accepted connection.
-    async fn connection(
+    async fn connection<IO>(
         self,
-        tcp: TcpStream,
-        peer: SocketAddr,
+        io: IO,
+        peer: Peer,
         tls: Option<ActiveTls>,
         routes: Routes,
         mut stop: watch::Receiver<()>,
-    ) {
-        // An answer is sent at once, not held back by Nagle's algorithm waiting for the ACK
-        // of the previous one.
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(%peer, error = %e, "TCP_NODELAY could not be set");
-        }
+    ) where
+        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
         match tls {
-            None => self.http2(tcp, peer, routes, stop).await,
+            None => self.http2(io, peer, routes, stop).await,
             Some(tls) => {
-                if let Some(tls) = tls::handshake(tcp, peer, &tls, &mut stop).await {
+                if let Some(tls) = tls::handshake(io, peer, &tls, &mut stop).await {
                     self.http2(tls, peer, routes, stop).await;
                 }
             }
@@ -87,15 +96,35 @@ impl Http2Server {
     }
 }
 
+/// An accepted connection.
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+/// The next connection `listener` accepts.
+async fn accept(listener: &GrpcListener) -> io::Result<(Stream, Peer)> {
+    match listener {
+        GrpcListener::Tcp(l) => {
+            let (tcp, peer) = l.accept().await?;
+            Ok((Stream::Tcp(tcp), Peer::Tcp(peer)))
+        }
+        GrpcListener::Unix(s) => {
+            let (unix, _) = s.listener.accept().await?;
+            Ok((Stream::Unix(unix), Peer::Unix))
+        }
+    }
+}
+
 /// The next connection `listener` accepts; none once `shutdown` resolved.
 async fn next(
-    listener: &TcpListener,
+    listener: &GrpcListener,
     mut shutdown: Pin<&mut impl Future<Output = ()>>,
-) -> Option<(TcpStream, SocketAddr)> {
+) -> Option<(Stream, Peer)> {
     loop {
         let accepted = tokio::select! {
             () = &mut shutdown => return None,
-            accepted = listener.accept() => accepted,
+            accepted = accept(listener) => accepted,
         };
         match accepted {
             Ok(accepted) => return Some(accepted),

@@ -11,7 +11,6 @@
 //!   bounds that with its grace period); a connection still without its preface is closed at
 //!   once.
 
-use std::net::SocketAddr;
 use std::pin::{Pin, pin};
 use std::time::Duration;
 
@@ -25,6 +24,7 @@ use tonic::service::Routes;
 use super::activity::Activity;
 use super::driven::{Driven, StreamExecutor};
 use super::grpc_timeout::GrpcTimeout;
+use super::listen::Peer;
 use super::preface::Watched;
 use super::{ConnectionLimits, Http2Server};
 
@@ -37,7 +37,7 @@ impl Http2Server {
     pub(super) async fn http2<IO>(
         self,
         io: IO,
-        peer: SocketAddr,
+        peer: Peer,
         routes: Routes,
         mut stop: watch::Receiver<()>,
     ) where

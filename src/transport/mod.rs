@@ -4,6 +4,7 @@
 //!
 //! | what | where |
 //! |---|---|
+//! | the listener: TCP, or a Unix socket (`server.grpc_listen = "unix:/path"`: the socket file's mode, a stale file at start, its removal at the end) | `listen.rs` |
 //! | the accept loop: `TCP_NODELAY`, a pause after an accept error such as EMFILE, the drain (stop accepting, GOAWAY every connection, wait for them) | `accept.rs` |
 //! | HTTP/2 settings: `max_concurrent_streams` (`input.max_concurrent_streams`); flow-control windows, frame and header-list sizes are hyper's defaults (a request and its answer are a few hundred bytes) | [`Http2Server`], `connection.rs` |
 //! | `grpc-timeout`: past it a request is answered `CANCELLED` and its work dropped | `grpc_timeout.rs` |
@@ -26,6 +27,7 @@ mod activity;
 mod connection;
 mod driven;
 mod grpc_timeout;
+mod listen;
 mod preface;
 mod size_limit;
 mod tls;
@@ -35,6 +37,7 @@ use std::time::Duration;
 use crate::config::settings::ServerSettings;
 
 pub use connection::CLOSE_GRACE;
+pub use listen::{GrpcListener, UnixSocket};
 pub use size_limit::SizeLimited;
 pub use tls::HANDSHAKE_TIMEOUT;
 

@@ -82,7 +82,7 @@ async fn start(settings: Settings) -> Running {
     let (grpc_addr, admin_addr) = (grpc.local_addr().unwrap(), admin.local_addr().unwrap());
     let stop = CancellationToken::new();
     let listeners = Listeners {
-        grpc,
+        grpc: grpc.into(),
         admin: Some(admin),
     };
     let task = tokio::spawn(app.run(listeners, stop.clone().cancelled_owned()));

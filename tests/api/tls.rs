@@ -119,7 +119,10 @@ impl TlsServer {
         let addr = grpc.local_addr().unwrap().to_string();
         let stop = CancellationToken::new();
         let running = tokio::spawn(app.run(
-            Listeners { grpc, admin: None },
+            Listeners {
+                grpc: grpc.into(),
+                admin: None,
+            },
             stop.clone().cancelled_owned(),
         ));
         TlsServer {

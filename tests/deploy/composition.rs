@@ -127,7 +127,9 @@ async fn the_composed_service_binds_after_the_first_xds_rules_and_serves_every_l
         .expect("joined")
         .expect("a clean stop");
     assert!(
-        tokio::net::TcpStream::connect(addrs.grpc).await.is_err(),
+        tokio::net::TcpStream::connect(addrs.grpc.tcp().expect("TCP"))
+            .await
+            .is_err(),
         "the gRPC port is closed"
     );
     kill.cancel();

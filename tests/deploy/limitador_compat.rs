@@ -292,10 +292,6 @@ fn validate_and_what_sluice_cannot_honour() {
             ][..],
             "--max-cached",
         ),
-        (
-            &["good.yaml", "--custom-metric-labels", "x"][..],
-            "--custom-metric-labels",
-        ),
         (&[][..], "LIMITS_FILE"),
     ] {
         let (code, _, err) = run(dir.path(), args);

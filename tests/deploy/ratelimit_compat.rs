@@ -772,7 +772,6 @@ fn what_sluice_cannot_honour_stops_the_start_with_64_naming_it() {
     let link = ratelimit_link(dir.path());
     for (var, value) in [
         ("BACKEND_TYPE", "memcache"),
-        ("GRPC_UDS", "/tmp/x.sock"),
         ("TRACING_SAMPLING_RATE", "half"),
     ] {
         let out = Command::new(&link)

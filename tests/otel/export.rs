@@ -257,3 +257,46 @@ async fn spans_reach_an_otlp_http_collector_from_the_binary_as_ratelimit() {
     stop.cancel();
     server.await.unwrap().unwrap();
 }
+
+/// limitador's `--tracing-endpoint` (its `rpc://host:port` form): spans over OTLP/gRPC under
+/// limitador's service name, from the real binary started as `limitador-server`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_reach_the_tracing_endpoint_of_limitador_server() {
+    let mut collector = crate::support::Collector::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let limits = dir.path().join("limits.yaml");
+    let text =
+        "- namespace: ns\n  max_value: 5\n  seconds: 3600\n  variables: [\"descriptors[0].k\"]\n";
+    std::fs::write(&limits, text).unwrap();
+    let link = dir.path().join("limitador-server");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &link).unwrap();
+    let (grpc, http) = (free_port(), free_port());
+    let endpoint = collector.url.replace("http://", "rpc://");
+    let child = std::process::Command::new(&link)
+        .env_clear()
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .args(["-b", "127.0.0.1", "-p", &grpc.to_string()])
+        .args(["-B", "127.0.0.1", "-P", &http.to_string()])
+        .args(["--tracing-endpoint", &endpoint])
+        .arg(&limits)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("start limitador-server");
+    let _limitador = Served(child);
+    wait_listening(grpc);
+    let mut c = RateLimitServiceClient::connect(format!("http://{}", loopback(grpc)))
+        .await
+        .expect("connect");
+    let answer = call(&mut c, req("ns", vec![desc(&[("k", "v")])])).await;
+    assert_eq!(overall(&answer), Code::Ok);
+    let got = collector
+        .until(Duration::from_secs(10), |r| r.1.name == "should_rate_limit")
+        .await;
+    let (resource, span) = got.last().expect("the request's span");
+    assert_eq!(
+        resource.get("service.name").map(String::as_str),
+        Some("limitador")
+    );
+    assert_eq!(attribute(span, "domain").as_deref(), Some("ns"));
+}

@@ -351,3 +351,93 @@ fn exit_within_10s(cmd: &mut Command) -> Output {
     }
     child.wait_with_output().expect("the child's output")
 }
+
+/// A client of the gRPC server on the Unix socket at `path` (what Envoy's `pipe` address
+/// reaches).
+#[derive(Clone)]
+struct UnixConnector(std::path::PathBuf);
+
+impl tonic::codegen::Service<tonic::codegen::http::Uri> for UnixConnector {
+    type Response = hyper_util::rt::TokioIo<tokio::net::UnixStream>;
+    type Error = std::io::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: tonic::codegen::http::Uri) -> Self::Future {
+        let path = self.0.clone();
+        Box::pin(async move {
+            let stream = tokio::net::UnixStream::connect(path).await?;
+            Ok(hyper_util::rt::TokioIo::new(stream))
+        })
+    }
+}
+
+/// `--grpc-listen unix:PATH`: gRPC on that socket; the file goes when SIGTERM stops the
+/// server. `SLUICE_SERVER__GRPC_LISTEN` takes the same form.
+#[tokio::test]
+async fn serve_listens_on_a_unix_socket_given_as_grpc_listen() {
+    let dir = tempfile::tempdir().unwrap();
+    for (i, by_env) in [false, true].into_iter().enumerate() {
+        let path = dir.path().join(format!("sluice-{i}.sock"));
+        let listen = format!("unix:{}", path.display());
+        let mut cmd = sluice();
+        cmd.arg("serve")
+            .args(["--admin-listen", &format!("127.0.0.1:{}", free_port())]);
+        if by_env {
+            cmd.env("SLUICE_SERVER__GRPC_LISTEN", &listen);
+        } else {
+            cmd.args(["--grpc-listen", &listen]);
+        }
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut served = Served(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !path.exists() {
+            assert!(Instant::now() < deadline, "no socket at {}", path.display());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let channel = tonic::transport::Endpoint::from_static("http://sluice")
+            .connect_with_connector(UnixConnector(path.clone()))
+            .await
+            .unwrap();
+        let mut c = Client::new(channel);
+        let login = || req("demo", vec![desc(&[("path", "/login")])]);
+        let codes: Vec<Code> = {
+            let mut codes = Vec::new();
+            for _ in 0..6 {
+                codes.push(overall(&call(&mut c, login()).await));
+            }
+            codes
+        };
+        assert_eq!(codes[..5], [Code::Ok; 5]);
+        assert_eq!(codes[5], Code::OverLimit);
+        let pid = served.0.id().to_string();
+        assert!(
+            Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        let status = loop {
+            if let Some(status) = served.0.try_wait().unwrap() {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "no exit after SIGTERM");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(status.code(), Some(0));
+        assert!(!path.exists(), "the socket file is removed at the end");
+    }
+}

@@ -8,7 +8,7 @@ use std::time::Duration;
 use sluice::config::settings::{RedisSettings, Settings};
 use sluice::limiter::RedisLimiter;
 use sluice::testing::grpc::*;
-use sluice::testing::redis::SentinelGroup;
+use sluice::testing::redis::{RedisServer, SentinelGroup};
 use tokio::time::Instant;
 
 const RULES: &str = "
@@ -67,4 +67,66 @@ async fn sluice_follows_a_sentinel_failover() {
     for _ in 0..5 {
         assert_eq!(overall(&call(&mut c, ask()).await), Code::Ok);
     }
+}
+
+/// A Sentinel with `requirepass` of its own (`redis.sentinel_password`, envoyproxy/ratelimit's
+/// `REDIS_SENTINEL_AUTH`), in front of a master with another password (in the URL): sluice
+/// asks the sentinel with the first and the master with the second; without the sentinel's
+/// password no master is found and requests are UNAVAILABLE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_with_a_password_of_their_own_are_asked_with_it() {
+    let master = RedisServer::start_with(&["--requirepass", "master-pw"]);
+    let auth = [
+        "--requirepass",
+        "sentinel-pw",
+        "--sentinel",
+        "auth-pass",
+        "mymaster",
+        "master-pw",
+    ];
+    let auth: Vec<String> = auth.iter().map(|a| (*a).to_owned()).collect();
+    let sentinel = RedisServer::sentinel_with("mymaster", master.port, 1, &auth);
+    // The sentinel refuses a client without its password.
+    let plain = redis::Client::open(format!("redis://{}", sentinel.addr())).unwrap();
+    let refused = redis::cmd("PING").query::<String>(&mut plain.get_connection().unwrap());
+    assert!(
+        refused.is_err_and(|e| e.code() == Some("NOAUTH")),
+        "requirepass is on"
+    );
+
+    let url = format!("redis+sentinel://:master-pw@{}/mymaster", sentinel.addr());
+    let ask = || req("s", vec![desc(&[("k", "v")])]);
+    let without = RedisSettings {
+        url: url.clone(),
+        ..RedisSettings::default()
+    };
+    let limiter = RedisLimiter::new(&without, 100).expect("valid settings");
+    let server = TestServer::start_over(Settings::default(), RULES, Arc::new(limiter)).await;
+    let status = client(&server)
+        .await
+        .should_rate_limit(ask())
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+
+    let with = RedisSettings {
+        url,
+        sentinel_password: Some("sentinel-pw".to_owned()),
+        ..RedisSettings::default()
+    };
+    let limiter = RedisLimiter::new(&with, 100).expect("valid settings");
+    let server = TestServer::start_over(Settings::default(), RULES, Arc::new(limiter)).await;
+    let mut c = client(&server).await;
+    let r = call(&mut c, ask()).await;
+    assert_eq!(r.statuses[0].limit_remaining, 999);
+    let r = call(&mut c, ask()).await;
+    assert_eq!(r.statuses[0].limit_remaining, 998);
+    // Counted on the master, which takes its own password.
+    let on_master =
+        redis::Client::open(format!("redis://:master-pw@127.0.0.1:{}", master.port)).unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query(&mut on_master.get_connection().unwrap())
+        .unwrap();
+    assert!(!keys.is_empty(), "decided on the master");
 }

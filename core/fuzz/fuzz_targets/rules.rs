@@ -27,6 +27,8 @@ fuzz_target!(|data: &[u8]| {
     // The default algorithm changes which checks apply; pick one without eating the text.
     let options = LoadOptions {
         default_algorithm: ALGORITHMS[data.len() % ALGORITHMS.len()],
+        // Domains defined again merge (rules.merge_domains) for every other length.
+        merge_domains: data.len() % 2 == 0,
         ..LoadOptions::default()
     };
     let sources = [(PathBuf::from("fuzz.yaml"), text.clone())];

@@ -17,6 +17,7 @@ mod admin;
 mod dropin;
 mod input;
 mod memcache;
+mod listen;
 mod ops;
 mod redis;
 mod rlqs;
@@ -25,6 +26,7 @@ pub use admin::AdminSettings;
 pub use dropin::{DebugSettings, RatelimitMetricsSettings, StatsdProtocol, StatsdSettings};
 pub use input::InputSettings;
 pub use memcache::MemcacheSettings;
+pub use listen::ListenAddr;
 pub use ops::{MetricsSettings, ReloadSettings, TlsSettings};
 use redis::check_userinfo;
 
@@ -70,8 +72,8 @@ pub struct Settings {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerSettings {
-    /// Where the gRPC (h2c) server listens.
-    pub grpc_listen: SocketAddr,
+    /// Where the gRPC (h2c) server listens: `ip:port`, or a Unix socket, `unix:/path`.
+    pub grpc_listen: ListenAddr,
     /// After SIGTERM/SIGINT, how long in-flight requests may take before the process exits.
     pub shutdown_grace_secs: u64,
     /// Where the admin HTTP server (health, metrics, rules dump, `/json`) listens.
@@ -99,7 +101,7 @@ pub struct ServerSettings {
 impl Default for ServerSettings {
     fn default() -> Self {
         ServerSettings {
-            grpc_listen: SocketAddr::from(([127, 0, 0, 1], 8081)),
+            grpc_listen: ListenAddr::Tcp(SocketAddr::from(([127, 0, 0, 1], 8081))),
             shutdown_grace_secs: 10,
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             drain_delay_secs: 0,
@@ -181,6 +183,10 @@ pub struct RulesSettings {
     pub paths: Vec<PathBuf>,
     /// Global shadow mode: compute everything, but always answer OK overall.
     pub shadow_mode: bool,
+    /// A domain defined in several documents or files is one domain: their top-level
+    /// descriptors are merged (one defined twice is still an error). Off: a domain defined
+    /// twice is an error.
+    pub merge_domains: bool,
 }
 
 /// Which backend keeps limiter state.
@@ -282,7 +288,7 @@ pub struct Overrides {
     pub rules: Vec<PathBuf>,
     pub backend: Option<Backend>,
     pub redis_url: Option<String>,
-    pub grpc_listen: Option<SocketAddr>,
+    pub grpc_listen: Option<ListenAddr>,
     pub log_format: Option<LogFormat>,
     pub admin_listen: Option<SocketAddr>,
 }
@@ -333,6 +339,16 @@ impl Settings {
                 "metrics.near_limit_ratio must be in (0, 1], got {ratio}"
             )));
         }
+        let m = &self.metrics;
+        if !m.limitador
+            && (m.limitador_labels_file.is_some() || m.limitador_labels_default.is_some())
+        {
+            return Err(config::ConfigError::Message(
+                "metrics.limitador_labels_file and metrics.limitador_labels_default label \
+                 limitador's series: they need metrics.limitador = true"
+                    .to_owned(),
+            ));
+        }
         let sampling = self.log.otlp_sampling_ratio;
         if !(0.0..=1.0).contains(&sampling) {
             return Err(config::ConfigError::Message(format!(
@@ -369,6 +385,9 @@ impl Settings {
             self.redis
                 .check_wait()
                 .map_err(config::ConfigError::Message)?;
+            self.redis
+                .check_sentinel()
+                .map_err(config::ConfigError::Message)?;
         }
         let tls = &self.tls;
         if tls.cert_file.is_some() != tls.key_file.is_some()
@@ -400,7 +419,7 @@ fn apply_overrides(mut b: Builder, cli: &Overrides) -> Result<Builder, config::C
     if let Some(url) = &cli.redis_url {
         b = b.set_override("redis.url", url.as_str())?;
     }
-    if let Some(addr) = cli.grpc_listen {
+    if let Some(addr) = &cli.grpc_listen {
         b = b.set_override("server.grpc_listen", addr.to_string())?;
     }
     if let Some(addr) = cli.admin_listen {
@@ -520,7 +539,7 @@ mod tests {
             ..Overrides::default()
         };
         let s = Settings::load(Some(&file), env, &cli).unwrap();
-        assert_eq!(s.server.grpc_listen.port(), 9000);
+        assert_eq!(s.server.grpc_listen.tcp().map(|a| a.port()), Some(9000));
         assert_eq!(s.memory.max_keys, 7);
         assert_eq!(s.log.format, LogFormat::Json);
         assert_eq!(
@@ -654,6 +673,17 @@ mod tests {
             (
                 &[("SLUICE_REDIS__URL", "rediss+sentinel://a:1/m"), ca, skip],
                 "not supported with Sentinel",
+            ),
+            (
+                &[("SLUICE_REDIS__SENTINEL_PASSWORD", "s")],
+                "redis.sentinel_password needs a Sentinel URL",
+            ),
+            (
+                &[
+                    ("SLUICE_REDIS__URL", "redis+sentinel://a:1/m"),
+                    ("SLUICE_REDIS__SENTINEL_USERNAME", "u"),
+                ],
+                "redis.sentinel_username needs redis.sentinel_password",
             ),
         ] {
             let err = load(pairs).unwrap_err();

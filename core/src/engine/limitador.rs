@@ -56,15 +56,16 @@ impl Decision<'_> {
         }
     }
 
-    /// What the observers hear of this decision on `namespace`.
+    /// What the observers hear of this decision on `request` (to its domain).
     pub fn report<'s>(
         &'s self,
-        namespace: &'s str,
+        request: &'s Request,
         known: bool,
         counting: Counting,
     ) -> NamespaceReport<'s> {
         NamespaceReport {
-            namespace,
+            namespace: &request.domain,
+            descriptors: &request.descriptors,
             known,
             counting,
             admitted: self.admitted,

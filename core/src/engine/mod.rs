@@ -258,7 +258,7 @@ impl Engine {
                 let mut nothing = limitador::Decision::nothing();
                 nothing.cost = u64::from(request.hits_addend.max(1));
                 self.observer
-                    .namespace(&nothing.report(&request.domain, false, counting));
+                    .namespace(&nothing.report(request, false, counting));
             }
             return Ok(limitador::Answer {
                 code: Code::Ok,
@@ -270,7 +270,7 @@ impl Engine {
         let decision = limitador::decide(ns, request, counting, &*self.limiter).await?;
         if asked.observe {
             self.observer
-                .namespace(&decision.report(&request.domain, true, counting));
+                .namespace(&decision.report(request, true, counting));
         }
         Ok(limitador::Answer::of(&decision, asked.headers))
     }
@@ -290,12 +290,12 @@ impl Engine {
             let mut nothing = limitador::Decision::nothing();
             nothing.cost = u64::from(request.hits_addend.max(1));
             self.observer
-                .namespace(&nothing.report(&request.domain, false, counting));
+                .namespace(&nothing.report(request, false, counting));
             return Ok(limitador::response(&nothing, &self.options));
         };
         let decision = limitador::decide(ns, request, counting, &*self.limiter).await?;
         self.observer
-            .namespace(&decision.report(&request.domain, true, counting));
+            .namespace(&decision.report(request, true, counting));
         Ok(limitador::response(&decision, &self.options))
     }
 }

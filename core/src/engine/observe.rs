@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::limitador::Counting;
 use super::plan::{Applies, Planned};
-use super::{Options, Request, response};
+use super::{Descriptor, Options, Request, response};
 use crate::limiter::{BatchOutcome, LimiterError};
 use crate::rules::{Entry, Match};
 
@@ -39,6 +39,8 @@ pub struct NamespaceReport<'a> {
     /// The request's domain: a namespace, or a domain that is neither a namespace nor a
     /// ratelimit domain (`known` false).
     pub namespace: &'a str,
+    /// The request's descriptors (what limitador's CEL metric labels read).
+    pub descriptors: &'a [Descriptor],
     /// The namespace holds limits.
     pub known: bool,
     pub counting: Counting,

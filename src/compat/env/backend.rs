@@ -34,10 +34,7 @@ impl Reader<'_> {
         for name in MEMCACHE {
             self.unused(name, "BACKEND_TYPE is redis");
         }
-        self.refuse(
-            "REDIS_SENTINEL_AUTH",
-            "sluice authenticates to the master only, not to the sentinels",
-        )?;
+        self.sentinel_auth();
         self.set("LIMITER__BACKEND", "redis");
         let url = self.redis_url("REDIS", "/var/run/nutcracker/ratelimit.sock")?;
         self.set("REDIS__URL", url);
@@ -61,10 +58,15 @@ impl Reader<'_> {
             }
             return Ok(());
         }
-        self.refuse(
-            "REDIS_PERSECOND_SENTINEL_AUTH",
-            "sluice authenticates to the master only, not to the sentinels",
-        )?;
+        if self.get("REDIS_PERSECOND_SENTINEL_AUTH").is_some()
+            && self.get("REDIS_PERSECOND_SENTINEL_AUTH") != self.get("REDIS_SENTINEL_AUTH")
+        {
+            return Err(self.unsupported(
+                "REDIS_PERSECOND_SENTINEL_AUTH",
+                "both Redis servers' sentinels take the credentials of REDIS_SENTINEL_AUTH \
+                 (redis.sentinel_password): set it to the same value, or leave it unset",
+            ));
+        }
         let url = self.redis_url(
             "REDIS_PERSECOND",
             "/var/run/nutcracker/ratelimitpersecond.sock",
@@ -111,6 +113,31 @@ impl Reader<'_> {
             self.out
                 .ignored
                 .push((name.to_owned(), format!("{v}: {why}")));
+        }
+    }
+
+    /// `REDIS_SENTINEL_AUTH` (`password` or `user:password`, as `REDIS_AUTH`): the sentinels'
+    /// own credentials, read with `REDIS_TYPE=sentinel` only (as envoyproxy/ratelimit).
+    fn sentinel_auth(&mut self) {
+        let Some(auth) = self.get("REDIS_SENTINEL_AUTH").map(str::to_owned) else {
+            return;
+        };
+        if !self
+            .or("REDIS_TYPE", "SINGLE")
+            .eq_ignore_ascii_case("sentinel")
+        {
+            let why = "<redacted>: only read with REDIS_TYPE=sentinel".to_owned();
+            self.out
+                .ignored
+                .push(("REDIS_SENTINEL_AUTH".to_owned(), why));
+            return;
+        }
+        match auth.split_once(':') {
+            Some((user, password)) => {
+                self.set("REDIS__SENTINEL_USERNAME", user);
+                self.set("REDIS__SENTINEL_PASSWORD", password);
+            }
+            None => self.set("REDIS__SENTINEL_PASSWORD", auth),
         }
     }
 

@@ -5,7 +5,6 @@ use super::{Reader, Unsupported};
 
 impl Reader<'_> {
     pub(super) fn listeners(&mut self) -> Result<(), Unsupported> {
-        self.refuse("GRPC_UDS", "sluice serves gRPC on TCP only")?;
         for (host, port, dh, dp, key) in [
             (
                 "GRPC_HOST",
@@ -23,7 +22,12 @@ impl Reader<'_> {
                 "DEBUG__LISTEN",
             ),
         ] {
-            let addr = self.address(host, port, dh, dp)?;
+            // A Unix socket instead of GRPC_HOST:GRPC_PORT, as there.
+            let uds = self.get("GRPC_UDS").filter(|_| host == "GRPC_HOST");
+            let addr = match uds {
+                Some(path) => format!("unix:{path}"),
+                None => self.address(host, port, dh, dp)?,
+            };
             self.set(key, addr);
         }
         // envoyproxy/ratelimit answers `/json` on its HTTP port to anyone, as its gRPC port;
@@ -92,10 +96,9 @@ impl Reader<'_> {
     }
 
     pub(super) fn rules(&mut self) -> Result<(), Unsupported> {
-        self.refuse(
-            "MERGE_DOMAIN_CONFIG",
-            "sluice refuses a domain defined twice",
-        )?;
+        if self.flag("MERGE_DOMAIN_CONFIG", false)? {
+            self.set("RULES__MERGE_DOMAINS", "true");
+        }
         match self.or("CONFIG_TYPE", "FILE").to_ascii_uppercase().as_str() {
             "FILE" => {
                 let root = self

@@ -225,6 +225,34 @@ fn each_setting_maps() {
             "SLUICE_RULES__SHADOW_MODE",
             "true",
         ),
+        (
+            &[("MERGE_DOMAIN_CONFIG", "true")],
+            "SLUICE_RULES__MERGE_DOMAINS",
+            "true",
+        ),
+        (
+            &[("GRPC_UDS", "/run/rl.sock"), ("GRPC_PORT", "9")],
+            "SLUICE_SERVER__GRPC_LISTEN",
+            "unix:/run/rl.sock",
+        ),
+        (
+            &[
+                ("REDIS_TYPE", "sentinel"),
+                ("REDIS_URL", "m,s1:1"),
+                ("REDIS_SENTINEL_AUTH", "pw"),
+            ],
+            "SLUICE_REDIS__SENTINEL_PASSWORD",
+            "pw",
+        ),
+        (
+            &[
+                ("REDIS_TYPE", "sentinel"),
+                ("REDIS_URL", "m,s1:1"),
+                ("REDIS_SENTINEL_AUTH", "watcher:p:w"),
+            ],
+            "SLUICE_REDIS__SENTINEL_USERNAME",
+            "watcher",
+        ),
         (&[("QUOTA_MODE", "1")], "SLUICE_LIMITS__QUOTA_MODE", "true"),
         (
             &[("RESPONSE_DYNAMIC_METADATA", "true")],
@@ -493,7 +521,6 @@ fn what_sluice_cannot_honour_stops_naming_the_variable() {
             ("BACKEND_TYPE", "memcached"),
             ("MEMCACHE_HOST_PORT", "m:11211"),
         ],
-        &[("GRPC_UDS", "/tmp/rl.sock")],
         &[
             ("REDIS_PERSECOND", "true"),
             ("REDIS_PERSECOND_TYPE", "ring"),
@@ -511,8 +538,6 @@ fn what_sluice_cannot_honour_stops_naming_the_variable() {
             ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
         ],
         &[("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "maybe")],
-        &[("REDIS_SENTINEL_AUTH", "x")],
-        &[("MERGE_DOMAIN_CONFIG", "true")],
         &[("CONFIG_TYPE", "GRPC_XDS_DELTA")],
         &[("USE_PROMETHEUS", "true")],
         &[
@@ -545,6 +570,38 @@ fn what_sluice_cannot_honour_stops_naming_the_variable() {
     // And a setting the translation gives but sluice refuses stops too.
     let err = settings(&env(&[("NEAR_LIMIT_RATIO", "2")])).unwrap_err();
     assert!(err.to_string().contains("near_limit_ratio"), "{err}");
+}
+
+#[test]
+fn grpc_uds_merge_and_sentinel_auth_reach_the_settings() {
+    let (s, t) = settings(&env(&[
+        ("GRPC_UDS", "/run/rl.sock"),
+        ("MERGE_DOMAIN_CONFIG", "true"),
+        ("REDIS_TYPE", "sentinel"),
+        ("REDIS_URL", "mymaster,s1:26379"),
+        ("REDIS_AUTH", "master-pw"),
+        ("REDIS_SENTINEL_AUTH", "watcher:p:w"),
+    ]))
+    .unwrap();
+    assert_eq!(s.server.grpc_listen.to_string(), "unix:/run/rl.sock");
+    assert!(s.rules.merge_domains);
+    assert_eq!(s.redis.url, "redis+sentinel://:master-pw@s1:26379/mymaster");
+    assert_eq!(s.redis.sentinel_username.as_deref(), Some("watcher"));
+    assert_eq!(s.redis.sentinel_password.as_deref(), Some("p:w"));
+    assert!(t.ignored.is_empty(), "{:?}", t.ignored);
+    // Not a Sentinel: the sentinels' password is unused, logged without its value.
+    let t = translate(&env(&[("REDIS_SENTINEL_AUTH", "secret")])).unwrap();
+    assert_eq!(
+        t.ignored,
+        [(
+            "REDIS_SENTINEL_AUTH".to_owned(),
+            "<redacted>: only read with REDIS_TYPE=sentinel".to_owned()
+        )]
+    );
+    assert!(!format!("{t:?}").contains("secret"));
+    // false is off, as envoyproxy/ratelimit reads it.
+    let (s, _) = settings(&env(&[("MERGE_DOMAIN_CONFIG", "false")])).unwrap();
+    assert!(!s.rules.merge_domains);
 }
 
 #[test]
@@ -694,7 +751,7 @@ fn a_settings_file_sets_what_the_environment_leaves_and_the_domains() {
         Charge::Always,
         "the environment's default"
     );
-    assert_eq!(s.server.grpc_listen.port(), 9081);
+    assert_eq!(s.server.grpc_listen.tcp().map(|a| a.port()), Some(9081));
     let quota = &s.limits.domains["ai-gateway-quota"];
     assert_eq!(quota.charge, Some(Charge::Always));
     assert_eq!(quota.algorithm, Some(Algorithm::FixedWindow));

@@ -117,20 +117,80 @@ fn what_sluice_cannot_honour_is_named() {
         refused(&["l.yaml", "-H", "DRAFT_VERSION_99"], &[]),
         "--rate-limit-headers"
     );
-    assert_eq!(
-        refused(&["l.yaml", "-L", "x"], &[]),
-        "--custom-metric-labels"
-    );
-    assert_eq!(
-        refused(&["l.yaml", "--tracing-endpoint", "rpc://x"], &[]),
-        "--tracing-endpoint"
-    );
     assert_eq!(refused(&["l.yaml", "-b", "my-host"], &[]), "ENVOY_RLS_HOST");
     assert!(matches!(
         run(&["l.yaml", "--no-such"], &[]),
         Err(CliError::Usage(_))
     ));
     assert!(matches!(run(&["--help"], &[]), Err(CliError::Info(_))));
+}
+
+#[test]
+fn cel_metric_labels_and_the_tracing_endpoint_map_onto_settings() {
+    let args = [
+        "l.yaml",
+        "-L",
+        "/etc/labels.yaml",
+        "--metric-labels-default",
+        "{'tier': descriptors[0].tier}",
+    ];
+    let s = run(&args, &[]).unwrap();
+    let file = get(&s, "METRICS__LIMITADOR_LABELS_FILE");
+    assert_eq!(file, Some("/etc/labels.yaml"));
+    let default = get(&s, "METRICS__LIMITADOR_LABELS_DEFAULT");
+    assert_eq!(default, Some("{'tier': descriptors[0].tier}"));
+    for (flag, var, want) in [
+        (Some("rpc://jaeger:4317"), None, "http://jaeger:4317"),
+        (None, Some("collector:4317"), "http://collector:4317"),
+        (
+            Some("https://c:4317"),
+            Some("http://env:1"),
+            "https://c:4317",
+        ),
+    ] {
+        let mut args = vec!["l.yaml"];
+        args.extend(flag.iter().flat_map(|f| ["--tracing-endpoint", *f]));
+        let env: Vec<(&str, &str)> = var.iter().map(|v| ("TRACING_ENDPOINT", *v)).collect();
+        let s = run(&args, &env).unwrap();
+        if cfg!(feature = "otel") {
+            assert_eq!(
+                get(&s, "LOG__OTLP_ENDPOINT"),
+                Some(want),
+                "{flag:?} {var:?}"
+            );
+            assert_eq!(get(&s, "LOG__OTLP_PROTOCOL"), Some("grpc"));
+            assert_eq!(get(&s, "LOG__OTLP_SERVICE_NAME"), Some("limitador"));
+        } else {
+            assert_eq!(get(&s, "LOG__OTLP_ENDPOINT"), None);
+            assert_eq!(s.translation.ignored[0].0, "--tracing-endpoint");
+        }
+    }
+    // Empty is off, as there.
+    let s = run(&["l.yaml", "--tracing-endpoint", ""], &[]).unwrap();
+    assert_eq!(get(&s, "LOG__OTLP_ENDPOINT"), None);
+    assert!(s.translation.ignored.is_empty());
+}
+
+#[test]
+fn switch_variables_are_on_with_1_as_limitador_reads_them() {
+    let env = [
+        ("REDIS_URL", "redis://r:6379"),
+        ("REDIS_LOCAL_CACHE_ENABLED", "1"),
+        ("LIMIT_NAME_IN_PROMETHEUS_LABELS", "1"),
+    ];
+    let s = run(&["l.yaml"], &env).unwrap();
+    assert_eq!(get(&s, "LIMITER__BACKEND"), Some("redis"));
+    assert_eq!(get(&s, "METRICS__LIMITADOR_LIMIT_NAME_LABEL"), Some("true"));
+    let ignored = &s.translation.ignored;
+    assert_eq!(ignored.len(), 1, "{ignored:?}");
+    assert_eq!(ignored[0].0, "REDIS_LOCAL_CACHE_ENABLED");
+    assert!(
+        ignored[0].1.starts_with("1: served as `redis`"),
+        "{ignored:?}"
+    );
+    let off = [("LIMIT_NAME_IN_PROMETHEUS_LABELS", "0")];
+    let s = run(&["l.yaml"], &off).unwrap();
+    assert_eq!(get(&s, "METRICS__LIMITADOR_LIMIT_NAME_LABEL"), None);
 }
 
 #[test]
@@ -176,7 +236,7 @@ fn the_translation_gives_valid_settings() {
     assert!(got.response.headers);
     assert!(got.metrics.limitador, "limitador's metric names are served");
     assert!(!got.metrics.limitador_limit_name_label);
-    assert_eq!(got.server.grpc_listen.port(), 8081);
+    assert_eq!(got.server.grpc_listen.tcp().map(|a| a.port()), Some(8081));
     let s = run(&["l.yaml", "memory", "-c", "9"], &[]).unwrap();
     assert_eq!(settings(&s, &HashMap::new()).unwrap().memory.max_keys, 9);
 }

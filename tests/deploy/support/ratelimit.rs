@@ -293,6 +293,19 @@ pub(crate) async fn envoy(
     ca: Option<&str>,
     upstream: u16,
 ) -> (EnvoyProcess, u16) {
+    let address = format!("{{ socket_address: {{ address: 127.0.0.1, port_value: {rls} }} }}");
+    envoy_to(filter, routes, &address, ca, upstream).await
+}
+
+/// As [`envoy`], the rate-limit cluster's endpoint at `rls_address` (an Envoy `Address` in
+/// flow-style YAML: a `socket_address`, or a `pipe` for a Unix socket).
+pub(crate) async fn envoy_to(
+    filter: &RlsFilter<'_>,
+    routes: &[String],
+    rls_address: &str,
+    ca: Option<&str>,
+    upstream: u16,
+) -> (EnvoyProcess, u16) {
     let (port, admin) = (free_port(), free_port());
     let RlsFilter {
         name,
@@ -359,7 +372,7 @@ static_resources:
           explicit_http_config: {{ http2_protocol_options: {{}} }}
       load_assignment:
         cluster_name: ratelimit
-        endpoints: [{{ lb_endpoints: [{{ endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {rls} }} }} }} }}] }}]{tls}
+        endpoints: [{{ lb_endpoints: [{{ endpoint: {{ address: {rls_address} }} }}] }}]{tls}
 "
     );
     (EnvoyProcess::start(&config, admin).await, port)

@@ -85,6 +85,11 @@ impl Expr {
         self.program.execute(ctx)
     }
 
+    /// The expression's value, whatever its type (for label maps).
+    pub(crate) fn evaluate(&self, ctx: &Context<'_, '_>) -> Result<Value, ExecutionError> {
+        self.eval(ctx)
+    }
+
     /// A condition: true only when it evaluates to `true`. A missing key or descriptor, an
     /// error or a value that is not a boolean all make it false.
     pub fn holds(&self, ctx: &Context<'_, '_>) -> bool {

@@ -7,6 +7,7 @@
 //! evaluates the expressions.
 
 pub mod cel;
+pub mod labels;
 
 use std::num::NonZeroU32;
 

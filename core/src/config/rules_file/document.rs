@@ -108,6 +108,25 @@ fn unique(rules: &[(String, DescriptorRule)], ctx: &mut Ctx<'_>) {
     }
 }
 
+/// Adds `more` (the top-level descriptors of a later definition of `into`'s domain) to
+/// `into`; one whose `(key, value)` `into` already has is an error naming both places.
+pub(super) fn merge(into: &mut DomainRules, more: Vec<DescriptorRule>, ctx: &mut Ctx<'_>) {
+    for (i, rule) in more.into_iter().enumerate() {
+        let same = |r: &&DescriptorRule| r.key == rule.key && r.value == rule.value;
+        if let Some(first) = into.descriptors.iter().find(same) {
+            let message = format!(
+                "duplicate descriptor '{}' of domain '{}' (first defined at {})",
+                composite(&rule),
+                into.domain,
+                first.location
+            );
+            ctx.error(rule.location.line, &index("descriptors", i), message);
+        } else {
+            into.descriptors.push(rule);
+        }
+    }
+}
+
 /// `key`, or `key_value` when the rule has a value (the name envoyproxy/ratelimit uses).
 fn composite(rule: &DescriptorRule) -> String {
     match &rule.value {

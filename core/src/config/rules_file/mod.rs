@@ -250,6 +250,9 @@ pub struct LoadOptions {
     /// The backend keeps fixed windows only (`limiter.backend = "memcache"`): a limit of
     /// another algorithm, or with `block_for`, is an error.
     pub fixed_windows_only: bool,
+    /// A domain defined again adds its top-level descriptors to the first definition
+    /// (`rules.merge_domains`) instead of being an error.
+    pub merge_domains: bool,
 }
 
 impl LoadOptions {
@@ -285,15 +288,17 @@ impl From<&LimitsSettings> for LoadOptions {
             default_charge: limits.default_charge,
             domains: Arc::new(limits.domains.clone()),
             fixed_windows_only: false,
+            merge_domains: false,
         }
     }
 }
 
 impl From<&Settings> for LoadOptions {
-    /// The limits' defaults, and what the backend can keep.
+    /// The limits' defaults, what the backend can keep, and `rules.merge_domains`.
     fn from(settings: &Settings) -> LoadOptions {
         LoadOptions {
             fixed_windows_only: settings.limiter.backend == Backend::Memcache,
+            merge_domains: settings.rules.merge_domains,
             ..(&settings.limits).into()
         }
     }
@@ -373,8 +378,7 @@ impl Loader {
                 limitador::check_unique(&self.namespaces, &limits, &mut ctx);
                 self.namespaces.extend(limits);
             } else if let Some(domain) = document::domain(doc, &mut ctx) {
-                self.check_unique(&domain, &mut ctx);
-                self.domains.push(domain);
+                self.add_domain(domain, &mut ctx);
             }
         }
         ctx.errors.sort_by_key(|e| e.line);
@@ -399,16 +403,27 @@ impl Loader {
         }
     }
 
-    fn check_unique(&mut self, domain: &DomainRules, ctx: &mut tree::Ctx<'_>) {
-        if let Some(first) = self.seen.get(&domain.domain) {
+    /// Adds a domain's rules: a new domain, or (with `merge_domains`) its top-level
+    /// descriptors to the domain's first definition; otherwise a domain seen before is an
+    /// error.
+    fn add_domain(&mut self, domain: DomainRules, ctx: &mut tree::Ctx<'_>) {
+        let Some(first) = self.seen.get(&domain.domain) else {
+            let location = domain.location.clone();
+            self.seen.insert(domain.domain.clone(), location);
+            self.domains.push(domain);
+            return;
+        };
+        if !self.options.merge_domains {
             let message = format!(
                 "duplicate domain '{}' (first defined at {first})",
                 domain.domain
             );
             ctx.error(domain.location.line, "domain", message);
-        } else {
-            let location = domain.location.clone();
-            self.seen.insert(domain.domain.clone(), location);
+            return;
+        }
+        match self.domains.iter_mut().find(|d| d.domain == domain.domain) {
+            Some(into) => document::merge(into, domain.descriptors, ctx),
+            None => self.domains.push(domain),
         }
     }
 

@@ -185,6 +185,65 @@ fn parse_file_reports_its_own_duplicates() {
     );
 }
 
+/// Two files of domain `d` under `rules.merge_domains`.
+fn merged(a: &str, b: &str) -> Result<RulesModel, Vec<String>> {
+    let options = LoadOptions {
+        merge_domains: true,
+        ..LoadOptions::default()
+    };
+    let sources = [
+        (PathBuf::from("a.yaml"), a.to_owned()),
+        (PathBuf::from("b.yaml"), b.to_owned()),
+    ];
+    from_sources_with(&sources, options).map_err(|e| e.0.iter().map(ToString::to_string).collect())
+}
+
+#[test]
+fn merge_domains_joins_the_descriptors_of_one_domain_across_files() {
+    let a = "domain: d\ndescriptors:\n  - key: k\n    value: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+    let b = "domain: e\n---\ndomain: d\ndescriptors:\n  - key: k\n    value: b\n    rate_limit: {unit: second, requests_per_unit: 2}\n  - key: j\n";
+    let model = merged(a, b).unwrap_or_else(|e| panic!("{e:?}"));
+    let names: Vec<&str> = model.domains.iter().map(|d| d.domain.as_str()).collect();
+    assert_eq!(names, ["d", "e"]);
+    let d = &model.domains[0];
+    assert_eq!(d.location.to_string(), "a.yaml:1");
+    let keys: Vec<(String, String)> = d
+        .descriptors
+        .iter()
+        .map(|r| (r.key.clone(), r.location.to_string()))
+        .collect();
+    let want = [("k", "a.yaml:3"), ("k", "b.yaml:5"), ("j", "b.yaml:8")];
+    assert_eq!(keys, want.map(|(k, l)| (k.to_owned(), l.to_owned())));
+    // Without the option, the second definition is the error it always was.
+    let sources = [
+        (PathBuf::from("a.yaml"), a.to_owned()),
+        (PathBuf::from("b.yaml"), b.to_owned()),
+    ];
+    let err = from_sources(&sources).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "b.yaml:3: domain: duplicate domain 'd' (first defined at a.yaml:1)"
+    );
+}
+
+#[test]
+fn merge_domains_still_refuses_a_descriptor_defined_twice_naming_both_places() {
+    let a = "domain: d\ndescriptors:\n  - key: k\n    value: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: j\n";
+    let b = "domain: d\ndescriptors:\n  - key: j\n    value: x\n  - key: k\n    value: a\n";
+    assert_eq!(
+        merged(a, b).unwrap_err(),
+        [
+            "b.yaml:5: descriptors[1]: duplicate descriptor 'k_a' of domain 'd' (first defined at a.yaml:3)"
+        ]
+    );
+    // Within one file the rule is unchanged.
+    let same = "domain: d\ndescriptors:\n  - key: k\n  - key: k\n";
+    assert_eq!(
+        merged(same, "").unwrap_err(),
+        ["a.yaml:4: descriptors[1]: duplicate descriptor 'k' (first defined at line 3)"]
+    );
+}
+
 #[test]
 fn deep_nesting_is_refused_not_overflowed() {
     let seq = "- ".repeat(100_000) + "x\n";
@@ -291,6 +350,7 @@ fn a_domains_defaults_win_over_the_global_ones_and_a_limits_own_keys_over_both()
         default_charge: Charge::Admitted,
         domains: std::sync::Arc::new(domains),
         fixed_windows_only: false,
+        merge_domains: false,
     };
     let model = from_sources_with(&[(PathBuf::from("t.yaml"), text.to_owned())], options)
         .unwrap_or_else(|e| panic!("{e}"));

@@ -21,6 +21,13 @@ pub struct MetricsSettings {
     /// With `limitador`, `limited_calls` also has the `limit_name` label (limitador's
     /// `--limit-name-in-labels`).
     pub limitador_limit_name_label: bool,
+    /// With `limitador`: a YAML file of `label: CEL expression` whose values label
+    /// `authorized_calls`, `authorized_hits` and `limited_calls` (limitador's
+    /// `--custom-metric-labels`), read at start.
+    pub limitador_labels_file: Option<PathBuf>,
+    /// With `limitador`: a CEL expression giving a map of labels for the same series
+    /// (limitador's `--metric-labels-default`).
+    pub limitador_labels_default: Option<String>,
 }
 
 impl Default for MetricsSettings {
@@ -30,6 +37,8 @@ impl Default for MetricsSettings {
             max_value_label_sets: 10_000,
             limitador: false,
             limitador_limit_name_label: false,
+            limitador_labels_file: None,
+            limitador_labels_default: None,
         }
     }
 }

@@ -67,6 +67,11 @@ pub struct RedisSettings {
     /// `REDIS_PERSECOND_URL`): the same URL forms, and every other `redis.*` setting applies
     /// to it as to `url` (docs/redis.md, "Per-second limits in a Redis of their own").
     pub per_second_url: Option<String>,
+    /// With a Sentinel URL: the password sluice gives the sentinels themselves (`AUTH`), apart
+    /// from the master's in the URL. None: the sentinels are asked without one.
+    pub sentinel_password: Option<String>,
+    /// With `sentinel_password`: the sentinels' ACL user (none: `default`).
+    pub sentinel_username: Option<String>,
 }
 
 impl Default for RedisSettings {
@@ -89,6 +94,8 @@ impl Default for RedisSettings {
             wait_replicas: 0,
             wait_timeout_ms: 50,
             per_second_url: None,
+            sentinel_password: None,
+            sentinel_username: None,
         }
     }
 }
@@ -119,6 +126,11 @@ impl std::fmt::Debug for RedisSettings {
                 "per_second_url",
                 &self.per_second_url.as_deref().map(redacted_url),
             )
+            .field(
+                "sentinel_password",
+                &self.sentinel_password.as_ref().map(|_| "<redacted>"),
+            )
+            .field("sentinel_username", &self.sentinel_username)
             .finish()
     }
 }
@@ -151,6 +163,21 @@ impl RedisSettings {
                  replicas is part of the time a request may wait for Redis",
                 self.wait_timeout_ms, self.timeout_ms
             ));
+        }
+        Ok(())
+    }
+
+    /// Checks that the `sentinel_*` settings go with a Sentinel URL, the user with a password.
+    pub(super) fn check_sentinel(&self) -> Result<(), String> {
+        let sentinel =
+            self.url.starts_with("redis+sentinel://") || self.url.starts_with("rediss+sentinel://");
+        if self.sentinel_password.is_some() && !sentinel {
+            return Err("redis.sentinel_password needs a Sentinel URL \
+                        (redis+sentinel:// or rediss+sentinel://)"
+                .to_owned());
+        }
+        if self.sentinel_username.is_some() && self.sentinel_password.is_none() {
+            return Err("redis.sentinel_username needs redis.sentinel_password".to_owned());
         }
         Ok(())
     }

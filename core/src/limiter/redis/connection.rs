@@ -162,16 +162,29 @@ enum Kind {
 impl Connector {
     /// Parses `url` and prepares `lanes` connections (at least one); no I/O happens until the
     /// first call.
+    #[cfg(test)]
     pub(crate) fn new(
         url: &str,
         tls: &Tls,
         timeouts: Timeouts,
         lanes: usize,
     ) -> RedisResult<Connector> {
+        Connector::with_sentinel_auth(url, tls, &SentinelAuth::default(), timeouts, lanes)
+    }
+
+    /// Parses `url` and prepares `lanes` connections (at least one), the sentinels of a
+    /// Sentinel URL asked with `auth`; no I/O happens until the first call.
+    pub(crate) fn with_sentinel_auth(
+        url: &str,
+        tls: &Tls,
+        auth: &SentinelAuth,
+        timeouts: Timeouts,
+        lanes: usize,
+    ) -> RedisResult<Connector> {
         let kind = if let Some(rest) = url.strip_prefix("redis+sentinel://") {
-            sentinel(rest, None)?
+            sentinel(rest, None, auth)?
         } else if let Some(rest) = url.strip_prefix("rediss+sentinel://") {
-            sentinel(rest, Some(tls))?
+            sentinel(rest, Some(tls), auth)?
         } else if let Some(rest) = url.strip_prefix("redis+cluster://") {
             cluster(rest, None, timeouts, lanes)?
         } else if let Some(rest) = url.strip_prefix("rediss+cluster://") {
@@ -377,8 +390,16 @@ fn hosts(rest: &str) -> RedisResult<Hosts<'_>> {
     })
 }
 
+/// The credentials sluice gives the sentinels themselves (`redis.sentinel_password`,
+/// `redis.sentinel_username`), apart from the master's in the URL.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SentinelAuth {
+    pub username: Option<String>,
+    pub password: Option<String>,
+}
+
 /// `tls`: `None` for plain TCP.
-fn sentinel(rest: &str, tls: Option<&Tls>) -> RedisResult<Kind> {
+fn sentinel(rest: &str, tls: Option<&Tls>, auth: &SentinelAuth) -> RedisResult<Kind> {
     let h = hosts(rest)?;
     let master = h.path.trim_matches('/');
     if master.is_empty() {
@@ -410,6 +431,12 @@ fn sentinel(rest: &str, tls: Option<&Tls>) -> RedisResult<Kind> {
     }
     if let Some(password) = h.password {
         b = b.set_client_to_redis_password(password);
+    }
+    if let Some(password) = &auth.password {
+        b = b.set_client_to_sentinel_password(password);
+        if let Some(user) = &auth.username {
+            b = b.set_client_to_sentinel_username(user);
+        }
     }
     if let Some(tls) = tls {
         b = b

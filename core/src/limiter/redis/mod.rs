@@ -58,7 +58,7 @@ use super::{
 };
 use crate::config::settings::{OnError, RedisSettings};
 use breaker::Breakers;
-use connection::{Connector, Timeouts, Tls};
+use connection::{Connector, SentinelAuth, Timeouts, Tls};
 use deny_cache::DenyCache;
 use group_commit::{GroupCommit, Request, Shared};
 use script::{Functions, Mode, Unit};
@@ -136,8 +136,18 @@ impl RedisLimiter {
             response: Duration::from_millis(settings.timeout_ms.max(1)),
         };
         let tls = Tls::from_settings(settings).map_err(|e| config_error(&e))?;
-        let connector = Connector::new(&settings.url, &tls, timeouts, settings.connections)
-            .map_err(|e| config_error(&e.to_string()))?;
+        let sentinel = SentinelAuth {
+            username: settings.sentinel_username.clone(),
+            password: settings.sentinel_password.clone(),
+        };
+        let connector = Connector::with_sentinel_auth(
+            &settings.url,
+            &tls,
+            &sentinel,
+            timeouts,
+            settings.connections,
+        )
+        .map_err(|e| config_error(&e.to_string()))?;
         Ok(RedisLimiter {
             commit: GroupCommit::new(Shared {
                 connector,

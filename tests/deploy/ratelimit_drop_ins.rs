@@ -1,0 +1,295 @@
+//! envoyproxy/ratelimit settings that once stopped the start, now served by the binary
+//! started as `ratelimit`: `GRPC_UDS` (gRPC on a Unix socket, reached by a real Envoy whose
+//! rate-limit cluster's address is a `pipe`), `MERGE_DOMAIN_CONFIG` (one domain's
+//! descriptors from two files) and `REDIS_SENTINEL_AUTH` (sentinels with `requirepass`).
+
+use std::collections::HashMap;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use sluice::testing::http::get;
+use sluice::testing::process::{Served, loopback};
+use sluice::testing::redis::RedisServer;
+use tokio::time::Instant;
+
+use crate::support::ratelimit::{
+    Ports, RlsFilter, WITHIN, clear_of_window_end, envoy_to, healthy, plain_client, ratelimit_link,
+    runtime_root,
+};
+use crate::support::upstream::Upstream;
+
+/// One request per hour to `/limited` (fixed windows, as envoyproxy/ratelimit counts).
+const PATH_RULES: &str = "domain: rl\ndescriptors:\n  - key: PATH\n    value: /limited\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+
+/// The env of a deployment reading `RUNTIME_ROOT=root` (rules in `root/ratelimit/config`)
+/// with Redis over TCP at `redis` (`host:port`), its listeners on `ports`, and `more`.
+fn env(root: &str, redis: &str, ports: &Ports, more: &[(&str, &str)]) -> HashMap<String, String> {
+    let mut env: HashMap<String, String> = [
+        ("RUNTIME_ROOT", root.to_owned()),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit".to_owned()),
+        ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
+        ("REDIS_URL", redis.to_owned()),
+        ("USE_STATSD", "false".to_owned()),
+        ("LOG_LEVEL", "info".to_owned()),
+        ("GRPC_HOST", "127.0.0.1".to_owned()),
+        ("GRPC_PORT", ports.grpc.to_string()),
+        ("HOST", "127.0.0.1".to_owned()),
+        ("PORT", ports.http.to_string()),
+        ("DEBUG_HOST", "127.0.0.1".to_owned()),
+        ("DEBUG_PORT", ports.debug.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    env.extend(more.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+    env
+}
+
+fn start(link: &Path, env: &HashMap<String, String>) -> Served {
+    let child = Command::new(link)
+        .env_clear()
+        .envs(env)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start ratelimit");
+    Served(child)
+}
+
+/// The process's umask, from /proc (what the child inherits).
+fn umask() -> u32 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("Umask:")).unwrap();
+    u32::from_str_radix(line["Umask:".len()..].trim(), 8).unwrap()
+}
+
+/// SIGTERM, then its exit code (within `WITHIN`).
+async fn terminate(served: &mut Served) -> Option<i32> {
+    let pid = served.0.id().to_string();
+    let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(sent.success());
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        if let Some(status) = served.0.try_wait().unwrap() {
+            return status.code();
+        }
+        assert!(Instant::now() < deadline, "no exit after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_uds_serves_envoy_over_a_unix_socket_and_removes_it_at_the_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = ratelimit_link(dir.path());
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let root = runtime_root(
+        dir.path(),
+        "ratelimit/config",
+        &[("rules.yaml", PATH_RULES)],
+    );
+    let socket = dir.path().join("ratelimit.sock");
+    // A socket file left by a process that died: removed, not a reason to fail the start.
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    let ports = Ports::new();
+    let path = socket.display().to_string();
+    let env = env(&root, &redis.addr(), &ports, &[("GRPC_UDS", &path)]);
+    clear_of_window_end(Duration::from_secs(3600), Duration::from_secs(30)).await;
+    // GRPC_UDS replaces GRPC_HOST:GRPC_PORT, as there: with GRPC_PORT held here, a start
+    // that bound it would fail.
+    let _held = std::net::TcpListener::bind(loopback(ports.grpc)).unwrap();
+    let mut rl = start(&link, &env);
+    healthy(&ports).await;
+
+    let meta = std::fs::symlink_metadata(&socket).unwrap();
+    assert!(meta.file_type().is_socket());
+    assert_eq!(
+        meta.permissions().mode() & 0o777,
+        0o777 & !umask(),
+        "bind(2)'s mode, as Go's net.Listen"
+    );
+
+    let filter = RlsFilter {
+        name: "envoy.filters.http.ratelimit",
+        domain: "rl",
+        settings: "failure_mode_deny: true, timeout: 5s,",
+    };
+    let actions = "[{ request_headers: { header_name: \":path\", descriptor_key: PATH } }]";
+    let route = format!(
+        "{{ match: {{ prefix: \"/\" }}, route: {{ cluster: upstream, rate_limits: [{{ actions: {actions} }}] }} }}"
+    );
+    let pipe = format!("{{ pipe: {{ path: \"{path}\" }} }}");
+    let (_envoy, port) = envoy_to(&filter, &[route], &pipe, None, upstream.port).await;
+    let first = get(loopback(port), "/limited").await;
+    assert_eq!(
+        (first.status, first.body.as_str()),
+        (200, "upstream"),
+        "{first:?}"
+    );
+    let second = get(loopback(port), "/limited").await;
+    assert_eq!(second.status, 429, "{second:?}");
+    let other = get(loopback(port), "/other").await;
+    assert_eq!(other.status, 200, "{other:?}");
+
+    assert_eq!(terminate(&mut rl).await, Some(0));
+    assert!(!socket.exists(), "the socket file is removed at shutdown");
+}
+
+fn request(value: &str) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "rl".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "k".into(),
+                value: value.into(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    }
+}
+
+const FILE_A: &str = "domain: rl\ndescriptors:\n  - key: k\n    value: a\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+const FILE_B: &str = "domain: rl\ndescriptors:\n  - key: k\n    value: b\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
+
+/// The stderr of a start that must stop with exit 64.
+fn refused(link: &Path, env: &HashMap<String, String>) -> String {
+    let out = Command::new(link)
+        .env_clear()
+        .envs(env)
+        .output()
+        .expect("run ratelimit");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(64), "{err}");
+    err
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merge_domain_config_serves_one_domains_limits_from_two_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = ratelimit_link(dir.path());
+    let redis = RedisServer::start();
+    let root = runtime_root(
+        dir.path(),
+        "ratelimit/config",
+        &[("a.yaml", FILE_A), ("b.yaml", FILE_B)],
+    );
+    let ports = Ports::new();
+
+    // Without it, the domain defined twice stops the start, as in envoyproxy/ratelimit.
+    let err = refused(&link, &env(&root, &redis.addr(), &ports, &[]));
+    assert!(
+        err.contains("b.yaml:1: domain: duplicate domain 'rl' (first defined at"),
+        "{err}"
+    );
+
+    clear_of_window_end(Duration::from_secs(3600), Duration::from_secs(30)).await;
+    let mut rl = start(
+        &link,
+        &env(
+            &root,
+            &redis.addr(),
+            &ports,
+            &[("MERGE_DOMAIN_CONFIG", "true")],
+        ),
+    );
+    healthy(&ports).await;
+    let mut client = plain_client(&ports).await;
+    let mut codes = Vec::new();
+    for value in ["a", "a", "b", "b", "b"] {
+        let answer = client
+            .should_rate_limit(request(value))
+            .await
+            .unwrap()
+            .into_inner();
+        codes.push(Code::try_from(answer.overall_code).unwrap());
+    }
+    use Code::{Ok, OverLimit};
+    assert_eq!(
+        codes,
+        [Ok, OverLimit, Ok, Ok, OverLimit],
+        "a.yaml's 1 and b.yaml's 2 per hour"
+    );
+    let rlconfig = get(loopback(ports.debug), "/rlconfig").await.body;
+    assert!(
+        rlconfig.contains("rl.k_a: ") && rlconfig.contains("rl.k_b: "),
+        "{rlconfig}"
+    );
+    assert_eq!(terminate(&mut rl).await, Some(0));
+
+    // A descriptor defined in both files is still an error, naming both places.
+    let dup = dir.path().join("dup");
+    let root = runtime_root(
+        &dup,
+        "ratelimit/config",
+        &[("a.yaml", FILE_A), ("c.yaml", FILE_A)],
+    );
+    let err = refused(
+        &link,
+        &env(
+            &root,
+            &redis.addr(),
+            &ports,
+            &[("MERGE_DOMAIN_CONFIG", "true")],
+        ),
+    );
+    let a = dup.join("data/ratelimit/config/a.yaml");
+    let says = format!(
+        "c.yaml:3: descriptors[0]: duplicate descriptor 'k_a' of domain 'rl' (first defined at {}:3)",
+        a.display()
+    );
+    assert!(err.contains(&says), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_sentinel_auth_reaches_sentinels_that_require_a_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = ratelimit_link(dir.path());
+    let master = RedisServer::start_with(&["--requirepass", "master-pw"]);
+    let auth = [
+        "--requirepass",
+        "sentinel-pw",
+        "--sentinel",
+        "auth-pass",
+        "mymaster",
+        "master-pw",
+    ];
+    let auth: Vec<String> = auth.iter().map(|a| (*a).to_owned()).collect();
+    let sentinel = RedisServer::sentinel_with("mymaster", master.port, 1, &auth);
+    let root = runtime_root(dir.path(), "ratelimit/config", &[("a.yaml", FILE_A)]);
+    let ports = Ports::new();
+    let sentinels = [
+        ("REDIS_TYPE", "sentinel"),
+        ("REDIS_AUTH", "master-pw"),
+        ("REDIS_SENTINEL_AUTH", "sentinel-pw"),
+    ];
+    let url = format!("mymaster,{}", sentinel.addr());
+    let env = env(&root, &url, &ports, &sentinels);
+    clear_of_window_end(Duration::from_secs(3600), Duration::from_secs(30)).await;
+    let _rl = start(&link, &env);
+    healthy(&ports).await;
+    let mut client = plain_client(&ports).await;
+    let mut codes = Vec::new();
+    for _ in 0..2 {
+        let answer = client
+            .should_rate_limit(request("a"))
+            .await
+            .unwrap()
+            .into_inner();
+        codes.push(Code::try_from(answer.overall_code).unwrap());
+    }
+    assert_eq!(codes, [Code::Ok, Code::OverLimit]);
+    let on_master = redis::Client::open(format!("redis://:master-pw@{}", master.addr())).unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query(&mut on_master.get_connection().unwrap())
+        .unwrap();
+    assert!(!keys.is_empty(), "counted on the master the sentinel names");
+}
