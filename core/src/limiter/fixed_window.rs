@@ -151,6 +151,21 @@ impl FixedWindow {
         }
     }
 
+    /// Where a take at `now` counted its units: the start of its window, the mark a return
+    /// by name needs ([`FixedWindow::return_units`]).
+    pub fn mark(&self, now: u64) -> u64 {
+        self.window_start(now)
+    }
+
+    /// The window after returning `units` counted in the window starting at `start`: given
+    /// back while that window is the current one, never below 0; nothing once it has passed.
+    pub fn return_units(&self, window: Window, now: u64, units: u64, start: u64) -> Window {
+        if self.window_start(now) != start || window.start != start {
+            return window;
+        }
+        self.refund(window, now, units)
+    }
+
     /// What the window still admits at `now`.
     pub fn remaining(&self, window: Window, now: u64) -> u64 {
         self.quota.saturating_sub(self.count(window, now))
@@ -272,6 +287,20 @@ mod tests {
         assert_eq!(w.remaining(w.refund(s, 0, 1), 0), 2);
         assert_eq!(w.refund(s, 0, 100), EMPTY);
         assert_eq!(w.refund(s, MIN, 1), EMPTY, "the window has passed");
+    }
+
+    #[test]
+    fn a_return_by_name_counts_only_in_its_window() {
+        let w = FixedWindow::new(4, MIN);
+        let s = w.consume(EMPTY, 5, 3);
+        let mark = w.mark(5);
+        assert_eq!(w.remaining(w.return_units(s, 10, 2, mark), 10), 3);
+        let next = w.consume(s, MIN + 1, 4);
+        assert_eq!(
+            w.return_units(next, MIN + 2, 2, mark),
+            next,
+            "its window has passed"
+        );
     }
 
     #[test]

@@ -157,6 +157,29 @@ impl TokenBucket {
         }
     }
 
+    /// Where a take at `now` counted its tokens: the refill step of the bucket after it (its
+    /// `anchor`), the mark a return by name needs ([`TokenBucket::return_units`]).
+    pub fn mark(&self, bucket: Bucket, now: u64) -> u64 {
+        self.refilled(bucket, now).anchor
+    }
+
+    /// The bucket after returning `units` taken in the refill step at `anchor`: given back
+    /// only while that step is still the current one (no refill since), never above full;
+    /// nothing once a refill has come.
+    pub fn return_units(&self, bucket: Bucket, now: u64, units: u64, anchor: u64) -> Bucket {
+        let at = self.refilled(bucket, now);
+        if self.is_zero() || units == 0 || at.used == 0 || at.anchor != anchor {
+            return bucket;
+        }
+        match at.used.saturating_sub(units) {
+            0 => FULL,
+            used => Bucket {
+                used,
+                anchor: at.anchor,
+            },
+        }
+    }
+
     /// Tokens left at `now`.
     pub fn remaining(&self, bucket: Bucket, now: u64) -> u64 {
         if self.is_zero() {
@@ -274,6 +297,20 @@ mod tests {
         assert_eq!(b.remaining(b.refund(s, SEC, 1), SEC), 2);
         assert_eq!(b.refund(s, SEC, 100), FULL);
         assert_eq!(b.refund(FULL, SEC, 1), FULL);
+    }
+
+    #[test]
+    fn a_return_by_name_counts_only_in_its_refill_step() {
+        let b = TokenBucket::new(4, SEC, 4, false);
+        let s = b.consume(FULL, SEC, 3);
+        let mark = b.mark(s, SEC);
+        assert_eq!(
+            b.remaining(b.return_units(s, SEC + 10, 2, mark), SEC + 10),
+            3
+        );
+        let s = b.consume(s, SEC, 1);
+        assert_eq!(b.return_units(s, 2 * SEC, 2, mark), s, "a refill has come");
+        assert_eq!(b.return_units(s, SEC, 2, mark + 1), s, "another step");
     }
 
     #[test]
