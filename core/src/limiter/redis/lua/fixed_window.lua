@@ -55,6 +55,17 @@ MAKERS.w = MAKERS.w and function()
     return { start = window_start(w, now), count = count }
   end
 
+  -- FixedWindow::mark: the window's start.
+  local function name_take(w, s, now)
+    return s, window_start(w, now)
+  end
+
+  -- FixedWindow::return_units: only while the window counted in is the current one.
+  local function give_named(w, s, now, units, start)
+    if window_start(w, now) ~= start or s.start ~= start then return s end
+    return give(w, s, now, units)
+  end
+
   local function remaining(w, s, now)
     return sat_sub(w.quota, window_count(w, s, now))
   end
@@ -81,5 +92,5 @@ MAKERS.w = MAKERS.w and function()
   end
 
   return algorithm(params, load, admits, take, give, remaining, reset, until_admitted, fresh_at,
-    text)
+    text, nil, nil, name_take, give_named)
 end

@@ -3,26 +3,6 @@
 -- Made only when a request uses it (see MAKERS in the prelude).
 
 MAKERS.s = MAKERS.s and function()
-  -- floor(x * y / z) and the remainder, exactly, for 0 <= x <= z <= 2^52 and 0 <= y <= MAX
-  -- (the Rust side multiplies in 128 bits): long multiplication over the bits of y, keeping the
-  -- running remainder below z, so that no intermediate value reaches 2^53.
-  local function mul_div(x, y, z)
-    local q, r, bit = 0, 0, 1
-    while bit * 2 <= y do bit = bit * 2 end
-    while bit >= 1 do
-      q = q * 2
-      r = r * 2
-      if r >= z then r = r - z; q = q + 1 end
-      if y >= bit then
-        y = y - bit
-        r = r + x
-        if r >= z then r = r - z; q = q + 1 end
-      end
-      bit = bit / 2
-    end
-    return q, r
-  end
-
   local EMPTY = { start = 0, current = 0, previous = 0 }
 
   local function params(quota, period)
@@ -62,14 +42,34 @@ MAKERS.s = MAKERS.s and function()
     return { start = c.start, current = sat_add(c.current, cost), previous = c.previous }
   end
 
+  -- SlidingWindow::settled
+  local function settled(c, current, previous)
+    if current == 0 and previous == 0 then return EMPTY end
+    return { start = c.start, current = current, previous = previous }
+  end
+
+  -- An anonymous refund: from the current window's count only.
   local function give(w, c, now, cost)
     if w.quota == 0 or cost == 0 then return c end
     c = rolled(w, c, now)
-    local from_current = math.min(cost, c.current)
-    local current = c.current - from_current
-    local previous = sat_sub(c.previous, cost - from_current)
-    if current == 0 and previous == 0 then return EMPTY end
-    return { start = c.start, current = current, previous = previous }
+    return settled(c, sat_sub(c.current, cost), c.previous)
+  end
+
+  -- SlidingWindow::mark: the window's start.
+  local function name_take(w, c, now)
+    return c, div_floor(now, w.period) * w.period
+  end
+
+  -- SlidingWindow::return_units: to the window counted in, or the previous count once it has
+  -- rolled, and to nothing after that.
+  local function give_named(w, c, now, units, start)
+    if w.quota == 0 or units == 0 then return c end
+    local r = rolled(w, c, now)
+    if r.start == start then return settled(r, sat_sub(r.current, units), r.previous) end
+    if r.start == sat_add(start, w.period) then
+      return settled(r, r.current, sat_sub(r.previous, units))
+    end
+    return c
   end
 
   local function remaining(w, c, now)
@@ -128,5 +128,5 @@ MAKERS.s = MAKERS.s and function()
   end
 
   return algorithm(params, load, admits, take, give, remaining, reset, until_admitted, fresh_at,
-    text)
+    text, nil, nil, name_take, give_named)
 end

@@ -55,6 +55,20 @@ MAKERS.b = MAKERS.b and function()
     return { used = used, anchor = at.anchor }
   end
 
+  -- TokenBucket::mark: the refill step the take counted in.
+  local function name_take(b, s, now)
+    return s, bucket_refilled(b, s, now).anchor
+  end
+
+  -- TokenBucket::return_units: only while that refill step is the current one.
+  local function give_named(b, s, now, units, anchor)
+    local at = bucket_refilled(b, s, now)
+    if b.quota == 0 or units == 0 or at.used == 0 or at.anchor ~= anchor then return s end
+    local used = sat_sub(at.used, units)
+    if used == 0 then return BUCKET_FULL end
+    return { used = used, anchor = at.anchor }
+  end
+
   local function remaining(b, s, now)
     if b.quota == 0 then return 0 end
     return sat_sub(b.burst, bucket_refilled(b, s, now).used)
@@ -98,5 +112,5 @@ MAKERS.b = MAKERS.b and function()
   end
 
   return algorithm(params, load, admits, take, give, remaining, reset, until_admitted, fresh_at,
-    text)
+    text, nil, nil, name_take, give_named)
 end
