@@ -135,8 +135,9 @@ impl Algo {
     /// Gives `cost` back at `now` for an anonymous refund (Envoy's `is_negative_hits`,
     /// Throttle's `refund`), within each algorithm's bound (docs/algorithms.md): the funnel
     /// gives back at most the anonymous units taken since the last named take, the windows and
-    /// the token bucket only to the current window or refill step, the log only entries still
-    /// counting; never below empty.
+    /// the token bucket only to the current window or refill step and at most what anonymous
+    /// takes counted there since the last named take, the log only entries still counting;
+    /// never below empty.
     pub fn give_back(&self, state: &mut State, now: u64, cost: u64) {
         *state = match self {
             Algo::Funnel(f) => State::Funnel(f.refund_state(funnel_state(state), now, cost)),
@@ -169,9 +170,25 @@ impl Algo {
                 }
                 mark
             }
-            Algo::TokenBucket(b) => b.mark(bucket(state), now),
-            Algo::FixedWindow(w) => w.mark(now),
-            Algo::SlidingWindow(w) => w.mark(now),
+            Algo::TokenBucket(b) => {
+                let named = b.name_take(bucket(state), now);
+                if let State::TokenBucket(s) = state {
+                    *s = named;
+                }
+                b.mark(named, now)
+            }
+            Algo::FixedWindow(w) => {
+                if let State::FixedWindow(s) = state {
+                    *s = w.name_take(*s, now);
+                }
+                w.mark(now)
+            }
+            Algo::SlidingWindow(w) => {
+                if let State::SlidingWindow(s) = state {
+                    *s = w.name_take(*s, now);
+                }
+                w.mark(now)
+            }
             Algo::SlidingLog(l) => l.mark(log(state), now),
             Algo::Concurrency(_) => 0,
         }

@@ -48,6 +48,9 @@ pub struct Counters {
     pub start: u64,
     pub current: u64,
     pub previous: u64,
+    /// Units of the current count taken by anonymous takes since the last named take (a
+    /// reservation): the most an anonymous refund gives back.
+    pub refundable: u64,
 }
 
 /// Nothing counted: the state of a key never used (or whose windows have passed).
@@ -55,6 +58,7 @@ pub const EMPTY: Counters = Counters {
     start: 0,
     current: 0,
     previous: 0,
+    refundable: 0,
 };
 
 /// The result of evaluating one cost against the counters.
@@ -97,15 +101,11 @@ impl SlidingWindow {
         } else if c.start.saturating_add(self.period) == start {
             Counters {
                 start,
-                current: 0,
                 previous: c.current,
+                ..EMPTY
             }
         } else {
-            Counters {
-                start,
-                current: 0,
-                previous: 0,
-            }
+            Counters { start, ..EMPTY }
         }
     }
 
@@ -133,6 +133,7 @@ impl SlidingWindow {
         let c = self.rolled(c, now);
         Counters {
             current: c.current.saturating_add(cost),
+            refundable: c.refundable.saturating_add(cost),
             ..c
         }
     }
@@ -152,7 +153,12 @@ impl SlidingWindow {
             return c;
         }
         let c = self.rolled(c, now);
-        self.settled(c, c.current.saturating_sub(cost), c.previous)
+        let back = cost.min(c.refundable);
+        let refunded = Counters {
+            refundable: c.refundable - back,
+            ..c
+        };
+        self.settled(refunded, c.current.saturating_sub(back), c.previous)
     }
 
     /// `c` with these counts (empty when both are 0).
@@ -164,7 +170,18 @@ impl SlidingWindow {
             start: c.start,
             current,
             previous,
+            refundable: c.refundable.min(current),
         }
+    }
+
+    /// Names the take just made at `now`: anonymous refunds no longer give back what the
+    /// current window counted so far.
+    pub fn name_take(&self, c: Counters, now: u64) -> Counters {
+        let r = self.rolled(c, now);
+        if r.current == 0 {
+            return c;
+        }
+        Counters { refundable: 0, ..r }
     }
 
     /// Where a take at `now` counted its units: the start of its window, the mark a return
@@ -325,6 +342,12 @@ mod tests {
         assert_eq!((back.current, back.previous), (0, 4));
         let only_previous = w.consume(EMPTY, 0, 4);
         assert_eq!(w.refund(only_previous, MIN, 5).previous, 4);
+        let named = w.consume(w.name_take(s, MIN), MIN, 1);
+        assert_eq!(
+            w.refund(named, MIN, 5).current,
+            3,
+            "only the anonymous unit"
+        );
     }
 
     #[test]

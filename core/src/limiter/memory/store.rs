@@ -656,7 +656,11 @@ mod tests {
         }
         // The same bytes under another kind are another state.
         let hash = f.hasher.hash_one(b"a".as_slice());
-        let bucket = State::TokenBucket(Bucket { used: 1, anchor: 2 });
+        let bucket = State::TokenBucket(Bucket {
+            used: 1,
+            anchor: 2,
+            refundable: 0,
+        });
         f.store
             .insert(Kind::TokenBucket, hash, b"a", 9, bucket.clone(), 0);
         assert_eq!(f.store.len(), 2);

@@ -206,18 +206,19 @@ local function mul_div(x, y, z)
   return q, r
 end
 
--- The numbers of a state stored as "n1:n2" (count 2) or "n1:n2:n3" (count 3), from its text
--- (false when the key is absent), or nil when it is absent or malformed.
-local function load_numbers(text, count)
+-- The numbers of a state stored as `count` numbers joined by ":", or `count + 1` (the newer
+-- format: a refundable count last, 0 when absent), from its text (false when the key is
+-- absent), or nil when it is absent or malformed.
+local function load_fields(text, count)
   if not text then return nil end
-  if count == 2 then
-    local a, b = string.match(text, "^([^:]+):([^:]+)$")
-    if a == nil then return nil end
-    return { clamp(a), clamp(b) }
+  local n = {}
+  for part in string.gmatch(text, "[^:]+") do n[#n + 1] = clamp(part) end
+  if #n == count then
+    n[count + 1] = 0
+    return n
   end
-  local a, b, c = string.match(text, "^([^:]+):([^:]+):([^:]+)$")
-  if a == nil then return nil end
-  return { clamp(a), clamp(b), clamp(c) }
+  if #n == count + 1 then return n end
+  return nil
 end
 
 -- When a state whose reset is `wait` from `now` is fresh again: nil (fresh now) for no wait.

@@ -1,9 +1,11 @@
--- sliding_window: mirrors src/limiter/sliding_window.rs. State: "start:current:previous" (the
--- counts of the epoch-aligned window starting at start and of the one before); absent = none.
+-- sliding_window: mirrors src/limiter/sliding_window.rs. State:
+-- "start:current:previous:refundable" (the counts of the epoch-aligned window starting at start
+-- and of the one before, and how many of the current one anonymous refunds may give back);
+-- absent = none. The older "start:current:previous" is still read, with nothing refundable.
 -- Made only when a request uses it (see MAKERS in the prelude).
 
 MAKERS.s = MAKERS.s and function()
-  local EMPTY = { start = 0, current = 0, previous = 0 }
+  local EMPTY = { start = 0, current = 0, previous = 0, refundable = 0 }
 
   local function params(quota, period)
     if period < 1 then period = 1 end
@@ -11,18 +13,18 @@ MAKERS.s = MAKERS.s and function()
   end
 
   local function load(text)
-    local n = load_numbers(text, 3)
+    local n = load_fields(text, 3)
     if n == nil then return EMPTY end
-    return { start = n[1], current = n[2], previous = n[3] }
+    return { start = n[1], current = n[2], previous = n[3], refundable = n[4] }
   end
 
   local function rolled(w, c, now)
     local start = div_floor(now, w.period) * w.period
     if c.start >= start then return c end
     if sat_add(c.start, w.period) == start then
-      return { start = start, current = 0, previous = c.current }
+      return { start = start, current = 0, previous = c.current, refundable = 0 }
     end
-    return { start = start, current = 0, previous = 0 }
+    return { start = start, current = 0, previous = 0, refundable = 0 }
   end
 
   local function estimate(w, c, now)
@@ -39,25 +41,33 @@ MAKERS.s = MAKERS.s and function()
   local function take(w, c, now, cost)
     if w.quota == 0 or cost == 0 then return c end
     c = rolled(w, c, now)
-    return { start = c.start, current = sat_add(c.current, cost), previous = c.previous }
+    return { start = c.start, current = sat_add(c.current, cost), previous = c.previous,
+             refundable = sat_add(c.refundable, cost) }
   end
 
   -- SlidingWindow::settled
   local function settled(c, current, previous)
     if current == 0 and previous == 0 then return EMPTY end
-    return { start = c.start, current = current, previous = previous }
+    return { start = c.start, current = current, previous = previous,
+             refundable = math.min(c.refundable, current) }
   end
 
-  -- An anonymous refund: from the current window's count only.
+  -- An anonymous refund: from the current window's count only, at most its refundable units.
   local function give(w, c, now, cost)
     if w.quota == 0 or cost == 0 then return c end
     c = rolled(w, c, now)
-    return settled(c, sat_sub(c.current, cost), c.previous)
+    local back = math.min(cost, c.refundable)
+    local refunded = { start = c.start, current = c.current, previous = c.previous,
+                       refundable = c.refundable - back }
+    return settled(refunded, sat_sub(c.current, back), c.previous)
   end
 
-  -- SlidingWindow::mark: the window's start.
+  -- SlidingWindow::name_take and mark: the window's start; nothing counted so far refundable.
   local function name_take(w, c, now)
-    return c, div_floor(now, w.period) * w.period
+    local mark = div_floor(now, w.period) * w.period
+    local r = rolled(w, c, now)
+    if r.current == 0 then return c, mark end
+    return { start = r.start, current = r.current, previous = r.previous, refundable = 0 }, mark
   end
 
   -- SlidingWindow::return_units: to the window counted in, or the previous count once it has
@@ -124,7 +134,8 @@ MAKERS.s = MAKERS.s and function()
   end
 
   local function text(w, c)
-    return fmt(c.start) .. ":" .. fmt(c.current) .. ":" .. fmt(c.previous)
+    return fmt(c.start) .. ":" .. fmt(c.current) .. ":" .. fmt(c.previous) .. ":" ..
+      fmt(c.refundable)
   end
 
   return algorithm(params, load, admits, take, give, remaining, reset, until_admitted, fresh_at,
