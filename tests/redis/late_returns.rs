@@ -11,6 +11,7 @@
 //! - The limiters themselves on one manual clock: random takes, anonymous refunds, reserves,
 //!   commits and limit changes (quota and burst) on every rate algorithm give identical
 //!   outcomes on the memory backend and on Redis, step by step.
+//! - States written by an older sluice (Redis) are still read, as they meant.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -21,7 +22,7 @@ use sluice::config::model::{Algorithm, Charge};
 use sluice::config::settings::Settings;
 use sluice::limiter::reserve::{ReserveOp, ReserveOutcome, ReserveRequest, records_key};
 use sluice::limiter::{
-    Batch, BatchOutcome, Hit, LimitParams, Limiter, MemoryLimiter, RedisLimiter, Role,
+    Batch, BatchOutcome, Clock, Hit, LimitParams, Limiter, MemoryLimiter, RedisLimiter, Role,
 };
 use sluice::reload::ReloadTrigger;
 use sluice::testing::eventually;
@@ -446,4 +447,60 @@ async fn random_returns() {
         named >= 30 && refunds >= 100 && changes >= 100,
         "{named}, {refunds}, {changes}"
     );
+}
+
+/// Keys written by an older sluice (`tat`, `used:anchor`, `start:count`,
+/// `start:current:previous`) are read as they were: 3 of 10 used; nothing refundable (a
+/// refund gives nothing back); the next take writes the new format.
+#[tokio::test]
+async fn states_of_the_older_formats_are_still_read() {
+    let b = Backends::start();
+    let now = b.clock.now_nanos() / 1_000;
+    let hour = 3_600_000_000;
+    let window = now - now % hour;
+    let olds = [
+        (Algorithm::Funnel, format!("{}", now + 3 * 360_000_000)),
+        (Algorithm::TokenBucket, format!("3:{now}")),
+        (Algorithm::FixedWindow, format!("{window}:3")),
+        (Algorithm::SlidingWindow, format!("{window}:3:0")),
+    ];
+    for (algorithm, text) in olds {
+        let limit = LimitParams {
+            algorithm,
+            quota: 10,
+            period_nanos: PERIOD,
+            burst: 10,
+            charge: Charge::Admitted,
+            borrow: false,
+            block_nanos: 0,
+            calendar: None,
+        };
+        let hit = hit_of(algorithm, limit, 0, false);
+        let key = format!("sluice:{}", String::from_utf8_lossy(&hit.key));
+        let _: () = b.redis.cmd(&["SET", &key, &text, "PX", "3600000"]);
+        let replica = &b.replicas[0];
+        let check = |cost: u64, refund: bool| Batch {
+            hits: vec![hit_of(algorithm, limit, cost, refund)],
+        };
+        let seen = replica.check(&check(0, false)).await.expect("an answer");
+        assert_eq!(seen.hits[0].remaining, 7, "{algorithm:?}: {text}");
+        let refunded = replica.check(&check(2, true)).await.expect("an answer");
+        assert_eq!(
+            refunded.hits[0].remaining, 7,
+            "{algorithm:?}: nothing refundable"
+        );
+        let taken = replica.check(&check(1, false)).await.expect("an answer");
+        assert_eq!(taken.hits[0].remaining, 6, "{algorithm:?}");
+        let stored: String = b.redis.cmd(&["GET", &key]);
+        let fields = stored.split(':').count();
+        if algorithm == Algorithm::Funnel {
+            assert!(fields == 3 && stored.ends_with(":10:1"), "{stored}");
+        } else {
+            assert_eq!(
+                fields,
+                text.split(':').count() + 1,
+                "{algorithm:?}: {stored}"
+            );
+        }
+    }
 }
