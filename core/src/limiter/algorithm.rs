@@ -249,7 +249,7 @@ impl Algo {
     /// Until `cost` would be admitted (at least 1 when it is denied now).
     pub fn until_admitted(&self, state: &State, now: u64, cost: u64) -> u64 {
         match self {
-            Algo::Funnel(f) => f.until_admitted(tat(f, state, now), now, cost),
+            Algo::Funnel(f) => f.until_admitted_state(funnel_state(state), now, cost),
             Algo::TokenBucket(b) => b.until_admitted(bucket(state), now, cost),
             Algo::FixedWindow(w) => w.until_admitted(window(state), now, cost),
             Algo::SlidingWindow(w) => w.until_admitted(counters(state), now, cost),

@@ -62,6 +62,12 @@ fn mul_div_ceil(x: u64, y: u64, z: u64) -> u64 {
     u64::try_from(q).unwrap_or(u64::MAX)
 }
 
+/// `floor(x * y / z)` in 128 bits, saturating (`z > 0`).
+fn mul_div_floor(x: u64, y: u64, z: u64) -> u64 {
+    let q = u128::from(x) * u128::from(y) / u128::from(z.max(1));
+    u64::try_from(q).unwrap_or(u64::MAX)
+}
+
 /// One limit's funnel parameters, precomputed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Funnel {
@@ -160,12 +166,34 @@ impl Funnel {
     /// The `tat` of `state` at `now` under this funnel: a state taken under another quota
     /// keeps its units, its level scaled to this interval (rounded up).
     pub fn tat_of(&self, state: Tat, now: u64) -> u64 {
-        if state.quota == 0 || state.quota == self.quota || self.is_zero() || state.tat <= now {
+        if !self.converts(state, now) {
             return state.tat;
         }
         let old = self.interval_of(state.quota);
         let level = state.tat - now;
         now.saturating_add(mul_div_ceil(level, self.interval, old))
+    }
+
+    /// Whether `state` is read converted at `now` (taken under another quota, not drained).
+    fn converts(&self, state: Tat, now: u64) -> bool {
+        state.quota != 0 && state.quota != self.quota && !self.is_zero() && state.tat > now
+    }
+
+    /// [`Funnel::until_admitted`] for a stored state, exact also for one taken under another
+    /// quota: until a write converts it, its level drains at the rate it was taken under, so
+    /// `cost` fits once `tat - t <= floor(room * T_old / T)`, `room = tau - cost * T`.
+    pub fn until_admitted_state(&self, state: Tat, now: u64, cost: u64) -> u64 {
+        if !self.converts(state, now) {
+            return self.until_admitted(state.tat, now, cost);
+        }
+        let probe = if self.borrow { cost.min(1) } else { cost };
+        let need = probe.saturating_mul(self.interval);
+        if need > self.tolerance {
+            return self.until_empty(state.tat, now).max(self.period).max(1);
+        }
+        let old = self.interval_of(state.quota);
+        let slack = mul_div_floor(self.tolerance - need, old, self.interval);
+        state.tat.saturating_sub(slack).saturating_sub(now).max(1)
     }
 
     /// Units `state` may still give back to an anonymous refund at `now` (none once drained).

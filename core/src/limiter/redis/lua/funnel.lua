@@ -122,16 +122,30 @@ MAKERS.f = MAKERS.f and function()
     return 0
   end
 
+  -- Funnel::until_admitted_state: exact also for a state taken under another quota, whose
+  -- level drains at its own rate until a write converts it: the cost fits once
+  -- tat - t <= floor(room * T_old / T), room = tolerance - cost * T, computed as
+  -- a * T_old + floor(b * T_old / T) for room = a * T + b.
   local function until_admitted(f, s, now, cost)
     if f.interval == 0 then return f.period end
     local probe = cost
     if f.borrow then probe = math.min(cost, 1) end
-    local tat = tat_of(f, s, now)
+    local need = sat_mul(probe, f.interval)
+    local converts = s.quota ~= 0 and s.quota ~= f.quota and s.tat > now
+    if converts and need <= f.tolerance then
+      local old = interval_of(f.period, s.quota)
+      local room = f.tolerance - need
+      local a = div_floor(room, f.interval)
+      local q = mul_div(room - a * f.interval, old, f.interval)
+      local slack = sat_add(sat_mul(a, old), q)
+      return math.max(sat_sub(sat_sub(s.tat, slack), now), 1)
+    end
     local wait
-    if sat_mul(probe, f.interval) > f.tolerance then
-      wait = math.max(sat_sub(tat, now), f.period)
+    if need > f.tolerance then
+      -- until empty: the stored tat, converted or not
+      wait = math.max(sat_sub(s.tat, now), f.period)
     else
-      wait = sat_sub(sat_sub(funnel_consume(f, tat, now, probe), now), f.tolerance)
+      wait = sat_sub(sat_sub(funnel_consume(f, s.tat, now, probe), now), f.tolerance)
     end
     return math.max(wait, 1)
   end
