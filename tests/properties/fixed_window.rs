@@ -45,7 +45,7 @@ proptest! {
     ) {
         let w = FixedWindow::new(quota, period);
         let now = 100 * period + offset % period;
-        let state = Window { start: w.window_start(now) - windows_ago * period, count };
+        let state = Window { start: w.window_start(now) - windows_ago * period, count, refundable: 0 };
         assert_retry_time_is_exact(&w, &state, now, cost, cost <= u64::from(quota))?;
     }
 

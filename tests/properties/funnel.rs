@@ -5,7 +5,7 @@ use crate::support::*;
 use proptest::prelude::*;
 use sluice::config::model::Algorithm;
 use sluice::limiter::LimitParams;
-use sluice::limiter::funnel::{FRESH, Funnel};
+use sluice::limiter::funnel::{FRESH_STATE, Funnel, Tat};
 
 /// The nominal interval P/Q, the unit of the time steps.
 fn interval(period: u64, quota: u32) -> u64 {
@@ -51,7 +51,8 @@ proptest! {
         let probe = if borrow { cost.min(1) } else { cost };
         let fits = quota > 0 && probe <= u64::from(burst);
         let f = Funnel::new(quota, period, burst, borrow);
-        assert_retry_time_is_exact(&f, &tat, now, cost, fits)?;
+        let state = Tat { tat, quota, refundable: 0 };
+        assert_retry_time_is_exact(&f, &state, now, cost, fits)?;
     }
 
     /// A denied request changes no state (but that of its `charge: always` limits).
@@ -66,6 +67,6 @@ proptest! {
         (limit, start, hits) in single_hits(Algorithm::Funnel),
     ) {
         let unit = interval(limit.period_nanos, limit.quota);
-        assert_memory_agrees(limit, start, unit, &hits, &limit.funnel(), FRESH)?;
+        assert_memory_agrees(limit, start, unit, &hits, &limit.funnel(), FRESH_STATE)?;
     }
 }

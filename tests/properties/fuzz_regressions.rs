@@ -105,6 +105,7 @@ fn a_saturated_bucket_gets_an_exact_retry_time() {
     let bucket = Bucket {
         used: u64::MAX,
         anchor,
+        refundable: 0,
     };
     assert!(!b.admits(bucket, anchor, 1));
     let wait = b.until_admitted(bucket, anchor, 1);

@@ -7,6 +7,7 @@ mod support;
 mod fixed_window;
 mod funnel;
 mod fuzz_regressions;
+mod returns;
 mod rules_keys;
 mod sliding_log;
 mod sliding_window;

@@ -45,7 +45,7 @@ proptest! {
         let w = SlidingWindow::new(quota, period);
         let now = 100 * period + offset % period;
         let start = now - now % period - windows_ago * period;
-        let state = Counters { start, current, previous };
+        let state = Counters { start, current, previous, refundable: 0 };
         let fresh = w.until_fresh(state, now);
         prop_assert_eq!(w.estimate(state, now + fresh), 0);
         if fresh > 0 {

@@ -46,7 +46,7 @@ proptest! {
     ) {
         let fits = (if borrow { cost.min(1) } else { cost }) <= u64::from(burst);
         let b = TokenBucket::new(quota, period, burst, borrow);
-        assert_retry_time_is_exact(&b, &Bucket { used, anchor }, anchor + later, cost, fits)?;
+        assert_retry_time_is_exact(&b, &Bucket { used, anchor, refundable: 0 }, anchor + later, cost, fits)?;
     }
 
     /// A denied request changes no state (but that of its `charge: always` limits).

@@ -725,7 +725,8 @@ async fn a_call_reads_its_keys_with_one_mget_and_writes_each_changed_key_once() 
         )
         .await;
         let unit = limit(100, 60);
-        let held = format!("{}", NOW + 600_000);
+        // Held in the funnel's format, "tat:quota:refundable": one unit refundable.
+        let held = format!("{}:100:1", NOW + 600_000);
         let _: () = redis.cmd(&["SET", "sluice:{held}:funnel:60", &held, "PX", "60000"]);
         let mut requests: Vec<Vec<Hit>> = (0..40)
             .map(|_| vec![hit("{hot}:funnel:60", unit, 1, 0)])
@@ -754,7 +755,7 @@ async fn a_call_reads_its_keys_with_one_mget_and_writes_each_changed_key_once() 
             assert_eq!(outcome.hits[0].remaining, 99 - r, "{via:?}: request {r}");
         }
         let hot: String = redis.cmd(&["GET", "sluice:{hot}:funnel:60"]);
-        assert_eq!(hot, format!("{}", NOW + 40 * 600_000), "{via:?}");
+        assert_eq!(hot, format!("{}:100:40", NOW + 40 * 600_000), "{via:?}");
         // The TTL is counted from the test's `now`, 24 s before the state is fresh.
         let ttl: i64 = redis.cmd(&["PTTL", "sluice:{hot}:funnel:60"]);
         assert!((23_000..=24_000).contains(&ttl), "{via:?}: PTTL {ttl}");

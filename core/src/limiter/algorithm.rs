@@ -8,7 +8,7 @@
 use super::LimitParams;
 use super::concurrency::{Concurrency, Holds};
 use super::fixed_window::{self, FixedWindow, Window};
-use super::funnel::{self, Funnel};
+use super::funnel::{self, Funnel, Tat};
 use super::sliding_log::{Log, SlidingLog};
 use super::sliding_window::{self, Counters, SlidingWindow};
 use super::token_bucket::{self, Bucket, TokenBucket};
@@ -20,8 +20,9 @@ use crate::config::model::Algorithm;
 pub enum State {
     #[default]
     Fresh,
-    /// The funnel's `tat`.
-    Funnel(u64),
+    /// The funnel's `tat`, with the quota it was taken under and what anonymous refunds may
+    /// give back.
+    Funnel(Tat),
     TokenBucket(Bucket),
     FixedWindow(Window),
     SlidingWindow(Counters),
@@ -64,7 +65,7 @@ impl Algo {
     /// Whether `cost` at `now` is admitted against `state`.
     pub fn admits(&self, state: &State, now: u64, cost: u64) -> bool {
         match self {
-            Algo::Funnel(f) => f.evaluate(tat(state), now, cost).admitted,
+            Algo::Funnel(f) => f.evaluate(tat(f, state, now), now, cost).admitted,
             Algo::TokenBucket(b) => b.admits(bucket(state), now, cost),
             Algo::FixedWindow(w) => w.admits(window(state), now, cost),
             Algo::SlidingWindow(w) => w.admits(counters(state), now, cost),
@@ -76,7 +77,7 @@ impl Algo {
     /// Takes `cost` at `now`, admitted or not.
     pub fn take(&self, state: &mut State, now: u64, cost: u64) {
         *state = match self {
-            Algo::Funnel(f) => State::Funnel(f.take(tat(state), now, cost)),
+            Algo::Funnel(f) => State::Funnel(f.take_state(funnel_state(state), now, cost)),
             Algo::TokenBucket(b) => State::TokenBucket(b.consume(bucket(state), now, cost)),
             Algo::FixedWindow(w) => State::FixedWindow(w.consume(window(state), now, cost)),
             Algo::SlidingWindow(w) => State::SlidingWindow(w.consume(counters(state), now, cost)),
@@ -131,10 +132,15 @@ impl Algo {
         matches!(self, Algo::Concurrency(_))
     }
 
-    /// Gives `cost` back at `now` (never below empty).
+    /// Gives `cost` back at `now` for an anonymous refund (Envoy's `is_negative_hits`,
+    /// Throttle's `refund`), within each algorithm's bound (docs/algorithms.md): the funnel
+    /// gives back at most the anonymous units taken since the last named take, the windows and
+    /// the token bucket only to the current window or refill step and at most what anonymous
+    /// takes counted there since the last named take, the log only entries still counting;
+    /// never below empty.
     pub fn give_back(&self, state: &mut State, now: u64, cost: u64) {
         *state = match self {
-            Algo::Funnel(f) => State::Funnel(f.refund(tat(state), now, cost)),
+            Algo::Funnel(f) => State::Funnel(f.refund_state(funnel_state(state), now, cost)),
             Algo::TokenBucket(b) => State::TokenBucket(b.refund(bucket(state), now, cost)),
             Algo::FixedWindow(w) => State::FixedWindow(w.refund(window(state), now, cost)),
             Algo::SlidingWindow(w) => State::SlidingWindow(w.refund(counters(state), now, cost)),
@@ -151,10 +157,74 @@ impl Algo {
         };
     }
 
+    /// Names the take just made on `state` at `now` (a reservation's, or a lease's): returns
+    /// the mark a later return by name needs ([`Self::give_back_named`]): the funnel's slots'
+    /// end, the window's start, the token bucket's refill step, the log entry's time (0 for
+    /// concurrency). The funnel also keeps anonymous refunds off the units taken so far.
+    pub fn name_take(&self, state: &mut State, now: u64) -> u64 {
+        match self {
+            Algo::Funnel(f) => {
+                let (named, mark) = f.name_take(funnel_state(state), now);
+                if let State::Funnel(s) = state {
+                    *s = named;
+                }
+                mark
+            }
+            Algo::TokenBucket(b) => {
+                let named = b.name_take(bucket(state), now);
+                if let State::TokenBucket(s) = state {
+                    *s = named;
+                }
+                b.mark(named, now)
+            }
+            Algo::FixedWindow(w) => {
+                if let State::FixedWindow(s) = state {
+                    *s = w.name_take(*s, now);
+                }
+                w.mark(now)
+            }
+            Algo::SlidingWindow(w) => {
+                if let State::SlidingWindow(s) = state {
+                    *s = w.name_take(*s, now);
+                }
+                w.mark(now)
+            }
+            Algo::SlidingLog(l) => l.mark(log(state), now),
+            Algo::Concurrency(_) => 0,
+        }
+    }
+
+    /// Returns `units` of a named take whose mark is `mark` ([`Self::name_take`]), exactly:
+    /// only what still counts of them (docs/algorithms.md, "Returns"). For concurrency, a
+    /// release of `units`.
+    pub fn give_back_named(&self, state: &mut State, now: u64, units: u64, mark: u64) {
+        *state = match self {
+            Algo::Funnel(f) => State::Funnel(f.return_units(funnel_state(state), now, units, mark)),
+            Algo::TokenBucket(b) => {
+                State::TokenBucket(b.return_units(bucket(state), now, units, mark))
+            }
+            Algo::FixedWindow(w) => {
+                State::FixedWindow(w.return_units(window(state), now, units, mark))
+            }
+            Algo::SlidingWindow(w) => {
+                State::SlidingWindow(w.return_units(counters(state), now, units, mark))
+            }
+            Algo::SlidingLog(l) => {
+                let mut log = take_log(state);
+                l.return_units(&mut log, now, units, mark);
+                State::SlidingLog(log)
+            }
+            Algo::Concurrency(_) => {
+                self.give_back(state, now, units);
+                return;
+            }
+        };
+    }
+
     /// What is left at `now`.
     pub fn remaining(&self, state: &State, now: u64) -> u64 {
         match self {
-            Algo::Funnel(f) => f.remaining(tat(state), now),
+            Algo::Funnel(f) => f.remaining(tat(f, state, now), now),
             Algo::TokenBucket(b) => b.remaining(bucket(state), now),
             Algo::FixedWindow(w) => w.remaining(window(state), now),
             Algo::SlidingWindow(w) => w.remaining(counters(state), now),
@@ -167,7 +237,7 @@ impl Algo {
     /// window, as envoyproxy/ratelimit reports it: to the end of the window).
     pub fn reset_after(&self, state: &State, now: u64) -> u64 {
         match self {
-            Algo::Funnel(f) => f.until_empty(tat(state), now),
+            Algo::Funnel(f) => f.until_empty(tat(f, state, now), now),
             Algo::TokenBucket(b) => b.until_full(bucket(state), now),
             Algo::FixedWindow(w) => w.until_window_end(now),
             Algo::SlidingWindow(w) => w.until_fresh(counters(state), now),
@@ -179,7 +249,7 @@ impl Algo {
     /// Until `cost` would be admitted (at least 1 when it is denied now).
     pub fn until_admitted(&self, state: &State, now: u64, cost: u64) -> u64 {
         match self {
-            Algo::Funnel(f) => f.until_admitted(tat(state), now, cost),
+            Algo::Funnel(f) => f.until_admitted_state(funnel_state(state), now, cost),
             Algo::TokenBucket(b) => b.until_admitted(bucket(state), now, cost),
             Algo::FixedWindow(w) => w.until_admitted(window(state), now, cost),
             Algo::SlidingWindow(w) => w.until_admitted(counters(state), now, cost),
@@ -192,7 +262,7 @@ impl Algo {
     /// is at `now`. Backends drop a state then: Redis gives its key this expiry.
     pub fn fresh_at(&self, state: &State, now: u64) -> Option<u64> {
         let wait = match self {
-            Algo::Funnel(f) => f.until_empty(tat(state), now),
+            Algo::Funnel(f) => f.until_empty(tat(f, state, now), now),
             Algo::TokenBucket(b) => b.until_full(bucket(state), now),
             Algo::FixedWindow(w) => w.until_fresh(window(state), now),
             Algo::SlidingWindow(w) => w.until_fresh(counters(state), now),
@@ -203,11 +273,16 @@ impl Algo {
     }
 }
 
-fn tat(state: &State) -> u64 {
+fn funnel_state(state: &State) -> Tat {
     match state {
-        State::Funnel(tat) => *tat,
-        _ => funnel::FRESH,
+        State::Funnel(s) => *s,
+        _ => funnel::FRESH_STATE,
     }
+}
+
+/// The funnel's `tat` at `now` under `f` (a state taken under another quota, converted).
+fn tat(f: &Funnel, state: &State, now: u64) -> u64 {
+    f.tat_of(funnel_state(state), now)
 }
 
 fn bucket(state: &State) -> Bucket {

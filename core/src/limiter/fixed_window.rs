@@ -52,10 +52,17 @@ pub struct FixedWindow {
 pub struct Window {
     pub start: u64,
     pub count: u64,
+    /// Units of the count taken by anonymous takes since the last named take (a
+    /// reservation): the most an anonymous refund gives back.
+    pub refundable: u64,
 }
 
 /// Nothing counted: the state of a key never used (or whose window has passed).
-pub const EMPTY: Window = Window { start: 0, count: 0 };
+pub const EMPTY: Window = Window {
+    start: 0,
+    count: 0,
+    refundable: 0,
+};
 
 /// The result of evaluating one cost against a window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,10 +110,27 @@ impl FixedWindow {
 
     /// The count of the window holding `now`.
     pub fn count(&self, window: Window, now: u64) -> u64 {
+        self.current(window, now).count
+    }
+
+    /// `window` if it is the one holding `now`, else nothing counted.
+    fn current(&self, window: Window, now: u64) -> Window {
         if window.start == self.window_start(now) {
-            window.count
+            window
         } else {
-            0
+            EMPTY
+        }
+    }
+
+    /// A window of `count` (EMPTY when 0) at the window holding `now`.
+    fn counted(&self, now: u64, count: u64, refundable: u64) -> Window {
+        if count == 0 {
+            return EMPTY;
+        }
+        Window {
+            start: self.window_start(now),
+            count,
+            refundable: refundable.min(count),
         }
     }
 
@@ -123,9 +147,11 @@ impl FixedWindow {
         if self.is_zero() || cost == 0 {
             return window;
         }
+        let at = self.current(window, now);
         Window {
             start: self.window_start(now),
-            count: self.count(window, now).saturating_add(cost),
+            count: at.count.saturating_add(cost),
+            refundable: at.refundable.saturating_add(cost),
         }
     }
 
@@ -137,18 +163,44 @@ impl FixedWindow {
         }
     }
 
-    /// The window after giving `cost` back at `now`; never below 0.
+    /// The window after an anonymous refund of `cost` at `now`: from the current window's
+    /// count only, at most what anonymous takes counted there since the last named take.
     pub fn refund(&self, window: Window, now: u64, cost: u64) -> Window {
         if self.is_zero() || cost == 0 {
             return window;
         }
-        match self.count(window, now).saturating_sub(cost) {
-            0 => EMPTY,
-            count => Window {
-                start: self.window_start(now),
-                count,
-            },
+        let at = self.current(window, now);
+        let back = cost.min(at.refundable);
+        self.counted(now, at.count - back.min(at.count), at.refundable - back)
+    }
+
+    /// Where a take at `now` counted its units: the start of its window, the mark a return
+    /// by name needs ([`FixedWindow::return_units`]).
+    pub fn mark(&self, now: u64) -> u64 {
+        self.window_start(now)
+    }
+
+    /// Names the take just made at `now`: anonymous refunds no longer give back what the
+    /// window counted so far.
+    pub fn name_take(&self, window: Window, now: u64) -> Window {
+        let at = self.current(window, now);
+        if at.count == 0 {
+            return window;
         }
+        Window {
+            refundable: 0,
+            ..at
+        }
+    }
+
+    /// The window after returning `units` counted in the window starting at `start`: given
+    /// back while that window is the current one, never below 0; nothing once it has passed.
+    pub fn return_units(&self, window: Window, now: u64, units: u64, start: u64) -> Window {
+        if self.is_zero() || self.window_start(now) != start || window.start != start {
+            return window;
+        }
+        let count = window.count.saturating_sub(units);
+        self.counted(now, count, window.refundable)
     }
 
     /// What the window still admits at `now`.
@@ -272,6 +324,26 @@ mod tests {
         assert_eq!(w.remaining(w.refund(s, 0, 1), 0), 2);
         assert_eq!(w.refund(s, 0, 100), EMPTY);
         assert_eq!(w.refund(s, MIN, 1), EMPTY, "the window has passed");
+        let named = w.consume(w.name_take(s, 0), 0, 1);
+        assert_eq!(
+            w.count(w.refund(named, 0, 4), 0),
+            3,
+            "only the anonymous unit"
+        );
+    }
+
+    #[test]
+    fn a_return_by_name_counts_only_in_its_window() {
+        let w = FixedWindow::new(4, MIN);
+        let s = w.consume(EMPTY, 5, 3);
+        let mark = w.mark(5);
+        assert_eq!(w.remaining(w.return_units(s, 10, 2, mark), 10), 3);
+        let next = w.consume(s, MIN + 1, 4);
+        assert_eq!(
+            w.return_units(next, MIN + 2, 2, mark),
+            next,
+            "its window has passed"
+        );
     }
 
     #[test]

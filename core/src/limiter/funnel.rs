@@ -7,6 +7,19 @@
 //! here divides by zero or panics. A zero quota is its own case: nothing with a cost passes,
 //! and no state is ever kept.
 //!
+//! A key stores a [`Tat`]: the `tat`, the quota it was taken under, and how many units
+//! anonymous refunds may still give back. A state taken under another quota (a reload changed
+//! the limit; the period is part of the state key, so a changed period is a new key) is read at
+//! its next use as the same units at the new interval: `level' = ceil(level * T' / T)`, where
+//! `level = tat - now`. Units used stay units used: raising the quota gives the difference at
+//! once, lowering it never admits beyond the new bound.
+//!
+//! Returns: a return by name ([`Funnel::return_units`], a reservation's commit) gives back only
+//! the units whose slots, ending at the mark the take left ([`Funnel::name_take`]), are still
+//! wholly ahead of now. An anonymous refund ([`Funnel::refund_state`]) gives back at most the
+//! units taken by anonymous takes since the last named take (`refundable`), and never below
+//! empty: it cannot give back a reservation's units nor any that have drained.
+//!
 //! ```
 //! use sluice_core::limiter::funnel::{Funnel, FRESH};
 //! // 2 per second, burst 2.
@@ -23,9 +36,43 @@
 /// The state of a key that has never been used (or has fully drained).
 pub const FRESH: u64 = 0;
 
+/// A funnel key's stored state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Tat {
+    /// When the funnel is empty (nanoseconds of the backend's clock).
+    pub tat: u64,
+    /// The quota the state was taken under; 0: unknown (a state of an older format), read as
+    /// the quota of the limit using it.
+    pub quota: u32,
+    /// Units taken by anonymous takes since the last named take (a reservation): the most an
+    /// anonymous refund gives back (saturating).
+    pub refundable: u32,
+}
+
+/// The stored state of a key never used (or fully drained).
+pub const FRESH_STATE: Tat = Tat {
+    tat: FRESH,
+    quota: 0,
+    refundable: 0,
+};
+
+/// `ceil(x * y / z)` in 128 bits, saturating (`z > 0`).
+fn mul_div_ceil(x: u64, y: u64, z: u64) -> u64 {
+    let q = (u128::from(x) * u128::from(y)).div_ceil(u128::from(z.max(1)));
+    u64::try_from(q).unwrap_or(u64::MAX)
+}
+
+/// `floor(x * y / z)` in 128 bits, saturating (`z > 0`).
+fn mul_div_floor(x: u64, y: u64, z: u64) -> u64 {
+    let q = u128::from(x) * u128::from(y) / u128::from(z.max(1));
+    u64::try_from(q).unwrap_or(u64::MAX)
+}
+
 /// One limit's funnel parameters, precomputed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Funnel {
+    /// Q, kept in the states taken under it.
+    quota: u32,
     /// T: nanoseconds one unit of cost takes to leak out. 0 means a zero quota.
     interval: u64,
     /// tau: how far ahead of now `tat` may be.
@@ -55,6 +102,7 @@ impl Funnel {
             period.div_ceil(u64::from(quota)).max(1)
         };
         Funnel {
+            quota,
             interval,
             tolerance: interval.saturating_mul(u64::from(burst)),
             period,
@@ -106,13 +154,126 @@ impl Funnel {
         }
     }
 
-    /// The state after giving `cost` back at `now`; never below empty.
-    pub fn refund(&self, tat: u64, now: u64, cost: u64) -> u64 {
-        if self.is_zero() {
-            return tat;
+    /// The interval of a funnel of `quota` over this one's period (0 for a zero quota).
+    fn interval_of(&self, quota: u32) -> u64 {
+        if quota == 0 {
+            0
+        } else {
+            self.period.div_ceil(u64::from(quota)).max(1)
         }
-        let back = tat.saturating_sub(cost.saturating_mul(self.interval));
-        if back <= now { FRESH } else { back }
+    }
+
+    /// The `tat` of `state` at `now` under this funnel: a state taken under another quota
+    /// keeps its units, its level scaled to this interval (rounded up).
+    pub fn tat_of(&self, state: Tat, now: u64) -> u64 {
+        if !self.converts(state, now) {
+            return state.tat;
+        }
+        let old = self.interval_of(state.quota);
+        let level = state.tat - now;
+        now.saturating_add(mul_div_ceil(level, self.interval, old))
+    }
+
+    /// Whether `state` is read converted at `now` (taken under another quota, not drained).
+    fn converts(&self, state: Tat, now: u64) -> bool {
+        state.quota != 0 && state.quota != self.quota && !self.is_zero() && state.tat > now
+    }
+
+    /// [`Funnel::until_admitted`] for a stored state, exact also for one taken under another
+    /// quota: until a write converts it, its level drains at the rate it was taken under, so
+    /// `cost` fits once `tat - t <= floor(room * T_old / T)`, `room = tau - cost * T`.
+    pub fn until_admitted_state(&self, state: Tat, now: u64, cost: u64) -> u64 {
+        if !self.converts(state, now) {
+            return self.until_admitted(state.tat, now, cost);
+        }
+        let probe = if self.borrow { cost.min(1) } else { cost };
+        let need = probe.saturating_mul(self.interval);
+        if need > self.tolerance {
+            return self.until_empty(state.tat, now).max(self.period).max(1);
+        }
+        let old = self.interval_of(state.quota);
+        let slack = mul_div_floor(self.tolerance - need, old, self.interval);
+        state.tat.saturating_sub(slack).saturating_sub(now).max(1)
+    }
+
+    /// Units `state` may still give back to an anonymous refund at `now` (none once drained).
+    fn refundable(&self, state: Tat, now: u64) -> u32 {
+        if state.tat <= now {
+            0
+        } else {
+            state.refundable
+        }
+    }
+
+    /// The state after an anonymous take of `cost` at `now` ([`Funnel::take`]).
+    pub fn take_state(&self, state: Tat, now: u64, cost: u64) -> Tat {
+        if self.is_zero() || cost == 0 {
+            return state;
+        }
+        let cost32 = u32::try_from(cost).unwrap_or(u32::MAX);
+        Tat {
+            tat: self.take(self.tat_of(state, now), now, cost),
+            quota: self.quota,
+            refundable: self.refundable(state, now).saturating_add(cost32),
+        }
+    }
+
+    /// The state after an anonymous refund of `cost` at `now`: at most the units anonymous
+    /// takes put in since the last named take, never below empty.
+    pub fn refund_state(&self, state: Tat, now: u64, cost: u64) -> Tat {
+        if self.is_zero() || cost == 0 {
+            return state;
+        }
+        let refundable = self.refundable(state, now);
+        let units = cost.min(u64::from(refundable));
+        let back = self
+            .tat_of(state, now)
+            .saturating_sub(units.saturating_mul(self.interval));
+        if back <= now {
+            return FRESH_STATE;
+        }
+        Tat {
+            tat: back,
+            quota: self.quota,
+            refundable: refundable - u32::try_from(units).unwrap_or(refundable),
+        }
+    }
+
+    /// Marks the take just made at `now` as named (a reservation's): anonymous refunds no
+    /// longer give back the units taken so far. Returns the state and the mark a return by
+    /// name needs: the end of the slots the take's units hold (the `tat`).
+    pub fn name_take(&self, state: Tat, now: u64) -> (Tat, u64) {
+        if self.is_zero() || state.tat == FRESH {
+            return (state, FRESH);
+        }
+        let tat = self.tat_of(state, now);
+        let named = Tat {
+            tat,
+            quota: self.quota,
+            refundable: 0,
+        };
+        (named, tat)
+    }
+
+    /// The state after returning `units` of a named take whose slots end at `slots_end`: only
+    /// the units whose slots are still wholly ahead of `now`, `tat -= T * min(units,
+    /// (slots_end - now) / T)`; never below empty.
+    pub fn return_units(&self, state: Tat, now: u64, units: u64, slots_end: u64) -> Tat {
+        if self.is_zero() || units == 0 {
+            return state;
+        }
+        let ahead = slots_end.saturating_sub(now) / self.interval;
+        let back = self
+            .tat_of(state, now)
+            .saturating_sub(units.min(ahead).saturating_mul(self.interval));
+        if back <= now {
+            return FRESH_STATE;
+        }
+        Tat {
+            tat: back,
+            quota: self.quota,
+            refundable: self.refundable(state, now),
+        }
     }
 
     /// Whole units of cost that would still be admitted at `now`.
@@ -208,11 +369,78 @@ mod tests {
     }
 
     #[test]
-    fn refund_never_goes_below_empty() {
+    fn an_anonymous_refund_gives_back_only_anonymous_units_still_in() {
         let f = Funnel::new(4, SEC, 4, false);
-        let tat = f.consume(FRESH, SEC, 3);
-        assert_eq!(f.remaining(f.refund(tat, SEC, 1), SEC), 2);
-        assert_eq!(f.refund(tat, SEC, 100), FRESH);
+        let s = f.take_state(FRESH_STATE, SEC, 3);
+        assert_eq!(f.remaining(f.refund_state(s, SEC, 1).tat, SEC), 2);
+        assert_eq!(f.refund_state(s, SEC, 100), FRESH_STATE);
+        // A named take's units are not given back anonymously.
+        let (named, _) = f.name_take(s, SEC);
+        let more = f.take_state(named, SEC, 1);
+        let back = f.refund_state(more, SEC, 4);
+        assert_eq!(
+            f.remaining(back.tat, SEC),
+            1,
+            "only the anonymous unit came back"
+        );
+        // Nor units that drained: a fresh take after draining starts a new count.
+        let later = f.take_state(more, 10 * SEC, 1);
+        assert_eq!(later.refundable, 1);
+    }
+
+    /// The measured case of a late commit: 10 a second, burst 40; 40 reserved at 0, 38
+    /// taken at 3.9 s, the reservation committed with 0 used: one unit comes back.
+    #[test]
+    fn a_return_by_name_gives_back_only_slots_still_ahead() {
+        let f = Funnel::new(10, SEC, 40, false);
+        let reserved = f.take_state(FRESH_STATE, 0, 40);
+        let (named, mark) = f.name_take(reserved, 0);
+        assert_eq!(mark, 4 * SEC);
+        let now = 39 * SEC / 10;
+        let step = f.evaluate(f.tat_of(named, now), now, 38);
+        assert!(step.admitted);
+        let taken = f.take_state(named, now, 38);
+        let back = f.return_units(taken, now, 40, mark);
+        assert_eq!(f.remaining(back.tat, now), 2);
+        assert!(!f.evaluate(back.tat, now, 40).admitted);
+        assert_eq!(
+            f.return_units(taken, 5 * SEC, 40, mark),
+            taken,
+            "its slots have passed"
+        );
+    }
+
+    #[test]
+    fn a_changed_quota_keeps_the_units_used() {
+        const MIN: u64 = 60 * SEC;
+        let ten = Funnel::new(10, MIN, 10, false);
+        let five = Funnel::new(5, MIN, 5, false);
+        let mut s = FRESH_STATE;
+        for _ in 0..5 {
+            s = ten.take_state(s, 0, 1);
+        }
+        assert_eq!(
+            five.remaining(five.tat_of(s, 0), 0),
+            0,
+            "lowered: nothing left"
+        );
+        let mut s = FRESH_STATE;
+        for _ in 0..5 {
+            s = five.take_state(s, 0, 1);
+        }
+        assert_eq!(
+            ten.remaining(ten.tat_of(s, 0), 0),
+            5,
+            "raised: the difference at once"
+        );
+        let s = ten.take_state(s, 0, 5);
+        assert_eq!(s.quota, 10);
+        assert_eq!(ten.remaining(s.tat, 0), 0);
+        assert_eq!(
+            five.tat_of(Tat { quota: 0, ..s }, 0),
+            s.tat,
+            "an old state is not scaled"
+        );
     }
 
     #[test]

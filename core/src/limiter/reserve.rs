@@ -5,11 +5,17 @@
 //! [`records_key`]. docs/holds.md has the semantics and why they are so.
 //!
 //! - **Reserve** runs its batch (the amount, all or nothing, `charge: admitted`); when it is
-//!   admitted, a record `(id, amount, now + ttl)` is opened. A refused reserve leaves nothing.
-//! - **Commit** closes the live record with that id and runs [`settle`]'s hit: a refund of
-//!   `estimate - actual`, or a charge of `actual - estimate` with `charge: always` (owed: it is
-//!   charged even over the limit, as debt, within the algorithm's debt bound). With no such
-//!   record (unknown, already committed, or expired) it charges nothing: the hit is a check.
+//!   admitted, the take is named ([`Algo::name_take`](super::algorithm::Algo::name_take)) and a
+//!   record `(id, amount, now + ttl, mark)` is opened, the mark saying where the amount was
+//!   counted. A refused reserve leaves nothing.
+//! - **Commit** closes the live record with that id. Below the estimate, it returns
+//!   `estimate - actual` by name
+//!   ([`Algo::give_back_named`](super::algorithm::Algo::give_back_named)): only what still
+//!   counts of the reservation's units comes back, and [`settle`]'s hit is then a refund of 0
+//!   (a report). Above it, [`settle`]'s hit charges `actual - estimate` with `charge: always`
+//!   (owed: it is charged even over the limit, as debt, within the algorithm's debt bound).
+//!   With no such record (unknown, already committed, or expired) it charges nothing: the hit
+//!   is a check.
 //!   A check ([`check_after`]) follows in the same call, to report what the key holds.
 //! - **Expiry** drops a record and keeps its estimate charged.
 
@@ -102,28 +108,46 @@ pub(crate) fn check_after(template: &Hit) -> Hit {
 pub struct Records {
     /// The next id to hand out (a fresh key counts on from the time in microseconds).
     pub next_id: u64,
-    /// `(id, amount, expiry)`, in the order opened.
-    pub open: Vec<(u64, u64, u64)>,
+    /// The open reservations, in the order opened.
+    pub open: Vec<Record>,
+}
+
+/// One open reservation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Record {
+    pub id: u64,
+    /// The estimate charged.
+    pub amount: u64,
+    /// When it expires (its estimate then stays charged).
+    pub expiry: u64,
+    /// Where the amount was counted ([`Algo::name_take`](super::algorithm::Algo::name_take)):
+    /// what a commit's return by name needs.
+    pub mark: u64,
 }
 
 impl Records {
     /// Drops the records expired at `now`.
     pub fn expire(&mut self, now: u64) {
-        self.open.retain(|&(_, _, expiry)| expiry > now);
+        self.open.retain(|r| r.expiry > now);
     }
 
-    /// Opens a record of `amount` expiring at `expiry`; returns its id.
-    pub fn open(&mut self, now: u64, amount: u64, expiry: u64) -> u64 {
+    /// Opens a record of `amount` counted at `mark`, expiring at `expiry`; returns its id.
+    pub fn open(&mut self, now: u64, amount: u64, expiry: u64, mark: u64) -> u64 {
         let id = self.next_id.max(now / 1_000);
         self.next_id = id.saturating_add(1);
-        self.open.push((id, amount, expiry));
+        self.open.push(Record {
+            id,
+            amount,
+            expiry,
+            mark,
+        });
         id
     }
 
-    /// Closes the live record `id` (call [`Records::expire`] first); returns its amount.
-    pub fn close(&mut self, id: u64) -> Option<u64> {
-        let at = self.open.iter().position(|&(i, _, _)| i == id)?;
-        Some(self.open.remove(at).1)
+    /// Closes the live record `id` (call [`Records::expire`] first); returns it.
+    pub fn close(&mut self, id: u64) -> Option<Record> {
+        let at = self.open.iter().position(|r| r.id == id)?;
+        Some(self.open.remove(at))
     }
 
     /// Whether no reservation is open (the key can be forgotten, its next id with it).
@@ -176,10 +200,10 @@ mod tests {
     #[test]
     fn records_open_close_once_and_expire() {
         let mut r = Records::default();
-        let a = r.open(5_000_000, 4, 10);
-        let b = r.open(5_000_000, 6, 20);
+        let a = r.open(5_000_000, 4, 10, 7);
+        let b = r.open(5_000_000, 6, 20, 8);
         assert_eq!((a, b), (5_000, 5_001));
-        assert_eq!(r.close(a), Some(4));
+        assert_eq!(r.close(a).map(|r| (r.amount, r.mark)), Some((4, 7)));
         assert_eq!(r.close(a), None);
         r.expire(20);
         assert_eq!(r.close(b), None);

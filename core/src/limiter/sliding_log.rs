@@ -200,6 +200,33 @@ impl SlidingLog {
         }
     }
 
+    /// Where a take at `now` logged its cost: the time of the newest entry (the mark a return
+    /// by name needs, [`SlidingLog::return_units`]).
+    pub fn mark(&self, log: &Log, now: u64) -> u64 {
+        log.entries.back().map_or(now, |&(t, _)| t)
+    }
+
+    /// Returns `units` logged in the entry of time `at`: taken from that entry while it still
+    /// counts, never below empty; nothing once it has left the log.
+    pub fn return_units(&self, log: &mut Log, now: u64, units: u64, at: u64) {
+        if self.is_zero() || units == 0 {
+            return;
+        }
+        self.trim(log, now);
+        let Ok(i) = log.entries.binary_search_by_key(&at, |&(t, _)| t) else {
+            return;
+        };
+        let Some(entry) = log.entries.get_mut(i) else {
+            return;
+        };
+        let take = units.min(entry.1);
+        entry.1 -= take;
+        log.sum -= u128::from(take);
+        if entry.1 == 0 {
+            log.entries.remove(i);
+        }
+    }
+
     /// What the log still admits at `now`.
     pub fn remaining(&self, log: &Log, now: u64) -> u64 {
         if self.is_zero() {
@@ -291,6 +318,22 @@ mod tests {
         assert_eq!(entries(&log), [(0, 1)]);
         l.refund(&mut log, SEC, 100);
         assert!(log.is_empty());
+        assert_eq!(log.sum(), 0);
+    }
+
+    #[test]
+    fn a_return_by_name_comes_from_its_entry() {
+        let l = SlidingLog::new(10, MIN);
+        let mut log = Log::default();
+        l.consume(&mut log, 0, 3);
+        let mark = l.mark(&log, 0);
+        l.consume(&mut log, SEC, 2);
+        l.return_units(&mut log, SEC, 5, mark);
+        assert_eq!(entries(&log), [(SEC, 2)]);
+        l.consume(&mut log, 2 * SEC, 1);
+        let mark = l.mark(&log, 2 * SEC);
+        l.return_units(&mut log, 2 * SEC + MIN, 1, mark);
+        assert!(log.is_empty(), "the entry had left");
         assert_eq!(log.sum(), 0);
     }
 

@@ -48,6 +48,9 @@ pub struct Counters {
     pub start: u64,
     pub current: u64,
     pub previous: u64,
+    /// Units of the current count taken by anonymous takes since the last named take (a
+    /// reservation): the most an anonymous refund gives back.
+    pub refundable: u64,
 }
 
 /// Nothing counted: the state of a key never used (or whose windows have passed).
@@ -55,6 +58,7 @@ pub const EMPTY: Counters = Counters {
     start: 0,
     current: 0,
     previous: 0,
+    refundable: 0,
 };
 
 /// The result of evaluating one cost against the counters.
@@ -97,15 +101,11 @@ impl SlidingWindow {
         } else if c.start.saturating_add(self.period) == start {
             Counters {
                 start,
-                current: 0,
                 previous: c.current,
+                ..EMPTY
             }
         } else {
-            Counters {
-                start,
-                current: 0,
-                previous: 0,
-            }
+            Counters { start, ..EMPTY }
         }
     }
 
@@ -133,6 +133,7 @@ impl SlidingWindow {
         let c = self.rolled(c, now);
         Counters {
             current: c.current.saturating_add(cost),
+            refundable: c.refundable.saturating_add(cost),
             ..c
         }
     }
@@ -145,16 +146,23 @@ impl SlidingWindow {
         }
     }
 
-    /// The counters after giving `cost` back at `now`: from the current count first, then
-    /// from the previous one; never below 0.
+    /// The counters after an anonymous refund of `cost` at `now`: from the current window's
+    /// count only, never below 0 (what earlier windows counted stays counted).
     pub fn refund(&self, c: Counters, now: u64, cost: u64) -> Counters {
         if self.is_zero() || cost == 0 {
             return c;
         }
         let c = self.rolled(c, now);
-        let from_current = cost.min(c.current);
-        let current = c.current - from_current;
-        let previous = c.previous.saturating_sub(cost - from_current);
+        let back = cost.min(c.refundable);
+        let refunded = Counters {
+            refundable: c.refundable - back,
+            ..c
+        };
+        self.settled(refunded, c.current.saturating_sub(back), c.previous)
+    }
+
+    /// `c` with these counts (empty when both are 0).
+    fn settled(&self, c: Counters, current: u64, previous: u64) -> Counters {
         if current == 0 && previous == 0 {
             return EMPTY;
         }
@@ -162,6 +170,40 @@ impl SlidingWindow {
             start: c.start,
             current,
             previous,
+            refundable: c.refundable.min(current),
+        }
+    }
+
+    /// Names the take just made at `now`: anonymous refunds no longer give back what the
+    /// current window counted so far.
+    pub fn name_take(&self, c: Counters, now: u64) -> Counters {
+        let r = self.rolled(c, now);
+        if r.current == 0 {
+            return c;
+        }
+        Counters { refundable: 0, ..r }
+    }
+
+    /// Where a take at `now` counted its units: the start of its window, the mark a return
+    /// by name needs ([`SlidingWindow::return_units`]).
+    pub fn mark(&self, now: u64) -> u64 {
+        now - now % self.period
+    }
+
+    /// The counters after returning `units` counted in the window starting at `start`: to
+    /// the current count while that window is the current one, to the previous count once the
+    /// window has rolled, and to nothing after that; never below 0.
+    pub fn return_units(&self, c: Counters, now: u64, units: u64, start: u64) -> Counters {
+        if self.is_zero() || units == 0 {
+            return c;
+        }
+        let r = self.rolled(c, now);
+        if r.start == start {
+            self.settled(r, r.current.saturating_sub(units), r.previous)
+        } else if r.start == start.saturating_add(self.period) {
+            self.settled(r, r.current, r.previous.saturating_sub(units))
+        } else {
+            c
         }
     }
 
@@ -293,12 +335,35 @@ mod tests {
     }
 
     #[test]
-    fn refund_takes_from_current_then_previous() {
+    fn an_anonymous_refund_takes_from_the_current_window_only() {
         let w = SlidingWindow::new(10, MIN);
         let s = w.consume(w.consume(EMPTY, 0, 4), MIN, 3);
         let back = w.refund(s, MIN, 5);
-        assert_eq!((back.current, back.previous), (0, 2));
-        assert_eq!(w.refund(s, MIN, 100), EMPTY);
+        assert_eq!((back.current, back.previous), (0, 4));
+        let only_previous = w.consume(EMPTY, 0, 4);
+        assert_eq!(w.refund(only_previous, MIN, 5).previous, 4);
+        let named = w.consume(w.name_take(s, MIN), MIN, 1);
+        assert_eq!(
+            w.refund(named, MIN, 5).current,
+            3,
+            "only the anonymous unit"
+        );
+    }
+
+    #[test]
+    fn a_return_by_name_goes_to_its_window_then_to_nothing() {
+        let w = SlidingWindow::new(10, MIN);
+        let s = w.consume(EMPTY, 5, 4);
+        let mark = w.mark(5);
+        assert_eq!(w.return_units(s, 10, 3, mark).current, 1);
+        let rolled = w.consume(s, MIN + 1, 2);
+        let back = w.return_units(rolled, MIN + 2, 3, mark);
+        assert_eq!((back.current, back.previous), (2, 1));
+        assert_eq!(
+            w.return_units(rolled, 2 * MIN, 3, mark),
+            rolled,
+            "two windows on"
+        );
     }
 
     #[test]

@@ -46,10 +46,17 @@ pub struct TokenBucket {
 pub struct Bucket {
     pub used: u64,
     pub anchor: u64,
+    /// Tokens taken by anonymous takes in the current refill step since the last named take
+    /// (a reservation): the most an anonymous refund gives back.
+    pub refundable: u64,
 }
 
 /// A full bucket: the state of a key never used (or refilled completely).
-pub const FULL: Bucket = Bucket { used: 0, anchor: 0 };
+pub const FULL: Bucket = Bucket {
+    used: 0,
+    anchor: 0,
+    refundable: 0,
+};
 
 /// The result of evaluating one cost against a bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,6 +100,7 @@ impl TokenBucket {
             anchor: bucket
                 .anchor
                 .saturating_add(steps.saturating_mul(self.period)),
+            refundable: 0,
         }
     }
 
@@ -125,6 +133,19 @@ impl TokenBucket {
         Bucket {
             used,
             anchor: if at.used == 0 { now } else { at.anchor },
+            refundable: at.refundable.saturating_add(cost),
+        }
+    }
+
+    /// `at` with `used` tokens missing (full when none).
+    fn settled(&self, at: Bucket, used: u64, refundable: u64) -> Bucket {
+        if used == 0 {
+            return FULL;
+        }
+        Bucket {
+            used,
+            anchor: at.anchor,
+            refundable: refundable.min(used),
         }
     }
 
@@ -142,19 +163,46 @@ impl TokenBucket {
         }
     }
 
-    /// The bucket after giving `cost` tokens back at `now`; never above full.
+    /// The bucket after an anonymous refund of `cost` tokens at `now`: at most the tokens
+    /// anonymous takes took in the current refill step since the last named take; never above
+    /// full.
     pub fn refund(&self, bucket: Bucket, now: u64, cost: u64) -> Bucket {
         if self.is_zero() || cost == 0 {
             return bucket;
         }
         let at = self.refilled(bucket, now);
-        match at.used.saturating_sub(cost) {
-            0 => FULL,
-            used => Bucket {
-                used,
-                anchor: at.anchor,
-            },
+        let back = cost.min(at.refundable);
+        self.settled(at, at.used.saturating_sub(back), at.refundable - back)
+    }
+
+    /// Names the take just made at `now`: anonymous refunds no longer give back the tokens
+    /// taken so far.
+    pub fn name_take(&self, bucket: Bucket, now: u64) -> Bucket {
+        let at = self.refilled(bucket, now);
+        if at.used == 0 {
+            return bucket;
         }
+        Bucket {
+            refundable: 0,
+            ..at
+        }
+    }
+
+    /// Where a take at `now` counted its tokens: the refill step of the bucket after it (its
+    /// `anchor`), the mark a return by name needs ([`TokenBucket::return_units`]).
+    pub fn mark(&self, bucket: Bucket, now: u64) -> u64 {
+        self.refilled(bucket, now).anchor
+    }
+
+    /// The bucket after returning `units` taken in the refill step at `anchor`: given back
+    /// only while that step is still the current one (no refill since), never above full;
+    /// nothing once a refill has come.
+    pub fn return_units(&self, bucket: Bucket, now: u64, units: u64, anchor: u64) -> Bucket {
+        let at = self.refilled(bucket, now);
+        if self.is_zero() || units == 0 || at.used == 0 || at.anchor != anchor {
+            return bucket;
+        }
+        self.settled(at, at.used.saturating_sub(units), at.refundable)
     }
 
     /// Tokens left at `now`.
@@ -274,6 +322,34 @@ mod tests {
         assert_eq!(b.remaining(b.refund(s, SEC, 1), SEC), 2);
         assert_eq!(b.refund(s, SEC, 100), FULL);
         assert_eq!(b.refund(FULL, SEC, 1), FULL);
+        let named = b.consume(b.name_take(s, SEC), SEC, 1);
+        assert_eq!(
+            b.remaining(b.refund(named, SEC, 4), SEC),
+            1,
+            "only the anonymous token"
+        );
+        let later = b.consume(FULL, SEC, 4);
+        let refunded = b.refund(later, 2 * SEC - 1, 1);
+        assert_eq!(b.remaining(refunded, 2 * SEC - 1), 1);
+        let at_refill = b.refund(later, 2 * SEC + 1, 1);
+        assert_eq!(
+            at_refill, FULL,
+            "a refill has come: nothing refundable (and full)"
+        );
+    }
+
+    #[test]
+    fn a_return_by_name_counts_only_in_its_refill_step() {
+        let b = TokenBucket::new(4, SEC, 4, false);
+        let s = b.consume(FULL, SEC, 3);
+        let mark = b.mark(s, SEC);
+        assert_eq!(
+            b.remaining(b.return_units(s, SEC + 10, 2, mark), SEC + 10),
+            3
+        );
+        let s = b.consume(s, SEC, 1);
+        assert_eq!(b.return_units(s, 2 * SEC, 2, mark), s, "a refill has come");
+        assert_eq!(b.return_units(s, SEC, 2, mark + 1), s, "another step");
     }
 
     #[test]

@@ -11,7 +11,7 @@ use proptest::prelude::*;
 use sluice::config::model::{Algorithm, Charge};
 use sluice::limiter::algorithm::{Algo, State};
 use sluice::limiter::fixed_window::{FixedWindow, Window};
-use sluice::limiter::funnel::Funnel;
+use sluice::limiter::funnel::{Funnel, Tat};
 use sluice::limiter::sliding_log::{Log, SlidingLog};
 use sluice::limiter::sliding_window::{Counters, SlidingWindow};
 use sluice::limiter::token_bucket::{Bucket, TokenBucket};
@@ -109,24 +109,24 @@ pub(crate) trait Pure {
 }
 
 impl Pure for Funnel {
-    type State = u64;
-    fn allows(&self, tat: &u64, now: u64, cost: u64) -> bool {
-        self.evaluate(*tat, now, cost).admitted
+    type State = Tat;
+    fn allows(&self, s: &Tat, now: u64, cost: u64) -> bool {
+        self.evaluate(self.tat_of(*s, now), now, cost).admitted
     }
-    fn take(&self, tat: &mut u64, now: u64, cost: u64) {
-        *tat = Funnel::take(self, *tat, now, cost);
+    fn take(&self, s: &mut Tat, now: u64, cost: u64) {
+        *s = self.take_state(*s, now, cost);
     }
-    fn give_back(&self, tat: &mut u64, now: u64, cost: u64) {
-        *tat = self.refund(*tat, now, cost);
+    fn give_back(&self, s: &mut Tat, now: u64, cost: u64) {
+        *s = self.refund_state(*s, now, cost);
     }
-    fn left(&self, tat: &u64, now: u64) -> u64 {
-        self.remaining(*tat, now)
+    fn left(&self, s: &Tat, now: u64) -> u64 {
+        self.remaining(self.tat_of(*s, now), now)
     }
-    fn reset_after(&self, tat: &u64, now: u64) -> u64 {
-        self.until_empty(*tat, now)
+    fn reset_after(&self, s: &Tat, now: u64) -> u64 {
+        self.until_empty(self.tat_of(*s, now), now)
     }
-    fn retry_after(&self, tat: &u64, now: u64, cost: u64) -> u64 {
-        self.until_admitted(*tat, now, cost)
+    fn retry_after(&self, s: &Tat, now: u64, cost: u64) -> u64 {
+        self.until_admitted(self.tat_of(*s, now), now, cost)
     }
 }
 

@@ -358,14 +358,24 @@ mod tests {
         assert!(d.outcome.admitted);
         assert!(d.outcome.hits.iter().all(|h| h.remaining == 1));
         assert_eq!(d.writes.as_slice(), [Write::Store(SEC + 3 * SEC / 4)]);
-        assert_eq!(states, [State::Funnel(SEC + 3 * SEC / 4)]);
+        let tat = crate::limiter::funnel::Tat {
+            tat: SEC + 3 * SEC / 4,
+            quota: 4,
+            refundable: 3,
+        };
+        assert_eq!(states, [State::Funnel(tat)]);
     }
 
     #[test]
     fn a_refund_to_empty_removes_the_key() {
         let mut back = hit("a", 0, 9);
         back.refund = true;
-        let d = decide_all(&[back], &[0], &mut [State::Funnel(SEC + 1)], SEC);
+        let tat = crate::limiter::funnel::Tat {
+            tat: SEC + 1,
+            quota: 4,
+            refundable: 1,
+        };
+        let d = decide_all(&[back], &[0], &mut [State::Funnel(tat)], SEC);
         assert_eq!(d.writes.as_slice(), [Write::Remove]);
         assert_eq!(d.outcome.hits[0].remaining, 4);
     }

@@ -8,11 +8,13 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use super::store::Kind;
 use super::{Clock, MemoryLimiter};
+use crate::limiter::algorithm::{Algo, State};
 use crate::limiter::reserve::{
     MAX_OPEN, Records, ReserveOp, ReserveOutcome, ReserveRequest, check_after, settle,
 };
-use crate::limiter::{Batch, LimiterError};
+use crate::limiter::{Batch, Hit, LimiterError};
 
 /// Every key's open reservations.
 pub(super) struct Table {
@@ -79,9 +81,15 @@ impl<C: Clock> MemoryLimiter<C> {
                     }
                 } else {
                     let outcome = self.decide(batch);
-                    let id = outcome
-                        .admitted
-                        .then(|| records.open(now, *amount, now.saturating_add(request.ttl_nanos)));
+                    let id = match batch.hits.first() {
+                        Some(hit) if outcome.admitted => {
+                            let mark =
+                                self.with_state(hit, |algo, state, now| algo.name_take(state, now));
+                            let expiry = now.saturating_add(request.ttl_nanos);
+                            Some(records.open(now, *amount, expiry, mark))
+                        }
+                        _ => None,
+                    };
                     ReserveOutcome {
                         done: id.is_some(),
                         id: id.unwrap_or(0),
@@ -92,9 +100,18 @@ impl<C: Clock> MemoryLimiter<C> {
                 }
             }
             ReserveOp::Commit { id, actual, hit } => {
-                let estimate = records.close(*id);
+                let record = records.close(*id);
+                let estimate = record.map(|r| r.amount);
+                let mut settling = settle(hit, estimate, *actual);
+                if let (Some(r), true) = (record, settling.refund) {
+                    let units = settling.cost;
+                    self.with_state(hit, |algo, state, now| {
+                        algo.give_back_named(state, now, units, r.mark);
+                    });
+                    settling.cost = 0;
+                }
                 let batch = Batch {
-                    hits: vec![settle(hit, estimate, *actual)],
+                    hits: vec![settling],
                 };
                 let mut outcome = self.decide(&batch);
                 let after = Batch {
@@ -114,6 +131,32 @@ impl<C: Clock> MemoryLimiter<C> {
             keys.insert(Arc::clone(&request.records), records);
         }
         Ok(outcome)
+    }
+
+    /// Applies `f` to the state of `hit`'s key (under its limit's algorithm) at the clock's
+    /// now, under the key's shard lock, and stores the result.
+    fn with_state<R>(&self, hit: &Hit, f: impl FnOnce(&Algo, &mut State, u64) -> R) -> R {
+        let algo = Algo::of(&hit.limit);
+        let kind = Kind::of(hit.limit.algorithm);
+        let (hash, shard) = self.shards.place(&hit.key);
+        let mut locked = self.shards.lock(std::iter::once(shard));
+        let now = self.clock.now_nanos();
+        let Some(store) = locked.store(shard) else {
+            return f(&algo, &mut State::Fresh, now);
+        };
+        let found = store.find(hash, &hit.key, kind);
+        let mut state = found
+            .and_then(|at| store.take(at))
+            .map_or(State::Fresh, |(_, s)| s);
+        let out = f(&algo, &mut state, now);
+        match (found, algo.fresh_at(&state, now)) {
+            (Some(at), Some(fresh_at)) => store.put(at, fresh_at, state),
+            (Some(at), None) => store.remove(at),
+            (None, Some(fresh_at)) => store.insert(kind, hash, &hit.key, fresh_at, state, now),
+            (None, None) => {}
+        }
+        locked.tidy();
+        out
     }
 }
 

@@ -1,6 +1,6 @@
 //! One shard's states: the keys' bytes in one [`Arena`], and one hash table per kind of state
 //! whose entries name their key by [`Span`]. An entry holds only what its kind needs: a
-//! funnel's is its span and `tat` (16 bytes; its `tat` is when it becomes fresh), the others
+//! funnel's is its span and [`Tat`] (24 bytes; its `tat` is when it becomes fresh), the others
 //! add the time they become fresh to their state. A state is found by its key in the table of
 //! its algorithm only: state keys name their algorithm, so one key never has states of two
 //! kinds (and were the same bytes used by two algorithms, they would simply be two states).
@@ -16,6 +16,7 @@ use crate::config::model::Algorithm;
 use crate::limiter::algorithm::State;
 use crate::limiter::concurrency::Holds;
 use crate::limiter::fixed_window::Window;
+use crate::limiter::funnel::Tat;
 use crate::limiter::sliding_log::Log;
 use crate::limiter::sliding_window::Counters;
 use crate::limiter::token_bucket::Bucket;
@@ -87,9 +88,9 @@ trait Value: Sized {
 }
 
 /// A funnel's `tat` is the time it becomes fresh: nothing else is stored.
-impl Value for u64 {
+impl Value for Tat {
     fn fresh_at(&self) -> u64 {
-        *self
+        self.tat
     }
 
     fn peek(&self) -> State {
@@ -100,9 +101,9 @@ impl Value for u64 {
         self.peek()
     }
 
-    fn new(_fresh_at: u64, state: State) -> Option<u64> {
+    fn new(_fresh_at: u64, state: State) -> Option<Tat> {
         match state {
-            State::Funnel(tat) => Some(tat),
+            State::Funnel(s) => Some(s),
             _ => None,
         }
     }
@@ -351,7 +352,7 @@ impl<V: Value> AnyTable for Table<V> {
 /// One table per kind of state.
 #[derive(Default)]
 struct Tables {
-    funnel: Table<u64>,
+    funnel: Table<Tat>,
     token_bucket: Table<Timed<Bucket>>,
     fixed_window: Table<Timed<Window>>,
     sliding_window: Table<Timed<Counters>>,
@@ -583,6 +584,13 @@ mod tests {
         hasher: RandomState,
     }
 
+    fn tat(tat: u64) -> Tat {
+        Tat {
+            tat,
+            ..Tat::default()
+        }
+    }
+
     impl Fixture {
         fn new(capacity: usize) -> Fixture {
             let hasher = RandomState::new();
@@ -594,7 +602,7 @@ mod tests {
 
         fn insert(&mut self, key: &str, fresh_at: u64, now: u64) {
             let hash = self.hasher.hash_one(key.as_bytes());
-            let state = State::Funnel(fresh_at);
+            let state = State::Funnel(tat(fresh_at));
             self.store
                 .insert(Kind::Funnel, hash, key.as_bytes(), fresh_at, state, now);
         }
@@ -633,9 +641,9 @@ mod tests {
         let mut f = Fixture::new(1);
         f.insert("a", 5, 0);
         let found = f.find("a", Kind::Funnel).unwrap();
-        assert_eq!(f.store.take(found), Some((5, State::Funnel(5))));
-        f.store.put(found, 6, State::Funnel(6));
-        assert_eq!(f.store.snapshot(), [(b"a".to_vec(), State::Funnel(6))]);
+        assert_eq!(f.store.take(found), Some((5, State::Funnel(tat(5)))));
+        f.store.put(found, 6, State::Funnel(tat(6)));
+        assert_eq!(f.store.snapshot(), [(b"a".to_vec(), State::Funnel(tat(6)))]);
     }
 
     #[test]
@@ -648,7 +656,11 @@ mod tests {
         }
         // The same bytes under another kind are another state.
         let hash = f.hasher.hash_one(b"a".as_slice());
-        let bucket = State::TokenBucket(Bucket { used: 1, anchor: 2 });
+        let bucket = State::TokenBucket(Bucket {
+            used: 1,
+            anchor: 2,
+            refundable: 0,
+        });
         f.store
             .insert(Kind::TokenBucket, hash, b"a", 9, bucket.clone(), 0);
         assert_eq!(f.store.len(), 2);
@@ -661,7 +673,7 @@ mod tests {
         let mut f = Fixture::new(4);
         let hash = f.hasher.hash_one(b"a".as_slice());
         f.store
-            .insert(Kind::SlidingLog, hash, b"a", 9, State::Funnel(9), 0);
+            .insert(Kind::SlidingLog, hash, b"a", 9, State::Funnel(tat(9)), 0);
         f.insert("b", 5, 0);
         let found = f.find("b", Kind::Funnel).unwrap();
         f.store.put(found, 9, State::FixedWindow(Window::default()));

@@ -214,8 +214,11 @@ MAKERS.c = MAKERS.c and function()
     redis.call("PEXPIRE", key, fmt(ttl_ms(now, fresh_at)))
   end
 
+  -- A reservation on holds: its commit releases by name as an anonymous release does.
+  local function name_take(p, v, now) return v, 0 end
+  local function give_named(p, v, now, units) return give(p, v, now, units) end
   local algo = algorithm(params, load, admits, take, give, remaining, reset, until_admitted,
-    fresh_at, nil, save, deny)
+    fresh_at, nil, save, deny, name_take, give_named)
   algo.take_id, algo.give_id = take_id, give_id
   return algo
 end

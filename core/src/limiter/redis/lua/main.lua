@@ -161,8 +161,9 @@ local block_until = {}
 -- Each request in turn: evaluate, plan, commit, report (appended to `reply`), write. (A loop,
 -- not a function: the script runs whole on every call, and a closure costs per call.)
 -- The fast path's (see below): the funnel, when a limit of the call is one; per key, the
--- request that last named it there; per hit, the tat it read.
-local funnel, fast_seen, hit_tat = made.f, {}, {}
+-- request that last named it there; per hit, the tat it read and its refundable units.
+local funnel, fast_seen, hit_tat, hit_back = made.f, {}, {}, {}
+local U32 = 4294967295
 local reply, n = {}, 0
 for r = 1, nrequests do
   local first, last, independent = req_first[r], req_first[r] + req_count[r] - 1,
@@ -184,11 +185,24 @@ for r = 1, nrequests do
         break
       end
       fast_seen[s] = r
-      -- tat = clamp(key_text[s] or "0"), written out (no call; no parse of an absent key)
-      local p, cost, tat, text = limit_params[l], hit_cost[i], 0, key_text[s]
+      -- funnel.lua's load, written out (no parse of an absent key): "tat:quota:refundable",
+      -- or the older "tat"; a state taken under another quota goes to the general path (which
+      -- converts it, Funnel::tat_of).
+      local p, cost, tat, back, text = limit_params[l], hit_cost[i], 0, 0, key_text[s]
       if text then
-        tat = tonumber(text) or 0
+        local a, q, b = string.match(text, "^(%d+):(%d+):(%d+)$")
+        if a then
+          tat, back, q = tonumber(a), tonumber(b), tonumber(q)
+          if q ~= p.quota and q ~= 0 then
+            fast = false
+            break
+          end
+          if back > U32 then back = U32 end
+        else
+          tat = tonumber(text) or 0
+        end
         if tat > MAX then tat = MAX elseif tat < 0 then tat = 0 else tat = tat - tat % 1 end
+        if tat <= now then back = 0 end
       end
       local interval = p.interval
       if interval == 0 then
@@ -205,7 +219,7 @@ for r = 1, nrequests do
         fast = ahead - now <= p.tolerance
       end
       if not fast then break end
-      hit_tat[i] = tat
+      hit_tat[i], hit_back[i] = tat, back
     end
   end
   if fast then
@@ -229,8 +243,12 @@ for r = 1, nrequests do
           ndirty = ndirty + 1
           dirty[ndirty] = key_text[s] and s or -s
         end
-        -- ttl_ms(now, tat) written out: at least 1, tat being after now
-        key_text[s], key_ttl[s] = format("%d", tat), floor((tat - now + 999) / 1000)
+        -- ttl_ms(now, tat) written out: at least 1, tat being after now; funnel.lua's text,
+        -- the cost refundable
+        local back = hit_back[i] + cost
+        if back > U32 then back = U32 end
+        key_text[s], key_ttl[s] = format("%d:%d:%d", tat, p.quota, back),
+          floor((tat - now + 999) / 1000)
       end
       local ahead, left = tat - now, 0
       if interval > 0 and ahead < tolerance then

@@ -186,18 +186,39 @@ local function ttl_ms(now, fresh_at)
   return ms
 end
 
--- The numbers of a state stored as "n1:n2" (count 2) or "n1:n2:n3" (count 3), from its text
--- (false when the key is absent), or nil when it is absent or malformed.
-local function load_numbers(text, count)
-  if not text then return nil end
-  if count == 2 then
-    local a, b = string.match(text, "^([^:]+):([^:]+)$")
-    if a == nil then return nil end
-    return { clamp(a), clamp(b) }
+-- floor(x * y / z) and the remainder, exactly, for 0 <= x <= z <= 2^52 and 0 <= y <= MAX
+-- (the Rust side multiplies in 128 bits): long multiplication over the bits of y, keeping the
+-- running remainder below z, so that no intermediate value reaches 2^53.
+local function mul_div(x, y, z)
+  local q, r, bit = 0, 0, 1
+  while bit * 2 <= y do bit = bit * 2 end
+  while bit >= 1 do
+    q = q * 2
+    r = r * 2
+    if r >= z then r = r - z; q = q + 1 end
+    if y >= bit then
+      y = y - bit
+      r = r + x
+      if r >= z then r = r - z; q = q + 1 end
+    end
+    bit = bit / 2
   end
-  local a, b, c = string.match(text, "^([^:]+):([^:]+):([^:]+)$")
-  if a == nil then return nil end
-  return { clamp(a), clamp(b), clamp(c) }
+  return q, r
+end
+
+-- The numbers of a state stored as `count` numbers joined by ":", or `count + 1` (the newer
+-- format: a refundable count last, 0 when absent), from its text (false when the key is
+-- absent), or nil when it is absent or malformed.
+local function load_fields(text, count)
+  if not text then return nil end
+  local n = {}
+  for part in string.gmatch(text, "[^:]+") do n[#n + 1] = clamp(part) end
+  if #n == count then
+    n[count + 1] = 0
+    return n
+  end
+  if #n == count + 1 then return n end
+  return nil
 end
 
 -- When a state whose reset is `wait` from `now` is fresh again: nil (fresh now) for no wait.
@@ -225,16 +246,20 @@ end
 -- - otherwise (sliding log: a sorted set): `save` is set and `text` is nil; `load(key, params,
 --   now)` and `save(key, params, state, now, fresh_at)` read and write the key themselves.
 --
+-- `name_take(params, state, now)` names the take just made (a reservation's): it returns the
+-- state (the funnel keeps anonymous refunds off the units taken so far) and the mark a return
+-- by name needs; `give_named(params, state, now, units, mark)` returns units of such a take,
+-- exactly (reserve.lua's commit). Both mirror Algo::name_take and Algo::give_back_named.
 -- `deny(params, state, now, cost)`, set only by concurrency, keeps what a denied request
 -- leaves behind (its pending denial); main.lua calls it for each hit of a denied request.
 -- `take_id(params, state, now, cost, id)` and `give_id(...)`, set only by concurrency, take
 -- and give back under a hold the request names (a hit with a hold id); main.lua calls them
 -- instead of `take` and `give` for such a hit.
 local function algorithm(params, load, admits, take, give, remaining, reset, until_admitted,
-                         fresh_at, text, save, deny)
+                         fresh_at, text, save, deny, name_take, give_named)
   return {
     params = params, load = load, admits = admits, take = take, give = give,
     remaining = remaining, reset = reset, until_admitted = until_admitted, fresh_at = fresh_at,
-    text = text, save = save, deny = deny,
+    text = text, save = save, deny = deny, name_take = name_take, give_named = give_named,
   }
 end

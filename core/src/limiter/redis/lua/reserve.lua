@@ -5,8 +5,11 @@
 --
 -- KEYS[1..n-1]  the batch's KEYS (prelude.lua's contract)
 -- KEYS[n]       the key's open reservations: a hash, field "n" the next id, field "<id>"
---               "<amount>:<expiry>" (expiry in microseconds); its TTL reaches the latest
---               expiry, and it is deleted when no reservation is open (its next id with it)
+--               "<amount>:<expiry>:<mark>" (expiry in microseconds; mark: where the amount
+--               was counted, the algorithm's name_take); its TTL reaches the latest expiry,
+--               and it is deleted when no reservation is open (its next id with it). A record
+--               of the older "<amount>:<expiry>" has no mark: its commit gives back as an
+--               anonymous refund does.
 -- ARGV[1..m-4]  the batch's ARGV (prelude.lua's contract: ARGV[1] is also this script's now);
 --               reserve: a request whose first hit takes the amount; commit: a request of
 --               one hit of cost 0, whose cost and refund flag are set here to settle, then
@@ -39,7 +42,59 @@ else
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
--- The live records (amount and expiry per id), the expired ones deleted.
+-- The algorithm and parameters of the batch's limit `l` (main.lua parses them so too).
+local function limit_of(l)
+  local at = 7 * l - 4
+  local make = MAKERS[batch_argv[at]]
+  if type(make) ~= "function" then return nil end
+  local algo = make()
+  local flags = tonumber(batch_argv[at + 4]) or 0
+  local p = algo.params(clamp(batch_argv[at + 1]), clamp(batch_argv[at + 2]),
+                        clamp(batch_argv[at + 3]), flags % 2 == 1)
+  local window = batch_argv[at + 6]
+  if window ~= nil and window ~= "" then
+    local a, b, c, d = string.match(window, "^(%d+),(%d+),(%d+),(%d+)$")
+    if a then
+      p.cal_previous, p.cal_start, p.cal_end, p.cal_next = tonumber(a), tonumber(b),
+        tonumber(c), tonumber(d)
+    end
+  end
+  return algo, p
+end
+
+-- The state key, algorithm and parameters of the first hit of the batch's first request.
+local function first_hit()
+  local blob = batch_argv[#batch_argv]
+  local _, _, pos = struct.unpack(REQUEST_FORMAT, blob, 1)
+  local slot, limit = struct.unpack(HIT_FORMAT, blob, pos)
+  local algo, p = limit_of(limit)
+  return batch_keys[slot], algo, p
+end
+
+-- Applies `change(algo, p, state)` (which returns the new state and a value) to the state of
+-- `key`, stores the result as main.lua would, and returns the value.
+local function update(key, algo, p, change)
+  local state
+  if algo.text then
+    state = algo.load(redis.call("GET", key))
+  else
+    state = algo.load(key, p, now)
+  end
+  local after, value = change(state)
+  if after ~= state then
+    local at = algo.fresh_at(p, after, now)
+    if algo.text and at then
+      redis.call("SET", key, algo.text(p, after), "PX", format("%d", ttl_ms(now, at)))
+    elseif at then
+      algo.save(key, p, after, now, at)
+    else
+      redis.call("DEL", key)
+    end
+  end
+  return value
+end
+
+-- The live records (amount, expiry and mark per id), the expired ones deleted.
 local next_id, live, count, gone = 0, {}, 0, {}
 local flat = redis.call("HGETALL", records)
 for i = 1, #flat, 2 do
@@ -47,12 +102,12 @@ for i = 1, #flat, 2 do
   if field == "n" then
     next_id = clamp(value)
   else
-    local amount, expiry = string.match(value, "^(%d+):(%d+)$")
+    local amount, expiry, mark = string.match(value, "^(%d+):(%d+):?(%d*)$")
     expiry = tonumber(expiry)
     if expiry == nil or expiry <= now then
       gone[#gone + 1] = field
     else
-      live[field] = { clamp(amount), expiry }
+      live[field] = { clamp(amount), expiry, tonumber(mark) }
       count = count + 1
     end
   end
@@ -65,11 +120,15 @@ if op == "r" then
   reply = decide_batch(batch_keys, batch_argv)
   if type(reply) ~= "string" then return reply end
   if struct.unpack("<d", reply, 1) == 1 then
+    local key, algo, p = first_hit()
+    if algo == nil then return redis.error_reply("sluice: a reservation names no limit") end
+    local mark = update(key, algo, p, function(state) return algo.name_take(p, state, now) end)
     id = math.max(next_id, floor(now))
     local expiry = sat_add(now, arg2)
-    live[fmt(id)] = { clamp(arg), expiry }
+    live[fmt(id)] = { clamp(arg), expiry, mark }
     count = count + 1
-    redis.call("HSET", records, "n", fmt(id + 1), fmt(id), fmt(clamp(arg)) .. ":" .. fmt(expiry))
+    redis.call("HSET", records, "n", fmt(id + 1), fmt(id),
+      fmt(clamp(arg)) .. ":" .. fmt(expiry) .. ":" .. fmt(mark))
     status = 1
   end
 elseif op == "c" then
@@ -81,7 +140,19 @@ elseif op == "c" then
     count = count - 1
     redis.call("HDEL", records, arg)
     if arg2 < estimate then
+      -- returned by name (only what still counts of the reservation's units), then reported
+      -- by a refund of 0; a record without a mark gives back as an anonymous refund
       cost, role = estimate - arg2, 8
+      local mark = open[3]
+      if mark then
+        local key, algo, p = first_hit()
+        if algo == nil then return redis.error_reply("sluice: a commit names no limit") end
+        local units = cost
+        update(key, algo, p, function(state)
+          return algo.give_named(p, state, now, units, mark)
+        end)
+        cost = 0
+      end
     else
       cost = arg2 - estimate
     end

@@ -191,6 +191,27 @@ MAKERS.l = MAKERS.l and function()
     return fresh_after(now, reset(l, v, now))
   end
 
+  -- SlidingLog::mark: the time of the newest entry.
+  local function name_take(l, v, now)
+    local t = back(v)
+    return v, t or now
+  end
+
+  -- SlidingLog::return_units: from the entry of time `at` while it still counts. Called on a
+  -- view just loaded (nothing cut or added): it changes the stored log itself and returns the
+  -- view of the result.
+  local function give_named(l, v, now, units, at)
+    if l.quota == 0 or units == 0 or v.n == 0 then return v end
+    local got = redis.call("ZRANGEBYSCORE", v.key, fmt(at), fmt(at))
+    if #got == 0 then return v end
+    local t, c = parse(got[1])
+    local take = math.min(units, c)
+    redis.call("ZREM", v.key, got[1])
+    if c > take then redis.call("ZADD", v.key, fmt(t), member(t, c - take)) end
+    redis.call("ZADD", v.key, fmt(-1 - sat_sub(v.stored_sum, take)), "sum")
+    return load(v.key, l, now)
+  end
+
   local function save(key, l, v, now, fresh_at)
     if v.cut_n > 0 then redis.call("ZREMRANGEBYRANK", key, -v.cut_n, -1) end
     if v.cut_part > 0 then
@@ -209,5 +230,5 @@ MAKERS.l = MAKERS.l and function()
   end
 
   return algorithm(params, load, admits, take, give, remaining, reset, until_admitted, fresh_at,
-    nil, save)
+    nil, save, nil, name_take, give_named)
 end

@@ -1,29 +1,11 @@
--- sliding_window: mirrors src/limiter/sliding_window.rs. State: "start:current:previous" (the
--- counts of the epoch-aligned window starting at start and of the one before); absent = none.
+-- sliding_window: mirrors src/limiter/sliding_window.rs. State:
+-- "start:current:previous:refundable" (the counts of the epoch-aligned window starting at start
+-- and of the one before, and how many of the current one anonymous refunds may give back);
+-- absent = none. The older "start:current:previous" is still read, with nothing refundable.
 -- Made only when a request uses it (see MAKERS in the prelude).
 
 MAKERS.s = MAKERS.s and function()
-  -- floor(x * y / z) and the remainder, exactly, for 0 <= x <= z <= 2^52 and 0 <= y <= MAX
-  -- (the Rust side multiplies in 128 bits): long multiplication over the bits of y, keeping the
-  -- running remainder below z, so that no intermediate value reaches 2^53.
-  local function mul_div(x, y, z)
-    local q, r, bit = 0, 0, 1
-    while bit * 2 <= y do bit = bit * 2 end
-    while bit >= 1 do
-      q = q * 2
-      r = r * 2
-      if r >= z then r = r - z; q = q + 1 end
-      if y >= bit then
-        y = y - bit
-        r = r + x
-        if r >= z then r = r - z; q = q + 1 end
-      end
-      bit = bit / 2
-    end
-    return q, r
-  end
-
-  local EMPTY = { start = 0, current = 0, previous = 0 }
+  local EMPTY = { start = 0, current = 0, previous = 0, refundable = 0 }
 
   local function params(quota, period)
     if period < 1 then period = 1 end
@@ -31,18 +13,18 @@ MAKERS.s = MAKERS.s and function()
   end
 
   local function load(text)
-    local n = load_numbers(text, 3)
+    local n = load_fields(text, 3)
     if n == nil then return EMPTY end
-    return { start = n[1], current = n[2], previous = n[3] }
+    return { start = n[1], current = n[2], previous = n[3], refundable = n[4] }
   end
 
   local function rolled(w, c, now)
     local start = div_floor(now, w.period) * w.period
     if c.start >= start then return c end
     if sat_add(c.start, w.period) == start then
-      return { start = start, current = 0, previous = c.current }
+      return { start = start, current = 0, previous = c.current, refundable = 0 }
     end
-    return { start = start, current = 0, previous = 0 }
+    return { start = start, current = 0, previous = 0, refundable = 0 }
   end
 
   local function estimate(w, c, now)
@@ -59,17 +41,45 @@ MAKERS.s = MAKERS.s and function()
   local function take(w, c, now, cost)
     if w.quota == 0 or cost == 0 then return c end
     c = rolled(w, c, now)
-    return { start = c.start, current = sat_add(c.current, cost), previous = c.previous }
+    return { start = c.start, current = sat_add(c.current, cost), previous = c.previous,
+             refundable = sat_add(c.refundable, cost) }
   end
 
+  -- SlidingWindow::settled
+  local function settled(c, current, previous)
+    if current == 0 and previous == 0 then return EMPTY end
+    return { start = c.start, current = current, previous = previous,
+             refundable = math.min(c.refundable, current) }
+  end
+
+  -- An anonymous refund: from the current window's count only, at most its refundable units.
   local function give(w, c, now, cost)
     if w.quota == 0 or cost == 0 then return c end
     c = rolled(w, c, now)
-    local from_current = math.min(cost, c.current)
-    local current = c.current - from_current
-    local previous = sat_sub(c.previous, cost - from_current)
-    if current == 0 and previous == 0 then return EMPTY end
-    return { start = c.start, current = current, previous = previous }
+    local back = math.min(cost, c.refundable)
+    local refunded = { start = c.start, current = c.current, previous = c.previous,
+                       refundable = c.refundable - back }
+    return settled(refunded, sat_sub(c.current, back), c.previous)
+  end
+
+  -- SlidingWindow::name_take and mark: the window's start; nothing counted so far refundable.
+  local function name_take(w, c, now)
+    local mark = div_floor(now, w.period) * w.period
+    local r = rolled(w, c, now)
+    if r.current == 0 then return c, mark end
+    return { start = r.start, current = r.current, previous = r.previous, refundable = 0 }, mark
+  end
+
+  -- SlidingWindow::return_units: to the window counted in, or the previous count once it has
+  -- rolled, and to nothing after that.
+  local function give_named(w, c, now, units, start)
+    if w.quota == 0 or units == 0 then return c end
+    local r = rolled(w, c, now)
+    if r.start == start then return settled(r, sat_sub(r.current, units), r.previous) end
+    if r.start == sat_add(start, w.period) then
+      return settled(r, r.current, sat_sub(r.previous, units))
+    end
+    return c
   end
 
   local function remaining(w, c, now)
@@ -124,9 +134,10 @@ MAKERS.s = MAKERS.s and function()
   end
 
   local function text(w, c)
-    return fmt(c.start) .. ":" .. fmt(c.current) .. ":" .. fmt(c.previous)
+    return fmt(c.start) .. ":" .. fmt(c.current) .. ":" .. fmt(c.previous) .. ":" ..
+      fmt(c.refundable)
   end
 
   return algorithm(params, load, admits, take, give, remaining, reset, until_admitted, fresh_at,
-    text)
+    text, nil, nil, name_take, give_named)
 end

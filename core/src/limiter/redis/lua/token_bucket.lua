@@ -1,9 +1,11 @@
--- token_bucket: mirrors src/limiter/token_bucket.rs. State: "used:anchor" (tokens missing from
--- a full bucket, as of the refill step at anchor); absent = full.
+-- token_bucket: mirrors src/limiter/token_bucket.rs. State: "used:anchor:refundable" (tokens
+-- missing from a full bucket, as of the refill step at anchor, and how many of them anonymous
+-- refunds may give back); absent = full. The older "used:anchor" is still read, with nothing
+-- refundable.
 -- Made only when a request uses it (see MAKERS in the prelude).
 
 MAKERS.b = MAKERS.b and function()
-  local BUCKET_FULL = { used = 0, anchor = 0 }
+  local BUCKET_FULL = { used = 0, anchor = 0, refundable = 0 }
 
   local function params(quota, period, burst, borrow)
     if period < 1 then period = 1 end
@@ -11,9 +13,9 @@ MAKERS.b = MAKERS.b and function()
   end
 
   local function load(text)
-    local n = load_numbers(text, 2)
+    local n = load_fields(text, 2)
     if n == nil then return BUCKET_FULL end
-    return { used = n[1], anchor = n[2] }
+    return { used = n[1], anchor = n[2], refundable = n[3] }
   end
 
   local function bucket_refilled(b, s, now)
@@ -22,7 +24,13 @@ MAKERS.b = MAKERS.b and function()
     if steps == 0 then return s end
     local used = sat_sub(s.used, sat_mul(steps, b.quota))
     if used == 0 then return BUCKET_FULL end
-    return { used = used, anchor = sat_add(s.anchor, sat_mul(steps, b.period)) }
+    return { used = used, anchor = sat_add(s.anchor, sat_mul(steps, b.period)), refundable = 0 }
+  end
+
+  -- TokenBucket::settled
+  local function settled(at, used, refundable)
+    if used == 0 then return BUCKET_FULL end
+    return { used = used, anchor = at.anchor, refundable = math.min(refundable, used) }
   end
 
   local function bucket_probe(b, cost)
@@ -44,15 +52,30 @@ MAKERS.b = MAKERS.b and function()
     local used, cap = sat_add(at.used, cost), sat_add(b.burst, b.quota)
     if cap < at.used then cap = at.used end
     if used > cap then used = cap end
-    return { used = used, anchor = anchor }
+    return { used = used, anchor = anchor, refundable = sat_add(at.refundable, cost) }
   end
 
+  -- An anonymous refund: at most the refundable tokens of the current refill step.
   local function give(b, s, now, cost)
     if b.quota == 0 or cost == 0 then return s end
     local at = bucket_refilled(b, s, now)
-    local used = sat_sub(at.used, cost)
-    if used == 0 then return BUCKET_FULL end
-    return { used = used, anchor = at.anchor }
+    local back = math.min(cost, at.refundable)
+    return settled(at, sat_sub(at.used, back), at.refundable - back)
+  end
+
+  -- TokenBucket::name_take and mark: the refill step the take counted in; nothing taken so
+  -- far refundable.
+  local function name_take(b, s, now)
+    local at = bucket_refilled(b, s, now)
+    if at.used == 0 then return s, at.anchor end
+    return { used = at.used, anchor = at.anchor, refundable = 0 }, at.anchor
+  end
+
+  -- TokenBucket::return_units: only while that refill step is the current one.
+  local function give_named(b, s, now, units, anchor)
+    local at = bucket_refilled(b, s, now)
+    if b.quota == 0 or units == 0 or at.used == 0 or at.anchor ~= anchor then return s end
+    return settled(at, sat_sub(at.used, units), at.refundable)
   end
 
   local function remaining(b, s, now)
@@ -94,9 +117,9 @@ MAKERS.b = MAKERS.b and function()
   end
 
   local function text(b, s)
-    return fmt(s.used) .. ":" .. fmt(s.anchor)
+    return fmt(s.used) .. ":" .. fmt(s.anchor) .. ":" .. fmt(s.refundable)
   end
 
   return algorithm(params, load, admits, take, give, remaining, reset, until_admitted, fresh_at,
-    text)
+    text, nil, nil, name_take, give_named)
 end
