@@ -36,6 +36,7 @@ mod drain;
 mod memory_bounds;
 mod memory_footprint;
 mod redis_cluster;
+mod redis_cluster_faults;
 mod redis_cluster_holds;
 mod redis_faults;
 mod redis_load;

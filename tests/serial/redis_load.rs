@@ -17,6 +17,8 @@ pub(crate) struct Tally {
     pub denied: u64,
     /// When each failed request was sent, and its error.
     pub errors: Vec<(Instant, String)>,
+    /// When each failed request was answered, in the order of `errors`.
+    pub error_ends: Vec<Instant>,
 }
 
 impl Tally {
@@ -98,7 +100,10 @@ fn record(
     match result {
         Ok(o) if o.admitted => tally.admitted += 1,
         Ok(_) => tally.denied += 1,
-        Err(e) => tally.errors.push((sent, e.message)),
+        Err(e) => {
+            tally.errors.push((sent, e.message));
+            tally.error_ends.push(Instant::now());
+        }
     }
 }
 

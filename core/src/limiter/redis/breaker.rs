@@ -1,8 +1,13 @@
-//! Circuit breakers, one per node: after `failures` consecutive transient failures of calls to
-//! a node, calls to it are refused at once for `cooldown`; then one call at a time is let
-//! through as a probe (at most one per `cooldown`), and the first success closes the breaker
-//! again. A node's trouble never refuses a call to another node: in a Cluster, losing a master
-//! refuses only the calls for its slots.
+//! Circuit breakers, one per node: after `failures` consecutive calls to a node that it did
+//! not answer (a time-out, a refused or lost connection: [`unanswered`]), calls to it are
+//! refused at once for `cooldown`; then one call at a time is let through as a probe (at most
+//! one per `cooldown`), and the first answer closes the breaker again. A node's trouble never
+//! refuses a call to another node: in a Cluster, losing a master refuses only the calls for
+//! its slots.
+//!
+//! A reply is an answer, whatever it says: `CLUSTERDOWN`, `TRYAGAIN`, `LOADING`, `MASTERDOWN`,
+//! `READONLY` or a script's error come from a live node, so they never open its breaker, and
+//! they close it when it is open (the node serves again: no cooldown stands in the way).
 //!
 //! A probe that never finishes (its request was cancelled) cannot wedge the breaker: the next
 //! probe is simply allowed one `cooldown` later.
@@ -15,6 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use redis::{ErrorKind, RedisError, RedisResult};
 use tokio::time::Instant;
 
 use super::topology::Node;
@@ -49,6 +55,16 @@ impl Breakers {
             || self.nodes.lock().get(node).is_none_or(Breaker::allow)
     }
 
+    /// Records how a call to `node` went: answered (a value or an error reply), or not
+    /// ([`unanswered`]); other failures (the call was never made) say nothing of the node.
+    pub(super) fn answer<T>(&self, node: &Node, result: &RedisResult<T>) {
+        match result {
+            Err(e) if unanswered(e) => self.record(node, false),
+            Err(e) if !replied(e) => {}
+            _ => self.record(node, true),
+        }
+    }
+
     /// Records the result of a call to `node`.
     pub(super) fn record(&self, node: &Node, ok: bool) {
         if ok && !self.failing.load(Ordering::Acquire) {
@@ -59,7 +75,7 @@ impl Breakers {
             if let Some(breaker) = nodes.remove(node)
                 && breaker.is_open()
             {
-                tracing::info!(%node, "redis circuit breaker closed");
+                tracing::info!(%node, "redis node back: circuit breaker closed");
             }
             self.failing.store(!nodes.is_empty(), Ordering::Release);
             return;
@@ -87,6 +103,35 @@ impl Breakers {
     pub(super) fn any_open(&self) -> bool {
         self.failing.load(Ordering::Acquire) && self.nodes.lock().values().any(Breaker::is_open)
     }
+
+    /// The nodes whose breaker is open, sorted.
+    pub(super) fn open(&self) -> Vec<Node> {
+        if !self.failing.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        let mut open: Vec<Node> = (self.nodes.lock().iter())
+            .filter(|(_, b)| b.is_open())
+            .map(|(n, _)| n.clone())
+            .collect();
+        open.sort();
+        open
+    }
+}
+
+/// Whether `e` says that the node did not answer: a time-out, a refused, failed or lost
+/// connection. Never a reply from the node.
+pub(super) fn unanswered(e: &RedisError) -> bool {
+    !replied(e)
+        && (e.is_io_error()
+            || e.is_timeout()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || e.is_unrecoverable_error())
+}
+
+/// Whether `e` is a reply from the node (an error reply, of a kind known or not).
+fn replied(e: &RedisError) -> bool {
+    matches!(e.kind(), ErrorKind::Server(_) | ErrorKind::Extension)
 }
 
 /// The breaker's state.
@@ -144,7 +189,7 @@ impl Breaker {
                         %node,
                         failures = n,
                         cooldown = ?self.cooldown,
-                        "redis circuit breaker open"
+                        "redis node lost: circuit breaker open"
                     );
                     State::Open(Instant::now() + self.cooldown)
                 } else {
@@ -206,6 +251,51 @@ mod tests {
             b.record(&format!("n{i}:1").into(), false);
         }
         assert!(b.nodes.lock().len() <= MAX_NODES, "bounded");
+    }
+
+    fn reply(text: &str) -> RedisError {
+        redis::parse_redis_value(text.as_bytes())
+            .unwrap()
+            .extract_error()
+            .unwrap_err()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn replies_never_open_it_and_close_it_at_once() {
+        let b = Breakers::new(1, Duration::from_secs(60));
+        let node: Node = "10.0.0.1:7000".into();
+        for code in [
+            "CLUSTERDOWN The cluster is down",
+            "TRYAGAIN x",
+            "LOADING x",
+            "MASTERDOWN x",
+            "READONLY x",
+            "ERR user_script:1: boom",
+            "WEIRD an unknown code",
+        ] {
+            let e = reply(&format!("-{code}\r\n"));
+            assert!(!unanswered(&e), "{code}");
+            b.answer(&node, &Err::<(), _>(e));
+            assert!(b.allow(&node) && !b.any_open(), "{code}");
+        }
+        let timeout = RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        let refused = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        let lost = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        for e in [timeout, refused, lost] {
+            assert!(unanswered(&e), "{e}");
+        }
+        let timeout = RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        b.answer(&node, &Err::<(), _>(timeout));
+        assert!(!b.allow(&node), "open, and a minute of cooldown");
+        assert_eq!(b.open(), [node.clone()]);
+        b.answer(&node, &Err::<(), _>(reply("-CLUSTERDOWN x\r\n")));
+        assert!(
+            b.allow(&node) && b.open().is_empty(),
+            "a reply closes it at once"
+        );
+        let config = RedisError::from((ErrorKind::InvalidClientConfig, "never sent"));
+        b.answer(&node, &Err::<(), _>(config));
+        assert!(b.quiet(), "a call never made says nothing of the node");
     }
 
     #[tokio::test(start_paused = true)]
