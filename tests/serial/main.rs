@@ -40,6 +40,7 @@ mod redis_cluster_faults;
 mod redis_cluster_holds;
 mod redis_faults;
 mod redis_load;
+mod redis_partitions;
 mod redis_sentinel;
 mod request_tracing;
 mod rlqs_bounds;

@@ -30,7 +30,7 @@ use crate::redis_load::{Load, first, no_redirection_surfaced};
 const SECOND: u64 = 1_000_000_000;
 
 /// As in `redis_cluster`: long enough for a loaded 2-core machine, short beside a failover.
-const TIMEOUT_MS: u64 = 500;
+pub(crate) const TIMEOUT_MS: u64 = 500;
 
 pub(crate) fn settings(url: String) -> RedisSettings {
     RedisSettings {
