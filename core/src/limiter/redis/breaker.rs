@@ -8,6 +8,9 @@
 //! A reply is an answer, whatever it says: `CLUSTERDOWN`, `TRYAGAIN`, `LOADING`, `MASTERDOWN`,
 //! `READONLY` or a script's error come from a live node, so they never open its breaker, and
 //! they close it when it is open (the node serves again: no cooldown stands in the way).
+//! A request whose time-out passed while it waited (queued, or in a call) counts against the
+//! node it waited for, unless that node sent an error reply within the time-out: the request
+//! then waited behind calls that the node answered and that were tried again.
 //!
 //! A probe that never finishes (its request was cancelled) cannot wedge the breaker: the next
 //! probe is simply allowed one `cooldown` later.
@@ -36,6 +39,10 @@ pub(super) struct Breakers {
     nodes: Mutex<HashMap<Node, Breaker>>,
     /// Some node has failures (`nodes` is not empty): while none has, nothing is locked.
     failing: AtomicBool,
+    /// Nodes that sent an error reply lately, and when (at most [`MAX_NODES`]).
+    replied: Mutex<HashMap<Node, Instant>>,
+    /// `replied` is not empty: while it is, nothing is locked.
+    replying: AtomicBool,
 }
 
 impl Breakers {
@@ -46,6 +53,8 @@ impl Breakers {
             cooldown,
             nodes: Mutex::new(HashMap::new()),
             failing: AtomicBool::new(false),
+            replied: Mutex::new(HashMap::new()),
+            replying: AtomicBool::new(false),
         }
     }
 
@@ -61,8 +70,39 @@ impl Breakers {
         match result {
             Err(e) if unanswered(e) => self.record(node, false),
             Err(e) if !replied(e) => {}
-            _ => self.record(node, true),
+            Err(_) => {
+                self.note_reply(node);
+                self.record(node, true);
+            }
+            Ok(_) => self.record(node, true),
         }
+    }
+
+    /// A request's time-out passed before its call to `node` answered (`within`: the
+    /// time-out): a failure of `node`, unless `node` sent an error reply within that time
+    /// (the request queued behind calls that the node answered, and that were tried again).
+    pub(super) fn timed_out(&self, node: &Node, within: Duration) {
+        if self.replying.load(Ordering::Acquire) {
+            let since = Instant::now().checked_sub(within);
+            let lately = self.replied.lock().get(node).copied();
+            if lately.is_some_and(|at| since.is_none_or(|since| at >= since)) {
+                return;
+            }
+        }
+        self.record(node, false);
+    }
+
+    /// Remembers that `node` sent an error reply now (forgetting replies older than a minute).
+    fn note_reply(&self, node: &Node) {
+        let now = Instant::now();
+        let mut replied = self.replied.lock();
+        if let Some(minute_ago) = now.checked_sub(Duration::from_secs(60)) {
+            replied.retain(|_, at| *at >= minute_ago);
+        }
+        if replied.len() < MAX_NODES || replied.contains_key(node) {
+            replied.insert(node.clone(), now);
+        }
+        self.replying.store(!replied.is_empty(), Ordering::Release);
     }
 
     /// Records the result of a call to `node`.
@@ -296,6 +336,24 @@ mod tests {
         let config = RedisError::from((ErrorKind::InvalidClientConfig, "never sent"));
         b.answer(&node, &Err::<(), _>(config));
         assert!(b.quiet(), "a call never made says nothing of the node");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_time_out_behind_replies_is_not_the_nodes() {
+        let b = Breakers::new(1, Duration::from_secs(60));
+        let (replying, silent): (Node, Node) = ("10.0.0.1:7000".into(), "10.0.0.2:7000".into());
+        b.answer(&replying, &Err::<(), _>(reply("-CLUSTERDOWN x\r\n")));
+        tokio::time::advance(Duration::from_millis(50)).await;
+        b.timed_out(&replying, Duration::from_millis(100));
+        assert!(b.allow(&replying), "it replied within the time-out");
+        b.timed_out(&silent, Duration::from_millis(100));
+        assert!(!b.allow(&silent), "no reply: a failure");
+        tokio::time::advance(Duration::from_millis(100)).await;
+        b.timed_out(&replying, Duration::from_millis(100));
+        assert!(
+            !b.allow(&replying),
+            "its last reply is older than the time-out"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -371,15 +371,21 @@ impl RedisLimiter {
             now_micros: call.now_micros,
             clock_nanos: call.clock_nanos,
             slot,
-            node: expected,
+            node: expected.clone(),
         };
-        // The breaker of the node the call went to learns from the call itself (whether the
-        // node answered), not from a request whose time-out passed while it queued.
+        // The breaker of the node a call went to learns from the call itself whether the node
+        // answered; a request whose time-out passed first counts against the node it waited
+        // for, unless that node was replying (its calls were being tried again).
         match tokio::time::timeout_at(call.deadline, self.commit.submit(request)).await {
             Ok(answer) => answer.result,
             // The lane's own time-out (which drops a Sentinel connection) fires a little
             // later, if the call is still in flight then.
-            Err(_) => Err(timed_out(self.timeout)),
+            Err(_) => {
+                if let Some(node) = &expected {
+                    self.breakers.timed_out(node, self.timeout);
+                }
+                Err(timed_out(self.timeout))
+            }
         }
     }
 
