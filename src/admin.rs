@@ -159,19 +159,34 @@ async fn sample(admin: Admin, stop: CancellationToken) {
 }
 
 async fn readyz(State(a): State<Admin>) -> Response {
+    let down = nodes_down(&a.backend.nodes());
     match a.readiness.check() {
-        Ok(()) => "ready\n".into_response(),
+        Ok(()) => format!("ready\n{down}").into_response(),
         Err(reason) => text(
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: {reason}\n"),
+            format!("not ready: {reason}\n{down}"),
         ),
     }
+}
+
+/// The line of `/readyz` naming the backend's nodes whose circuit breaker is open (empty
+/// when none is): in a Cluster, the service stays ready while another master answers.
+fn nodes_down(nodes: &[(String, bool)]) -> String {
+    let down: Vec<&str> = (nodes.iter())
+        .filter(|(_, open)| *open)
+        .map(|(node, _)| node.as_str())
+        .collect();
+    if down.is_empty() {
+        return String::new();
+    }
+    format!("nodes down (circuit breaker open): {}\n", down.join(", "))
 }
 
 async fn metrics(State(a): State<Admin>) -> Response {
     let backend = metrics::BackendReport {
         keys_held: a.backend.held(),
         events: a.backend.events(),
+        nodes: a.backend.nodes(),
     };
     a.metrics.refresh_rules(&a.rules.load_full());
     a.metrics

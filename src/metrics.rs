@@ -82,6 +82,12 @@ struct BackendEventLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeLabels {
+    backend: &'static str,
+    node: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FormLabels {
     form: &'static str,
 }
@@ -98,6 +104,8 @@ pub struct BackendReport {
     pub keys_held: usize,
     /// Running totals of backend events, `(event, count)`.
     pub events: Vec<(&'static str, u64)>,
+    /// The backend's nodes, each with whether its circuit breaker is open.
+    pub nodes: Vec<(String, bool)>,
 }
 
 /// Every metric of one app.
@@ -112,6 +120,8 @@ pub struct Metrics {
     backend_errors: Family<BackendErrorLabels, Counter>,
     memory_keys: Gauge,
     backend_events: Family<BackendEventLabels, Counter>,
+    /// 1 while a node's circuit breaker is open, else 0; only the nodes known now.
+    breakers: Family<NodeLabels, Gauge>,
     reloads: Family<OutcomeLabels, Counter>,
     /// Admin `/counters/reset` calls, by form (`key`, `rule`).
     resets: Family<FormLabels, Counter>,
@@ -155,6 +165,7 @@ impl Metrics {
             backend_errors: Family::default(),
             memory_keys: Gauge::default(),
             backend_events: Family::default(),
+            breakers: Family::default(),
             reloads: Family::default(),
             resets: Family::default(),
             reset_keys: Family::default(),
@@ -169,7 +180,8 @@ impl Metrics {
             "request_duration_seconds", "Time the engine took to answer ShouldRateLimit", m.latency;
             "backend_errors", "Limiter backend failures by backend and kind", m.backend_errors;
             "memory_keys", "Limiter states held in process (memory backend; Redis: deny cache and local fallback)", m.memory_keys;
-            "backend_events", "Backend events by backend and event: Redis deny_cache_hit, breaker_open, failure, fallback, redirect, wait_short", m.backend_events;
+            "backend_events", "Backend events by backend and event: Redis deny_cache_hit, breaker_open, failure, fallback, redirect, moved, ask, wait_short", m.backend_events;
+            "backend_breaker_open", "1 while the circuit breaker of a backend node (a Redis server, master or Cluster master) is open, else 0", m.breakers;
             "config_reloads", "Rules reloads by outcome", m.reloads;
             "counter_resets", "Admin /counters/reset calls by form (key, rule)", m.resets;
             "counter_reset_keys", "Keys held by the backend when an admin /counters/reset forgot them, by form", m.reset_keys;
@@ -243,6 +255,14 @@ impl Metrics {
                 };
                 let counter = self.backend_events.get_or_create(&labels);
                 counter.inc_by(total.saturating_sub(counter.get()));
+            }
+            self.breakers.clear();
+            for (node, open) in &report.nodes {
+                let labels = NodeLabels {
+                    backend: name,
+                    node: node.clone(),
+                };
+                self.breakers.get_or_create(&labels).set(i64::from(*open));
             }
         }
     }

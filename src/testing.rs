@@ -9,6 +9,7 @@
 //! | [`http`] | a minimal HTTP/1.1 client (admin server, Envoy), metrics samples |
 //! | [`limits`] | limits and hits for driving a `Limiter` directly |
 //! | [`process`] | the real `sluice` binary as a child process, free ports, `/proc` readings |
+//! | [`proxy`] | a TCP proxy that delays, holds (a partition) and heals, between a client and a server |
 //! | [`ratelimit_env`] | envoyproxy/ratelimit's container env in Envoy Gateway and Istio's sample |
 //! | [`redis`] | real `redis-server` (or `valkey-server`) processes (standalone, Sentinel, Cluster) |
 //! | [`rlqs`] | an in-process server with handles on its RLQS state, RLQS streams and reports |
@@ -19,6 +20,7 @@ pub mod http;
 pub mod limits;
 pub mod memcached;
 pub mod process;
+pub mod proxy;
 pub mod ratelimit_env;
 pub mod redis;
 pub mod rlqs;

@@ -37,6 +37,13 @@ pub fn wait_listening(port: u16) {
 /// error. A port the child binds itself cannot be taken between choosing and binding it, as a
 /// [`free_port`] given to it can (by any process's outgoing connection, among others).
 pub fn serving_grpc(child: &mut Child) -> SocketAddr {
+    let [grpc] = serving(child, ["gRPC"]);
+    grpc
+}
+
+/// The same for each of `whats` (`"gRPC"`, `"admin HTTP"`, in any order in the log): the
+/// addresses, in the order of `whats`.
+pub fn serving<const N: usize>(child: &mut Child, whats: [&str; N]) -> [SocketAddr; N] {
     use std::io::BufRead as _;
     let stderr = child
         .stderr
@@ -55,26 +62,33 @@ pub fn serving_grpc(child: &mut Child) -> SocketAddr {
     });
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut log = Vec::new();
+    let mut found: [Option<SocketAddr>; N] = [None; N];
     loop {
+        if let Some(all) = found.iter().copied().collect::<Option<Vec<_>>>() {
+            return std::array::from_fn(|i| all[i]);
+        }
         let left = deadline.saturating_duration_since(Instant::now());
         match seen.recv_timeout(left) {
             Ok(line) => {
-                let addr = line
-                    .split_once("serving gRPC")
-                    .and_then(|(_, rest)| logged_addr(rest));
+                for (what, addr) in whats.iter().zip(found.iter_mut()) {
+                    let marker = format!("serving {what}");
+                    if let Some(logged) = line
+                        .split_once(&marker)
+                        .and_then(|(_, rest)| logged_addr(rest))
+                    {
+                        *addr = Some(logged);
+                    }
+                }
                 eprintln!("{line}");
                 log.push(line);
-                if let Some(addr) = addr {
-                    return addr;
-                }
             }
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!(
-                "sluice exited ({:?}) before serving gRPC; its log:\n{}",
+                "sluice exited ({:?}) before serving {whats:?}; its log:\n{}",
                 child.wait().ok(),
                 log.join("\n")
             ),
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!(
-                "sluice did not serve gRPC within 20 s; its log:\n{}",
+                "sluice did not serve {whats:?} within 20 s; its log:\n{}",
                 log.join("\n")
             ),
         }
@@ -145,7 +159,11 @@ impl Drop for Served {
     }
 }
 
-/// A running `sluice serve` on free loopback ports (gRPC and admin), killed when dropped.
+/// The log filter of a started `sluice`: warnings, and the lines that say where it serves.
+pub const LISTENERS_LOG: &str = "warn,sluice::app::lifecycle=info";
+
+/// A running `sluice serve` on loopback ports it bound itself (gRPC and admin: port 0, the
+/// addresses read from its log), killed when dropped.
 pub struct SluiceProcess {
     pub port: u16,
     pub admin_port: u16,
@@ -154,29 +172,29 @@ pub struct SluiceProcess {
 
 impl SluiceProcess {
     /// `<binary> serve --rules <rules>` plus `args`, with `env` (`SLUICE_*` settings) and
-    /// warnings only in its log; returns once its gRPC port accepts connections.
+    /// warnings only in its log (and the lines naming its listeners, [`LISTENERS_LOG`]);
+    /// returns once it serves gRPC and admin HTTP, on ports it asked the kernel for.
     pub fn start(binary: &str, rules: &Path, args: &[&str], env: &[(&str, &str)]) -> SluiceProcess {
-        let (port, admin_port) = (free_port(), free_port());
-        let child = sluice_command(binary)
+        let any = loopback(0).to_string();
+        let mut child = sluice_command(binary)
             .arg("serve")
             .arg("--rules")
             .arg(rules)
-            .args(["--grpc-listen", &loopback(port).to_string()])
-            .args(["--admin-listen", &loopback(admin_port).to_string()])
+            .args(["--grpc-listen", &any])
+            .args(["--admin-listen", &any])
             .args(args)
-            .env("SLUICE_LOG__LEVEL", "warn")
+            .env("SLUICE_LOG__LEVEL", LISTENERS_LOG)
             .envs(env.iter().copied())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("start the sluice binary");
-        let process = SluiceProcess {
-            port,
-            admin_port,
+        let [grpc, admin] = serving(&mut child, ["gRPC", "admin HTTP"]);
+        SluiceProcess {
+            port: grpc.port(),
+            admin_port: admin.port(),
             child: Some(child),
-        };
-        wait_listening(port);
-        process
+        }
     }
 
     /// The same over the Redis backend at `redis_url`.

@@ -173,6 +173,7 @@ fn every_family() -> Vec<String> {
     let backend = BackendReport {
         keys_held: 1,
         events: vec![("deny_cache_hit", 1)],
+        nodes: vec![("127.0.0.1:6379".to_owned(), false)],
     };
     metrics.refresh(&config, Some(("redis", &backend)));
     let text = metrics.encode().expect("the metrics encode");
@@ -188,11 +189,11 @@ fn every_metric_is_in_the_operating_guide() {
     let readme =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operating.md")).unwrap();
     let families = every_family();
-    // Five per-rule counters, and ten service metrics: requests, latency, backend errors,
-    // backend events, keys in memory, reloads, admin resets and the keys they forgot, config
-    // version and load time; and the RLQS streams and buckets gauges (its counters appear
-    // once used).
-    assert_eq!(families.len(), 17, "{families:?}");
+    // Five per-rule counters, and eleven service metrics: requests, latency, backend errors,
+    // backend events, backend breakers, keys in memory, reloads, admin resets and the keys
+    // they forgot, config version and load time; and the RLQS streams and buckets gauges
+    // (its counters appear once used).
+    assert_eq!(families.len(), 18, "{families:?}");
     for family in families {
         let counter = format!("{family}_total");
         assert!(

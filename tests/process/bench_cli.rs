@@ -19,54 +19,69 @@ fn sluice() -> Command {
     sluice_command(env!("CARGO_BIN_EXE_sluice"))
 }
 
-/// Starts `sluice <args>` and waits until `port` accepts connections.
-fn start(args: &[&str], port: u16) -> Served {
-    start_with(args, port, &[])
+fn noop_server() -> (Served, String) {
+    let (served, addr) = noop(&[]);
+    (served, format!("http://{addr}"))
 }
 
-/// [`start`] with `SLUICE_*` settings in the environment.
-fn start_with(args: &[&str], port: u16, env: &[(&str, &str)]) -> Served {
-    let child = sluice()
-        .args(args)
+/// `sluice bench --noop-server 127.0.0.1:0` plus `more` arguments: the server, and the
+/// address it bound (the first line of its standard error).
+fn noop(more: &[&str]) -> (Served, std::net::SocketAddr) {
+    use std::io::BufRead as _;
+    let mut child = sluice()
+        .args(["bench", "--noop-server", "127.0.0.1:0", "--duration", "60s"])
+        .args(more)
         .env("SLUICE_LOG__LEVEL", "warn")
-        .envs(env.iter().copied())
         .stdout(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("start the sluice binary");
+    let stderr = child.stderr.take().expect("its standard error, piped");
     let served = Served(child);
-    wait_listening(port);
-    served
-}
-
-fn noop_server() -> (Served, String) {
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let served = start(
-        &["bench", "--noop-server", &addr, "--duration", "60s"],
-        port,
-    );
-    (served, format!("http://{addr}"))
+    let mut stderr = std::io::BufReader::new(stderr);
+    let mut line = String::new();
+    stderr
+        .read_line(&mut line)
+        .expect("the no-op server's first line");
+    // The rest goes on to this process's standard error (a closed pipe would fail its writes).
+    std::thread::spawn(move || {
+        for more in stderr.lines().map_while(Result::ok) {
+            eprintln!("{more}");
+        }
+    });
+    let addr = line
+        .trim()
+        .rsplit(' ')
+        .next()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    (served, addr)
 }
 
 fn sluice_server(rules: &Path) -> (Served, String) {
     sluice_server_with(rules, &[])
 }
 
+/// `sluice serve` on ports it binds itself (read from its log), with `SLUICE_*` settings.
 fn sluice_server_with(rules: &Path, env: &[(&str, &str)]) -> (Served, String) {
-    let (port, admin) = (free_port(), free_port());
-    let grpc = format!("127.0.0.1:{port}");
-    let admin = format!("127.0.0.1:{admin}");
-    let rules = rules.to_str().expect("a UTF-8 path");
-    let args = [
-        "serve",
-        "--rules",
-        rules,
-        "--grpc-listen",
-        &grpc,
-        "--admin-listen",
-        &admin,
-    ];
-    (start_with(&args, port, env), format!("http://{grpc}"))
+    let mut child = sluice()
+        .arg("serve")
+        .arg("--rules")
+        .arg(rules)
+        .args([
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .env("SLUICE_LOG__LEVEL", LISTENERS_LOG)
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the sluice binary");
+    let grpc = serving_grpc(&mut child);
+    (Served(child), format!("http://{grpc}"))
 }
 
 /// Runs `sluice bench --json` with `args`; its parsed result.
@@ -259,18 +274,7 @@ fn worker_threads_are_set_for_sluice_and_the_noop_server_alike() {
     let (default, _) = sluice_server_with(rules, &[("TOKIO_WORKER_THREADS", "not a number")]);
     let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     assert_eq!(workers(&default), cpus);
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let args = [
-        "bench",
-        "--noop-server",
-        &addr,
-        "--threads",
-        "1",
-        "--duration",
-        "60s",
-    ];
-    let noop = start(&args, port);
+    let (noop, addr) = noop(&["--threads", "1"]);
     assert_eq!(workers(&sluice), 3);
     assert_eq!(workers(&noop), 1);
     // Both still serve.

@@ -44,15 +44,15 @@ fn readme_answer() -> serde_json::Value {
 #[tokio::test]
 async fn the_readme_grpcurl_call_answers_as_documented() {
     let grpcurl = grpcurl();
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let child = sluice_command(env!("CARGO_BIN_EXE_sluice"))
-        .args(["serve", "--grpc-listen", &addr])
-        .args(["--admin-listen", &format!("127.0.0.1:{}", free_port())])
+    let mut child = sluice_command(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--grpc-listen", "127.0.0.1:0"])
+        .args(["--admin-listen", "127.0.0.1:0"])
+        .env("SLUICE_LOG__LEVEL", LISTENERS_LOG)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let addr = serving_grpc(&mut child).to_string();
     let _served = Served(child);
     connect_within(&format!("http://{addr}"), Duration::from_secs(20)).await;
 

@@ -186,7 +186,10 @@ async fn serve(file: &Path, limiter: Arc<dyn Limiter>) -> Reloading {
         .expect("bind");
     let addr = grpc.local_addr().expect("an address");
     let stop = CancellationToken::new();
-    let listeners = Listeners { grpc, admin: None };
+    let listeners = Listeners {
+        grpc: grpc.into(),
+        admin: None,
+    };
     let task = tokio::spawn(app.run(listeners, stop.clone().cancelled_owned()));
     Reloading {
         grpc: format!("http://{addr}"),

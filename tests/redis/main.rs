@@ -16,6 +16,7 @@ mod support;
 
 mod algorithms;
 mod batching;
+mod breakers;
 mod cluster;
 mod concurrency;
 mod concurrency_by_id;

@@ -20,9 +20,7 @@ use std::process::{Command, Stdio};
 
 use sluice::testing::grpc::*;
 use sluice::testing::http::try_get;
-use sluice::testing::process::{
-    Served, SluiceProcess, free_port, loopback, serving_grpc, sluice_command,
-};
+use sluice::testing::process::{Served, SluiceProcess, free_port, serving_grpc, sluice_command};
 use sluice::testing::ratelimit_env::{ENVOY_GATEWAY_REDIS_TLS, ISTIO};
 use sluice::testing::redis::{RedisCluster, RedisServer};
 
@@ -309,8 +307,12 @@ fn refused_start(env: &[(&str, &str)]) -> String {
         ])
         .arg("--rules")
         .arg(rules.path())
-        .args(["--grpc-listen", &loopback(free_port()).to_string()])
-        .args(["--admin-listen", &loopback(free_port()).to_string()])
+        .args([
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
         .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

@@ -113,21 +113,21 @@ async fn the_binary_reloads_on_sighup_and_drains_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("rules.yaml");
     std::fs::write(&file, RULES).unwrap();
-    let (grpc, admin) = (free_port(), free_port());
-    let admin_addr: std::net::SocketAddr = format!("127.0.0.1:{admin}").parse().unwrap();
-    let child = sluice_command(env!("CARGO_BIN_EXE_sluice"))
+    let mut child = sluice_command(env!("CARGO_BIN_EXE_sluice"))
         .args(["serve", "--rules", file.to_str().unwrap()])
-        .args(["--grpc-listen", &format!("127.0.0.1:{grpc}")])
-        .args(["--admin-listen", &admin_addr.to_string()])
+        .args(["--grpc-listen", "127.0.0.1:0"])
+        .args(["--admin-listen", "127.0.0.1:0"])
         .env("SLUICE_SERVER__DRAIN_DELAY_SECS", "1")
         .env("SLUICE_SERVER__SHUTDOWN_GRACE_SECS", "5")
         .env("SLUICE_RELOAD__WATCH", "false")
+        .env("SLUICE_LOG__LEVEL", LISTENERS_LOG)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let [grpc, admin_addr] = serving(&mut child, ["gRPC", "admin HTTP"]);
     let mut served = Served(child);
-    let url = format!("http://127.0.0.1:{grpc}");
+    let url = format!("http://{grpc}");
     let mut c = connect_within(&url, Duration::from_secs(20)).await;
     readyz_until(admin_addr, 200).await;
 

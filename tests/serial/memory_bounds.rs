@@ -220,23 +220,21 @@ descriptors:
 fn serve(dir: &std::path::Path, max_keys: usize) -> (Served, String, std::net::SocketAddr) {
     let rules = dir.join("rules.yaml");
     std::fs::write(&rules, RULES).expect("write the rules");
-    let (port, admin) = (free_port(), free_port());
-    let child = sluice_command(env!("CARGO_BIN_EXE_sluice"))
+    let mut child = sluice_command(env!("CARGO_BIN_EXE_sluice"))
         .arg("serve")
         .arg("--rules")
         .arg(&rules)
-        .args(["--grpc-listen", &format!("127.0.0.1:{port}")])
-        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+        .args(["--grpc-listen", "127.0.0.1:0"])
+        .args(["--admin-listen", "127.0.0.1:0"])
         .env("SLUICE_MEMORY__MAX_KEYS", max_keys.to_string())
         .env("SLUICE_MEMORY__SWEEP_INTERVAL_SECS", "1")
-        .env("SLUICE_LOG__LEVEL", "warn")
+        .env("SLUICE_LOG__LEVEL", LISTENERS_LOG)
         .stdout(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("start the sluice binary");
-    let served = Served(child);
-    wait_listening(port);
-    let admin = std::net::SocketAddr::from(([127, 0, 0, 1], admin));
-    (served, format!("http://127.0.0.1:{port}"), admin)
+    let [grpc, admin] = serving(&mut child, ["gRPC", "admin HTTP"]);
+    (Served(child), format!("http://{grpc}"), admin)
 }
 
 /// `sluice bench` for `secs` on unique addresses starting at `first`; requests answered.

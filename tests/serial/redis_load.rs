@@ -17,6 +17,10 @@ pub(crate) struct Tally {
     pub denied: u64,
     /// When each failed request was sent, and its error.
     pub errors: Vec<(Instant, String)>,
+    /// When each failed request was answered, in the order of `errors`.
+    pub error_ends: Vec<Instant>,
+    /// When each request was sent and answered (Redis's answer or an error).
+    pub answers: Vec<(Instant, Instant)>,
 }
 
 impl Tally {
@@ -95,10 +99,14 @@ fn record(
     result: Result<BatchOutcome, LimiterError>,
 ) {
     let tally = tallies.entry(class).or_default();
+    tally.answers.push((sent, Instant::now()));
     match result {
         Ok(o) if o.admitted => tally.admitted += 1,
         Ok(_) => tally.denied += 1,
-        Err(e) => tally.errors.push((sent, e.message)),
+        Err(e) => {
+            tally.errors.push((sent, e.message));
+            tally.error_ends.push(Instant::now());
+        }
     }
 }
 

@@ -327,6 +327,7 @@ fn admits(cell: &Cell, seen: &Seen, now: u64, cost: u64) -> bool {
     let window = Window {
         start: cell.start,
         count: seen.before,
+        refundable: 0,
     };
     cell.window.admits(window, now, cost)
 }
@@ -338,6 +339,7 @@ fn report(hit: &Hit, cell: &Cell, seen: &Seen, admitted: bool, now: u64) -> HitO
         let window = Window {
             start: cell.start,
             count: seen.before,
+            refundable: 0,
         };
         return HitOutcome {
             admitted: false,
@@ -349,6 +351,7 @@ fn report(hit: &Hit, cell: &Cell, seen: &Seen, admitted: bool, now: u64) -> HitO
     let window = Window {
         start: cell.start,
         count: seen.last,
+        refundable: 0,
     };
     HitOutcome {
         admitted: true,

@@ -268,6 +268,14 @@ pub trait Limiter: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// The nodes of a remote backend (the server, the master Sentinel named, each master of
+    /// a Cluster, and any node whose breaker is open), each with whether its circuit breaker
+    /// is open (its requests answered by `on_error` at once); sorted by node. Cheap: no
+    /// round trip. By default, none.
+    fn nodes(&self) -> Vec<(String, bool)> {
+        Vec::new()
+    }
+
     /// One page of the keys held and their state, read as a check-only request would see
     /// them, changing nothing (admin `/counters`). By default, none.
     fn counters<'a>(

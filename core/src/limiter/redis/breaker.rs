@@ -1,8 +1,16 @@
-//! Circuit breakers, one per node: after `failures` consecutive transient failures of calls to
-//! a node, calls to it are refused at once for `cooldown`; then one call at a time is let
-//! through as a probe (at most one per `cooldown`), and the first success closes the breaker
-//! again. A node's trouble never refuses a call to another node: in a Cluster, losing a master
-//! refuses only the calls for its slots.
+//! Circuit breakers, one per node: after `failures` consecutive calls to a node that it did
+//! not answer (a time-out, a refused or lost connection: [`unanswered`]), calls to it are
+//! refused at once for `cooldown`; then one call at a time is let through as a probe (at most
+//! one per `cooldown`), and the first answer closes the breaker again. A node's trouble never
+//! refuses a call to another node: in a Cluster, losing a master refuses only the calls for
+//! its slots.
+//!
+//! A reply is an answer, whatever it says: `CLUSTERDOWN`, `TRYAGAIN`, `LOADING`, `MASTERDOWN`,
+//! `READONLY` or a script's error come from a live node, so they never open its breaker, and
+//! they close it when it is open (the node serves again: no cooldown stands in the way).
+//! A request whose time-out passed while it waited (queued, or in a call) counts against the
+//! node it waited for, unless that node sent an error reply within the time-out: the request
+//! then waited behind calls that the node answered and that were tried again.
 //!
 //! A probe that never finishes (its request was cancelled) cannot wedge the breaker: the next
 //! probe is simply allowed one `cooldown` later.
@@ -15,6 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use redis::{ErrorKind, RedisError, RedisResult};
 use tokio::time::Instant;
 
 use super::topology::Node;
@@ -30,6 +39,10 @@ pub(super) struct Breakers {
     nodes: Mutex<HashMap<Node, Breaker>>,
     /// Some node has failures (`nodes` is not empty): while none has, nothing is locked.
     failing: AtomicBool,
+    /// Nodes that sent an error reply lately, and when (at most [`MAX_NODES`]).
+    replied: Mutex<HashMap<Node, Instant>>,
+    /// `replied` is not empty: while it is, nothing is locked.
+    replying: AtomicBool,
 }
 
 impl Breakers {
@@ -40,6 +53,8 @@ impl Breakers {
             cooldown,
             nodes: Mutex::new(HashMap::new()),
             failing: AtomicBool::new(false),
+            replied: Mutex::new(HashMap::new()),
+            replying: AtomicBool::new(false),
         }
     }
 
@@ -47,6 +62,47 @@ impl Breakers {
     pub(super) fn allow(&self, node: &str) -> bool {
         !self.failing.load(Ordering::Acquire)
             || self.nodes.lock().get(node).is_none_or(Breaker::allow)
+    }
+
+    /// Records how a call to `node` went: answered (a value or an error reply), or not
+    /// ([`unanswered`]); other failures (the call was never made) say nothing of the node.
+    pub(super) fn answer<T>(&self, node: &Node, result: &RedisResult<T>) {
+        match result {
+            Err(e) if unanswered(e) => self.record(node, false),
+            Err(e) if !replied(e) => {}
+            Err(_) => {
+                self.note_reply(node);
+                self.record(node, true);
+            }
+            Ok(_) => self.record(node, true),
+        }
+    }
+
+    /// A request's time-out passed before its call to `node` answered (`within`: the
+    /// time-out): a failure of `node`, unless `node` sent an error reply within that time
+    /// (the request queued behind calls that the node answered, and that were tried again).
+    pub(super) fn timed_out(&self, node: &Node, within: Duration) {
+        if self.replying.load(Ordering::Acquire) {
+            let since = Instant::now().checked_sub(within);
+            let lately = self.replied.lock().get(node).copied();
+            if lately.is_some_and(|at| since.is_none_or(|since| at >= since)) {
+                return;
+            }
+        }
+        self.record(node, false);
+    }
+
+    /// Remembers that `node` sent an error reply now (forgetting replies older than a minute).
+    fn note_reply(&self, node: &Node) {
+        let now = Instant::now();
+        let mut replied = self.replied.lock();
+        if let Some(minute_ago) = now.checked_sub(Duration::from_secs(60)) {
+            replied.retain(|_, at| *at >= minute_ago);
+        }
+        if replied.len() < MAX_NODES || replied.contains_key(node) {
+            replied.insert(node.clone(), now);
+        }
+        self.replying.store(!replied.is_empty(), Ordering::Release);
     }
 
     /// Records the result of a call to `node`.
@@ -59,7 +115,7 @@ impl Breakers {
             if let Some(breaker) = nodes.remove(node)
                 && breaker.is_open()
             {
-                tracing::info!(%node, "redis circuit breaker closed");
+                tracing::info!(%node, "redis node back: circuit breaker closed");
             }
             self.failing.store(!nodes.is_empty(), Ordering::Release);
             return;
@@ -87,6 +143,35 @@ impl Breakers {
     pub(super) fn any_open(&self) -> bool {
         self.failing.load(Ordering::Acquire) && self.nodes.lock().values().any(Breaker::is_open)
     }
+
+    /// The nodes whose breaker is open, sorted.
+    pub(super) fn open(&self) -> Vec<Node> {
+        if !self.failing.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        let mut open: Vec<Node> = (self.nodes.lock().iter())
+            .filter(|(_, b)| b.is_open())
+            .map(|(n, _)| n.clone())
+            .collect();
+        open.sort();
+        open
+    }
+}
+
+/// Whether `e` says that the node did not answer: a time-out, a refused, failed or lost
+/// connection. Never a reply from the node.
+pub(super) fn unanswered(e: &RedisError) -> bool {
+    !replied(e)
+        && (e.is_io_error()
+            || e.is_timeout()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || e.is_unrecoverable_error())
+}
+
+/// Whether `e` is a reply from the node (an error reply, of a kind known or not).
+fn replied(e: &RedisError) -> bool {
+    matches!(e.kind(), ErrorKind::Server(_) | ErrorKind::Extension)
 }
 
 /// The breaker's state.
@@ -144,7 +229,7 @@ impl Breaker {
                         %node,
                         failures = n,
                         cooldown = ?self.cooldown,
-                        "redis circuit breaker open"
+                        "redis node lost: circuit breaker open"
                     );
                     State::Open(Instant::now() + self.cooldown)
                 } else {
@@ -206,6 +291,69 @@ mod tests {
             b.record(&format!("n{i}:1").into(), false);
         }
         assert!(b.nodes.lock().len() <= MAX_NODES, "bounded");
+    }
+
+    fn reply(text: &str) -> RedisError {
+        redis::parse_redis_value(text.as_bytes())
+            .unwrap()
+            .extract_error()
+            .unwrap_err()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn replies_never_open_it_and_close_it_at_once() {
+        let b = Breakers::new(1, Duration::from_secs(60));
+        let node: Node = "10.0.0.1:7000".into();
+        for code in [
+            "CLUSTERDOWN The cluster is down",
+            "TRYAGAIN x",
+            "LOADING x",
+            "MASTERDOWN x",
+            "READONLY x",
+            "ERR user_script:1: boom",
+            "WEIRD an unknown code",
+        ] {
+            let e = reply(&format!("-{code}\r\n"));
+            assert!(!unanswered(&e), "{code}");
+            b.answer(&node, &Err::<(), _>(e));
+            assert!(b.allow(&node) && !b.any_open(), "{code}");
+        }
+        let timeout = RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        let refused = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        let lost = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        for e in [timeout, refused, lost] {
+            assert!(unanswered(&e), "{e}");
+        }
+        let timeout = RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        b.answer(&node, &Err::<(), _>(timeout));
+        assert!(!b.allow(&node), "open, and a minute of cooldown");
+        assert_eq!(b.open(), std::slice::from_ref(&node));
+        b.answer(&node, &Err::<(), _>(reply("-CLUSTERDOWN x\r\n")));
+        assert!(
+            b.allow(&node) && b.open().is_empty(),
+            "a reply closes it at once"
+        );
+        let config = RedisError::from((ErrorKind::InvalidClientConfig, "never sent"));
+        b.answer(&node, &Err::<(), _>(config));
+        assert!(b.quiet(), "a call never made says nothing of the node");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_time_out_behind_replies_is_not_the_nodes() {
+        let b = Breakers::new(1, Duration::from_secs(60));
+        let (replying, silent): (Node, Node) = ("10.0.0.1:7000".into(), "10.0.0.2:7000".into());
+        b.answer(&replying, &Err::<(), _>(reply("-CLUSTERDOWN x\r\n")));
+        tokio::time::advance(Duration::from_millis(50)).await;
+        b.timed_out(&replying, Duration::from_millis(100));
+        assert!(b.allow(&replying), "it replied within the time-out");
+        b.timed_out(&silent, Duration::from_millis(100));
+        assert!(!b.allow(&silent), "no reply: a failure");
+        tokio::time::advance(Duration::from_millis(100)).await;
+        b.timed_out(&replying, Duration::from_millis(100));
+        assert!(
+            !b.allow(&replying),
+            "its last reply is older than the time-out"
+        );
     }
 
     #[tokio::test(start_paused = true)]

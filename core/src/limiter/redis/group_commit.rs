@@ -18,8 +18,8 @@
 //! In a Cluster, a call follows the Cluster's redirections and transient errors within the
 //! time-out (`super::redirect`), whole: every request of it goes where the slot is. A call that
 //! fails (time-out, lost connection, error reply) fails every request it carried, each with the
-//! same error and the node it failed on; each request then gets its own `on_error` answer from
-//! the limiter. A request whose caller stopped waiting (its time-out passed while it queued)
+//! same error, and tells its node's breaker whether the node answered; each request then gets
+//! its own `on_error` answer from the limiter. A request whose caller stopped waiting (its time-out passed while it queued)
 //! is dropped before it is sent.
 //!
 //! # The bounds
@@ -69,13 +69,13 @@ pub(super) struct Shared {
     pub wait: Option<super::replication::Wait>,
     /// Cluster redirections and transient errors followed (`MOVED`, `ASK`, `TRYAGAIN`,
     /// `CLUSTERDOWN`, ...): attempts after the first.
-    pub redirects: std::sync::atomic::AtomicU64,
+    pub redirects: redirect::Followed,
+    /// The nodes' breakers: each call tells its node's whether the node answered.
+    pub breakers: Arc<super::breaker::Breakers>,
 }
 
 /// What a request's call came to.
 pub(super) struct Answer {
-    /// The node that answered, or that the call failed on (when it got that far).
-    pub node: Option<Node>,
     pub result: RedisResult<BatchOutcome>,
 }
 
@@ -271,7 +271,6 @@ impl GroupCommit {
         let index = self.next.fetch_add(1, Ordering::Relaxed) % lanes.lanes.len().max(1);
         let Some(lane) = lanes.lanes.get(index) else {
             return Answer {
-                node: None,
                 result: Err(dropped("no lane to send it on")),
             };
         };
@@ -313,7 +312,6 @@ impl GroupCommit {
             .await;
         }
         answer.await.unwrap_or_else(|_| Answer {
-            node: None,
             result: Err(dropped("the call carrying it was dropped")),
         })
     }
@@ -372,12 +370,10 @@ fn split(jobs: Vec<Job>) -> Vec<Vec<Job>> {
     calls
 }
 
-/// A call that returned: its jobs, the call, the node it last went to, and Redis's reply (or
-/// the failure).
+/// A call that returned: its jobs, the call, and Redis's reply (or the failure).
 struct Exchanged {
     jobs: Vec<Job>,
     call: Option<script::Call>,
-    node: Option<Node>,
     reply: RedisResult<Value>,
 }
 
@@ -392,7 +388,6 @@ async fn exchange(shared: &Shared, lane: usize, jobs: Vec<Job>) -> Exchanged {
         return Exchanged {
             jobs,
             call: None,
-            node: None,
             reply: Ok(Value::Nil),
         };
     };
@@ -420,6 +415,10 @@ async fn exchange(shared: &Shared, lane: usize, jobs: Vec<Job>) -> Exchanged {
         Ok(result) => result,
         Err(_) => {
             shared.connector.timed_out(lane);
+            // The attempt in flight was dropped before it could tell its node's breaker.
+            if let Some(node) = &node {
+                shared.breakers.record(node, false);
+            }
             Err(RedisError::from(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 format!("no answer within {:?}", shared.timeout),
@@ -429,7 +428,6 @@ async fn exchange(shared: &Shared, lane: usize, jobs: Vec<Job>) -> Exchanged {
     Exchanged {
         jobs,
         call: Some(call),
-        node,
         reply,
     }
 }
@@ -442,16 +440,10 @@ fn answer_all(returned: Vec<Exchanged>) {
 
 /// Gives each job of a returned call its outcome, or the call's failure.
 fn answer(exchanged: Exchanged) {
-    let Exchanged {
-        jobs,
-        call,
-        node,
-        reply,
-    } = exchanged;
+    let Exchanged { jobs, call, reply } = exchanged;
     let Some(call) = call else { return };
     let give = |job: Job, result| {
-        let node = node.clone();
-        let _ = job.reply.send(Answer { node, result });
+        let _ = job.reply.send(Answer { result });
     };
     match reply.and_then(|reply| script::decode(reply, &call)) {
         Ok(outcomes) => {
@@ -488,5 +480,8 @@ pub(super) async fn send<E: redirect::Exchange>(
     };
     // Sentinel: the master it connected to.
     *at = shared.connector.node(None);
+    if let Some(node) = at.as_ref() {
+        shared.breakers.answer(node, &reply);
+    }
     reply.inspect_err(|e| shared.connector.failed(lane, e))
 }

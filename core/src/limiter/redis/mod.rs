@@ -25,8 +25,10 @@
 //!    every request that queued while the previous one was in flight; per slot group in a
 //!    Cluster), bounded by `timeout_ms` (queueing, connecting and following the Cluster
 //!    included). Time is Redis `TIME`, in microseconds.
-//! 4. On failure (time-out, connection lost, error reply), count it in the breaker of the node
-//!    it failed on and answer from `on_error`: `error` (a transient [`LimiterError`], which the
+//! 4. Each call tells the breaker of its node whether the node answered (a reply, even an
+//!    error reply such as `CLUSTERDOWN`, is an answer; a time-out or a refused or lost
+//!    connection is not: only those open it). On failure (time-out, connection lost, error
+//!    reply), answer from `on_error`: `error` (a transient [`LimiterError`], which the
 //!    gRPC layer maps to `UNAVAILABLE`), `allow`, `deny`, or `local` (an in-process
 //!    [`MemoryLimiter`]).
 
@@ -70,7 +72,7 @@ pub struct RedisLimiter {
     commit: GroupCommit,
     timeout: Duration,
     on_error: OnError,
-    breakers: Breakers,
+    breakers: Arc<Breakers>,
     deny: DenyCache,
     /// The deny cache's time; with `script_clock`, the script's too.
     clock: Arc<dyn Clock>,
@@ -148,6 +150,10 @@ impl RedisLimiter {
             settings.connections,
         )
         .map_err(|e| config_error(&e.to_string()))?;
+        let breakers = Arc::new(Breakers::new(
+            settings.breaker_failures,
+            Duration::from_millis(settings.breaker_cooldown_ms),
+        ));
         Ok(RedisLimiter {
             commit: GroupCommit::new(Shared {
                 connector,
@@ -156,13 +162,11 @@ impl RedisLimiter {
                 timeout: timeouts.response,
                 wait: replication::Wait::from_settings(settings),
                 redirects: Default::default(),
+                breakers: breakers.clone(),
             }),
             timeout: timeouts.response,
             on_error: settings.on_error,
-            breakers: Breakers::new(
-                settings.breaker_failures,
-                Duration::from_millis(settings.breaker_cooldown_ms),
-            ),
+            breakers,
             deny: DenyCache::new(settings.deny_cache_size),
             clock,
             script_clock,
@@ -196,8 +200,10 @@ impl RedisLimiter {
     }
 
     /// Running totals since start: requests answered from the deny cache, requests answered
-    /// at once because the breaker was open, failed Redis calls, and answers given by
-    /// `on_error` (`allow`, `deny`, `local`) instead of Redis.
+    /// at once because the breaker was open, failed Redis calls, answers given by
+    /// `on_error` (`allow`, `deny`, `local`) instead of Redis, a Cluster's attempts after a
+    /// call's first (`redirect`), of which `MOVED` and `ASK` redirections followed, and calls
+    /// whose `WAIT` came back short.
     pub fn events(&self) -> Vec<(&'static str, u64)> {
         let e = &self.events;
         let shared = self.commit.shared();
@@ -206,12 +212,33 @@ impl RedisLimiter {
             ("breaker_open", e.breaker_open.load(Ordering::Relaxed)),
             ("failure", e.failures.load(Ordering::Relaxed)),
             ("fallback", e.fallbacks.load(Ordering::Relaxed)),
-            ("redirect", shared.redirects.load(Ordering::Relaxed)),
+            ("redirect", shared.redirects.total()),
+            ("moved", shared.redirects.moved()),
+            ("ask", shared.redirects.ask()),
             (
                 "wait_short",
                 shared.wait.as_ref().map_or(0, replication::Wait::short),
             ),
         ]
+    }
+
+    /// The nodes known now (the server, the master Sentinel last named, the masters of a
+    /// Cluster's map) and those whose breaker is open, each with whether it is open.
+    pub fn nodes(&self) -> Vec<(String, bool)> {
+        let connector = &self.commit.shared().connector;
+        let open = self.breakers.open();
+        let mut nodes: Vec<Node> = match connector.topology() {
+            Some(topology) => topology.masters(),
+            None => connector.node(None).into_iter().collect(),
+        };
+        nodes.extend(open.iter().cloned());
+        nodes.sort();
+        nodes.dedup();
+        let states = nodes.into_iter().map(|n| {
+            let down = open.contains(&n);
+            (n.to_string(), down)
+        });
+        states.collect()
     }
 
     /// Whether Redis answered the last exchange (request or probe); the reason if not. In a
@@ -338,7 +365,7 @@ impl RedisLimiter {
     }
 
     /// Decides `hits` (all of one Cluster slot, in a Cluster) in a lane's next script call, by
-    /// `call.deadline`; the breaker of the node it went to learns how it went.
+    /// `call.deadline`.
     async fn submit(&self, hits: Vec<super::Hit>, call: Call) -> Result<BatchOutcome, RedisError> {
         let shared = self.commit.shared();
         let slot = shared
@@ -356,19 +383,20 @@ impl RedisLimiter {
             slot,
             node: expected.clone(),
         };
-        let submitted = self.commit.submit(request);
-        let (node, result) = match tokio::time::timeout_at(call.deadline, submitted).await {
-            Ok(answer) => (answer.node.or(expected), answer.result),
+        // The breaker of the node a call went to learns from the call itself whether the node
+        // answered; a request whose time-out passed first counts against the node it waited
+        // for, unless that node was replying (its calls were being tried again).
+        match tokio::time::timeout_at(call.deadline, self.commit.submit(request)).await {
+            Ok(answer) => answer.result,
             // The lane's own time-out (which drops a Sentinel connection) fires a little
             // later, if the call is still in flight then.
-            Err(_) => (expected, Err(timed_out(self.timeout))),
-        };
-        match (&node, &result) {
-            (Some(node), Ok(_)) => self.breakers.record(node, true),
-            (Some(node), Err(e)) if transient(e) => self.breakers.record(node, false),
-            _ => {}
+            Err(_) => {
+                if let Some(node) = &expected {
+                    self.breakers.timed_out(node, self.timeout);
+                }
+                Err(timed_out(self.timeout))
+            }
         }
-        result
     }
 
     async fn fallback(
@@ -579,6 +607,10 @@ impl Limiter for RedisLimiter {
 
     fn events(&self) -> Vec<(&'static str, u64)> {
         RedisLimiter::events(self)
+    }
+
+    fn nodes(&self) -> Vec<(String, bool)> {
+        RedisLimiter::nodes(self)
     }
 
     fn counters<'a>(

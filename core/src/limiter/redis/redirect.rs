@@ -12,15 +12,22 @@
 //! | `CLUSTERDOWN`, `READONLY`, `MASTERDOWN`, `LOADING` (a failover under way, or a node that is not the slot's master now) | after a pause, to the master by a refreshed map |
 //! | no connection could be made (refused, timed out: nothing was sent) | the same |
 //!
+//! Each attempt tells its node's breaker whether the node answered
+//! ([`super::breaker::Breakers::answer`]): every reply in the table is an answer from a live
+//! node, so none of them opens a breaker, however long the Cluster refuses; only a connection
+//! that could not be made or was lost, or no answer in time, counts against the node.
+//!
 //! A batch is one slot, so it goes whole: an `ASK` sends every request of it to the target.
 //! What is sent is an [`Exchange`]: a batch's script call, and as well every other command that
 //! names a key (a hold's script call, a reset's `DEL`), so that they all follow the Cluster the
 //! same way. Any other failure is final: a time-out or a connection lost after the call was
 //! written may have run the script, so retrying it could decide its requests twice. The pauses
-//! grow from [`FIRST_PAUSE`] to [`MAX_PAUSE`] and are never taken past the time-out; the last
-//! error is then the call's.
+//! grow from [`FIRST_PAUSE`] to [`MAX_PAUSE`] and are never taken past the time-out (leaving
+//! room for one more answer); the last error is then the call's, and its requests get their
+//! `on_error` answer.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
@@ -90,6 +97,43 @@ impl Exchange for Cmd {
     }
 }
 
+/// Attempts after a call's first, by why they were made.
+#[derive(Debug, Default)]
+pub(super) struct Followed {
+    /// After a `MOVED`, to the node it named.
+    moved: AtomicU64,
+    /// After an `ASK`, to the node it named.
+    ask: AtomicU64,
+    /// Again to the slot's master (`TRYAGAIN`, `CLUSTERDOWN`, ..., or nothing was sent).
+    again: AtomicU64,
+}
+
+impl Followed {
+    fn count(&self, hop: &Hop) {
+        let counter = match hop {
+            Hop::Moved(_) => &self.moved,
+            Hop::Ask(_) => &self.ask,
+            Hop::Owner => &self.again,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Every attempt after a call's first.
+    pub(super) fn total(&self) -> u64 {
+        self.moved() + self.ask() + self.again.load(Ordering::Relaxed)
+    }
+
+    /// `MOVED` redirections followed.
+    pub(super) fn moved(&self) -> u64 {
+        self.moved.load(Ordering::Relaxed)
+    }
+
+    /// `ASK` redirections followed.
+    pub(super) fn ask(&self) -> u64 {
+        self.ask.load(Ordering::Relaxed)
+    }
+}
+
 /// Where an attempt goes.
 #[derive(Debug, Clone, PartialEq)]
 enum Hop {
@@ -143,16 +187,16 @@ pub(super) async fn send<E: Exchange>(
         // Two `MOVED` in a row: nodes that disagree (a change under way); not at full speed.
         let moved_again = matches!((&hop, &to), (Hop::Moved(_), Hop::Moved(_)));
         if wait || moved_again {
-            if Instant::now() + pause >= deadline {
+            // Room for the pause and for the next attempt's answer: a call that ends on a
+            // reply is not cut by the time-out (which would count against the node).
+            if Instant::now() + pause * 2 >= deadline {
                 return Err(err);
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(MAX_PAUSE);
         }
         tracing::debug!(error = %err, ?to, "redis cluster: trying the call again");
-        shared
-            .redirects
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        shared.redirects.count(&to);
         hop = to;
     }
 }
@@ -177,12 +221,16 @@ async fn attempt<E: Exchange>(
     *at = Some(node.clone());
     let conn = match topology.conn(&node, lane).await {
         Ok(conn) => conn,
-        Err(e) => return (false, Err(e)),
+        Err(e) => {
+            shared.breakers.answer(&node, &Err::<(), _>(e.clone()));
+            return (false, Err(e));
+        }
     };
     let result = match hop {
         Hop::Ask(_) => call.exchange(&mut Asking(conn), shared).await,
         _ => call.exchange(&mut { conn }, shared).await,
     };
+    shared.breakers.answer(&node, &result);
     if let Err(e) = &result
         && lost(e)
     {

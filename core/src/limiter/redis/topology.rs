@@ -30,7 +30,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::connection::{Timeouts, Tls};
-use super::slots::{SlotMap, parse_slots, split};
+use super::slots::{SLOTS, SlotMap, parse_slots, split};
 
 /// A node's address, `host:port`, as the Cluster gives it.
 pub(super) type Node = Arc<str>;
@@ -158,6 +158,11 @@ impl Topology {
                 format!("slot {slot}"),
             ))
         })
+    }
+
+    /// The masters of the current map.
+    pub(crate) fn masters(&self) -> Vec<Node> {
+        self.inner.map.load().masters().to_vec()
     }
 
     /// Asks for the slot map to be refreshed (at most once per [`REFRESH_EVERY`]).
@@ -320,7 +325,8 @@ impl Inner {
         let map = first_ok(asks).await?;
         let keep: Vec<Node> = map.masters().iter().chain(&self.seeds).cloned().collect();
         self.nodes.lock().retain(|node, _| keep.contains(node));
-        self.map.store(Arc::new(map));
+        let old = self.map.swap(Arc::new(map));
+        log_change(&old, &self.map.load());
         Ok(())
     }
 
@@ -330,6 +336,24 @@ impl Inner {
             *lane.cached.lock() = None;
         }
     }
+}
+
+/// Logs (at info) a refresh that changed the map: the slots whose master changed, the
+/// masters now, and those that are masters no more. The first map is logged too.
+fn log_change(old: &SlotMap, new: &SlotMap) {
+    let moved = (0..SLOTS).filter(|&s| old.owner(s) != new.owner(s)).count();
+    if moved == 0 {
+        return;
+    }
+    let gone: Vec<&Node> = (old.masters().iter())
+        .filter(|m| !new.masters().contains(m))
+        .collect();
+    tracing::info!(
+        slots_changed = moved,
+        masters = ?new.masters(),
+        gone = ?gone,
+        "redis cluster: slot map refreshed"
+    );
 }
 
 /// The first of `futures` to succeed, or the last failure.
