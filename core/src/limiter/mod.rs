@@ -21,6 +21,7 @@ pub mod fixed_window;
 pub mod funnel;
 pub mod gathering;
 pub mod holds;
+pub mod lease;
 pub mod memory;
 pub mod plan;
 pub mod redis;
