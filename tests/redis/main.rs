@@ -20,6 +20,7 @@ mod cluster;
 mod concurrency;
 mod concurrency_by_id;
 mod footprint;
+mod leases;
 mod limitador;
 mod penalty;
 mod replicas;

@@ -35,7 +35,7 @@ fn zero_names<'a>(values: impl IntoIterator<Item = (&'a str, u64)>) -> Vec<&'a s
         .map(|(name, _)| name)
         .collect()
 }
-pub use redis::{OnError, RedisSettings, redacted_url};
+pub use redis::{LeaseMode, OnError, RedisSettings, redacted_url};
 pub use rlqs::RlqsSettings;
 pub use xds::XdsSettings;
 
@@ -352,6 +352,9 @@ impl Settings {
                 .map_err(config::ConfigError::Message)?;
             self.redis
                 .check_wait()
+                .map_err(config::ConfigError::Message)?;
+            self.redis
+                .check_leases()
                 .map_err(config::ConfigError::Message)?;
         }
         let tls = &self.tls;

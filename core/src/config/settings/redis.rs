@@ -20,6 +20,16 @@ pub enum OnError {
     Local,
 }
 
+/// `redis.leases`: whether a replica leases a share of a busy key's capacity and decides it
+/// locally (docs/redis.md, "Leases").
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LeaseMode {
+    #[default]
+    Off,
+    On,
+}
+
 /// `[redis]`: the Redis backend (see docs/redis.md). Its `Debug` hides the URL's password.
 #[derive(Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -63,6 +73,19 @@ pub struct RedisSettings {
     /// How long one `WAIT` may take; below `timeout_ms`. An answer is still given when fewer
     /// replicas confirmed in time (counted as the `wait_short` backend event).
     pub wait_timeout_ms: u64,
+    /// `on`: a replica takes leases on its busy keys and decides them locally (exact: Redis
+    /// counts leased units as spent at the lease's expiry); `off` (the default): every
+    /// decision is a script call.
+    pub leases: LeaseMode,
+    /// A lease covers about this many milliseconds of a key's traffic on this replica.
+    pub lease_horizon_ms: u64,
+    /// A lease is valid at most this long: what a replica that dies can hold back.
+    pub lease_validity_ms: u64,
+    /// A lease holds at most this share of the limit's burst (of its quota, for windows), in
+    /// percent (1 to 50).
+    pub lease_burst_percent: u64,
+    /// A key is leased from this many units a second on this replica.
+    pub lease_min_rate: u64,
 }
 
 impl Default for RedisSettings {
@@ -84,6 +107,11 @@ impl Default for RedisSettings {
             tls_skip_hostname_verification: false,
             wait_replicas: 0,
             wait_timeout_ms: 50,
+            leases: LeaseMode::Off,
+            lease_horizon_ms: 20,
+            lease_validity_ms: 100,
+            lease_burst_percent: 10,
+            lease_min_rate: 200,
         }
     }
 }
@@ -110,6 +138,11 @@ impl std::fmt::Debug for RedisSettings {
             )
             .field("wait_replicas", &self.wait_replicas)
             .field("wait_timeout_ms", &self.wait_timeout_ms)
+            .field("leases", &self.leases)
+            .field("lease_horizon_ms", &self.lease_horizon_ms)
+            .field("lease_validity_ms", &self.lease_validity_ms)
+            .field("lease_burst_percent", &self.lease_burst_percent)
+            .field("lease_min_rate", &self.lease_min_rate)
             .finish()
     }
 }
@@ -130,6 +163,32 @@ impl RedisSettings {
                 "redis.wait_timeout_ms ({}) must be below redis.timeout_ms ({}): the wait for \
                  replicas is part of the time a request may wait for Redis",
                 self.wait_timeout_ms, self.timeout_ms
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks the `lease_*` settings: a lease valid 1 ms to 1 s, covering 1 ms to its validity
+    /// of traffic, holding 1 to 50% of the burst.
+    pub(super) fn check_leases(&self) -> Result<(), String> {
+        if !(1..=1_000).contains(&self.lease_validity_ms) {
+            return Err(format!(
+                "redis.lease_validity_ms ({}) must be 1 to 1000: a dead replica's leases hold \
+                 capacity back that long",
+                self.lease_validity_ms
+            ));
+        }
+        if !(1..=self.lease_validity_ms).contains(&self.lease_horizon_ms) {
+            return Err(format!(
+                "redis.lease_horizon_ms ({}) must be 1 to redis.lease_validity_ms ({})",
+                self.lease_horizon_ms, self.lease_validity_ms
+            ));
+        }
+        if !(1..=50).contains(&self.lease_burst_percent) {
+            return Err(format!(
+                "redis.lease_burst_percent ({}) must be 1 to 50: one replica must not take the \
+                 others' share",
+                self.lease_burst_percent
             ));
         }
         Ok(())

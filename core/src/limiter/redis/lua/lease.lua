@@ -1,0 +1,124 @@
+-- lease: a replica's lease on one key: return what is left of its old lease, take a new one,
+-- in one call (src/limiter/redis/lease.rs), mirroring src/limiter/lease.rs. Its own script:
+-- the prelude and the algorithm files, then this. A key's state is read and written only
+-- through its algorithm's `load`, `admits`, `take`, `give`, `text` and `fresh_at`, so this
+-- file holds no state format of its own.
+--
+-- KEYS[1]   the state key
+-- KEYS[2]   its leases (KEYS[1] .. ":lease", in the same slot): a hash, field a replica's id,
+--           value "units:expires" (expires in microseconds, exclusive); its TTL reaches the
+--           latest expiry. A reset deletes it with the state, so that no return made after
+--           the reset gives anything back.
+-- ARGV[1]   "now" override in microseconds, or "" to read Redis TIME
+-- ARGV[2]   "1"; ARGV[3..9] the limit's seven fields (prelude.lua's contract)
+-- ARGV[10]  the replica's id
+-- ARGV[11]  units of the replica's current lease on the key to give back (its record says
+--           which lease that is; nothing comes back once it has expired)
+-- ARGV[12]  units wanted (0: return only)
+-- ARGV[13]  the most the new lease may be valid, in microseconds
+--
+-- The rules (src/limiter/lease.rs): a lease expires at min(now + validity, horizon), the
+-- horizon being where the algorithm's count starts over (a window's end; none for a funnel);
+-- its units are taken as spent at its last moment, last = expires - 1, and granted only while
+-- the state then admits nothing beyond its bound at now. A return made before the expiry
+-- gives the units back at now (all their funnel slots are then still ahead of now; a
+-- window's units go back to the window they were counted in).
+--
+-- Reply: { now, returned, units, expires, remaining, reset }: Redis's now; the units given
+-- back; the new lease's units (0: none) and expiry; what the key holds after the call and its
+-- reset (microseconds), with every leased unit counted.
+
+floor, format = math.floor, string.format
+
+local now
+if ARGV[1] ~= "" then
+  now = clamp(ARGV[1])
+else
+  local t = redis.call("TIME")
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local code = ARGV[3]
+if type(MAKERS[code]) ~= "function" then
+  return redis.error_reply("sluice: no leases for algorithm code " .. tostring(code))
+end
+local algo = MAKERS[code]()
+if not algo.text or (code ~= "f" and code ~= "w" and code ~= "s") or ARGV[9] ~= "" then
+  return redis.error_reply("sluice: no leases for algorithm code " .. code)
+end
+local p = algo.params(clamp(ARGV[4]), clamp(ARGV[5]), clamp(ARGV[6]), false)
+local key, records, id = KEYS[1], KEYS[2], ARGV[10]
+local give, want, validity = clamp(ARGV[11]), clamp(ARGV[12]), clamp(ARGV[13])
+
+local text = redis.call("GET", key)
+local state = algo.load(text)
+local changed = false
+
+-- The old lease: its unused units back while it is valid; its record goes either way.
+local returned = 0
+local record = redis.call("HGET", records, id)
+if record then
+  local units, expires = string.match(record, "^(%d+):(%d+)$")
+  units, expires = tonumber(units) or 0, tonumber(expires) or 0
+  if give > 0 and now < expires then
+    returned = math.min(give, units)
+    state = algo.give(p, state, now, returned)
+    changed = true
+  end
+  redis.call("HDEL", records, id)
+end
+
+-- The new lease.
+local function horizon()
+  if code == "f" then return MAX end
+  if code == "w" then return sat_add(now, algo.reset(p, state, now)) end
+  return sat_add(div_floor(now, p.period) * p.period, p.period)
+end
+
+local function try(units, last)
+  if not algo.admits(p, state, last, units) then return nil end
+  local taken = algo.take(p, state, last, units)
+  if not algo.admits(p, taken, now, 0) then return nil end
+  return taken
+end
+
+local granted, expires = 0, 0
+if want > 0 then
+  expires = math.min(sat_add(now, validity), horizon())
+  if expires > now then
+    local last = expires - 1
+    local taken = try(1, last)
+    if taken then
+      local low, high = 1, want
+      while low < high do
+        local mid = low + floor((high - low + 1) / 2)
+        local t = try(mid, last)
+        if t then
+          low, taken = mid, t
+        else
+          high = mid - 1
+        end
+      end
+      granted, state, changed = low, taken, true
+    end
+  end
+end
+
+if changed then
+  local fresh_at = algo.fresh_at(p, state, now)
+  if fresh_at then
+    redis.call("SET", key, algo.text(p, state), "PX", format("%d", ttl_ms(now, fresh_at)))
+  elseif text then
+    redis.call("DEL", key)
+  end
+end
+if granted > 0 then
+  redis.call("HSET", records, id, fmt(granted) .. ":" .. fmt(expires))
+  local ttl = ttl_ms(now, expires)
+  if redis.call("PTTL", records) < ttl then
+    redis.call("PEXPIRE", records, ttl)
+  end
+end
+
+return { now, returned, granted, expires, algo.remaining(p, state, now),
+         algo.reset(p, state, now) }
