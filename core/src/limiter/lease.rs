@@ -19,10 +19,12 @@
 //!   unit has a slot no earlier than its spend time. For the windows and the bucket, the units
 //!   are counted in the very window or step they are spent in, at the start of the lease.
 //! - **Return.** Unspent units go back only while the lease is valid (`now < expires`), by the
-//!   algorithm's give-back at `now`: the funnel's slots are then all still ahead of now
-//!   (`tat -= T*u`, which the rule `tat -= T*min(u, (S + L*T - now)/T)` reduces to), a window's
-//!   units go back to the window they were counted in, a bucket's to the step. Units not
-//!   returned by then are lost: under-admission, never over-admission.
+//!   algorithm's give-back at `now`: a window's units go back to the window they were counted
+//!   in, a bucket's to the step. A funnel's go back only while nothing was scheduled after
+//!   the lease (its state is as the grant left it): its slots are then the last ones and all
+//!   still ahead of now (`tat -= T*u`, which the rule `tat -= T*min(u, (S + L*T - now)/T)`
+//!   reduces to); otherwise moving `tat` back would move later units' slots. Units not
+//!   returned are lost: under-admission, never over-admission.
 //!
 //! Sliding logs and concurrency limits are never leased (docs/algorithms.md says why), nor a
 //! limit with `charge: always`, `borrow` or `block_for`: their decisions need the shared state.
@@ -37,7 +39,7 @@
 //! let (lease, state) = lease::grant(&algo, &State::Fresh, 1_000 * MS, 10, 50 * MS).unwrap();
 //! assert_eq!((lease.units, lease.expires), (10, 1_050 * MS));
 //! // Returning 4 of the 10 before the expiry gives back their 4 slots.
-//! let (back, _) = lease::give_back(&algo, &state, 1_020 * MS, &lease, 4);
+//! let (back, _) = lease::give_back(&algo, &state, &state, 1_020 * MS, &lease, 4);
 //! assert_eq!(back, 4);
 //! ```
 
@@ -139,10 +141,22 @@ pub fn grant(
 
 /// Gives back `unused` units of `lease` at `now`: all of them while the lease is valid, none
 /// once it has expired (they were counted as spent at its last moment, which has passed).
-/// The units given back and the state after.
-pub fn give_back(algo: &Algo, state: &State, now: u64, lease: &Lease, unused: u64) -> (u64, State) {
+/// A funnel gives back only while its state is still `granted`, as the grant left it: the
+/// lease's slots are then the last ones, and giving them back is as if the lease had been
+/// smaller. (Once other units were scheduled after them, moving `tat` back would move those
+/// units' slots before the moments they may be spent.) The units given back and the state
+/// after.
+pub fn give_back(
+    algo: &Algo,
+    state: &State,
+    granted: &State,
+    now: u64,
+    lease: &Lease,
+    unused: u64,
+) -> (u64, State) {
     let back = unused.min(lease.units);
-    if now >= lease.expires || back == 0 {
+    let tail = !matches!(algo, Algo::Funnel(_)) || state == granted;
+    if now >= lease.expires || back == 0 || !tail {
         return (0, state.clone());
     }
     let mut after = state.clone();

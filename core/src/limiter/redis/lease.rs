@@ -79,14 +79,13 @@ struct Entry {
     seen: u64,
 }
 
-/// A lease held: its units, how many are left, until when (local and Redis time), and what
-/// Redis said the key held after granting it.
+/// A lease held: its units, how many are left, until when (local time), and when the key's
+/// reset comes as Redis reported it at the grant.
 #[derive(Debug, Clone, Copy)]
 struct Held {
     units: u64,
     left: u64,
     until: u64,
-    remaining: u64,
     /// Local time at which the key's reset (as Redis reported it) comes.
     reset_at: u64,
 }
@@ -203,7 +202,8 @@ impl Leases {
                 let held = table.get(&hit.key).and_then(|e| e.held);
                 HitOutcome {
                     admitted: true,
-                    remaining: held.map_or(0, |h| h.remaining.saturating_add(h.left)),
+                    // What this replica can still admit for sure: a lower bound.
+                    remaining: held.map_or(0, |h| h.left),
                     reset_nanos: held.map_or(0, |h| h.reset_at.saturating_sub(now)),
                     from_local_cache: false,
                 }
@@ -386,7 +386,7 @@ impl RedisLimiter {
         let reply = self
             .within_timeout(|deadline| self.lease_call(renewal, validity, sent, deadline))
             .await;
-        let [now, returned, units, expires, remaining, reset] = match reply {
+        let [now, returned, units, expires, _remaining, reset] = match reply {
             Ok(values) => values,
             Err(e) => {
                 tracing::debug!(error = %e, "redis: lease call failed");
@@ -397,7 +397,6 @@ impl RedisLimiter {
             units,
             left: units,
             until: sent.saturating_add(expires.saturating_sub(now).saturating_mul(1_000)),
-            remaining,
             reset_at: sent.saturating_add(reset.saturating_mul(1_000)),
         };
         Some((held, returned))

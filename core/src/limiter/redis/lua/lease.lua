@@ -6,9 +6,9 @@
 --
 -- KEYS[1]   the state key
 -- KEYS[2]   its leases (KEYS[1] .. ":lease", in the same slot): a hash, field a replica's id,
---           value "units:expires" (expires in microseconds, exclusive); its TTL reaches the
---           latest expiry. A reset deletes it with the state, so that no return made after
---           the reset gives anything back.
+--           value "units:expires:state" (expires in microseconds, exclusive; state: the key's
+--           text as the grant left it); its TTL reaches the latest expiry. A reset deletes it
+--           with the state, so that no return made after the reset gives anything back.
 -- ARGV[1]   "now" override in microseconds, or "" to read Redis TIME
 -- ARGV[2]   "1"; ARGV[3..9] the limit's seven fields (prelude.lua's contract)
 -- ARGV[10]  the replica's id
@@ -21,8 +21,9 @@
 -- horizon being where the algorithm's count starts over (a window's end; none for a funnel);
 -- its units are taken as spent at its last moment, last = expires - 1, and granted only while
 -- the state then admits nothing beyond its bound at now. A return made before the expiry
--- gives the units back at now (all their funnel slots are then still ahead of now; a
--- window's units go back to the window they were counted in).
+-- gives the units back at now (a window's units go back to the window they were counted in);
+-- a funnel's only while its state is as the grant left it (the lease's slots are then the
+-- last ones, all still ahead of now).
 --
 -- Reply: { now, returned, units, expires, remaining, reset }: Redis's now; the units given
 -- back; the new lease's units (0: none) and expiry; what the key holds after the call and its
@@ -58,9 +59,10 @@ local changed = false
 local returned = 0
 local record = redis.call("HGET", records, id)
 if record then
-  local units, expires = string.match(record, "^(%d+):(%d+)$")
+  local units, expires, left = string.match(record, "^(%d+):(%d+):(.*)$")
   units, expires = tonumber(units) or 0, tonumber(expires) or 0
-  if give > 0 and now < expires then
+  local tail = code ~= "f" or left == (text or "")
+  if give > 0 and now < expires and tail then
     returned = math.min(give, units)
     state = algo.give(p, state, now, returned)
     changed = true
@@ -104,16 +106,19 @@ if want > 0 then
   end
 end
 
+local written = text or ""
 if changed then
   local fresh_at = algo.fresh_at(p, state, now)
   if fresh_at then
-    redis.call("SET", key, algo.text(p, state), "PX", format("%d", ttl_ms(now, fresh_at)))
-  elseif text then
-    redis.call("DEL", key)
+    written = algo.text(p, state)
+    redis.call("SET", key, written, "PX", format("%d", ttl_ms(now, fresh_at)))
+  else
+    written = ""
+    if text then redis.call("DEL", key) end
   end
 end
 if granted > 0 then
-  redis.call("HSET", records, id, fmt(granted) .. ":" .. fmt(expires))
+  redis.call("HSET", records, id, fmt(granted) .. ":" .. fmt(expires) .. ":" .. written)
   local ttl = ttl_ms(now, expires)
   if redis.call("PTTL", records) < ttl then
     redis.call("PEXPIRE", records, ttl)
