@@ -137,6 +137,42 @@ async fn the_unused_part_of_a_lease_comes_back() {
     );
 }
 
+#[tokio::test]
+async fn a_funnel_lease_comes_back_only_while_nothing_was_taken_after_it() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::at(START);
+    let r = replica(&redis, &clock);
+    let l = limit(Algorithm::Funnel, 1_000, 1_000);
+    drive(&r, &clock, &batch("f", l, 1), MS / 2, 100).await;
+    assert!(event(&r, "lease_taken") >= 1);
+    // Alone on the key, this replica's lease is the last thing taken: what is left comes back.
+    assert!(
+        r.check(&batch("f", l, 90))
+            .await
+            .expect("redis answers")
+            .admitted
+    );
+    let returned = event(&r, "lease_returned");
+    assert!(returned > 0, "{:?}", r.events());
+    // Another replica takes after this one's lease: nothing of it can come back then.
+    let other = replica(&redis, &clock);
+    drive(&r, &clock, &batch("f", l, 1), MS / 2, 20).await;
+    other.check(&batch("f", l, 1)).await.expect("redis answers");
+    // Answered from the lease, `remaining` is what is left of it.
+    let left = r
+        .check(&batch("f", l, 1))
+        .await
+        .expect("redis answers")
+        .hits[0]
+        .remaining;
+    assert!(left > 0);
+    let lost = event(&r, "lease_lost");
+    let more = batch("f", l, left + 1);
+    assert!(r.check(&more).await.expect("redis answers").admitted);
+    assert_eq!(event(&r, "lease_returned"), returned, "{:?}", r.events());
+    assert!(event(&r, "lease_lost") > lost, "{:?}", r.events());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_drops_leases_on_another_replica() {
     let redis = RedisServer::start();
@@ -196,14 +232,15 @@ async fn a_changed_limit_drops_the_lease() {
 /// (3,000 together); `drop_at`: the third is dropped (its leases lost) after that many ticks.
 /// The admissions per period.
 ///
-/// Time runs ten times slower than the done-when's (periods of 10 s, leases valid up to 1 s):
-/// the manual clock must stay ahead of real time, since Redis expires keys by its own.
+/// Time runs a hundred times slower than the done-when's (periods of 100 s, ticks of 100 ms,
+/// leases valid up to 1 s): the manual clock must stay well ahead of real time, since Redis
+/// expires keys (up to the funnel's 10 s of capacity) by its own.
 async fn hammer(redis: &RedisServer, l: LimitParams, key: &str, drop_at: Option<u64>) -> Vec<u64> {
     let clock = ManualClock::at(START);
     let settings = RedisSettings {
         lease_validity_ms: 1_000,
-        lease_horizon_ms: 200,
-        lease_min_rate: 20,
+        lease_horizon_ms: 1_000,
+        lease_min_rate: 1,
         ..leasing(redis, true)
     };
     let mut replicas: Vec<RedisLimiter> = (0..3)
@@ -230,15 +267,15 @@ async fn hammer(redis: &RedisServer, l: LimitParams, key: &str, drop_at: Option<
 #[tokio::test]
 async fn three_replicas_with_leases_stay_within_the_bound_and_admit_most_of_it() {
     let redis = RedisServer::start();
-    let ten = |algorithm, burst| LimitParams {
-        period_nanos: 10 * SEC,
+    let slow = |algorithm, burst| LimitParams {
+        period_nanos: 100 * SEC,
         ..limit(algorithm, 1_000, burst)
     };
     for drop_at in [None, Some(5_000)] {
         // A funnel of 1,000 a period, burst 100: at most 100 + 999 in any period (ticks 0 to
         // 999 of it), and 1,000 a period once the burst is spent; leases of at most 10, valid
         // at most 10 ticks.
-        let funnel = hammer(&redis, ten(Algorithm::Funnel, 100), "funnel", drop_at).await;
+        let funnel = hammer(&redis, slow(Algorithm::Funnel, 100), "funnel", drop_at).await;
         eprintln!("funnel, replica dropped at {drop_at:?}: {funnel:?}");
         for (i, &n) in funnel.iter().enumerate() {
             assert!(n <= 1_099, "period {i}: {funnel:?}");
@@ -246,10 +283,10 @@ async fn three_replicas_with_leases_stay_within_the_bound_and_admit_most_of_it()
             assert!(n >= 990, "period {i}: {funnel:?}");
         }
         // A fixed window of 1,000 a period: at most 1,000 per window; leases of at most 100,
-        // valid at most 100 ticks.
+        // valid at most 10 ticks.
         let window = hammer(
             &redis,
-            ten(Algorithm::FixedWindow, 1_000),
+            slow(Algorithm::FixedWindow, 1_000),
             "window",
             drop_at,
         )
@@ -259,6 +296,20 @@ async fn three_replicas_with_leases_stay_within_the_bound_and_admit_most_of_it()
             assert!(n <= 1_000, "window {i}: {window:?}");
             assert!(n >= 900, "window {i}: {window:?}");
         }
-        redis.cmd::<u64>(&["DEL", "sluice:funnel", "sluice:window"]);
+        // A sliding window of 1,000 a period: at most 1,000 counted in each aligned window
+        // (its estimate never undercounts the current one).
+        let sliding = hammer(
+            &redis,
+            slow(Algorithm::SlidingWindow, 1_000),
+            "sliding",
+            drop_at,
+        )
+        .await;
+        eprintln!("sliding window, replica dropped at {drop_at:?}: {sliding:?}");
+        for (i, &n) in sliding.iter().enumerate() {
+            assert!(n <= 1_000, "window {i}: {sliding:?}");
+            assert!(n >= 900 || i == 0, "window {i}: {sliding:?}");
+        }
+        redis.cmd::<u64>(&["DEL", "sluice:funnel", "sluice:window", "sluice:sliding"]);
     }
 }

@@ -38,6 +38,7 @@ mod memory_footprint;
 mod redis_cluster;
 mod redis_cluster_holds;
 mod redis_faults;
+mod redis_leases;
 mod redis_load;
 mod redis_sentinel;
 mod request_tracing;

@@ -272,10 +272,14 @@ impl Demand {
     }
 
     /// The size of the next lease on `limit`: 0 when a lease is not worth it (under 2 units).
+    /// Never more than this replica spends in the lease's validity (the rest would expire
+    /// unspent).
     pub fn want(&self, now: u64, limit: &LimitParams, sizing: &Sizing) -> u64 {
-        let base = u128::from(self.rate(now)) * u128::from(sizing.horizon_nanos) / 1_000_000_000;
+        let rate = u128::from(self.rate(now));
+        let base = rate * u128::from(sizing.horizon_nanos) / 1_000_000_000;
         let scaled = base * u128::from(self.quarters) / 4;
-        let want = u64::try_from(scaled)
+        let spendable = rate * u128::from(validity(limit, sizing)) / 1_000_000_000;
+        let want = u64::try_from(scaled.min(spendable))
             .unwrap_or(u64::MAX)
             .min(cap(limit, sizing));
         if want < 2 { 0 } else { want }
@@ -286,7 +290,7 @@ impl Demand {
     pub fn ended(&mut self, units: u64, unused: u64, early: bool) {
         if early {
             self.quarters = (self.quarters * 2).min(32);
-        } else if unused.saturating_mul(2) > units {
+        } else if units > 1 && unused.saturating_mul(2) >= units {
             self.quarters = (self.quarters / 2).max(1);
         }
     }

@@ -336,6 +336,22 @@ impl Leases {
     }
 }
 
+/// A request's renewals; those not done when it is dropped (its caller stopped waiting) are
+/// ended as failed, so that their keys can be renewed again.
+struct Pending<'a> {
+    leases: &'a Leases,
+    renewals: Vec<Renewal>,
+    done: usize,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        for renewal in self.renewals.iter().skip(self.done) {
+            self.leases.renewed(renewal, None);
+        }
+    }
+}
+
 /// The hits' keys, each once, with its limit and the sum of its costs.
 fn per_key(hits: &[Hit]) -> Vec<(Arc<[u8]>, LimitParams, u64)> {
     let mut out: Vec<(Arc<[u8]>, LimitParams, u64)> = Vec::with_capacity(hits.len());
@@ -364,13 +380,19 @@ impl RedisLimiter {
             Spend::Direct => return None,
             Spend::Renew(renewals) => renewals,
         };
-        for renewal in &renewals {
+        let mut pending = Pending {
+            leases: &self.leases,
+            renewals,
+            done: 0,
+        };
+        while let Some(renewal) = pending.renewals.get(pending.done) {
             let reply = self.renew(renewal).await;
             if reply.is_none() {
                 // Redis failed: what this replica leased may be gone with it.
                 self.leases.clear();
             }
             self.leases.renewed(renewal, reply);
+            pending.done += 1;
         }
         match self.leases.spend(batch, self.clock.now_nanos(), false) {
             Spend::Done(outcome) => Some(outcome),
