@@ -12,15 +12,15 @@
 //! - **Expiry.** `expires = min(now + validity, horizon)`, the horizon being where the
 //!   algorithm's count starts over: a fixed or sliding window's end (calendar windows
 //!   included), a token bucket's next refill step; none for the funnel.
-//! - **Grant.** The most `L <= want` such that the state admits `L` at `last = expires - 1`
+//! - **Grant.** At most a quarter of what remains (at least 1). The most `L <= want` such that the state admits `L` at `last = expires - 1`
 //!   and, once `L` is taken at `last`, the state still admits nothing more than its bound at
 //!   `now` (`admits(taken, now, 0)`). For the funnel (GCRA) this is the rule
 //!   `S = max(tat, last)`, admit if `S + L*T - now <= tau`, then `tat = S + L*T`: every leased
 //!   unit has a slot no earlier than its spend time. For the windows and the bucket, the units
 //!   are counted in the very window or step they are spent in, at the start of the lease.
-//! - **Return.** Unspent units go back only while the lease is valid (`now < expires`), by the
-//!   algorithm's give-back at `now`: a window's units go back to the window they were counted
-//!   in, a bucket's to the step. A funnel's go back only while nothing was scheduled after
+//! - **Return.** Unspent units go back by the algorithm's give-back at `now`: a window's units
+//!   to the window they were counted in while it lasts (even after the lease expired: they
+//!   were never spent), a bucket's to the step. A funnel's go back only while nothing was scheduled after
 //!   the lease (its state is as the grant left it): its slots are then the last ones and all
 //!   still ahead of now (`tat -= T*u`, which the rule `tat -= T*min(u, (S + L*T - now)/T)`
 //!   reduces to); otherwise moving `tat` back would move later units' slots. Units not
@@ -54,6 +54,10 @@ pub struct Lease {
     pub units: u64,
     /// Exclusive: the units may be spent while `now < expires`.
     pub expires: u64,
+    /// Exclusive: unspent units may be given back while `now < returnable`: the expiry for a
+    /// funnel; the end of the window or refill step the units were counted in for the others
+    /// (units never spent may go back to their window even after the lease expired).
+    pub returnable: u64,
 }
 
 /// Whether a limit may be leased at all: funnel, token bucket, fixed and sliding windows,
@@ -112,7 +116,11 @@ pub fn grant(
     want: u64,
     validity: u64,
 ) -> Option<(Lease, State)> {
-    let expires = now.saturating_add(validity).min(horizon(algo, state, now)?);
+    let horizon = horizon(algo, state, now)?;
+    let expires = now.saturating_add(validity).min(horizon);
+    // At most a quarter of what remains (at least 1), so that one replica does not take the
+    // others' share of what is left.
+    let want = want.min((algo.remaining(state, now) / 4).max(1));
     if expires <= now || want == 0 {
         return None;
     }
@@ -134,13 +142,19 @@ pub fn grant(
         Lease {
             units: low,
             expires,
+            returnable: if horizon == u64::MAX || matches!(algo, Algo::Funnel(_)) {
+                expires
+            } else {
+                horizon
+            },
         },
         taken,
     ))
 }
 
-/// Gives back `unused` units of `lease` at `now`: all of them while the lease is valid, none
-/// once it has expired (they were counted as spent at its last moment, which has passed).
+/// Gives back `unused` units of `lease` at `now`: all of them while they may still be given back
+/// (`lease.returnable`: a funnel's while the lease is valid, a window's or a bucket's while its
+/// window or step lasts), none after (they count as spent).
 /// A funnel gives back only while its state is still `granted`, as the grant left it: the
 /// lease's slots are then the last ones, and giving them back is as if the lease had been
 /// smaller. (Once other units were scheduled after them, moving `tat` back would move those
@@ -156,7 +170,7 @@ pub fn give_back(
 ) -> (u64, State) {
     let back = unused.min(lease.units);
     let tail = !matches!(algo, Algo::Funnel(_)) || state == granted;
-    if now >= lease.expires || back == 0 || !tail {
+    if now >= lease.returnable || back == 0 || !tail {
         return (0, state.clone());
     }
     let mut after = state.clone();

@@ -21,7 +21,8 @@ fn a_funnel_lease_takes_its_slots_from_its_last_moment() {
         lease,
         Lease {
             units: 10,
-            expires: now + 50 * MS
+            expires: now + 50 * MS,
+            returnable: now + 50 * MS,
         }
     );
     // S = max(tat, e - 1) = e - 1; tat = S + 10 T.
@@ -29,15 +30,17 @@ fn a_funnel_lease_takes_its_slots_from_its_last_moment() {
 }
 
 #[test]
-fn a_funnel_lease_is_bounded_by_tau_at_the_grant() {
+fn a_funnel_lease_takes_at_most_a_quarter_of_what_remains() {
     let algo = Algo::Funnel(Funnel::new(1_000, SEC, 100, false));
     let now = 10 * SEC;
-    // 60 ms of the 100 ms of capacity in use: S = now + 60 ms, so S + L T - now <= 100 ms
-    // gives L <= 40.
+    // 60 ms of the 100 ms of capacity in use: 40 remain, a lease takes 10 of them.
     let state = State::Funnel(now + 60 * MS);
     let (lease, after) = grant(&algo, &state, now, 1_000, 20 * MS).unwrap();
-    assert_eq!(lease.units, 40);
-    assert_eq!(after, State::Funnel(now + 100 * MS));
+    assert_eq!(lease.units, 10);
+    assert_eq!(after, State::Funnel(now + 70 * MS));
+    // 1 remains: a lease of 1; none: no lease.
+    let (lease, after) = grant(&algo, &State::Funnel(now + 99 * MS), now, 5, 1).unwrap();
+    assert_eq!(lease.units, 1);
     // A full funnel leases nothing: the caller asks the shared state, which denies exactly.
     assert_eq!(grant(&algo, &after, now, 5, 20 * MS), None);
 }
@@ -75,18 +78,18 @@ fn a_fixed_window_lease_never_crosses_the_window_end() {
     let algo = Algo::FixedWindow(FixedWindow::new(100, SEC));
     let now = 10 * SEC + 980 * MS;
     let (lease, state) = grant(&algo, &State::Fresh, now, 30, 100 * MS).unwrap();
-    assert_eq!(lease.expires, 11 * SEC);
-    assert_eq!(lease.units, 30);
+    assert_eq!((lease.expires, lease.returnable), (11 * SEC, 11 * SEC));
+    assert_eq!(lease.units, 25, "a quarter of what remains");
     assert_eq!(
         state,
         State::FixedWindow(Window {
             start: 10 * SEC,
-            count: 30
+            count: 25
         })
     );
-    // What remains bounds the lease.
     let (lease, _) = grant(&algo, &state, now, 1_000, 10 * MS).unwrap();
-    assert_eq!(lease.units, 70);
+    assert_eq!(lease.units, 18);
+    assert_eq!((lease.expires, lease.returnable), (now + 10 * MS, 11 * SEC));
     // A return in the window gives back to it.
     let (back, after) = give_back(&algo, &state, &state, now + 5 * MS, &lease, 5);
     assert_eq!(back, 5);
@@ -94,9 +97,15 @@ fn a_fixed_window_lease_never_crosses_the_window_end() {
         after,
         State::FixedWindow(Window {
             start: 10 * SEC,
-            count: 25
+            count: 20
         })
     );
+    // Expired, its unspent units still go back to their window while it lasts; not after.
+    assert_eq!(
+        give_back(&algo, &state, &state, now + 15 * MS, &lease, 5).0,
+        5
+    );
+    assert_eq!(give_back(&algo, &state, &state, 11 * SEC, &lease, 5).0, 0);
 }
 
 #[test]
@@ -110,11 +119,11 @@ fn a_token_bucket_lease_never_crosses_the_next_refill() {
     let now = 10 * SEC + 950 * MS;
     let (lease, after) = grant(&algo, &state, now, 100, 100 * MS).unwrap();
     assert_eq!(lease.expires, 11 * SEC);
-    assert_eq!(lease.units, 30);
+    assert_eq!(lease.units, 7);
     assert_eq!(
         after,
         State::TokenBucket(Bucket {
-            used: 50,
+            used: 27,
             anchor: 10 * SEC
         })
     );
@@ -132,7 +141,7 @@ fn a_sliding_window_lease_counts_against_the_estimate_at_the_grant() {
     });
     let now = 10 * SEC + 500 * MS;
     let (lease, _) = grant(&algo, &state, now, 1_000, 100 * MS).unwrap();
-    assert_eq!(lease.units, 50);
+    assert_eq!(lease.units, 12);
     assert_eq!(lease.expires, now + 100 * MS);
     let (lease, _) = grant(&algo, &state, 10 * SEC + 990 * MS, 1_000, 100 * MS).unwrap();
     assert_eq!(lease.expires, 11 * SEC);

@@ -234,15 +234,12 @@ impl Leases {
         if !entry.demand.busy(now, &self.sizing) || want < cost.max(2) {
             return None;
         }
+        // What is left goes back: Redis takes what may still come back (a window's units
+        // until the window ends) and the rest is lost.
         let give = match entry.held.take() {
-            Some(h) if now < h.until => {
-                entry.demand.ended(h.units, h.left, true);
-                h.left
-            }
             Some(h) => {
-                entry.demand.ended(h.units, h.left, false);
-                self.lose(Some(h));
-                0
+                entry.demand.ended(h.units, h.left, now < h.until);
+                h.left
             }
             None => 0,
         };

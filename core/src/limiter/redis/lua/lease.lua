@@ -6,24 +6,27 @@
 --
 -- KEYS[1]   the state key
 -- KEYS[2]   its leases (KEYS[1] .. ":lease", in the same slot): a hash, field a replica's id,
---           value "units:expires:state" (expires in microseconds, exclusive; state: the key's
---           text as the grant left it); its TTL reaches the latest expiry. A reset deletes it
+--           value "units:expires:returnable:state" (microseconds, exclusive: the units may be
+--           spent before expires, given back before returnable: a funnel's expiry, a window's
+--           end; state: the key's text as the grant left it); its TTL reaches the latest
+--           returnable. A reset deletes it
 --           with the state, so that no return made after the reset gives anything back.
 -- ARGV[1]   "now" override in microseconds, or "" to read Redis TIME
 -- ARGV[2]   "1"; ARGV[3..9] the limit's seven fields (prelude.lua's contract)
 -- ARGV[10]  the replica's id
 -- ARGV[11]  units of the replica's current lease on the key to give back (its record says
---           which lease that is; nothing comes back once it has expired)
+--           which lease that is, and until when it may come back)
 -- ARGV[12]  units wanted (0: return only)
 -- ARGV[13]  the most the new lease may be valid, in microseconds
 --
 -- The rules (src/limiter/lease.rs): a lease expires at min(now + validity, horizon), the
 -- horizon being where the algorithm's count starts over (a window's end; none for a funnel);
+-- it holds at most a quarter of what remains (at least 1);
 -- its units are taken as spent at its last moment, last = expires - 1, and granted only while
--- the state then admits nothing beyond its bound at now. A return made before the expiry
--- gives the units back at now (a window's units go back to the window they were counted in);
--- a funnel's only while its state is as the grant left it (the lease's slots are then the
--- last ones, all still ahead of now).
+-- the state then admits nothing beyond its bound at now. A return gives the units back at now:
+-- a window's to the window they were counted in while it lasts (even after the lease expired:
+-- they were never spent); a funnel's only before the expiry and while its state is as the
+-- grant left it (the lease's slots are then the last ones, all still ahead of now).
 --
 -- Reply: { now, returned, units, expires, remaining, reset }: Redis's now; the units given
 -- back; the new lease's units (0: none) and expiry; what the key holds after the call and its
@@ -59,10 +62,10 @@ local changed = false
 local returned = 0
 local record = redis.call("HGET", records, id)
 if record then
-  local units, expires, left = string.match(record, "^(%d+):(%d+):(.*)$")
-  units, expires = tonumber(units) or 0, tonumber(expires) or 0
+  local units, returnable, left = string.match(record, "^(%d+):%d+:(%d+):(.*)$")
+  units, returnable = tonumber(units) or 0, tonumber(returnable) or 0
   local tail = code ~= "f" or left == (text or "")
-  if give > 0 and now < expires and tail then
+  if give > 0 and now < returnable and tail then
     returned = math.min(give, units)
     state = algo.give(p, state, now, returned)
     changed = true
@@ -84,9 +87,16 @@ local function try(units, last)
   return taken
 end
 
-local granted, expires = 0, 0
+local granted, expires, returnable = 0, 0, 0
+-- At most a quarter of what remains (at least 1).
+local share = floor(algo.remaining(p, state, now) / 4)
+if share < 1 then share = 1 end
+if want > share then want = share end
 if want > 0 then
-  expires = math.min(sat_add(now, validity), horizon())
+  local edge = horizon()
+  expires = math.min(sat_add(now, validity), edge)
+  returnable = expires
+  if code ~= "f" then returnable = edge end
   if expires > now then
     local last = expires - 1
     local taken = try(1, last)
@@ -118,8 +128,9 @@ if changed then
   end
 end
 if granted > 0 then
-  redis.call("HSET", records, id, fmt(granted) .. ":" .. fmt(expires) .. ":" .. written)
-  local ttl = ttl_ms(now, expires)
+  redis.call("HSET", records, id,
+             fmt(granted) .. ":" .. fmt(expires) .. ":" .. fmt(returnable) .. ":" .. written)
+  local ttl = ttl_ms(now, returnable)
   if redis.call("PTTL", records) < ttl then
     redis.call("PEXPIRE", records, ttl)
   end
