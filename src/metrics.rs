@@ -180,7 +180,7 @@ impl Metrics {
             "request_duration_seconds", "Time the engine took to answer ShouldRateLimit", m.latency;
             "backend_errors", "Limiter backend failures by backend and kind", m.backend_errors;
             "memory_keys", "Limiter states held in process (memory backend; Redis: deny cache and local fallback)", m.memory_keys;
-            "backend_events", "Backend events by backend and event: Redis deny_cache_hit, breaker_open, failure, fallback, redirect, moved, ask, wait_short", m.backend_events;
+            "backend_events", "Backend events by backend and event: Redis deny_cache_hit, breaker_open, failure, fallback, redirect, moved, ask, wait_short, lease_taken, lease_returned (units), lease_lost (units), lease_decided", m.backend_events;
             "backend_breaker_open", "1 while the circuit breaker of a backend node (a Redis server, master or Cluster master) is open, else 0", m.breakers;
             "config_reloads", "Rules reloads by outcome", m.reloads;
             "counter_resets", "Admin /counters/reset calls by form (key, rule)", m.resets;

@@ -167,6 +167,9 @@ fn entry(rules: &RuleSet, e: &CounterEntry) -> Value {
         if let Some(blocked) = state.blocked_nanos {
             out["blocked_seconds"] = json!(blocked as f64 / 1e9);
         }
+        if let Some(leased) = state.leased {
+            out["leased_here"] = json!(leased);
+        }
         if limit.algorithm == Algorithm::Concurrency {
             out["holds"] = json!(u64::from(limit.quota).saturating_sub(state.remaining));
             out["oldest_hold_expires_seconds"] =

@@ -22,6 +22,7 @@ mod concurrency;
 mod concurrency_by_id;
 mod footprint;
 mod late_returns;
+mod leases;
 mod limitador;
 mod penalty;
 mod replicas;

@@ -39,6 +39,7 @@ mod redis_cluster;
 mod redis_cluster_faults;
 mod redis_cluster_holds;
 mod redis_faults;
+mod redis_leases;
 mod redis_load;
 mod redis_partitions;
 mod redis_sentinel;

@@ -16,8 +16,8 @@ use super::model::{Algorithm, Charge};
 mod admin;
 mod dropin;
 mod input;
-mod memcache;
 mod listen;
+mod memcache;
 mod ops;
 mod redis;
 mod rlqs;
@@ -25,8 +25,8 @@ mod xds;
 pub use admin::AdminSettings;
 pub use dropin::{DebugSettings, RatelimitMetricsSettings, StatsdProtocol, StatsdSettings};
 pub use input::InputSettings;
-pub use memcache::MemcacheSettings;
 pub use listen::ListenAddr;
+pub use memcache::MemcacheSettings;
 pub use ops::{MetricsSettings, ReloadSettings, TlsSettings};
 use redis::check_userinfo;
 
@@ -39,7 +39,7 @@ fn zero_names<'a>(values: impl IntoIterator<Item = (&'a str, u64)>) -> Vec<&'a s
         .map(|(name, _)| name)
         .collect()
 }
-pub use redis::{OnError, RedisSettings, redacted_url};
+pub use redis::{LeaseMode, OnError, RedisSettings, redacted_url};
 pub use rlqs::RlqsSettings;
 pub use xds::XdsSettings;
 
@@ -387,6 +387,7 @@ impl Settings {
                 .map_err(config::ConfigError::Message)?;
             self.redis
                 .check_sentinel()
+                .and_then(|()| self.redis.check_leases())
                 .map_err(config::ConfigError::Message)?;
         }
         let tls = &self.tls;

@@ -58,6 +58,9 @@ pub struct KeyState {
     pub oldest_hold_nanos: Option<u64>,
     /// Nanoseconds until the key's penalty box (`block_for`) ends, while it is blocked.
     pub blocked_nanos: Option<u64>,
+    /// Redis with `redis.leases`: units of the key on lease on this replica now, beside its
+    /// true state in Redis above (which counts them as spent); `None`: none.
+    pub leased: Option<u64>,
 }
 
 /// One page of keys.

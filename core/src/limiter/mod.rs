@@ -23,6 +23,7 @@ pub mod fixed_window;
 pub mod funnel;
 pub mod gathering;
 pub mod holds;
+pub mod lease;
 pub mod memcache;
 mod memcache_conn;
 pub mod memory;

@@ -109,6 +109,11 @@ impl SlidingWindow {
         }
     }
 
+    /// The end of the aligned window holding `now` (a lease never crosses it).
+    pub(crate) fn window_end(&self, now: u64) -> u64 {
+        (now - now % self.period).saturating_add(self.period)
+    }
+
     /// The sliding count at `now`: `current + floor(previous * (P - e) / P)`.
     pub fn estimate(&self, c: Counters, now: u64) -> u64 {
         let c = self.rolled(c, now);

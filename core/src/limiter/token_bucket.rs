@@ -104,6 +104,16 @@ impl TokenBucket {
         }
     }
 
+    /// The next refill step after `now` (a lease never crosses it): `u64::MAX` for a full
+    /// bucket, whose steps start from its next take.
+    pub(crate) fn next_refill(&self, bucket: Bucket, now: u64) -> u64 {
+        let at = self.refilled(bucket, now);
+        if at.used == 0 {
+            return u64::MAX;
+        }
+        at.anchor.saturating_add(self.period)
+    }
+
     fn probe(&self, cost: u64) -> u64 {
         if self.borrow { cost.min(1) } else { cost }
     }

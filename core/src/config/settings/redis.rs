@@ -20,6 +20,16 @@ pub enum OnError {
     Local,
 }
 
+/// `redis.leases`: whether a replica leases a share of a busy key's capacity and decides it
+/// locally (docs/redis.md, "Leases").
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LeaseMode {
+    #[default]
+    Off,
+    On,
+}
+
 /// `[redis]`: the Redis backend (see docs/redis.md). Its `Debug` hides the URL's password.
 #[derive(Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -72,6 +82,19 @@ pub struct RedisSettings {
     pub sentinel_password: Option<String>,
     /// With `sentinel_password`: the sentinels' ACL user (none: `default`).
     pub sentinel_username: Option<String>,
+    /// `on`: a replica takes leases on its busy keys and decides them locally (exact: Redis
+    /// counts leased units as spent at the lease's expiry); `off` (the default): every
+    /// decision is a script call.
+    pub leases: LeaseMode,
+    /// A lease covers about this many milliseconds of a key's traffic on this replica.
+    pub lease_horizon_ms: u64,
+    /// A lease is valid at most this long: what a replica that dies can hold back.
+    pub lease_validity_ms: u64,
+    /// A lease holds at most this share of the limit's burst (of its quota, for windows), in
+    /// percent (1 to 50).
+    pub lease_burst_percent: u64,
+    /// A key is leased from this many units a second on this replica.
+    pub lease_min_rate: u64,
 }
 
 impl Default for RedisSettings {
@@ -96,6 +119,11 @@ impl Default for RedisSettings {
             per_second_url: None,
             sentinel_password: None,
             sentinel_username: None,
+            leases: LeaseMode::Off,
+            lease_horizon_ms: 20,
+            lease_validity_ms: 100,
+            lease_burst_percent: 10,
+            lease_min_rate: 200,
         }
     }
 }
@@ -131,6 +159,11 @@ impl std::fmt::Debug for RedisSettings {
                 &self.sentinel_password.as_ref().map(|_| "<redacted>"),
             )
             .field("sentinel_username", &self.sentinel_username)
+            .field("leases", &self.leases)
+            .field("lease_horizon_ms", &self.lease_horizon_ms)
+            .field("lease_validity_ms", &self.lease_validity_ms)
+            .field("lease_burst_percent", &self.lease_burst_percent)
+            .field("lease_min_rate", &self.lease_min_rate)
             .finish()
     }
 }
@@ -178,6 +211,32 @@ impl RedisSettings {
         }
         if self.sentinel_username.is_some() && self.sentinel_password.is_none() {
             return Err("redis.sentinel_username needs redis.sentinel_password".to_owned());
+        }
+        Ok(())
+    }
+
+    /// Checks the `lease_*` settings: a lease valid 1 ms to 1 s, covering 1 ms to its validity
+    /// of traffic, holding 1 to 50% of the burst.
+    pub(super) fn check_leases(&self) -> Result<(), String> {
+        if !(1..=1_000).contains(&self.lease_validity_ms) {
+            return Err(format!(
+                "redis.lease_validity_ms ({}) must be 1 to 1000: a dead replica's leases hold \
+                 capacity back that long",
+                self.lease_validity_ms
+            ));
+        }
+        if !(1..=self.lease_validity_ms).contains(&self.lease_horizon_ms) {
+            return Err(format!(
+                "redis.lease_horizon_ms ({}) must be 1 to redis.lease_validity_ms ({})",
+                self.lease_horizon_ms, self.lease_validity_ms
+            ));
+        }
+        if !(1..=50).contains(&self.lease_burst_percent) {
+            return Err(format!(
+                "redis.lease_burst_percent ({}) must be 1 to 50: one replica must not take the \
+                 others' share",
+                self.lease_burst_percent
+            ));
         }
         Ok(())
     }

@@ -15,6 +15,7 @@
 //! | `cluster` | splitting a request by Cluster slot, planning it whole, refunding |
 //! | `breaker` | the circuit breakers, one per node, that stop waiting on a dead node |
 //! | `deny_cache` | the exact local deny cache |
+//! | `lease` | this replica's leases on busy keys (`redis.leases`), renewed by `lua/lease.lua` |
 //!
 //! # One request
 //!
@@ -38,6 +39,7 @@ pub mod connection;
 mod deny_cache;
 mod group_commit;
 mod holds;
+mod lease;
 mod operate;
 mod redirect;
 mod replication;
@@ -58,7 +60,7 @@ use super::{
     Batch, BatchOutcome, BoxFuture, Clock, HitOutcome, Limiter, LimiterError, MemoryLimiter,
     MonotonicClock, plan,
 };
-use crate::config::settings::{OnError, RedisSettings};
+use crate::config::settings::{LeaseMode, OnError, RedisSettings};
 use breaker::Breakers;
 use connection::{Connector, SentinelAuth, Timeouts, Tls};
 use deny_cache::DenyCache;
@@ -82,6 +84,8 @@ pub struct RedisLimiter {
     /// What the last exchange with Redis (a request or a probe) said: readiness.
     health: parking_lot::Mutex<Result<(), String>>,
     events: Events,
+    /// This replica's leases (`redis.leases`).
+    leases: lease::Leases,
 }
 
 /// Counts of what happened instead of a plain script call, for metrics.
@@ -91,6 +95,10 @@ struct Events {
     breaker_open: AtomicU64,
     failures: AtomicU64,
     fallbacks: AtomicU64,
+}
+
+fn load(counter: &AtomicU64) -> u64 {
+    counter.load(Ordering::Relaxed)
 }
 
 fn bump(counter: &AtomicU64) {
@@ -174,6 +182,15 @@ impl RedisLimiter {
                 .then(|| MemoryLimiter::new(local_max_keys)),
             health: parking_lot::Mutex::new(Err("not connected to Redis yet".to_owned())),
             events: Events::default(),
+            leases: lease::Leases::new(
+                settings.leases == LeaseMode::On,
+                crate::limiter::lease::Sizing {
+                    horizon_nanos: settings.lease_horizon_ms.saturating_mul(1_000_000),
+                    validity_nanos: settings.lease_validity_ms.saturating_mul(1_000_000),
+                    burst_percent: settings.lease_burst_percent,
+                    min_rate: settings.lease_min_rate,
+                },
+            ),
         })
     }
 
@@ -202,8 +219,9 @@ impl RedisLimiter {
     /// Running totals since start: requests answered from the deny cache, requests answered
     /// at once because the breaker was open, failed Redis calls, answers given by
     /// `on_error` (`allow`, `deny`, `local`) instead of Redis, a Cluster's attempts after a
-    /// call's first (`redirect`), of which `MOVED` and `ASK` redirections followed, and calls
-    /// whose `WAIT` came back short.
+    /// call's first (`redirect`), of which `MOVED` and `ASK` redirections followed, calls
+    /// whose `WAIT` came back short, and with `redis.leases`: leases taken, units returned,
+    /// units lost (expired or dropped unspent), requests decided from leases.
     pub fn events(&self) -> Vec<(&'static str, u64)> {
         let e = &self.events;
         let shared = self.commit.shared();
@@ -219,6 +237,10 @@ impl RedisLimiter {
                 "wait_short",
                 shared.wait.as_ref().map_or(0, replication::Wait::short),
             ),
+            ("lease_taken", load(&self.leases.counts.taken)),
+            ("lease_returned", load(&self.leases.counts.returned)),
+            ("lease_lost", load(&self.leases.counts.lost)),
+            ("lease_decided", load(&self.leases.counts.decided)),
         ]
     }
 
@@ -280,19 +302,23 @@ impl RedisLimiter {
 
     /// Drops expired deny-cache entries and drained local-fallback states.
     pub fn sweep(&self) -> usize {
-        self.deny.sweep(self.clock.now_nanos())
+        self.leases.sweep(self.clock.now_nanos())
+            + self.deny.sweep(self.clock.now_nanos())
             + self.local.as_ref().map_or(0, MemoryLimiter::sweep)
     }
 
     /// Entries held in process: deny cache and local fallback.
     pub fn held(&self) -> usize {
-        self.deny.len() + self.local.as_ref().map_or(0, MemoryLimiter::len)
+        self.deny.len() + self.leases.len() + self.local.as_ref().map_or(0, MemoryLimiter::len)
     }
 
     async fn decide(&self, batch: &Batch) -> Result<BatchOutcome, LimiterError> {
         let sent = self.clock.now_nanos();
         if let Some(outcome) = self.deny.answer(batch, sent) {
             bump(&self.events.deny_cache_hits);
+            return Ok(outcome);
+        }
+        if let Some(outcome) = self.leased(batch).await {
             return Ok(outcome);
         }
         if let Some(node) = self.refused(batch) {
@@ -309,6 +335,11 @@ impl RedisLimiter {
             }
             Err(e) => {
                 bump(&self.events.failures);
+                if e.transient {
+                    // A failover or a lost connection: what Redis counted as leased may be
+                    // gone, so this replica spends none of it.
+                    self.leases.clear();
+                }
                 if e.transient && !self.commit.shared().connector.is_cluster() {
                     *self.health.lock() = Err(format!("redis: {}", e.message));
                 }

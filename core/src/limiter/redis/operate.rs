@@ -86,6 +86,7 @@ impl RedisLimiter {
         let work = async {
             let deleted = self.delete(keys).await?;
             self.deny.clear();
+            self.leases.clear();
             self.announce().await?;
             Ok::<usize, redis::RedisError>(deleted)
         };
@@ -103,6 +104,9 @@ impl RedisLimiter {
         let full = |key: &[u8]| [prefix, key].concat();
         // A key's penalty box (`block_for`) lives beside it, in the same slot: a reset ends it.
         let boxed = |key: &[u8]| [prefix, key, b":block"].concat();
+        // And its leases' records (`lua/lease.lua`): a return made after the reset gives
+        // nothing back.
+        let leased = |key: &[u8]| [prefix, key, b":lease"].concat();
         if !connector.is_cluster() {
             if keys.is_empty() {
                 return Ok(0);
@@ -111,6 +115,7 @@ impl RedisLimiter {
             for (key, _) in keys {
                 del.arg(full(key));
                 unblock.arg(boxed(key));
+                unblock.arg(leased(key));
             }
             let mut conn = connector.get(0).await?;
             let deleted = del.query_async(&mut conn).await?;
@@ -128,6 +133,7 @@ impl RedisLimiter {
             };
             let n = self.keyed(key, &del(full(key)), deadline).await?;
             self.keyed(key, &del(boxed(key)), deadline).await?;
+            self.keyed(key, &del(leased(key)), deadline).await?;
             deleted += redis::from_redis_value::<usize>(n)?;
         }
         Ok(deleted)
@@ -160,9 +166,11 @@ impl RedisLimiter {
                     } else {
                         // Whatever was missed while not subscribed is forgotten now.
                         self.deny.clear();
+                        self.leases.clear();
                         let mut messages = pubsub.on_message();
                         while messages.next().await.is_some() {
                             self.deny.clear();
+                            self.leases.clear();
                         }
                     }
                 }

@@ -117,6 +117,12 @@ async fn read(
             reset_nanos: h.reset_nanos,
             oldest_hold_nanos: None,
             blocked_nanos: until,
+            leased: Some(
+                limiter
+                    .leases
+                    .held_units(&entry.key, limiter.clock.now_nanos()),
+            )
+            .filter(|&n| n > 0),
         });
     }
     for entry in &mut entries {

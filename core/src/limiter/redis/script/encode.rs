@@ -253,6 +253,25 @@ fn script_limit(l: &LimitParams, unit: Unit, clock_nanos: u64) -> ScriptLimit {
     }
 }
 
+/// A limit's seven fields as the script takes them (prelude.lua's ARGV[2] contract), periods
+/// given in nanoseconds: for the scripts that take one limit beside the batch (`lease.lua`).
+pub fn limit_fields(l: &LimitParams, clock_nanos: u64) -> [String; 7] {
+    let l = script_limit(l, Unit::Nanos, clock_nanos);
+    let window = match l.window {
+        Some([previous, start, end, next]) => format!("{previous},{start},{end},{next}"),
+        None => String::new(),
+    };
+    [
+        l.code.to_owned(),
+        l.quota.to_string(),
+        l.period_micros.to_string(),
+        l.burst.to_string(),
+        l.flags.to_string(),
+        l.block_micros.to_string(),
+        window,
+    ]
+}
+
 fn push_limit(cmd: &mut Cmd, l: &ScriptLimit) {
     cmd.arg(l.code)
         .arg(l.quota)

@@ -1,0 +1,459 @@
+//! Leases on Redis (`redis.leases = "on"`): this replica's table of leases, and the call that
+//! returns a key's old lease and takes a new one (`lua/lease.lua`), by the rules of
+//! `crate::limiter::lease`.
+//!
+//! # One request
+//!
+//! A request whose every hit may be leased (funnel, fixed or sliding window without calendar,
+//! counted when admitted, no `borrow`, no `block_for`, enforced, a cost, no refund, no hold)
+//! counts its demand per key. When every hit's key holds a valid lease with units enough, it is
+//! decided here: admitted, the units spent, no Redis call. Otherwise, for each busy key whose
+//! lease is missing, spent or expired, and which no other request is renewing, one call gives
+//! back what is left of the old lease and takes a new one; then the request is tried here once
+//! more, and else it goes to Redis as every request does (Redis counts the leased units as
+//! spent, so its answer stays exact; a denial is cached by the deny cache as usual).
+//!
+//! Times: a lease's expiry is Redis's; here it ends earlier, at the local time the call was
+//! sent plus the lease's length by Redis's clock, so it is never spent after Redis counts it
+//! spent.
+//!
+//! # Dropped
+//!
+//! Every lease of this replica is dropped (lost: its units count as spent in Redis until
+//! they expire) on a reset (the resets channel), when the connection fails, and a key's when
+//! its limit's parameters change (a reload).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use redis::RedisResult;
+use tokio::time::Instant;
+
+use super::RedisLimiter;
+use super::script;
+use crate::config::model::Algorithm;
+use crate::limiter::lease::{self, Demand, Sizing};
+use crate::limiter::{Batch, BatchOutcome, Hit, HitOutcome, LimitParams, Role};
+
+const LEASE: &str = include_str!("lua/lease.lua");
+
+static SCRIPT: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(&script::with_algorithms(LEASE)));
+
+/// The most keys whose demand is followed; beyond, new keys are not leased until a sweep.
+const MAX_KEYS: usize = 10_000;
+
+/// This replica's leases and the demand seen per key.
+pub(super) struct Leases {
+    on: bool,
+    sizing: Sizing,
+    /// This replica's id in the keys' lease records.
+    id: String,
+    table: Mutex<HashMap<Arc<[u8]>, Entry, ahash::RandomState>>,
+    pub(super) counts: Counts,
+}
+
+/// Running totals, for metrics (the backend's events).
+#[derive(Debug, Default)]
+pub(super) struct Counts {
+    /// Leases taken.
+    pub taken: AtomicU64,
+    /// Units given back to Redis.
+    pub returned: AtomicU64,
+    /// Units not spent and not given back (expired, or dropped).
+    pub lost: AtomicU64,
+    /// Requests decided from leases.
+    pub decided: AtomicU64,
+}
+
+struct Entry {
+    params: LimitParams,
+    demand: Demand,
+    held: Option<Held>,
+    /// A request is renewing the lease.
+    renewing: bool,
+    /// Last seen (local nanoseconds).
+    seen: u64,
+}
+
+/// A lease held: its units, how many are left, until when (local time), and when the key's
+/// reset comes as Redis reported it at the grant.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    units: u64,
+    left: u64,
+    until: u64,
+    /// Local time at which the key's reset (as Redis reported it) comes.
+    reset_at: u64,
+}
+
+/// A lease to renew: the key, its limit, the units wanted, and what to give back.
+pub(super) struct Renewal {
+    key: Arc<[u8]>,
+    limit: LimitParams,
+    want: u64,
+    give: u64,
+}
+
+/// What a request's hits ask of the table.
+enum Spend {
+    Done(BatchOutcome),
+    Renew(Vec<Renewal>),
+    Direct,
+}
+
+impl Leases {
+    pub(super) fn new(on: bool, sizing: Sizing) -> Leases {
+        let id = ahash::RandomState::new().hash_one(std::process::id());
+        Leases {
+            on,
+            sizing,
+            id: format!("{id:016x}"),
+            table: Mutex::new(HashMap::default()),
+            counts: Counts::default(),
+        }
+    }
+
+    /// Whether a request may be decided from leases at all.
+    fn eligible(&self, batch: &Batch) -> bool {
+        self.on
+            && !batch.hits.is_empty()
+            && batch.hits.iter().all(|h| {
+                lease::leasable(&h.limit)
+                    && matches!(
+                        h.limit.algorithm,
+                        Algorithm::Funnel | Algorithm::FixedWindow | Algorithm::SlidingWindow
+                    )
+                    && h.limit.calendar.is_none()
+                    && h.cost > 0
+                    && !h.refund
+                    && h.hold.is_none()
+                    && h.role == Role::Enforced
+            })
+    }
+
+    /// Decides the request from the leases when they hold enough; otherwise the leases to
+    /// renew first (none: go to Redis). The first try (`first`) counts the request's demand
+    /// and may ask for renewals; the try after the renewals does neither.
+    fn spend(&self, batch: &Batch, now: u64, first: bool) -> Spend {
+        let costs = per_key(&batch.hits);
+        let mut table = self.table.lock();
+        let mut enough = true;
+        for (key, limit, cost) in &costs {
+            if !table.contains_key(key) && table.len() >= MAX_KEYS {
+                return Spend::Direct;
+            }
+            let entry = table.entry(key.clone()).or_insert_with(|| Entry {
+                params: *limit,
+                demand: Demand::new(now),
+                held: None,
+                renewing: false,
+                seen: now,
+            });
+            if entry.params != *limit {
+                // A reload changed the limit: what was leased under the old one is lost.
+                self.lose(entry.held.take());
+                entry.params = *limit;
+                entry.demand = Demand::new(now);
+            }
+            entry.seen = now;
+            if first {
+                entry.demand.observe(now, *cost);
+            }
+            enough &= entry.held.is_some_and(|h| now < h.until && h.left >= *cost);
+        }
+        if enough {
+            return Spend::Done(self.take(&mut table, &costs, batch, now));
+        }
+        if !first {
+            return Spend::Direct;
+        }
+        let renewals: Vec<Renewal> = costs
+            .iter()
+            .filter_map(|(key, limit, cost)| self.renewal(&mut table, key, limit, *cost, now))
+            .collect();
+        if renewals.is_empty() {
+            Spend::Direct
+        } else {
+            Spend::Renew(renewals)
+        }
+    }
+
+    /// Spends `costs` from their leases (each holds enough) and answers the request.
+    fn take(
+        &self,
+        table: &mut HashMap<Arc<[u8]>, Entry, ahash::RandomState>,
+        costs: &[(Arc<[u8]>, LimitParams, u64)],
+        batch: &Batch,
+        now: u64,
+    ) -> BatchOutcome {
+        for (key, _, cost) in costs {
+            if let Some(held) = table.get_mut(key).and_then(|e| e.held.as_mut()) {
+                held.left -= cost;
+            }
+        }
+        let hits = batch
+            .hits
+            .iter()
+            .map(|hit| {
+                let held = table.get(&hit.key).and_then(|e| e.held);
+                HitOutcome {
+                    admitted: true,
+                    // What this replica can still admit for sure: a lower bound.
+                    remaining: held.map_or(0, |h| h.left),
+                    reset_nanos: held.map_or(0, |h| h.reset_at.saturating_sub(now)),
+                    from_local_cache: false,
+                }
+            })
+            .collect();
+        self.counts.decided.fetch_add(1, Ordering::Relaxed);
+        BatchOutcome {
+            hits,
+            admitted: true,
+        }
+    }
+
+    /// The renewal of `key`'s lease, when the key is busy, its lease cannot pay `cost`, and no
+    /// other request renews it; the old lease is taken out (given back by the renewal).
+    fn renewal(
+        &self,
+        table: &mut HashMap<Arc<[u8]>, Entry, ahash::RandomState>,
+        key: &Arc<[u8]>,
+        limit: &LimitParams,
+        cost: u64,
+        now: u64,
+    ) -> Option<Renewal> {
+        let entry = table.get_mut(key)?;
+        if entry.renewing || entry.held.is_some_and(|h| now < h.until && h.left >= cost) {
+            return None;
+        }
+        let want = entry.demand.want(now, limit, &self.sizing);
+        if !entry.demand.busy(now, &self.sizing) || want < cost.max(2) {
+            return None;
+        }
+        // What is left goes back: Redis takes what may still come back (a window's units
+        // until the window ends) and the rest is lost.
+        let give = match entry.held.take() {
+            Some(h) => {
+                entry.demand.ended(h.units, h.left, now < h.until);
+                h.left
+            }
+            None => 0,
+        };
+        entry.renewing = true;
+        Some(Renewal {
+            key: key.clone(),
+            limit: *limit,
+            want: entry.demand.want(now, limit, &self.sizing).max(want),
+            give,
+        })
+    }
+
+    /// A renewal's answer: the new lease (if any) goes into the table.
+    fn renewed(&self, renewal: &Renewal, reply: Option<(Held, u64)>) {
+        let mut table = self.table.lock();
+        let Some(entry) = table.get_mut(&renewal.key) else {
+            return;
+        };
+        entry.renewing = false;
+        match reply {
+            Some((held, returned)) => {
+                self.counts.returned.fetch_add(returned, Ordering::Relaxed);
+                self.counts
+                    .lost
+                    .fetch_add(renewal.give - returned, Ordering::Relaxed);
+                if held.units > 0 && entry.params == renewal.limit {
+                    self.counts.taken.fetch_add(1, Ordering::Relaxed);
+                    entry.held = Some(held);
+                }
+            }
+            None => {
+                self.counts.lost.fetch_add(renewal.give, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn lose(&self, held: Option<Held>) {
+        if let Some(h) = held {
+            self.counts.lost.fetch_add(h.left, Ordering::Relaxed);
+        }
+    }
+
+    /// Drops every lease (a reset, a failed connection): their units are lost.
+    pub(super) fn clear(&self) {
+        if !self.on {
+            return;
+        }
+        let mut table = self.table.lock();
+        for entry in table.values_mut() {
+            self.lose(entry.held.take());
+        }
+    }
+
+    /// Forgets keys not seen for a second whose lease has ended; how many.
+    pub(super) fn sweep(&self, now: u64) -> usize {
+        if !self.on {
+            return 0;
+        }
+        let mut table = self.table.lock();
+        let before = table.len();
+        table.retain(|_, e| {
+            let idle = now.saturating_sub(e.seen) > 1_000_000_000;
+            let done = e.held.is_none_or(|h| now >= h.until);
+            if idle && done && !e.renewing {
+                self.lose(e.held.take());
+                return false;
+            }
+            true
+        });
+        before - table.len()
+    }
+
+    /// Units of `key` on lease here now (for `/counters` and `/why`).
+    pub(super) fn held_units(&self, key: &[u8], now: u64) -> u64 {
+        if !self.on {
+            return 0;
+        }
+        let table = self.table.lock();
+        table
+            .get(key)
+            .and_then(|e| e.held)
+            .filter(|h| now < h.until)
+            .map_or(0, |h| h.left)
+    }
+
+    pub(super) fn len(&self) -> usize {
+        if !self.on {
+            return 0;
+        }
+        self.table.lock().len()
+    }
+}
+
+/// A request's renewals; those not done when it is dropped (its caller stopped waiting) are
+/// ended as failed, so that their keys can be renewed again.
+struct Pending<'a> {
+    leases: &'a Leases,
+    renewals: Vec<Renewal>,
+    done: usize,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        for renewal in self.renewals.iter().skip(self.done) {
+            self.leases.renewed(renewal, None);
+        }
+    }
+}
+
+/// The hits' keys, each once, with its limit and the sum of its costs.
+fn per_key(hits: &[Hit]) -> Vec<(Arc<[u8]>, LimitParams, u64)> {
+    let mut out: Vec<(Arc<[u8]>, LimitParams, u64)> = Vec::with_capacity(hits.len());
+    for hit in hits {
+        match out
+            .iter_mut()
+            .find(|(k, l, _)| *k == hit.key && *l == hit.limit)
+        {
+            Some((_, _, cost)) => *cost = cost.saturating_add(hit.cost),
+            None => out.push((hit.key.clone(), hit.limit, hit.cost)),
+        }
+    }
+    out
+}
+
+impl RedisLimiter {
+    /// The request decided from this replica's leases, renewing them first when its keys are
+    /// busy; `None`: ask Redis.
+    pub(super) async fn leased(&self, batch: &Batch) -> Option<BatchOutcome> {
+        if !self.leases.eligible(batch) {
+            return None;
+        }
+        let now = self.clock.now_nanos();
+        let renewals = match self.leases.spend(batch, now, true) {
+            Spend::Done(outcome) => return Some(outcome),
+            Spend::Direct => return None,
+            Spend::Renew(renewals) => renewals,
+        };
+        let mut pending = Pending {
+            leases: &self.leases,
+            renewals,
+            done: 0,
+        };
+        while let Some(renewal) = pending.renewals.get(pending.done) {
+            let reply = self.renew(renewal).await;
+            if reply.is_none() {
+                // Redis failed: what this replica leased may be gone with it.
+                self.leases.clear();
+            }
+            self.leases.renewed(renewal, reply);
+            pending.done += 1;
+        }
+        match self.leases.spend(batch, self.clock.now_nanos(), false) {
+            Spend::Done(outcome) => Some(outcome),
+            Spend::Direct | Spend::Renew(_) => None,
+        }
+    }
+
+    /// One call: give back the old lease's units, take a new lease; the new lease (its times
+    /// local) and the units given back.
+    async fn renew(&self, renewal: &Renewal) -> Option<(Held, u64)> {
+        let sent = self.clock.now_nanos();
+        let validity = lease::validity(&renewal.limit, &self.leases.sizing);
+        let reply = self
+            .within_timeout(|deadline| self.lease_call(renewal, validity, sent, deadline))
+            .await;
+        let [now, returned, units, expires, _remaining, reset] = match reply {
+            Ok(values) => values,
+            Err(e) => {
+                tracing::debug!(error = %e, "redis: lease call failed");
+                return None;
+            }
+        };
+        let held = Held {
+            units,
+            left: units,
+            until: sent.saturating_add(expires.saturating_sub(now).saturating_mul(1_000)),
+            reset_at: sent.saturating_add(reset.saturating_mul(1_000)),
+        };
+        Some((held, returned))
+    }
+
+    async fn lease_call(
+        &self,
+        renewal: &Renewal,
+        validity: u64,
+        sent: u64,
+        deadline: Instant,
+    ) -> RedisResult<[u64; 6]> {
+        let prefix = self.prefix();
+        let state = script::prefixed(prefix, &renewal.key);
+        let records = [&state[..], b":lease"].concat();
+        let mut invocation = SCRIPT.prepare_invoke();
+        invocation.key(state).key(records);
+        let now = if self.script_clock {
+            (sent / 1_000).to_string()
+        } else {
+            String::new()
+        };
+        invocation.arg(now).arg(1);
+        for field in script::limit_fields(&renewal.limit, sent) {
+            invocation.arg(field);
+        }
+        invocation
+            .arg(&self.leases.id)
+            .arg(renewal.give)
+            .arg(renewal.want)
+            .arg(validity.div_ceil(1_000).max(1));
+        let reply = self.keyed(&renewal.key, &invocation, deadline).await?;
+        let values: Vec<u64> = redis::from_redis_value(reply)?;
+        values.try_into().map_err(|_| {
+            redis::RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "sluice: a lease reply of the wrong length",
+            ))
+        })
+    }
+}
