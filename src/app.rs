@@ -8,6 +8,7 @@
 //! caller bounds all of it with a grace period.
 
 mod lifecycle;
+mod persist;
 pub mod server;
 
 use std::future::Future;
@@ -52,6 +53,8 @@ pub struct App {
     rlqs: Arc<crate::rlqs::Rlqs>,
     /// The admin token (`admin.token`; `build` also reads `admin.token_file`).
     access: crate::admin::access::Access,
+    /// The memory backend's snapshot file (`limiter.persist`), when kept.
+    persist: Option<Arc<persist::Persist>>,
 }
 
 /// The operations settings `run` needs.
@@ -72,14 +75,24 @@ impl App {
     /// Builds the backend and the engine. Fails on settings it cannot honour.
     /// With the Redis backend, no connection is made here: sluice starts while Redis is down.
     pub fn build(settings: &Settings, rules: RuleSet) -> anyhow::Result<App> {
+        let mut persist = None;
         let limiter: Arc<dyn Limiter> = match settings.limiter.backend {
-            Backend::Memory => Arc::new(MemoryLimiter::new(settings.memory.max_keys)),
+            Backend::Memory => {
+                let memory = Arc::new(MemoryLimiter::new(settings.memory.max_keys));
+                if let Some(path) = &settings.limiter.persist {
+                    let every = Duration::from_millis(settings.limiter.persist_interval_ms.max(1));
+                    let kept = persist::Persist::restore(memory.clone(), path.clone(), every);
+                    persist = Some(Arc::new(kept));
+                }
+                memory
+            }
             Backend::Redis => Arc::new(
                 RedisLimiter::new(&settings.redis, settings.memory.max_keys)
                     .context("invalid [redis] settings")?,
             ),
         };
         let mut app = App::from_parts(settings, rules, limiter);
+        app.persist = persist;
         app.housekeeping = Some(Duration::from_secs(
             settings.memory.sweep_interval_secs.max(1),
         ));
@@ -159,6 +172,7 @@ impl App {
                 settings.admin.token.clone(),
                 settings.admin.token_metrics,
             ),
+            persist: None,
         }
     }
 
@@ -222,6 +236,11 @@ impl App {
     pub(crate) fn set_rules_source(&mut self, source: Arc<dyn RulesProbe>) {
         self.rules.set_external();
         self.rules_source = Some(source);
+    }
+
+    /// The snapshot file, for a last write when the grace period cuts the drain short.
+    pub(crate) fn persist(&self) -> Option<Arc<persist::Persist>> {
+        self.persist.clone()
     }
 
     /// Serves until `shutdown` resolves, then drains in order and returns. `listeners` is the

@@ -5,7 +5,8 @@
 //! Python stubs generated from the protos, invalid parameters, reflection and metrics:
 //! `throttle`), Kuadrant's `CheckRateLimit` and `Report` from Python stubs (`kuadrant`), limitador's HTTP API
 //! against its own spec and its metric names, as `limitador-server` on memory and Redis
-//! (`limitador_http`), and
+//! (`limitador_http`), the memory backend's state across restarts (`limiter.persist`, and
+//! limitador's `disk PATH`: `persist`), and
 //! docs/settings.md's table against the settings types. (The ordered
 //! drain and the Rust client's timing tests, which bound times, are in tests/serial/.)
 
@@ -16,6 +17,7 @@ mod cli;
 mod grpcurl;
 mod kuadrant;
 mod limitador_http;
+mod persist;
 mod readme;
 mod throttle;
 mod why;
