@@ -87,7 +87,10 @@ fn busy(l: &MemoryLimiter<ManualClock>) -> Vec<Batch> {
     batches
 }
 
-fn reservations(l: &MemoryLimiter<ManualClock>) -> Vec<(Vec<u8>, Vec<(u64, u64, u64)>, u64)> {
+/// Each key's open reservations, as `(key, records, next id)`.
+type Open = (Vec<u8>, Vec<(u64, u64, u64)>, u64);
+
+fn reservations(l: &MemoryLimiter<ManualClock>) -> Vec<Open> {
     let mut all = Vec::new();
     l.reservations
         .each(&mut |k, r| all.push((k.to_vec(), r.open.clone(), r.next_id)));
