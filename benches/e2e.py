@@ -20,7 +20,14 @@ before a change), --scenario one|ten|all|flood, --json FILE (every run, for the 
 instead of the script by EVALSHA, on the same redis-server), --other-redis NAME=PATH (an extra
 sluice binary served with the Redis backend on the same redis-server, e.g. the build before a
 change; NAME=PATH@N sets its redis.connections to N), --redis-connections N (redis.connections of this build's Redis targets; not passed to
---other-redis binaries, which may predate the setting).
+--other-redis binaries, which may predate the setting), --spread N (the user values spread
+over, 10,000 by default), --algorithm NAME (the rule's algorithm; the rules' default
+otherwise), --persist (a target `persist`: this build on the memory backend with
+limiter.persist set, written every --persist-interval-ms, 1000 by default; compared with
+`memory` round by round).
+
+    python3 benches/e2e.py --scenario one --rounds 7 --persist --algorithm fixed_window \
+        --spread 100000
 
 Scenario `serial` is one request in flight on one connection (1 descriptor): the latency of a
 request alone. Every Redis run also reports the limiter's script calls per request during the
@@ -114,11 +121,14 @@ def serve(procs, binary, rules, backend="memory", redis_url=None, env=None):
     return f"http://127.0.0.1:{port}", admin, child
 
 
+SPREAD = 10000
+
+
 def bench(binary, target, scenario, duration, warmup, extra=()):
     descriptors = ["--descriptor", "user=x"] * (10 if scenario == "ten" else 1)
     connections, concurrency = ("1", "1") if scenario == "serial" else ("4", "64")
     args = [binary, "bench", "--target", target, "--domain", "bench", *descriptors,
-            "--spread", "user=10000", "--connections", connections, "--concurrency", concurrency,
+            "--spread", f"user={SPREAD}", "--connections", connections, "--concurrency", concurrency,
             "--duration", f"{duration}s", "--warmup", f"{warmup}s", "--json", "--quiet",
             *extra]
     # The bench client shares the machine with the servers: its own CPU (from the kernel's
@@ -273,6 +283,14 @@ def report(scenario, runs, reference="noop"):
             if busy:
                 print(f"  {name} / memory if no core idled (the cores over the CPU per request"
                       f" of sluice, redis-server and the client): {statistics.median(busy):.2f}")
+    if "persist" in runs and "memory" in runs:
+        paired = lambda f: statistics.median(f(r) / f(q) for r, q in
+                                             zip(runs["persist"], runs["memory"]))
+        print(f"  persist / memory (median of per-round ratios): throughput"
+              f" {paired(lambda r: r['requests_per_sec']):.3f},"
+              f" p99 {paired(lambda r: r['latency_us']['p99']):.3f},"
+              f" server CPU per request"
+              f" {paired(lambda r: r['server_cpu_us_per_request']):.3f}")
     for name in runs:
         if name.startswith("redis") and name != "redis" and "redis" in m:
             paired = lambda f: statistics.median(f(r) / f(q) for r, q in
@@ -352,6 +370,10 @@ def main():
                         "(FCALL of the function library instead of EVALSHA of the script), on the "
                         "same redis-server")
     p.add_argument("--rate", type=float, help="open loop at this rate instead of closed loop")
+    p.add_argument("--spread", type=int, default=10000)
+    p.add_argument("--algorithm")
+    p.add_argument("--persist", action="store_true")
+    p.add_argument("--persist-interval-ms", type=int, default=1000)
     p.add_argument("--server-threads", type=int, default=0,
                    help="worker threads of every server under test, the no-op's included "
                         "(server.worker_threads; 0: one per CPU)")
@@ -359,9 +381,13 @@ def main():
     binary = os.path.abspath(args.binary)
     rules = os.path.join(tempfile.mkdtemp(), "bench.yaml")
     with open(rules, "w") as f:
-        f.write(RULES)
-    global SERVER_THREADS
+        rate_limit = "requests_per_unit: 1000000"
+        if args.algorithm:
+            rate_limit += f", algorithm: {args.algorithm}"
+        f.write(RULES.replace("requests_per_unit: 1000000", rate_limit))
+    global SERVER_THREADS, SPREAD
     SERVER_THREADS = args.server_threads
+    SPREAD = args.spread
     print(f"machine: {os.cpu_count()} CPUs, load average before {load()}, "
           f"server worker threads: {args.server_threads or 'one per CPU'}")
     if args.scenario == "flood":
@@ -379,6 +405,12 @@ def main():
         targets = {"noop": (f"http://127.0.0.1:{noop_port}", None, [noop.pid])}
         url, admin, child = serve(procs, binary, rules)
         targets["memory"] = (url, admin, [child.pid])
+        if args.persist:
+            state = os.path.join(os.path.dirname(rules), "state", "sluice.snapshot")
+            url, admin, child = serve(procs, binary, rules, env={
+                "SLUICE_LIMITER__PERSIST": state,
+                "SLUICE_LIMITER__PERSIST_INTERVAL_MS": str(args.persist_interval_ms)})
+            targets["persist"] = (url, admin, [child.pid])
         for other in args.other:
             name, path = other.split("=", 1)
             url, admin, child = serve(procs, os.path.abspath(path), rules)
@@ -425,6 +457,10 @@ def main():
                   " per run above)")
     finally:
         procs.stop()
+    if args.persist:
+        state = os.path.join(os.path.dirname(rules), "state", "sluice.snapshot")
+        if os.path.exists(state):
+            print(f"  persist: the last snapshot, {os.path.getsize(state)} bytes")
     print(f"load average after {load()}")
     if args.json:
         with open(args.json, "w") as f:

@@ -8,6 +8,7 @@
 //! caller bounds all of it with a grace period.
 
 mod lifecycle;
+mod persist;
 pub mod server;
 
 use std::future::Future;
@@ -54,6 +55,8 @@ pub struct App {
     rlqs: Arc<crate::rlqs::Rlqs>,
     /// The admin token (`admin.token`; `build` also reads `admin.token_file`).
     access: crate::admin::access::Access,
+    /// The memory backend's snapshot file (`limiter.persist`), when kept.
+    persist: Option<Arc<persist::Persist>>,
 }
 
 /// The operations settings `run` needs.
@@ -72,26 +75,48 @@ struct OpsSettings {
 
 /// The backend of `settings`: memory, Redis (with per-second limits in a Redis of their own
 /// when `redis.per_second_url` is set), or Memcached.
-fn limiter_of(settings: &Settings) -> anyhow::Result<Arc<dyn Limiter>> {
+/// The kept snapshot of the memory backend's state (`limiter.persist`), when there is one.
+type Kept = Option<Arc<persist::Persist>>;
+
+/// The backend `limiter.backend` names, and with `limiter.persist` the memory backend's
+/// snapshot keeper (the state read back from the file first).
+fn limiter_of(settings: &Settings) -> anyhow::Result<(Arc<dyn Limiter>, Kept)> {
     let max_keys = settings.memory.max_keys;
     let redis = |s: &crate::config::settings::RedisSettings| {
         RedisLimiter::new(s, max_keys).context("invalid [redis] settings")
     };
     Ok(match settings.limiter.backend {
-        Backend::Memory => Arc::new(MemoryLimiter::new(max_keys)),
+        Backend::Memory => {
+            let memory = Arc::new(MemoryLimiter::new(max_keys));
+            let kept = settings.limiter.persist.as_ref().map(|path| {
+                let every = Duration::from_millis(settings.limiter.persist_interval_ms.max(1));
+                Arc::new(persist::Persist::restore(
+                    memory.clone(),
+                    path.clone(),
+                    every,
+                ))
+            });
+            (memory, kept)
+        }
         Backend::Redis => match settings.redis.per_second() {
-            None => Arc::new(redis(&settings.redis)?),
-            Some(second) => Arc::new(crate::limiter::PerSecond::new(
-                Arc::new(redis(&settings.redis)?),
-                Arc::new(redis(&second).context("redis.per_second_url")?),
-            )),
+            None => (Arc::new(redis(&settings.redis)?), None),
+            Some(second) => (
+                Arc::new(crate::limiter::PerSecond::new(
+                    Arc::new(redis(&settings.redis)?),
+                    Arc::new(redis(&second).context("redis.per_second_url")?),
+                )),
+                None,
+            ),
         },
-        Backend::Memcache => Arc::new(
-            crate::limiter::MemcacheLimiter::new(
-                &settings.memcache,
-                Arc::new(crate::limiter::MonotonicClock::new()),
-            )
-            .context("invalid [memcache] settings")?,
+        Backend::Memcache => (
+            Arc::new(
+                crate::limiter::MemcacheLimiter::new(
+                    &settings.memcache,
+                    Arc::new(crate::limiter::MonotonicClock::new()),
+                )
+                .context("invalid [memcache] settings")?,
+            ),
+            None,
         ),
     })
 }
@@ -100,8 +125,9 @@ impl App {
     /// Builds the backend and the engine. Fails on settings it cannot honour.
     /// With the Redis backend, no connection is made here: sluice starts while Redis is down.
     pub fn build(settings: &Settings, rules: RuleSet) -> anyhow::Result<App> {
-        let limiter = limiter_of(settings)?;
+        let (limiter, persist) = limiter_of(settings)?;
         let mut app = App::from_parts(settings, rules, limiter);
+        app.persist = persist;
         app.housekeeping = Some(Duration::from_secs(
             settings.memory.sweep_interval_secs.max(1),
         ));
@@ -195,6 +221,7 @@ impl App {
                 settings.admin.token_metrics,
                 settings.admin.open_decisions,
             ),
+            persist: None,
         }
     }
 
@@ -258,6 +285,11 @@ impl App {
     pub(crate) fn set_rules_source(&mut self, source: Arc<dyn RulesProbe>) {
         self.rules.set_external();
         self.rules_source = Some(source);
+    }
+
+    /// The snapshot file, for a last write when the grace period cuts the drain short.
+    pub(crate) fn persist(&self) -> Option<Arc<persist::Persist>> {
+        self.persist.clone()
     }
 
     /// Serves until `shutdown` resolves, then drains in order and returns. `listeners` is the

@@ -7,7 +7,8 @@
 //! 1. readiness fails at once: `/readyz` answers 503, gRPC health NOT_SERVING;
 //! 2. the drain delay passes (`server.drain_delay_secs`) while both servers keep serving;
 //! 3. the gRPC server stops accepting and finishes the requests in flight;
-//! 4. the admin server and the background tasks stop; `run` returns.
+//! 4. the admin server and the background tasks stop;
+//! 5. with `limiter.persist`, the last snapshot is written; `run` returns.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -92,6 +93,14 @@ pub(super) async fn run(
             .with_observer(app.metrics.clone())
             .into_service();
     let tls = tls_watched(&app, &mut tasks, &failed, &stop);
+    let persist = app.persist.clone();
+    if let Some(p) = &persist {
+        let writing = p.clone().run(stop.clone());
+        guarded(&mut tasks, &failed, async {
+            writing.await;
+            Ok::<_, std::convert::Infallible>(())
+        });
+    }
     spawn_tasks(&mut tasks, app, listeners.admin, &readiness, &stop, &failed);
     let (health, health_service) = tonic_health::server::health_reporter();
     // Every name is registered before the first connection is served, so an early health
@@ -138,7 +147,12 @@ pub(super) async fn run(
     }
     readiness.start_draining();
     stop.cancel();
-    join_all(tasks).await?;
+    let joined = join_all(tasks).await;
+    // Every decision has been made: the gRPC server has finished, every task has stopped.
+    if let Some(p) = &persist {
+        p.write_last().await;
+    }
+    joined?;
     tracing::info!("stopped");
     Ok(())
 }

@@ -196,6 +196,7 @@ impl Bound {
             stop,
         } = self;
         drop_ins.serve(&app, &settings, &stop, mapper);
+        let persist = app.persist();
         let running = app.run(listeners, stop.clone().cancelled_owned());
         tokio::pin!(running);
         tokio::select! {
@@ -209,6 +210,9 @@ impl Bound {
             Ok(done) => done,
             Err(_) => {
                 tracing::warn!(?grace, "grace period over with requests still in flight");
+                if let Some(p) = persist {
+                    p.write_last().await;
+                }
                 Ok(())
             }
         }

@@ -36,6 +36,9 @@ pub enum CliError {
     Unsupported(#[from] Unsupported),
 }
 
+/// The snapshot file `disk PATH` keeps in the directory PATH.
+pub const DISK_SNAPSHOT: &str = "sluice-counters.snapshot";
+
 fn command() -> Command {
     let arg = |id: &'static str| Arg::new(id).action(ArgAction::Set);
     let flag = |id: &'static str| Arg::new(id).action(ArgAction::SetTrue);
@@ -270,13 +273,7 @@ impl Reader<'_> {
                 );
                 self.redis(sub.get_one::<String>("URL").cloned(), "redis_cached")?;
             }
-            Some(("disk", _)) => {
-                return Err(unsupported(
-                    "disk",
-                    "",
-                    "sluice keeps counters in memory or Redis only (use memory or redis)",
-                ));
-            }
+            Some(("disk", sub)) => self.disk(sub)?,
             Some(("distributed", _)) => {
                 return Err(unsupported(
                     "distributed",
@@ -298,6 +295,28 @@ impl Reader<'_> {
                 }
                 None => self.set("LIMITER__BACKEND", "memory"),
             },
+        }
+        Ok(())
+    }
+
+    /// `disk PATH`: the memory backend, its state kept in a snapshot file in the directory
+    /// PATH (where limitador keeps its RocksDB database), written every
+    /// `limiter.persist_interval_ms` and at shutdown.
+    fn disk(&mut self, sub: &ArgMatches) -> Result<(), Unsupported> {
+        let path = sub.get_one::<String>("PATH").cloned();
+        let Some(dir) = path.or_else(|| self.env("DISK_PATH").map(str::to_owned)) else {
+            return Err(unsupported("disk", "", "needs a PATH (or DISK_PATH)"));
+        };
+        self.set("LIMITER__BACKEND", "memory");
+        let file = std::path::Path::new(&dir).join(DISK_SNAPSHOT);
+        self.set("LIMITER__PERSIST", file.display().to_string());
+        let optimize = sub.get_one::<String>("OPTIMIZE").cloned();
+        if let Some(v) = optimize.or_else(|| self.env("DISK_OPTIMIZE").map(str::to_owned)) {
+            if v != "throughput" && v != "disk" {
+                return Err(unsupported("--optimize", &v, "expected throughput or disk"));
+            }
+            let why = "the state is one snapshot file, written whole: nothing to tune";
+            self.ignore("--optimize", why);
         }
         Ok(())
     }

@@ -281,7 +281,10 @@ fn validate_and_what_sluice_cannot_honour() {
         "{err}"
     );
     for (args, named) in [
-        (&["good.yaml", "disk", "/tmp/db"][..], "disk"),
+        (
+            &["good.yaml", "distributed", "a", "127.0.0.1:1"][..],
+            "distributed",
+        ),
         (
             &[
                 "good.yaml",

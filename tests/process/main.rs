@@ -6,10 +6,11 @@
 //! `throttle`), Kuadrant's `CheckRateLimit` and `Report` from Python stubs (`kuadrant`), limitador's HTTP API
 //! against its own spec and its metric names, as `limitador-server` on memory and Redis
 //! (`limitador_http`), its CEL metric labels (`limitador_labels`), the admin port refusing
-//! state endpoints beyond loopback without a token (`admin_access`), docs/settings.md's table
-//! against the settings types, and, started as `ratelimit`, per-second limits in a Redis of
-//! their own and the Memcached backend shared by two replicas, each answering as one Redis
-//! does (`backends`). (The ordered
+//! state endpoints beyond loopback without a token (`admin_access`), the memory backend's
+//! state across restarts (`limiter.persist`, and limitador's `disk PATH`: `persist`),
+//! docs/settings.md's table against the settings types, and, started as `ratelimit`,
+//! per-second limits in a Redis of their own and the Memcached backend shared by two
+//! replicas, each answering as one Redis does (`backends`). (The ordered
 //! drain and the Rust client's timing tests, which bound times, are in tests/serial/.)
 
 mod admin_access;
@@ -22,6 +23,7 @@ mod grpcurl;
 mod kuadrant;
 mod limitador_http;
 mod limitador_labels;
+mod persist;
 mod readme;
 mod throttle;
 mod why;

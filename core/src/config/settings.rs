@@ -202,10 +202,46 @@ pub enum Backend {
 }
 
 /// `[limiter]`.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct LimiterSettings {
     pub backend: Backend,
+    /// The memory backend's state is written to this file (a snapshot, replaced atomically)
+    /// every `persist_interval_ms` and at shutdown, and read back at start; none: not kept.
+    pub persist: Option<PathBuf>,
+    /// How often the snapshot is written: a crash loses at most this much of the decisions.
+    pub persist_interval_ms: u64,
+}
+
+impl Default for LimiterSettings {
+    fn default() -> Self {
+        LimiterSettings {
+            backend: Backend::Memory,
+            persist: None,
+            persist_interval_ms: 1_000,
+        }
+    }
+}
+
+impl LimiterSettings {
+    fn check(&self) -> Result<(), String> {
+        let Some(path) = &self.persist else {
+            return Ok(());
+        };
+        if self.backend != Backend::Memory {
+            return Err(format!(
+                "limiter.persist ({}) keeps the memory backend's state: it needs limiter.backend = memory (Redis keeps its own)",
+                path.display()
+            ));
+        }
+        if path.as_os_str().is_empty() {
+            return Err("limiter.persist must name a file".into());
+        }
+        if self.persist_interval_ms == 0 {
+            return Err("limiter.persist_interval_ms must be at least 1".into());
+        }
+        Ok(())
+    }
 }
 
 /// `[limits]`: defaults of the limits in the rules files.
@@ -367,6 +403,7 @@ impl Settings {
             .map_err(config::ConfigError::Message)?;
         self.statsd.check().map_err(config::ConfigError::Message)?;
         self.admin.check().map_err(config::ConfigError::Message)?;
+        self.limiter.check().map_err(config::ConfigError::Message)?;
         if self.limiter.backend == Backend::Memcache {
             self.memcache
                 .check()
@@ -552,6 +589,44 @@ mod tests {
         assert_eq!(s.redis.url, "redis://cli:2");
         assert_eq!(s.limits.default_algorithm, Algorithm::TokenBucket);
         assert!(s.limits.quota_mode);
+    }
+
+    #[test]
+    fn persistence_is_read_and_checked() {
+        let s = Settings::load(
+            None,
+            env(&[
+                ("SLUICE_LIMITER__PERSIST", "/var/lib/sluice/state"),
+                ("SLUICE_LIMITER__PERSIST_INTERVAL_MS", "250"),
+            ]),
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            s.limiter.persist,
+            Some(PathBuf::from("/var/lib/sluice/state"))
+        );
+        assert_eq!(s.limiter.persist_interval_ms, 250);
+        assert_eq!(Settings::default().limiter.persist_interval_ms, 1_000);
+        for (pairs, says) in [
+            (
+                &[
+                    ("SLUICE_LIMITER__BACKEND", "redis"),
+                    ("SLUICE_LIMITER__PERSIST", "/s"),
+                ][..],
+                "limiter.persist (/s) keeps the memory backend's state",
+            ),
+            (
+                &[
+                    ("SLUICE_LIMITER__PERSIST", "/s"),
+                    ("SLUICE_LIMITER__PERSIST_INTERVAL_MS", "0"),
+                ],
+                "limiter.persist_interval_ms must be at least 1",
+            ),
+        ] {
+            let err = Settings::load(None, env(pairs), &Overrides::default()).unwrap_err();
+            assert!(err.to_string().contains(says), "{err}");
+        }
     }
 
     #[test]

@@ -138,6 +138,31 @@ impl Holds {
         self.admitted.is_empty() && self.denied.is_empty()
     }
 
+    /// The id the next record will take (at least).
+    pub(crate) fn next_id(&self) -> u64 {
+        self.next_id
+    }
+
+    /// The holds of these records, as [`Holds::admitted`], [`Holds::denied`] and
+    /// [`Holds::next_id`] gave them (a snapshot's); `None` unless each list is in expiry
+    /// order.
+    pub(crate) fn from_records(
+        admitted: VecDeque<Record>,
+        denied: VecDeque<Record>,
+        next_id: u64,
+    ) -> Option<Holds> {
+        let ordered = |l: &VecDeque<Record>| {
+            l.iter()
+                .zip(l.iter().skip(1))
+                .all(|(a, b)| a.expiry <= b.expiry)
+        };
+        (ordered(&admitted) && ordered(&denied)).then_some(Holds {
+            admitted,
+            denied,
+            next_id,
+        })
+    }
+
     /// The number of records.
     pub fn len(&self) -> usize {
         self.admitted.len() + self.denied.len()

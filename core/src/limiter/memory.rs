@@ -49,13 +49,22 @@
 //! reclaimed once they outweigh the held keys' in their shard (the buffer is rewritten, so each
 //! removed byte costs one copy on average). A shard holds at most 4 GiB of key bytes; a new
 //! key that does not fit is not stored, as if evicted at once.
+//!
+//! # Snapshots
+//!
+//! [`MemoryLimiter::encode_snapshot`] and [`MemoryLimiter::restore_snapshot`] turn every state
+//! and open reservation into one versioned, checksummed buffer and back (`snapshot.rs`), for
+//! `limiter.persist`; the file and its timer are the app's.
 
 mod decide;
 mod keys;
 mod reserve;
 mod shards;
+mod snapshot;
 mod store;
 mod walk;
+
+pub use snapshot::{Restored, SNAPSHOT_VERSION, SnapshotError};
 
 use super::algorithm::State;
 use super::counters::{BackendStatus, CounterPage, CounterQuery};

@@ -82,6 +82,17 @@ impl Log {
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
+
+    /// The log of these entries `(time, cost)`, as [`Log::entries`] gave them (a snapshot's);
+    /// `None` unless their times strictly increase.
+    pub(crate) fn from_entries(entries: VecDeque<(u64, u64)>) -> Option<Log> {
+        let ordered = entries
+            .iter()
+            .zip(entries.iter().skip(1))
+            .all(|(a, b)| a.0 < b.0);
+        let sum = entries.iter().map(|&(_, c)| u128::from(c)).sum();
+        ordered.then_some(Log { entries, sum })
+    }
 }
 
 impl SlidingLog {

@@ -104,9 +104,25 @@ fn storages() {
 }
 
 #[test]
+fn disk_keeps_the_memory_backend_in_a_snapshot_in_its_directory() {
+    let s = run(&["l.yaml", "disk", "/var/lib/limitador"], &[]).unwrap();
+    assert_eq!(get(&s, "LIMITER__BACKEND"), Some("memory"));
+    let file = format!("/var/lib/limitador/{DISK_SNAPSHOT}");
+    assert_eq!(get(&s, "LIMITER__PERSIST"), Some(file.as_str()));
+    assert!(s.translation.ignored.is_empty());
+    let env = [("DISK_PATH", "/data"), ("DISK_OPTIMIZE", "disk")];
+    let s = run(&["l.yaml", "disk"], &env).unwrap();
+    let file = format!("/data/{DISK_SNAPSHOT}");
+    assert_eq!(get(&s, "LIMITER__PERSIST"), Some(file.as_str()));
+    assert_eq!(s.translation.ignored[0].0, "--optimize");
+}
+
+#[test]
 fn what_sluice_cannot_honour_is_named() {
     assert_eq!(refused(&[], &[]), "LIMITS_FILE");
-    assert_eq!(refused(&["l.yaml", "disk", "/tmp/db"], &[]), "disk");
+    assert_eq!(refused(&["l.yaml", "disk"], &[]), "disk");
+    let optimize = ["l.yaml", "disk", "/d", "--optimize", "speed"];
+    assert_eq!(refused(&optimize, &[]), "--optimize");
     assert_eq!(
         refused(&["l.yaml", "distributed", "a", "b"], &[]),
         "distributed"

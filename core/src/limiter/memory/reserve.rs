@@ -30,6 +30,18 @@ impl Table {
         }
     }
 
+    /// Calls `f` with every key's records, under the table's lock (snapshots).
+    pub(super) fn each(&self, f: &mut dyn FnMut(&[u8], &Records)) {
+        self.keys.lock().iter().for_each(|(key, r)| f(key, r));
+    }
+
+    /// Sets a key's records (restoring a snapshot); records with none open are not kept.
+    pub(super) fn install(&self, key: &[u8], records: Records) {
+        if !records.is_empty() {
+            self.keys.lock().insert(Arc::from(key), records);
+        }
+    }
+
     /// Drops expired records, and keys left with none; returns how many keys went.
     pub(super) fn sweep(&self, now: u64) -> usize {
         let mut keys = self.keys.lock();

@@ -268,8 +268,8 @@ trait AnyTable {
     /// Every entry's time of becoming fresh, with its index.
     fn each_fresh_at(&self, f: &mut dyn FnMut(u64, usize));
     fn each_key(&mut self, f: &mut dyn FnMut(&mut Span));
-    /// Every entry's key and a copy of its state.
-    fn each(&self, f: &mut dyn FnMut(Span, State));
+    /// Every entry's key, when it becomes fresh, and a copy of its state.
+    fn each(&self, f: &mut dyn FnMut(Span, u64, State));
 }
 
 /// Where to insert a new entry: its key's span and hash, and how to hash the other keys
@@ -344,8 +344,10 @@ impl<V: Value> AnyTable for Table<V> {
         self.map.iter_mut().for_each(|e| f(&mut e.key));
     }
 
-    fn each(&self, f: &mut dyn FnMut(Span, State)) {
-        self.map.iter().for_each(|e| f(e.key, e.value.peek()));
+    fn each(&self, f: &mut dyn FnMut(Span, u64, State)) {
+        self.map
+            .iter()
+            .for_each(|e| f(e.key, e.value.fresh_at(), e.value.peek()));
     }
 }
 
@@ -554,11 +556,17 @@ impl Store {
 
     /// Calls `f` with every held key and a copy of its state, in no order.
     pub(super) fn each(&self, f: &mut dyn FnMut(&[u8], State)) {
+        self.each_timed(&mut |key, _, state| f(key, state));
+    }
+
+    /// Calls `f` with every held key, when its state becomes fresh, and a copy of the state,
+    /// in no order (snapshots).
+    pub(super) fn each_timed(&self, f: &mut dyn FnMut(&[u8], u64, State)) {
         for kind in Kind::ALL {
             let keys = &self.keys;
             self.tables
                 .get(kind)
-                .each(&mut |key, state| f(keys.get(key), state));
+                .each(&mut |key, at, state| f(keys.get(key), at, state));
         }
     }
 
@@ -569,7 +577,7 @@ impl Store {
         for kind in Kind::ALL {
             self.tables
                 .get(kind)
-                .each(&mut |key, state| all.push((self.keys.get(key).to_vec(), state)));
+                .each(&mut |key, _, state| all.push((self.keys.get(key).to_vec(), state)));
         }
         all
     }
