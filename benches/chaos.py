@@ -8,14 +8,17 @@ Two setups, one after the other, each with its own three sluice replicas:
 - **cluster**: 3 masters with a replica each (`cluster-require-full-coverage no`, as
   docs/redis.md advises, unless --full-coverage). Every node announces the port of a small TCP
   proxy run by this driver (`cluster-announce-port`), so sluice's connections to a node go
-  through it; the Cluster bus does not. Faults: `kill` (a master SIGKILLed, restarted once its
-  replica took over), `failover` (CLUSTER FAILOVER on a replica), `migrate` (the slot of a key
+  through it (and a replica's to its master, which it finds by that port); the Cluster bus
+  does not, so a slow or partitioned node stays a member and no failover follows. Faults:
+  `kill` (a master SIGKILLed, restarted once its replica took over; the fault ends when it is
+  back as a replica), `failover` (CLUSTER FAILOVER on a replica), `migrate` (the slot of a key
   under load moved to another master: SETSLOT IMPORTING/MIGRATING, MIGRATE, SETSLOT NODE),
   `reshard` (8 slots, those of keys under load among them, moved the same way one after the
   other), `hung` (a master SIGSTOPped for less than the node time-out), `slow` (the proxy
   delays each direction past `redis.timeout_ms`), `partition` (the proxy holds every byte).
 - **sentinel**: a master, a replica, three sentinels. Faults: `sentinel-failover` (SENTINEL
-  FAILOVER), `sentinel-kill` (the master SIGKILLed, restarted as a replica of the new one once
+  FAILOVER; the fault ends when the old master is a replica, which the sentinels make it at
+  their next look at it, up to 10 s after announcing the new one), `sentinel-kill` (the master SIGKILLed, restarted as a replica of the new one once
   the sentinels promoted it), `sentinel-hung` (the master SIGSTOPped for less than
   `down-after-milliseconds`).
 
@@ -248,6 +251,7 @@ class Proxy:
 def proxy_serve(pairs):
     modes = {}
     flowing = {}
+    changed = {}
 
     async def pump(reader, writer, port):
         queue = asyncio.Queue()
@@ -272,7 +276,11 @@ def proxy_serve(pairs):
                         continue
                     wait = arrived + delay - time.monotonic() if mode == "slow" else 0
                     if wait > 0:
-                        await asyncio.sleep(wait)
+                        # A change of mode (the heal) releases what waits at once.
+                        try:
+                            await asyncio.wait_for(changed[port].wait(), wait)
+                        except asyncio.TimeoutError:
+                            pass
                         continue
                     break
                 if not data:
@@ -291,6 +299,7 @@ def proxy_serve(pairs):
             modes[listen] = ("normal", 0.0)
             flowing[listen] = asyncio.Event()
             flowing[listen].set()
+            changed[listen] = asyncio.Event()
 
             async def accept(reader, writer, listen=listen, target=target):
                 try:
@@ -314,6 +323,8 @@ def proxy_serve(pairs):
                 return
             f = line.split()
             port = int(f[0])
+            changed[port].set()
+            changed[port] = asyncio.Event()
             if f[1] == "slow":
                 modes[port] = ("slow", float(f[2]) / 1000)
                 flowing[port].set()
@@ -466,6 +477,16 @@ class Load:
 
 # ---------------------------------------------------------------- faults
 
+def script_calls(node):
+    """Calls of sluice's Lua so far (EVALSHA, EVAL, FCALL), from INFO commandstats."""
+    total = 0
+    for line in node.cmd("INFO", "commandstats").splitlines():
+        for name in ("evalsha", "eval", "fcall"):
+            if line.startswith(f"cmdstat_{name}:"):
+                total += int(line.split("calls=")[1].split(",")[0])
+    return total
+
+
 class Fault:
     def __init__(self, kind, target, slots):
         self.kind, self.target = kind, target
@@ -475,10 +496,11 @@ class Fault:
         self.detail = ""
         self.errors = 0
         self.last_error_after_end = None
-        # For a master killed and restarted: when its replica had taken over (the fault
-        # ends when the restarted node is back as a replica).
+        # For a master killed and restarted, or replaced by a Sentinel failover: when its
+        # replica had taken over (the fault ends when the old master is a replica).
         self.takeover = None
         self.errors_after_takeover = 0
+        self.old_master_calls = None
 
     def covers(self, slot):
         return self.slots is None or slot in self.slots
@@ -682,10 +704,15 @@ class ClusterSetup:
 
     def f_reshard(self, rng, load):
         src, s, dst, d = self.two_masters(rng)
+        # The source's slots of keys under load now, then of the next generations' keys,
+        # then any: 8 in all.
         g = load.gen()
-        under_load = {slot_of_value(value_of(gen, i)) for gen in range(g, g + 4)
-                      for i in range(load.keys)} & s["slots"]
-        slots = rng.sample(sorted(under_load), min(5, len(under_load)))
+        slots = []
+        for gen in range(g, g + 4):
+            for i in range(load.keys):
+                slot = slot_of_value(value_of(gen, i))
+                if slot in s["slots"] and slot not in slots and len(slots) < 5:
+                    slots.append(slot)
         rest = sorted(s["slots"] - set(slots))
         slots += rng.sample(rest, 8 - len(slots))
         f = Fault("reshard", f"{len(slots)} slots {src.name}->{dst.name}", set(slots))
@@ -795,6 +822,13 @@ class SentinelSetup:
         replica = next(n for n in self.nodes if n.port != port)
         return replica.info("replication").get("master_link_status") == "up"
 
+    def demoted(self, old):
+        """`old` replicates from the master, which the sentinels know of (its calls counted
+        before its resynchronisation resets nothing: INFO commandstats survives it)."""
+        if old.info("replication").get("role") != "slave":
+            return False
+        return self.settled()
+
     def check(self, load):
         master = self.master()
         _, keys = master.cmd("SCAN", 0, "MATCH", "sluice:*", "COUNT", 1000)
@@ -831,17 +865,25 @@ class SentinelSetup:
                        lambda: self.announced(old.port))
         if not new:
             raise FaultFailed("no new master announced")
-        f.end = now()
-        f.detail = f"{new.name} announced after {f.end - f.start:.2f} s"
+        f.takeover = now()
+        f.detail = f"{new.name} announced after {f.takeover - f.start:.2f} s"
         if kind == "sentinel-kill":
-            f.takeover = f.end
             old.start(["--replicaof", "127.0.0.1", str(new.port)])
+        else:
+            # The old master still serves until the sentinels turn it into a replica: what
+            # it decides meanwhile is lost when it resynchronises from the new one.
+            calls = script_calls(old)
         if not wait_for("the old master as a replica, known to the sentinels", 30,
-                        self.settled, every=0.1):
+                        lambda: self.demoted(old), every=0.1):
             raise FaultFailed(f"{old.name} did not come back as a replica")
+        if kind != "sentinel-kill":
+            f.old_master_calls = script_calls(old) - calls
+        f.end = now()
         if kind == "sentinel-kill":
-            f.end = now()
             f.detail += f", back as a replica after {f.end - f.start:.2f} s"
+        else:
+            f.detail += (f", demoted to a replica after {f.end - f.start:.2f} s; "
+                         f"{f.old_master_calls} script calls on it after the announcement")
         return f
 
     def healthy(self):
@@ -872,6 +914,9 @@ def run_setup(setup_cls, args, seconds, work, rng):
             f.write(RULES.format(n=args.quota))
         env = {"SLUICE_LOG__LEVEL": "warn", "SLUICE_REDIS__TIMEOUT_MS": str(args.timeout_ms),
                "SLUICE_REDIS__WAIT_REPLICAS": "1",
+               # Every request to Redis: a denial answered from the deny cache would not
+               # meet the faults.
+               "SLUICE_REDIS__DENY_CACHE_SIZE": "0",
                "SLUICE_REDIS__WAIT_TIMEOUT_MS": str(args.wait_timeout_ms)}
         replicas = [Sluice(work, f"{setup_cls.name}-sluice{i}", args.binary, rules, setup.url, env)
                     for i in range(3)]
