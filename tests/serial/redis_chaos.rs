@@ -7,12 +7,13 @@
 //! and shows its summary. Each run, set-up included, is bounded (killed after
 //! [`LIMIT`]); they hold the serial lock, since the 1 s bound is a latency bound.
 
-use std::io::Read as _;
+use std::io::Read;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sluice::testing::redis::Flavor;
+use tokio::time::Instant;
 
 use crate::serial;
 
@@ -42,12 +43,9 @@ fn chaos_run(flavor: Flavor) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("run python3 benches/chaos.py");
-    let mut stdout = child.stdout.take().expect("the driver's stdout");
-    let reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = stdout.read_to_string(&mut text);
-        text
-    });
+    // Both pipes read meanwhile, so that the driver never blocks on a full one.
+    let stdout = drain(child.stdout.take().expect("the driver's stdout"));
+    let stderr = drain(child.stderr.take().expect("the driver's stderr"));
     let started = Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait().expect("the driver's status") {
@@ -60,15 +58,11 @@ fn chaos_run(flavor: Flavor) {
         }
         std::thread::sleep(Duration::from_millis(200));
     };
-    let mut stderr = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.read_to_string(&mut stderr);
-    }
-    let out = reader.join().unwrap_or_default();
+    let out = stdout.join().unwrap_or_default();
+    let stderr = stderr.join().unwrap_or_default();
     println!("{out}");
-    let status = status.unwrap_or_else(|| {
-        panic!("the chaos run took more than {LIMIT:?}:\n{out}\n{stderr}")
-    });
+    let status = status
+        .unwrap_or_else(|| panic!("the chaos run took more than {LIMIT:?}:\n{out}\n{stderr}"));
     assert!(
         status.success(),
         "the chaos run on {} failed ({status}):\n{out}\n{stderr}",
@@ -76,7 +70,19 @@ fn chaos_run(flavor: Flavor) {
     );
     assert!(out.contains("\nOK: "), "no verdict from the driver:\n{out}");
     let plot = std::fs::read_to_string(&svg).expect("the timeline SVG");
-    assert!(plot.starts_with("<svg") && plot.contains("polyline"), "an empty timeline");
+    assert!(
+        plot.starts_with("<svg") && plot.contains("polyline"),
+        "an empty timeline"
+    );
+}
+
+/// Reads `pipe` to its end on a thread of its own.
+fn drain(mut pipe: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = pipe.read_to_string(&mut text);
+        text
+    })
 }
 
 #[test]
