@@ -78,9 +78,22 @@ def log(msg):
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n):
+    """`n` distinct ports the kernel had free (all bound at once, then released for the
+    servers to bind: redis-server and sentinels take their port on the command line)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 # ---------------------------------------------------------------- Cluster slots
@@ -186,9 +199,9 @@ def wait_for(what, within, check, every=0.05):
 class Node:
     """A redis-server / valkey-server process on a fixed port, in a directory of its own."""
 
-    def __init__(self, work, name, server, args, config=None):
+    def __init__(self, work, name, server, args, config=None, port=None):
         self.name, self.server, self.args, self.config = name, server, list(args), config
-        self.port = free_port()
+        self.port = port or free_port()
         self.dir = os.path.join(work, name)
         os.makedirs(self.dir, exist_ok=True)
         self.proc = None
@@ -226,18 +239,21 @@ class Node:
 
 
 class Proxy:
-    """This file run as `--proxy-serve listen:target ...` in a process of its own: forwards
-    each listen port to its target, and takes `<listen port> normal|slow <ms>|hold` lines on
-    stdin."""
+    """This file run as `--proxy-serve <target port> ...` in a process of its own: listens on a
+    port from the kernel per target (reported on its first line, `ready <port> ...`; in
+    `self.ports`), forwards it to its target, and takes `<listen port> normal|slow <ms>|hold`
+    lines on stdin."""
 
-    def __init__(self, work, pairs):
+    def __init__(self, work, targets):
         self.log = open(os.path.join(work, "proxy.log"), "ab")
         args = [sys.executable, os.path.abspath(__file__), "--proxy-serve",
-                *[f"{l}:{t}" for l, t in pairs]]
+                *[str(t) for t in targets]]
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.log, text=True)
-        if self.proc.stdout.readline().strip() != "ready":
-            raise SystemExit("the proxy did not start; see proxy.log")
+        first = self.proc.stdout.readline().split()
+        if not first or first[0] != "ready" or len(first) != len(targets) + 1:
+            raise SystemExit(f"the proxy did not start; see {work}/proxy.log")
+        self.ports = [int(p) for p in first[1:]]
 
     def set(self, port, mode):
         self.proc.stdin.write(f"{port} {mode}\n")
@@ -248,7 +264,7 @@ class Proxy:
         self.proc.wait()
 
 
-def proxy_serve(pairs):
+def proxy_serve(targets):
     modes = {}
     flowing = {}
     changed = {}
@@ -295,13 +311,12 @@ def proxy_serve(pairs):
         await asyncio.gather(read(), write())
 
     async def main():
-        for listen, target in pairs:
-            modes[listen] = ("normal", 0.0)
-            flowing[listen] = asyncio.Event()
-            flowing[listen].set()
-            changed[listen] = asyncio.Event()
+        bound = []
+        for target in targets:
+            holder = {}
 
-            async def accept(reader, writer, listen=listen, target=target):
+            async def accept(reader, writer, target=target, holder=holder):
+                listen = holder["port"]
                 try:
                     up_r, up_w = await asyncio.open_connection("127.0.0.1", target)
                 except OSError:
@@ -312,8 +327,16 @@ def proxy_serve(pairs):
                 up_w.close()
                 writer.close()
 
-            await asyncio.start_server(accept, "127.0.0.1", listen)
-        print("ready", flush=True)
+            # Port 0: the kernel's, read back and reported.
+            server = await asyncio.start_server(accept, "127.0.0.1", 0)
+            listen = server.sockets[0].getsockname()[1]
+            holder["port"] = listen
+            modes[listen] = ("normal", 0.0)
+            flowing[listen] = asyncio.Event()
+            flowing[listen].set()
+            changed[listen] = asyncio.Event()
+            bound.append(listen)
+        print("ready", *bound, flush=True)
         loop = asyncio.get_running_loop()
         stdin = asyncio.StreamReader()
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
@@ -345,7 +368,7 @@ class Sluice:
         self.name = name
         self.log = os.path.join(work, f"{name}.log")
         for _ in range(5):
-            self.grpc, self.admin = free_port(), free_port()
+            self.grpc, self.admin = free_ports(2)
             args = [binary, "serve", "--rules", rules, "--grpc-listen",
                     f"127.0.0.1:{self.grpc}", "--admin-listen", f"127.0.0.1:{self.admin}",
                     "--backend", "redis", "--redis-url", url]
@@ -537,19 +560,22 @@ class ClusterSetup:
         self.args = args
         coverage = "yes" if args.full_coverage else "no"
         self.nodes = []
+        ports = free_ports(12)
         for i in range(6):
-            n = Node(work, f"node{i}", args.server, [])
-            n.announce = free_port()
-            n.args = ["--cluster-enabled", "yes", "--cluster-port", str(free_port()),
+            n = Node(work, f"node{i}", args.server, [], port=ports[i])
+            self.nodes.append(n)
+        # The proxy first: it takes its ports from the kernel and holds them.
+        self.proxy = Proxy(work, [n.port for n in self.nodes])
+        for i, n in enumerate(self.nodes):
+            n.announce = self.proxy.ports[i]
+            n.args = ["--cluster-enabled", "yes", "--cluster-port", str(ports[6 + i]),
                       "--cluster-node-timeout", str(args.node_timeout_ms),
                       "--cluster-replica-validity-factor", "0",
                       "--cluster-require-full-coverage", coverage,
                       "--cluster-announce-port", str(n.announce),
                       "--cluster-allow-replica-migration", "no"]
-            self.nodes.append(n)
         for n in self.nodes:
             n.start()
-        self.proxy = Proxy(work, [(n.announce, n.port) for n in self.nodes])
         out = subprocess.run([args.cli, "--cluster", "create",
                               *[f"127.0.0.1:{n.announce}" for n in self.nodes],
                               "--cluster-replicas", "1", "--cluster-yes"],
@@ -1168,7 +1194,7 @@ def find_program(name):
 
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--proxy-serve":
-        proxy_serve([tuple(int(x) for x in p.split(":")) for p in sys.argv[2:]])
+        proxy_serve([int(p) for p in sys.argv[2:]])
         return
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1232,6 +1258,7 @@ def main():
     log(f"{args.server_name}; work directory {work}; seed {args.seed}")
     results = []
     failures = []
+    finished = False
     try:
         for s in setups:
             sub = os.path.join(work, s.name)
@@ -1239,8 +1266,9 @@ def main():
             r = run_setup(s, args, args.duration * shares[s] / whole, sub, rng)
             results.append(r)
             failures += [f"{s.name}: {x}" for x in r["failures"]]
+        finished = True
     finally:
-        if not args.keep and not failures:
+        if not args.keep and finished and not failures:
             shutil.rmtree(work, ignore_errors=True)
     total = sum(len(r["faults"]) for r in results)
     if total < args.min_faults:
