@@ -1135,8 +1135,9 @@ def svg(results, path):
                        f'height="{panel_h + 10 + err_h}" fill="{c}" fill-opacity="0.18"/>')
             out.append(f'<rect x="{x(f.end):.1f}" y="{py}" width="{x(f.end + 1) - x(f.end):.1f}" '
                        f'height="{panel_h + 10 + err_h}" fill="{c}" fill-opacity="0.06"/>')
-            out.append(f'<text x="{x(f.start) + 2:.1f}" y="{py + 12}" fill="{c}" '
-                       f'font-size="10" transform="rotate(0)">{f.kind}</text>')
+            if x(f.end + 1) - x(f.start) > 7 * len(f.kind):  # a label only where it fits
+                out.append(f'<text x="{x(f.start) + 2:.1f}" y="{py + 12}" fill="{c}" '
+                           f'font-size="10">{f.kind}</text>')
         for yy, h, mx, label in ((py, panel_h, top, "decisions / 100 ms"),
                                  (ey, err_h, etop, "errors / 100 ms")):
             out.append(f'<rect x="{left}" y="{yy}" width="{plot_w}" height="{h}" fill="none" '
