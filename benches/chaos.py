@@ -598,6 +598,23 @@ class ClusterSetup:
         if not wait_for("the Cluster to settle", 30, settled, every=0.2):
             raise SystemExit("the Cluster did not settle")
         self.url = "redis+cluster://" + ",".join(f"127.0.0.1:{n.announce}" for n in self.nodes)
+        self.maps = []
+        self.snapshot()
+
+    def snapshot(self):
+        """Records which node serves each slot now (for naming the node of an error)."""
+        owner = bytearray(16384)
+        for n, m in self.masters():
+            i = self.nodes.index(n)
+            for slot in m["slots"]:
+                owner[slot] = i
+        self.maps.append((now(), owner))
+
+    def owner(self, slot, t):
+        """The node that served `slot` at `t`, by the last snapshot before it."""
+        names = [name for at, name in ((at, self.nodes[o[slot]].name) for at, o in self.maps)
+                 if at <= t]
+        return names[-1] if names else "?"
 
     def by_announce(self, port):
         return next(n for n in self.nodes if n.announce == port)
@@ -827,6 +844,8 @@ class SentinelSetup:
             raise SystemExit("the sentinels did not settle")
         self.url = "redis+sentinel://" + ",".join(f"127.0.0.1:{s.port}"
                                                   for s in self.sentinels) + "/mymaster"
+        self.maps = []
+        self.snapshot()
 
     def master_port(self, sentinel=None):
         return int((sentinel or self.sentinels[0]).cmd(
@@ -849,6 +868,13 @@ class SentinelSetup:
                 return False
         replica = next(n for n in self.nodes if n.port != port)
         return replica.info("replication").get("master_link_status") == "up"
+
+    def snapshot(self):
+        self.maps.append((now(), self.master().name))
+
+    def owner(self, slot, t):
+        names = [name for at, name in self.maps if at <= t]
+        return names[-1] if names else "?"
 
     def demoted(self, old):
         """`old` replicates from the master, which the sentinels know of (its calls counted
@@ -975,6 +1001,7 @@ def run_setup(setup_cls, args, seconds, work, rng):
                 break
             result["faults"].append(fault)
             log(f"  {kind} on {fault.target}: {fault.detail}")
+            setup.snapshot()
         rest = end_at - now()
         if rest > 0:
             time.sleep(rest)
@@ -987,7 +1014,7 @@ def run_setup(setup_cls, args, seconds, work, rng):
         for r in replicas:
             if not r.alive():
                 result["failures"].append(f"{r.name} exited")
-        result.update(evaluate(args, setup_cls.name, admitted, buckets, errors, requests,
+        result.update(evaluate(args, setup, admitted, buckets, errors, requests,
                                result["faults"], load_start, load_end, rss0, rss1, short,
                                load.inflight))
         result["failures"] += result.pop("check_failures")
@@ -998,7 +1025,7 @@ def run_setup(setup_cls, args, seconds, work, rng):
     return result
 
 
-def evaluate(args, name, admitted, buckets, errors, requests, faults, load_start, load_end,
+def evaluate(args, setup, admitted, buckets, errors, requests, faults, load_start, load_end,
              rss0, rss1, short, inflight):
     failures = []
     # Errors: each must fall in a fault covering its key's slot (sent before end + grace,
@@ -1009,7 +1036,7 @@ def evaluate(args, name, admitted, buckets, errors, requests, faults, load_start
         hits = [f for f in faults if f.covers(slot) and done >= f.start and
                 sent <= f.end + args.grace]
         if not hits:
-            outside.append((sent, done, value, slot, r, status, body))
+            outside.append((sent, done, value, slot, setup.owner(slot, sent), r, status, body))
             continue
         for f in hits:
             f.errors += 1
@@ -1021,8 +1048,12 @@ def evaluate(args, name, admitted, buckets, errors, requests, faults, load_start
     if outside:
         failures.append(f"{len(outside)} errors outside a fault's window (+{args.grace} s); "
                         f"first: " + "; ".join(
-                            f"t={e[0]:.2f}-{e[1]:.2f} {e[2]} slot {e[3]} replica {e[4]} "
-                            f"HTTP {e[5]} {e[6].strip()}" for e in outside[:5]))
+                            f"t={e[0]:.2f}-{e[1]:.2f} {e[2]} slot {e[3]} on {e[4]} replica {e[5]} "
+                            f"HTTP {e[6]} {e[7].strip()}" for e in outside[:5]))
+        nodes = {}
+        for e in outside:
+            nodes[e[4]] = nodes.get(e[4], 0) + 1
+        failures.append(f"errors outside a fault's window by node: {nodes}")
     # Exactness.
     over = {k: v - args.quota for k, v in admitted.items() if v > args.quota}
     over_total = sum(over.values())
