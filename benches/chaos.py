@@ -259,6 +259,17 @@ class Proxy:
         self.proc.stdin.write(f"{port} {mode}\n")
         self.proc.stdin.flush()
 
+    def stalls(self):
+        """(start, seconds) of each stall the proxy saw in itself, in the driver's time."""
+        self.log.flush()
+        out = []
+        with open(self.log.name) as f:
+            for line in f:
+                p = line.split()
+                if len(p) == 3 and p[0] == "stall":
+                    out.append((float(p[1]) - T0, float(p[2])))
+        return out
+
     def stop(self):
         self.proc.kill()
         self.proc.wait()
@@ -337,6 +348,18 @@ def proxy_serve(targets):
             changed[listen] = asyncio.Event()
             bound.append(listen)
         print("ready", *bound, flush=True)
+
+        async def watchdog():
+            # The proxy's own stalls (its event loop late by more than 0.2 s: the machine
+            # starved it), on stderr (proxy.log) with CLOCK_MONOTONIC, for the driver to report.
+            while True:
+                t = time.monotonic()
+                await asyncio.sleep(0.05)
+                late = time.monotonic() - t - 0.05
+                if late > 0.2:
+                    print(f"stall {t:.3f} {late:.3f}", file=sys.stderr, flush=True)
+
+        asyncio.get_running_loop().create_task(watchdog())
         loop = asyncio.get_running_loop()
         stdin = asyncio.StreamReader()
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
@@ -1018,6 +1041,8 @@ def run_setup(setup_cls, args, seconds, work, rng):
                                result["faults"], load_start, load_end, rss0, rss1, short,
                                load.inflight))
         result["failures"] += result.pop("check_failures")
+        proxy = getattr(setup, "proxy", None)
+        result["proxy_stalls"] = proxy.stalls() if proxy else []
     finally:
         for r in replicas:
             r.stop()
@@ -1054,6 +1079,12 @@ def evaluate(args, setup, admitted, buckets, errors, requests, faults, load_star
         for e in outside:
             nodes[e[4]] = nodes.get(e[4], 0) + 1
         failures.append(f"errors outside a fault's window by node: {nodes}")
+        proxy = getattr(setup, "proxy", None)
+        if proxy:
+            near = [(t, d) for t, d in proxy.stalls()
+                    if any(e[0] - 1 <= t <= e[1] for e in outside)]
+            failures.append("the driver's proxy stalled meanwhile: " + (", ".join(
+                f"{d:.2f} s at {t:.2f}" for t, d in near[:10]) if near else "no"))
     # Exactness.
     over = {k: v - args.quota for k, v in admitted.items() if v > args.quota}
     over_total = sum(over.values())
@@ -1114,6 +1145,10 @@ def summary(results, args):
         lines.append(f"  keys {r['keys']} ({r['keys_full']} used up), over-admission "
                      f"{r['over_admission']} (bound {r['over_bound']}: wait_short calls "
                      f"{r['wait_short']})")
+        if r.get("proxy_stalls"):
+            st = r["proxy_stalls"]
+            lines.append(f"  the driver's proxy stalled {len(st)} times (> 0.2 s), at most "
+                         f"{max(d for _, d in st):.2f} s")
         lines.append("  sluice VmRSS after warm-up / at the end (MiB): " + ", ".join(
             f"{a / 1024:.1f}/{b / 1024:.1f}" for a, b in zip(*r["rss_kib"])))
     lines.append("\n== faults by kind")
