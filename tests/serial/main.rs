@@ -16,6 +16,9 @@
 //!   and back, a live `redis-cli --cluster reshard`, a master killed and its replica promoted,
 //!   and a Sentinel failover under load (`redis_sentinel`); no request may fail but those of the
 //!   lost master during its failover, with every answer within the Redis time-out.
+//! - The chaos run (`redis_chaos`): `benches/chaos.py` for 60 s on redis-server and on
+//!   valkey-server, three real `sluice serve` through random Cluster and Sentinel faults; its
+//!   1 s bound on errors after a fault is a latency bound.
 //! - The ordered drain (in process and of the real binary on SIGTERM): the drain delay kept,
 //!   the ports closed, within bounds that a load test beside them breaks.
 //! - The RLQS bounds under stress (`rlqs_bounds`): thousands of buckets on dozens of streams,
@@ -35,6 +38,7 @@ mod allocations;
 mod drain;
 mod memory_bounds;
 mod memory_footprint;
+mod redis_chaos;
 mod redis_cluster;
 mod redis_cluster_faults;
 mod redis_cluster_holds;
