@@ -13,12 +13,53 @@ pub fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
-/// A free loopback port (bound then released).
+/// A free loopback port for a child that must be told its port (Redis, Envoy, a drop-in's
+/// fixed ports): one that binds now, chosen outside the kernel's ephemeral range, so that
+/// between this call and the child's bind no port the kernel hands out (to another test's
+/// `bind(0)`, or to any process's outgoing connection) can be it; and never the same twice
+/// in this process (a counter walks the range from a starting point of its own), so that two
+/// tests running at once do not get one port. The ports the kernel hands out are
+/// `/proc/sys/net/ipv4/ip_local_port_range`; below it (or, were it to start low, above it).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let (low, high) = ephemeral_range();
+    let (first, end) = if low >= 11_024 {
+        (10_000, low)
+    } else {
+        (high.saturating_add(1).max(1_024), 65_536)
+    };
+    let span = end.saturating_sub(first).max(1);
+    let start = (std::process::id().wrapping_mul(2_654_435_761) ^ clock_nanos()) % span;
+    let _ = NEXT.compare_exchange(u32::MAX, start, Ordering::Relaxed, Ordering::Relaxed);
+    for _ in 0..span {
+        let offset = NEXT.fetch_add(1, Ordering::Relaxed) % span;
+        let Ok(port) = u16::try_from(first + offset) else {
+            continue;
+        };
+        if std::net::TcpListener::bind(loopback(port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {first}..{end}")
+}
+
+/// The kernel's ephemeral ports (`low`, `high`, inclusive); Linux's default when unreadable.
+fn ephemeral_range() -> (u32, u32) {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    let mut bounds = text.split_whitespace().filter_map(|w| w.parse::<u32>().ok());
+    match (bounds.next(), bounds.next()) {
+        (Some(low), Some(high)) if low <= high => (low, high),
+        _ => (32_768, 60_999),
+    }
+}
+
+/// Nanoseconds of the wall clock, as a seed.
+fn clock_nanos() -> u32 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0)
 }
 
 /// Waits up to 20 s until something accepts connections on `port` of 127.0.0.1.

@@ -402,15 +402,23 @@ async fn serve_listens_on_a_unix_socket_given_as_grpc_listen() {
             .spawn()
             .unwrap();
         let mut served = Served(child);
+        // The file appears at bind(2), a moment before listen(2): until then a connection is
+        // refused, so the test waits for one to be accepted.
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !path.exists() {
-            assert!(Instant::now() < deadline, "no socket at {}", path.display());
+        let channel = loop {
+            let tried = tonic::transport::Endpoint::from_static("http://sluice")
+                .connect_with_connector(UnixConnector(path.clone()))
+                .await;
+            match tried {
+                Ok(channel) => break channel,
+                Err(e) => assert!(
+                    Instant::now() < deadline,
+                    "no gRPC on {}: {e}",
+                    path.display()
+                ),
+            }
             tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let channel = tonic::transport::Endpoint::from_static("http://sluice")
-            .connect_with_connector(UnixConnector(path.clone()))
-            .await
-            .unwrap();
+        };
         let mut c = Client::new(channel);
         let login = || req("demo", vec![desc(&[("path", "/login")])]);
         let codes: Vec<Code> = {
