@@ -255,23 +255,12 @@ impl Reader<'_> {
             }
             Some(("redis", sub)) => self.redis(sub.get_one::<String>("URL").cloned(), "redis")?,
             Some(("redis_cached", sub)) => {
-                for (id, name) in [
-                    ("batch", "--batch-size"),
-                    ("flush", "--flush-period"),
-                    ("max", "--max-cached"),
-                    ("timeout", "--response-timeout"),
-                ] {
-                    if let Some(v) = sub.get_one::<String>(id) {
-                        let why = "sluice keeps no local counter cache: every request is decided \
-                                   in Redis (drop the flag to run redis_cached as redis)";
-                        return Err(unsupported(name, v, why));
-                    }
-                }
-                self.ignore(
-                    "redis_cached",
-                    "served as `redis`: exact counters in Redis, no local cache",
-                );
                 self.redis(sub.get_one::<String>("URL").cloned(), "redis_cached")?;
+                let flag = |id: &str| sub.get_one::<String>(id).cloned();
+                self.leases(
+                    [("--flush-period", flag("flush")), ("--response-timeout", flag("timeout"))],
+                    [("--batch-size", flag("batch")), ("--max-cached", flag("max"))],
+                )?;
             }
             Some(("disk", sub)) => self.disk(sub)?,
             Some(("distributed", _)) => {
@@ -283,15 +272,20 @@ impl Reader<'_> {
             }
             _ => match self.env("REDIS_URL").map(str::to_owned) {
                 Some(url) => {
-                    if self.enabled("REDIS_LOCAL_CACHE_ENABLED") {
-                        let value = self.env("REDIS_LOCAL_CACHE_ENABLED").unwrap_or_default();
-                        let why = format!(
-                            "{value}: served as `redis`, exact counters without a local cache"
-                        );
-                        self.ignore("REDIS_LOCAL_CACHE_ENABLED", &why);
-                    }
                     self.set("LIMITER__BACKEND", "redis");
                     self.set("REDIS__URL", url);
+                    if self.enabled("REDIS_LOCAL_CACHE_ENABLED") {
+                        let var = |name: &str| self.env(name).map(str::to_owned);
+                        let flush = var("REDIS_LOCAL_CACHE_FLUSHING_PERIOD_MS");
+                        let batch = var("REDIS_LOCAL_CACHE_BATCH_SIZE");
+                        self.leases(
+                            [
+                                ("REDIS_LOCAL_CACHE_FLUSHING_PERIOD_MS", flush),
+                                ("--response-timeout", None),
+                            ],
+                            [("REDIS_LOCAL_CACHE_BATCH_SIZE", batch), ("--max-cached", None)],
+                        )?;
+                    }
                 }
                 None => self.set("LIMITER__BACKEND", "memory"),
             },
@@ -317,6 +311,47 @@ impl Reader<'_> {
             }
             let why = "the state is one snapshot file, written whole: nothing to tune";
             self.ignore("--optimize", why);
+        }
+        Ok(())
+    }
+
+    /// `redis_cached` (or `REDIS_LOCAL_CACHE_ENABLED`): limitador's local counters, which may
+    /// go over a limit, become sluice's leases (`redis.leases = on`), which never do
+    /// (docs/redis.md, "Leases"). The flush period bounds how long a replica holds units
+    /// (`redis.lease_validity_ms`, 1 to 1000 ms), the response time-out is `redis.timeout_ms`;
+    /// the batch size and the cache's size have no counterpart (a lease is one script call
+    /// per busy key, and only busy keys are leased) and are logged.
+    fn leases(
+        &mut self,
+        [(flush_name, flush), (timeout_name, timeout)]: [(&str, Option<String>); 2],
+        unused: [(&str, Option<String>); 2],
+    ) -> Result<(), Unsupported> {
+        self.set("REDIS__LEASES", "on");
+        let ms = |name: &str, v: &str| {
+            v.trim()
+                .parse::<u64>()
+                .map_err(|_| unsupported(name, v, "expected milliseconds"))
+        };
+        if let Some(v) = flush {
+            let validity = ms(flush_name, &v)?.clamp(1, 1_000);
+            self.set("REDIS__LEASE_VALIDITY_MS", validity.to_string());
+            self.set("REDIS__LEASE_HORIZON_MS", validity.min(20).to_string());
+            if validity.to_string() != v.trim() {
+                let why = format!("{v}: a lease is held {validity} ms at most (1 to 1000)");
+                self.ignore(flush_name, &why);
+            }
+        }
+        if let Some(v) = timeout {
+            let timeout = ms(timeout_name, &v)?.max(1);
+            self.set("REDIS__TIMEOUT_MS", timeout.to_string());
+        }
+        for (name, value) in unused {
+            if let Some(v) = value {
+                let why = format!(
+                    "{v}: sluice leases busy keys one script call each; nothing to batch or bound"
+                );
+                self.ignore(name, &why);
+            }
         }
         Ok(())
     }

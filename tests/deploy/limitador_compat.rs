@@ -285,16 +285,6 @@ fn validate_and_what_sluice_cannot_honour() {
             &["good.yaml", "distributed", "a", "127.0.0.1:1"][..],
             "distributed",
         ),
-        (
-            &[
-                "good.yaml",
-                "redis_cached",
-                "redis://x",
-                "--max-cached",
-                "5",
-            ][..],
-            "--max-cached",
-        ),
         (&[][..], "LIMITS_FILE"),
     ] {
         let (code, _, err) = run(dir.path(), args);

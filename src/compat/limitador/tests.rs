@@ -100,7 +100,40 @@ fn storages() {
     assert_eq!(get(&s, "REDIS__URL"), Some("redis://r:1"));
     let s = run(&["l.yaml", "redis_cached", "redis://r:2"], &[]).unwrap();
     assert_eq!(get(&s, "REDIS__URL"), Some("redis://r:2"));
-    assert_eq!(s.translation.ignored[0].0, "redis_cached");
+    assert_eq!(get(&s, "REDIS__LEASES"), Some("on"));
+    assert!(s.translation.ignored.is_empty());
+}
+
+#[test]
+fn redis_cached_and_its_flags_are_leases() {
+    let args = [
+        "l.yaml",
+        "redis_cached",
+        "redis://r",
+        "--flush-period",
+        "250",
+        "--response-timeout",
+        "350",
+        "--batch-size",
+        "10",
+        "--max-cached",
+        "5000",
+    ];
+    let s = run(&args, &[]).unwrap();
+    assert_eq!(get(&s, "LIMITER__BACKEND"), Some("redis"));
+    assert_eq!(get(&s, "REDIS__LEASES"), Some("on"));
+    assert_eq!(get(&s, "REDIS__LEASE_VALIDITY_MS"), Some("250"));
+    assert_eq!(get(&s, "REDIS__LEASE_HORIZON_MS"), Some("20"));
+    assert_eq!(get(&s, "REDIS__TIMEOUT_MS"), Some("350"));
+    let ignored: Vec<&str> = s.translation.ignored.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(ignored, ["--batch-size", "--max-cached"]);
+    // limitador's default flush period, a second, is the longest a lease may be held.
+    let long = ["l.yaml", "redis_cached", "redis://r", "--flush-period", "5000"];
+    let s = run(&long, &[]).unwrap();
+    assert_eq!(get(&s, "REDIS__LEASE_VALIDITY_MS"), Some("1000"));
+    assert_eq!(s.translation.ignored[0].0, "--flush-period");
+    let bad = ["l.yaml", "redis_cached", "redis://r", "--flush-period", "soon"];
+    assert_eq!(refused(&bad, &[]), "--flush-period");
 }
 
 #[test]
@@ -127,8 +160,6 @@ fn what_sluice_cannot_honour_is_named() {
         refused(&["l.yaml", "distributed", "a", "b"], &[]),
         "distributed"
     );
-    let cached = ["l.yaml", "redis_cached", "redis://r", "--batch-size", "10"];
-    assert_eq!(refused(&cached, &[]), "--batch-size");
     assert_eq!(
         refused(&["l.yaml", "-H", "DRAFT_VERSION_99"], &[]),
         "--rate-limit-headers"
@@ -196,14 +227,16 @@ fn switch_variables_are_on_with_1_as_limitador_reads_them() {
     ];
     let s = run(&["l.yaml"], &env).unwrap();
     assert_eq!(get(&s, "LIMITER__BACKEND"), Some("redis"));
+    assert_eq!(get(&s, "REDIS__LEASES"), Some("on"));
     assert_eq!(get(&s, "METRICS__LIMITADOR_LIMIT_NAME_LABEL"), Some("true"));
-    let ignored = &s.translation.ignored;
-    assert_eq!(ignored.len(), 1, "{ignored:?}");
-    assert_eq!(ignored[0].0, "REDIS_LOCAL_CACHE_ENABLED");
-    assert!(
-        ignored[0].1.starts_with("1: served as `redis`"),
-        "{ignored:?}"
-    );
+    assert!(s.translation.ignored.is_empty(), "{:?}", s.translation.ignored);
+    let flushing = [
+        ("REDIS_URL", "redis://r:6379"),
+        ("REDIS_LOCAL_CACHE_ENABLED", "true"),
+        ("REDIS_LOCAL_CACHE_FLUSHING_PERIOD_MS", "100"),
+    ];
+    let s = run(&["l.yaml"], &flushing).unwrap();
+    assert_eq!(get(&s, "REDIS__LEASE_VALIDITY_MS"), Some("100"));
     let off = [("LIMIT_NAME_IN_PROMETHEUS_LABELS", "0")];
     let s = run(&["l.yaml"], &off).unwrap();
     assert_eq!(get(&s, "METRICS__LIMITADOR_LIMIT_NAME_LABEL"), None);
