@@ -258,8 +258,14 @@ impl Reader<'_> {
                 self.redis(sub.get_one::<String>("URL").cloned(), "redis_cached")?;
                 let flag = |id: &str| sub.get_one::<String>(id).cloned();
                 self.leases(
-                    [("--flush-period", flag("flush")), ("--response-timeout", flag("timeout"))],
-                    [("--batch-size", flag("batch")), ("--max-cached", flag("max"))],
+                    [
+                        ("--flush-period", flag("flush")),
+                        ("--response-timeout", flag("timeout")),
+                    ],
+                    [
+                        ("--batch-size", flag("batch")),
+                        ("--max-cached", flag("max")),
+                    ],
                 )?;
             }
             Some(("disk", sub)) => self.disk(sub)?,
@@ -283,7 +289,10 @@ impl Reader<'_> {
                                 ("REDIS_LOCAL_CACHE_FLUSHING_PERIOD_MS", flush),
                                 ("--response-timeout", None),
                             ],
-                            [("REDIS_LOCAL_CACHE_BATCH_SIZE", batch), ("--max-cached", None)],
+                            [
+                                ("REDIS_LOCAL_CACHE_BATCH_SIZE", batch),
+                                ("--max-cached", None),
+                            ],
                         )?;
                     }
                 }

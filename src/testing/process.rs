@@ -46,8 +46,11 @@ pub fn free_port() -> u16 {
 
 /// The kernel's ephemeral ports (`low`, `high`, inclusive); Linux's default when unreadable.
 fn ephemeral_range() -> (u32, u32) {
-    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
-    let mut bounds = text.split_whitespace().filter_map(|w| w.parse::<u32>().ok());
+    let text =
+        std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    let mut bounds = text
+        .split_whitespace()
+        .filter_map(|w| w.parse::<u32>().ok());
     match (bounds.next(), bounds.next()) {
         (Some(low), Some(high)) if low <= high => (low, high),
         _ => (32_768, 60_999),

@@ -125,14 +125,31 @@ fn redis_cached_and_its_flags_are_leases() {
     assert_eq!(get(&s, "REDIS__LEASE_VALIDITY_MS"), Some("250"));
     assert_eq!(get(&s, "REDIS__LEASE_HORIZON_MS"), Some("20"));
     assert_eq!(get(&s, "REDIS__TIMEOUT_MS"), Some("350"));
-    let ignored: Vec<&str> = s.translation.ignored.iter().map(|(n, _)| n.as_str()).collect();
+    let ignored: Vec<&str> = s
+        .translation
+        .ignored
+        .iter()
+        .map(|(n, _)| n.as_str())
+        .collect();
     assert_eq!(ignored, ["--batch-size", "--max-cached"]);
     // limitador's default flush period, a second, is the longest a lease may be held.
-    let long = ["l.yaml", "redis_cached", "redis://r", "--flush-period", "5000"];
+    let long = [
+        "l.yaml",
+        "redis_cached",
+        "redis://r",
+        "--flush-period",
+        "5000",
+    ];
     let s = run(&long, &[]).unwrap();
     assert_eq!(get(&s, "REDIS__LEASE_VALIDITY_MS"), Some("1000"));
     assert_eq!(s.translation.ignored[0].0, "--flush-period");
-    let bad = ["l.yaml", "redis_cached", "redis://r", "--flush-period", "soon"];
+    let bad = [
+        "l.yaml",
+        "redis_cached",
+        "redis://r",
+        "--flush-period",
+        "soon",
+    ];
     assert_eq!(refused(&bad, &[]), "--flush-period");
 }
 
@@ -229,7 +246,11 @@ fn switch_variables_are_on_with_1_as_limitador_reads_them() {
     assert_eq!(get(&s, "LIMITER__BACKEND"), Some("redis"));
     assert_eq!(get(&s, "REDIS__LEASES"), Some("on"));
     assert_eq!(get(&s, "METRICS__LIMITADOR_LIMIT_NAME_LABEL"), Some("true"));
-    assert!(s.translation.ignored.is_empty(), "{:?}", s.translation.ignored);
+    assert!(
+        s.translation.ignored.is_empty(),
+        "{:?}",
+        s.translation.ignored
+    );
     let flushing = [
         ("REDIS_URL", "redis://r:6379"),
         ("REDIS_LOCAL_CACHE_ENABLED", "true"),
