@@ -5,7 +5,8 @@
 //! Python stubs generated from the protos, invalid parameters, reflection and metrics:
 //! `throttle`), Kuadrant's `CheckRateLimit` and `Report` from Python stubs (`kuadrant`), limitador's HTTP API
 //! against its own spec and its metric names, as `limitador-server` on memory and Redis
-//! (`limitador_http`), its CEL metric labels (`limitador_labels`), the admin port refusing
+//! (`limitador_http`), `redis_cached` as leases, never over a limit (`limitador_cached`), its
+//! CEL metric labels (`limitador_labels`), the admin port refusing
 //! state endpoints beyond loopback without a token (`admin_access`), the memory backend's
 //! state across restarts (`limiter.persist`, and limitador's `disk PATH`: `persist`),
 //! docs/settings.md's table against the settings types, and, started as `ratelimit`,
@@ -21,6 +22,7 @@ mod check_config;
 mod cli;
 mod grpcurl;
 mod kuadrant;
+mod limitador_cached;
 mod limitador_http;
 mod limitador_labels;
 mod persist;

@@ -1,0 +1,112 @@
+//! limitador's `redis_cached` storage on the real binary started as `limitador-server`: two
+//! replicas on one real redis-server, `redis_cached URL --flush-period 100`, hammered on one
+//! limit. limitador's local counters can go over a limit between flushes; sluice's leases
+//! (what `redis_cached` maps to, docs/limitador-compat.md) never do: the two replicas
+//! together admit at most the limit, and at least the limit less what two leases can hold
+//! back (10% of the limit each), and the leases are seen in Redis.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sluice::testing::grpc::{Client, Code, call, connect_within, desc, overall, req};
+use sluice::testing::http;
+use sluice::testing::process::{Served, free_port, loopback};
+use sluice::testing::redis::RedisServer;
+use tokio::time::Instant;
+
+/// One limit of 2,000 an hour on every request of namespace `ns`.
+const LIMIT: u64 = 2_000;
+const LIMITS: &str = r#"
+- namespace: ns
+  max_value: 2000
+  seconds: 3600
+  conditions: []
+  variables: []
+"#;
+
+/// `limitador-server LIMITS redis_cached URL --flush-period 100` on free loopback ports:
+/// the process and its gRPC (RLS) port.
+async fn replica(dir: &Path, redis: &RedisServer) -> (Served, u16) {
+    let link = dir.join("limitador-server");
+    if !link.exists() {
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &link).expect("symlink");
+    }
+    let file = dir.join("limits.yaml");
+    std::fs::write(&file, LIMITS).expect("write the limits");
+    let (rls, http_port) = (free_port(), free_port());
+    let child = Command::new(&link)
+        .env_clear()
+        .args(["-b", "127.0.0.1", "-p", &rls.to_string()])
+        .args(["-B", "127.0.0.1", "-P", &http_port.to_string()])
+        .arg(&file)
+        .args(["redis_cached", &redis.url(), "--flush-period", "100"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start limitador-server");
+    let served = Served(child);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while http::try_get(loopback(http_port), "/healthcheck")
+        .await
+        .is_none_or(|a| a.status != 200)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "limitador-server did not get ready"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (served, rls)
+}
+
+/// Sends `count` requests one after the other; returns how many were admitted.
+async fn hammer(mut client: Client, count: usize) -> u64 {
+    let mut admitted = 0;
+    for _ in 0..count {
+        let answer = call(&mut client, req("ns", vec![desc(&[("k", "v")])])).await;
+        if overall(&answer) == Code::Ok {
+            admitted += 1;
+        }
+    }
+    admitted
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cached_is_leases_and_never_admits_beyond_the_limit() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let redis = RedisServer::start();
+    let (_a, a) = replica(dir.path(), &redis).await;
+    let (_b, b) = replica(dir.path(), &redis).await;
+    // Keep clear of the hour's end (windows are aligned on the epoch).
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after the epoch")
+        .as_secs();
+    if 3600 - secs % 3600 < 30 {
+        tokio::time::sleep(Duration::from_secs(3600 - secs % 3600 + 1)).await;
+    }
+    // 3,000 requests for 2,000: 8 clients on each replica, 188 requests each (3,008).
+    let mut tasks = tokio::task::JoinSet::new();
+    for port in [a, b] {
+        for _ in 0..8 {
+            let url = format!("http://{}", loopback(port));
+            let client = connect_within(&url, Duration::from_secs(10)).await;
+            tasks.spawn(hammer(client, 188));
+        }
+    }
+    let admitted: u64 = tasks.join_all().await.into_iter().sum();
+    // Leases were taken: a busy key's lease records live beside its state in Redis.
+    let leases: Vec<String> = redis.cmd(&["KEYS", "*:lease"]);
+    assert!(!leases.is_empty(), "no lease records in Redis");
+    assert!(
+        admitted <= LIMIT,
+        "{admitted} admitted for a limit of {LIMIT}"
+    );
+    // Each replica's lease holds at most 10% of the limit (redis.lease_burst_percent).
+    let held_back = 2 * LIMIT / 10;
+    assert!(
+        admitted >= LIMIT - held_back,
+        "{admitted} admitted: more than two leases' worth under the limit"
+    );
+}
