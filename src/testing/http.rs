@@ -51,6 +51,19 @@ pub async fn try_get(addr: SocketAddr, path: &str) -> Option<Answer> {
         .ok()
 }
 
+/// Waits up to 20 s until `GET path` answers 200 (a starting process's health endpoint);
+/// panics naming `what` otherwise.
+pub async fn until_ok(addr: SocketAddr, path: &str, what: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while try_get(addr, path).await.is_none_or(|a| a.status != 200) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: {path} on {addr} did not answer 200 within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Any request; panics if there is no complete answer within 10 s.
 pub async fn request(
     addr: SocketAddr,

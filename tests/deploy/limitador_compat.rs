@@ -17,7 +17,6 @@ use std::time::Duration;
 
 use sluice::testing::http::{self, request};
 use sluice::testing::process::{Served, free_port, loopback};
-use tokio::time::Instant;
 
 use crate::support::envoy::EnvoyProcess;
 use crate::support::upstream::Upstream;
@@ -161,17 +160,7 @@ impl Limitador {
             _process: Served(child),
             rls,
         };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while http::try_get(loopback(http_port), "/healthcheck")
-            .await
-            .is_none_or(|a| a.status != 200)
-        {
-            assert!(
-                Instant::now() < deadline,
-                "limitador-server did not get ready"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        http::until_ok(loopback(http_port), "/healthcheck", "limitador-server").await;
         started
     }
 }

@@ -13,7 +13,6 @@ use sluice::testing::grpc::{Client, Code, call, connect_within, desc, overall, r
 use sluice::testing::http;
 use sluice::testing::process::{Served, free_port, loopback};
 use sluice::testing::redis::RedisServer;
-use tokio::time::Instant;
 
 /// One limit of 2,000 an hour on every request of namespace `ns`.
 const LIMIT: u64 = 2_000;
@@ -46,17 +45,7 @@ async fn replica(dir: &Path, redis: &RedisServer) -> (Served, u16) {
         .spawn()
         .expect("start limitador-server");
     let served = Served(child);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while http::try_get(loopback(http_port), "/healthcheck")
-        .await
-        .is_none_or(|a| a.status != 200)
-    {
-        assert!(
-            Instant::now() < deadline,
-            "limitador-server did not get ready"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    http::until_ok(loopback(http_port), "/healthcheck", "limitador-server").await;
     (served, rls)
 }
 

@@ -99,17 +99,7 @@ impl Limitador {
             rls,
             http: http_port,
         };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while http::try_get(loopback(http_port), "/healthcheck")
-            .await
-            .is_none_or(|a| a.status != 200)
-        {
-            assert!(
-                Instant::now() < deadline,
-                "limitador-server did not get ready"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        http::until_ok(loopback(http_port), "/healthcheck", "limitador-server").await;
         started
     }
 }

@@ -11,7 +11,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::json;
 use sluice::testing::http::{self, request};
 use sluice::testing::process::{Served, free_port, loopback};
-use tokio::time::Instant;
 
 const LIMITS: &str = r#"
 - namespace: ns
@@ -68,17 +67,7 @@ async fn cel_labels_label_limitadors_series_under_the_cap() {
         .spawn()
         .expect("start limitador-server");
     let _served = Served(child);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while http::try_get(loopback(http_port), "/healthcheck")
-        .await
-        .is_none_or(|a| a.status != 200)
-    {
-        assert!(
-            Instant::now() < deadline,
-            "limitador-server did not get ready"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    http::until_ok(loopback(http_port), "/healthcheck", "limitador-server").await;
     // Keep clear of the hour's end (sluice's windows are aligned on the epoch).
     let secs = SystemTime::now()
         .duration_since(UNIX_EPOCH)

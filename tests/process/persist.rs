@@ -235,14 +235,7 @@ async fn limitador(dir: &Path, interval_ms: u64) -> (Served, SocketAddr) {
         .expect("start limitador-server");
     let served = Served(child);
     let http_addr = loopback(http_port);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while http::try_get(http_addr, "/healthcheck")
-        .await
-        .is_none_or(|a| a.status != 200)
-    {
-        assert!(Instant::now() < deadline, "limitador-server not ready");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    http::until_ok(http_addr, "/healthcheck", "limitador-server").await;
     (served, http_addr)
 }
 
