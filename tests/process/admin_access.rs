@@ -132,14 +132,14 @@ fn spawn(command: &mut Command, log: &Path) -> Served {
     )
 }
 
-#[tokio::test]
-async fn beyond_loopback_without_a_token_state_endpoints_are_refused_and_change_nothing() {
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let rules = dir.path().join("rules.yaml");
+/// `sluice serve` on the rules and the limitador limits in `dir`, gRPC on loopback and the
+/// admin port on 0.0.0.0 (ports from the kernel), without a token, with `env`, logging to
+/// `log`; once it is ready: the process and the admin address to call.
+async fn beyond_loopback(dir: &Path, log: &Path, env: &[(&str, &str)]) -> (Served, SocketAddr) {
+    let rules = dir.join("rules.yaml");
     std::fs::write(&rules, RULES).expect("write the rules");
-    let limits = dir.path().join("limits.yaml");
+    let limits = dir.join("limits.yaml");
     std::fs::write(&limits, LIMITS).expect("write the limits");
-    let log = dir.path().join("sluice.log");
     let mut child = spawn(
         sluice_command(BIN)
             .args(["serve", "--rules"])
@@ -152,10 +152,19 @@ async fn beyond_loopback_without_a_token_state_endpoints_are_refused_and_change_
                 "--admin-listen",
                 "0.0.0.0:0",
             ])
-            .env("SLUICE_LOG__LEVEL", "info"),
-        &log,
+            .env("SLUICE_LOG__LEVEL", "info")
+            .envs(env.iter().copied()),
+        log,
     );
-    let admin = ready(&log, &mut child).await;
+    let admin = ready(log, &mut child).await;
+    (child, admin)
+}
+
+#[tokio::test]
+async fn beyond_loopback_without_a_token_state_endpoints_are_refused_and_change_nothing() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let log = dir.path().join("sluice.log");
+    let (_child, admin) = beyond_loopback(dir.path(), &log, &[]).await;
     let grpc = logged_listener(&log, "gRPC");
     let text = std::fs::read_to_string(&log).expect("the log");
     assert!(
@@ -199,28 +208,13 @@ async fn beyond_loopback_without_a_token_state_endpoints_are_refused_and_change_
 #[tokio::test]
 async fn open_decisions_opens_json_and_the_check_endpoints_only() {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let rules = dir.path().join("rules.yaml");
-    std::fs::write(&rules, RULES).expect("write the rules");
-    let limits = dir.path().join("limits.yaml");
-    std::fs::write(&limits, LIMITS).expect("write the limits");
     let log = dir.path().join("sluice.log");
-    let mut child = spawn(
-        sluice_command(BIN)
-            .args(["serve", "--rules"])
-            .arg(&rules)
-            .arg("--rules")
-            .arg(&limits)
-            .args([
-                "--grpc-listen",
-                "127.0.0.1:0",
-                "--admin-listen",
-                "0.0.0.0:0",
-            ])
-            .env("SLUICE_LOG__LEVEL", "info")
-            .env("SLUICE_ADMIN__OPEN_DECISIONS", "true"),
+    let (_child, admin) = beyond_loopback(
+        dir.path(),
         &log,
-    );
-    let admin = ready(&log, &mut child).await;
+        &[("SLUICE_ADMIN__OPEN_DECISIONS", "true")],
+    )
+    .await;
     let json = send(admin, "POST", "/json", JSON_BODY).await;
     assert_eq!(json.status, 200, "{}", json.body);
     let checked = send(admin, "POST", "/check_and_report", CHECK_BODY).await;
