@@ -214,19 +214,11 @@ impl MemcacheLimiter {
             }
             Ok::<_, Failure>(out)
         });
-        let mut failed = None;
-        for result in join_all(calls).await {
-            match result {
-                Ok(part) => {
-                    for (i, s) in part {
-                        if let Some(slot) = seen.get_mut(i) {
-                            *slot = s;
-                        }
-                    }
-                }
-                Err(f) => failed = Some(f),
+        let failed = gather(join_all(calls).await, |i, s| {
+            if let Some(slot) = seen.get_mut(i) {
+                *slot = s;
             }
-        }
+        });
         (seen, failed)
     }
 
@@ -254,20 +246,11 @@ impl MemcacheLimiter {
             }
             Ok::<_, Failure>(out)
         });
-        let mut failed = None;
-        for result in join_all(calls).await {
-            match result {
-                Ok(part) => {
-                    for (i, after) in part {
-                        if let Some(slot) = settled.get_mut(i) {
-                            *slot = Some(after);
-                        }
-                    }
-                }
-                Err(f) => failed = Some(f),
+        gather(join_all(calls).await, |i, after| {
+            if let Some(slot) = settled.get_mut(i) {
+                *slot = Some(after);
             }
-        }
-        failed
+        })
     }
 
     /// The indices marked in `only`, grouped by server, in batch order within each.
@@ -415,4 +398,20 @@ impl std::fmt::Debug for MemcacheLimiter {
             .field("prefix", &String::from_utf8_lossy(&self.prefix))
             .finish_non_exhaustive()
     }
+}
+
+/// Hands each server's `(hit index, value)` answers to `put`; the last server's failure, if
+/// any (the answers of the servers that did answer are still handed over).
+fn gather<T>(
+    results: Vec<Result<Vec<(usize, T)>, Failure>>,
+    mut put: impl FnMut(usize, T),
+) -> Option<Failure> {
+    let mut failed = None;
+    for result in results {
+        match result {
+            Ok(part) => part.into_iter().for_each(|(i, v)| put(i, v)),
+            Err(f) => failed = Some(f),
+        }
+    }
+    failed
 }
