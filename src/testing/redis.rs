@@ -169,6 +169,24 @@ impl RedisServer {
         Self::sentinel_with(master, master_port, quorum, &[])
     }
 
+    /// A master with `requirepass master_pw`, watched (as `mymaster`, quorum 1) by one
+    /// sentinel with `requirepass sentinel_pw` of its own (`redis.sentinel_password`):
+    /// `(master, sentinel)`.
+    pub fn guarded_sentinel(master_pw: &str, sentinel_pw: &str) -> (RedisServer, RedisServer) {
+        let master = RedisServer::start_with(&["--requirepass", master_pw]);
+        let auth = [
+            "--requirepass",
+            sentinel_pw,
+            "--sentinel",
+            "auth-pass",
+            "mymaster",
+            master_pw,
+        ];
+        let auth: Vec<String> = auth.iter().map(|a| (*a).to_owned()).collect();
+        let sentinel = RedisServer::sentinel_with("mymaster", master.port, 1, &auth);
+        (master, sentinel)
+    }
+
     /// The same with `extra` arguments (e.g. a TLS port).
     pub fn sentinel_with(
         master: &str,

@@ -252,17 +252,7 @@ async fn merge_domain_config_serves_one_domains_limits_from_two_files() {
 async fn redis_sentinel_auth_reaches_sentinels_that_require_a_password() {
     let dir = tempfile::tempdir().unwrap();
     let link = ratelimit_link(dir.path());
-    let master = RedisServer::start_with(&["--requirepass", "master-pw"]);
-    let auth = [
-        "--requirepass",
-        "sentinel-pw",
-        "--sentinel",
-        "auth-pass",
-        "mymaster",
-        "master-pw",
-    ];
-    let auth: Vec<String> = auth.iter().map(|a| (*a).to_owned()).collect();
-    let sentinel = RedisServer::sentinel_with("mymaster", master.port, 1, &auth);
+    let (master, sentinel) = RedisServer::guarded_sentinel("master-pw", "sentinel-pw");
     let root = runtime_root(dir.path(), "ratelimit/config", &[("a.yaml", FILE_A)]);
     let ports = Ports::new();
     let sentinels = [

@@ -75,17 +75,7 @@ async fn sluice_follows_a_sentinel_failover() {
 /// password no master is found and requests are UNAVAILABLE.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinels_with_a_password_of_their_own_are_asked_with_it() {
-    let master = RedisServer::start_with(&["--requirepass", "master-pw"]);
-    let auth = [
-        "--requirepass",
-        "sentinel-pw",
-        "--sentinel",
-        "auth-pass",
-        "mymaster",
-        "master-pw",
-    ];
-    let auth: Vec<String> = auth.iter().map(|a| (*a).to_owned()).collect();
-    let sentinel = RedisServer::sentinel_with("mymaster", master.port, 1, &auth);
+    let (master, sentinel) = RedisServer::guarded_sentinel("master-pw", "sentinel-pw");
     // The sentinel refuses a client without its password.
     let plain = redis::Client::open(format!("redis://{}", sentinel.addr())).unwrap();
     let refused = redis::cmd("PING").query::<String>(&mut plain.get_connection().unwrap());
