@@ -14,13 +14,7 @@
 
 floor, format = math.floor, string.format
 
-local now
-if ARGV[1] ~= "" then
-  now = clamp(ARGV[1])
-else
-  local t = redis.call("TIME")
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now = clock(ARGV[1])
 
 local c = MAKERS.c()
 local key, op, arg = KEYS[1], ARGV[2], clamp(ARGV[5])

@@ -36,13 +36,7 @@
 
 floor, format = math.floor, string.format
 
-local now
-if ARGV[1] ~= "" then
-  now = clamp(ARGV[1])
-else
-  local t = redis.call("TIME")
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now = clock(ARGV[1])
 
 local code = ARGV[3]
 if type(MAKERS[code]) ~= "function" then

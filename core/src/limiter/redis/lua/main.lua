@@ -6,13 +6,7 @@
 floor, format = math.floor, string.format
 
 -- The clock.
-local now
-if ARGV[1] ~= "" then
-  now = clamp(ARGV[1])
-else
-  local t = redis.call("TIME")
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now = clock(ARGV[1])
 
 -- Parse the limits, each once: its algorithm, its parameters, whether it charges always, its
 -- penalty box (0: none) and, for calendar windows, the windows around now (see the prelude).

@@ -172,6 +172,14 @@ local function clamp(text)
   return floor(n)
 end
 
+-- The call's time in microseconds: `override` when set (ARGV[1]: tests pass a manual clock),
+-- else Redis's TIME, so that every replica reads one clock.
+local function clock(override)
+  if override ~= "" then return clamp(override) end
+  local t = redis.call("TIME")
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
 -- An integer as decimal text, formatted as an integer (every number here is integral and below
 -- 2^53; tostring would write large ones in exponent form, "%.0f" goes through float printing).
 local function fmt(n)

@@ -34,13 +34,7 @@ for i = 1, na - 4 do batch_argv[i] = ARGV[i] end
 local op, arg, arg2, max_open = ARGV[na - 3], ARGV[na - 2], clamp(ARGV[na - 1]),
   clamp(ARGV[na])
 
-local now
-if ARGV[1] ~= "" then
-  now = clamp(ARGV[1])
-else
-  local t = redis.call("TIME")
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now = clock(ARGV[1])
 
 -- The algorithm and parameters of the batch's limit `l` (main.lua parses them so too).
 local function limit_of(l)
