@@ -1,10 +1,10 @@
 //! A real `memcached` for tests, on a loopback port, killed on drop.
 //!
 //! memcached cannot be given port 0 and report the port it got, so the port is one the
-//! kernel just handed out and released; the start is then confirmed race-free: the server
-//! on that port must answer `stats` with the pid of the process started here (a process
-//! that lost the port to another exits, and one that answers with another pid is not ours).
-//! Either way the start is tried again on another port.
+//! kernel handed out, held for it ([`HeldPort`]) while it lives; the start is then
+//! confirmed: the server on that port must answer `stats` with the pid of the process started
+//! here (a process that lost the port to another exits, and one that answers with another pid
+//! is not ours). Either way the start is tried again on a fresh port.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
@@ -14,23 +14,25 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::process::free_port;
+use super::process::HeldPort;
 
 /// A running `memcached`.
 pub struct MemcachedServer {
     pub port: u16,
     child: Child,
+    _held: HeldPort,
 }
 
 /// How many ports a start tries before it gives up.
 const ATTEMPTS: usize = 20;
 
 impl MemcachedServer {
-    /// A server on a free loopback port (no UDP), with the default memory.
+    /// A server on a loopback port from the kernel (no UDP), with the default memory.
     pub fn start() -> MemcachedServer {
         let program = program();
         for _ in 0..ATTEMPTS {
-            let port = free_port();
+            let held = HeldPort::new();
+            let port = held.port();
             let child = Command::new(&program)
                 .args([
                     "-l",
@@ -46,12 +48,16 @@ impl MemcachedServer {
                 .stderr(Stdio::null())
                 .spawn()
                 .unwrap_or_else(|e| panic!("cannot start {} ({e}); {INSTALL}", program.display()));
-            let mut server = MemcachedServer { port, child };
+            let mut server = MemcachedServer {
+                port,
+                child,
+                _held: held,
+            };
             if server.confirm() {
                 return server;
             }
         }
-        panic!("memcached did not start on any of {ATTEMPTS} free ports");
+        panic!("memcached did not start on any of {ATTEMPTS} ports from the kernel");
     }
 
     /// Waits up to 10 s until the server on the port is this process; `false` when the

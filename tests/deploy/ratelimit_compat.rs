@@ -30,7 +30,7 @@ use sluice::proto::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
 };
 use sluice::testing::http::{Answer, get};
-use sluice::testing::process::loopback;
+use sluice::testing::process::{HeldPort, loopback};
 use sluice::testing::redis::RedisServer;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -348,19 +348,17 @@ async fn istio_sample_env_starts_as_intended_and_envoy_gets_answers() {
         ("..2026_11_24.yaml", "not: [rules"),
     ];
     let data = runtime_root(dir.path(), "ratelimit/config", &files);
-
-    let ports = Ports::new();
     let env = swap(
         ISTIO,
         &[
             ("RUNTIME_ROOT", data),
             ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
         ],
-        &ports,
     );
     // Fixed windows of a minute under that environment: keep clear of a window's end.
     clear_of_window_end(Duration::from_secs(60), Duration::from_secs(20)).await;
-    let _rl = Ratelimit::start(&link, &env);
+    let rl = Ratelimit::start(&link, &env);
+    let ports = rl.ports;
     let expect = Expect {
         tls_ca: None,
         rlconfig: "ratelimit.PATH_/productpage: ",
@@ -423,9 +421,10 @@ impl StatsdServer {
         }
     }
 
-    /// A TCP server on `port` (0: any free one). A given port is retried for a while: the
-    /// listener of a server just dropped on it closes when its aborted task is dropped, which
-    /// the runtime may not have done yet.
+    /// A TCP server on `port`, one from the kernel that the test holds ([`HeldPort`]), so
+    /// that it is there for the server's return. It is retried for a while: the listener of a
+    /// server just dropped on it closes when its aborted task is dropped, which the runtime
+    /// may not have done yet.
     async fn tcp(port: u16) -> StatsdServer {
         let start = Instant::now();
         let listener = loop {
@@ -537,13 +536,14 @@ async fn statsd_lines(dog: bool) {
     let dir = tempfile::tempdir().unwrap();
     let link = ratelimit_link(dir.path());
     let redis = RedisServer::start();
+    // The TCP server comes back on the same port: one from the kernel, held meanwhile.
+    let held = HeldPort::new();
     let mut server = if dog {
         StatsdServer::udp().await
     } else {
-        StatsdServer::tcp(0).await
+        StatsdServer::tcp(held.port()).await
     };
     let data = runtime_root(dir.path(), "config", &[("rules.yaml", STATS_RULES)]);
-    let ports = Ports::new();
     let env = swap(
         &[
             ("REDIS_SOCKET_TYPE", "tcp"),
@@ -566,9 +566,9 @@ async fn statsd_lines(dog: bool) {
             ("STATSD_HOST", "127.0.0.1".into()),
             ("STATSD_PORT", server.port.to_string()),
         ],
-        &ports,
     );
-    let _rl = Ratelimit::start(&link, &env);
+    let rl = Ratelimit::start(&link, &env);
+    let ports = rl.ports;
     healthy(&ports).await;
     let mut client = plain_client(&ports).await;
     // Over TCP, with SHADOW_MODE: two more for alice, over the limit, let through by the
@@ -623,9 +623,8 @@ async fn statsd_lines(dog: bool) {
     }
     // The statsd server goes away and comes back on the same port: sluice reconnects and
     // sends what was counted since.
-    let port = server.port;
     drop(server);
-    let mut server = StatsdServer::tcp(port).await;
+    let mut server = StatsdServer::tcp(held.port()).await;
     client
         .should_rate_limit(rls("nowhere", &[("a", "1")]))
         .await
@@ -670,7 +669,6 @@ mappings:
     labels: {method: $1}
 ",
     );
-    let ports = Ports::new();
     let env = swap(
         &[
             ("REDIS_SOCKET_TYPE", "tcp"),
@@ -689,9 +687,9 @@ mappings:
             ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
             ("PROMETHEUS_MAPPER_YAML", mapper),
         ],
-        &ports,
     );
-    let _rl = Ratelimit::start(&link, &env);
+    let rl = Ratelimit::start(&link, &env);
+    let ports = rl.ports;
     healthy(&ports).await;
     let mut client = plain_client(&ports).await;
     stats_traffic(&mut client, 7, 0).await;

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -14,13 +14,13 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::testing::http::get;
-use sluice::testing::process::{Served, loopback};
+use sluice::testing::process::loopback;
 use sluice::testing::redis::RedisServer;
 use tokio::time::Instant;
 
 use crate::support::ratelimit::{
-    Ports, RlsFilter, WITHIN, clear_of_window_end, envoy_to, healthy, plain_client, ratelimit_link,
-    runtime_root,
+    Ratelimit, RlsFilter, WITHIN, clear_of_window_end, envoy_to, healthy, plain_client,
+    ratelimit_link, runtime_root,
 };
 use crate::support::upstream::Upstream;
 
@@ -28,8 +28,9 @@ use crate::support::upstream::Upstream;
 const PATH_RULES: &str = "domain: rl\ndescriptors:\n  - key: PATH\n    value: /limited\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
 
 /// The env of a deployment reading `RUNTIME_ROOT=root` (rules in `root/ratelimit/config`)
-/// with Redis over TCP at `redis` (`host:port`), its listeners on `ports`, and `more`.
-fn env(root: &str, redis: &str, ports: &Ports, more: &[(&str, &str)]) -> HashMap<String, String> {
+/// with Redis over TCP at `redis` (`host:port`), its listeners on loopback port 0, and `more`
+/// (which wins).
+fn env(root: &str, redis: &str, more: &[(&str, &str)]) -> HashMap<String, String> {
     let mut env: HashMap<String, String> = [
         ("RUNTIME_ROOT", root.to_owned()),
         ("RUNTIME_SUBDIRECTORY", "ratelimit".to_owned()),
@@ -38,11 +39,11 @@ fn env(root: &str, redis: &str, ports: &Ports, more: &[(&str, &str)]) -> HashMap
         ("USE_STATSD", "false".to_owned()),
         ("LOG_LEVEL", "info".to_owned()),
         ("GRPC_HOST", "127.0.0.1".to_owned()),
-        ("GRPC_PORT", ports.grpc.to_string()),
+        ("GRPC_PORT", "0".to_owned()),
         ("HOST", "127.0.0.1".to_owned()),
-        ("PORT", ports.http.to_string()),
+        ("PORT", "0".to_owned()),
         ("DEBUG_HOST", "127.0.0.1".to_owned()),
-        ("DEBUG_PORT", ports.debug.to_string()),
+        ("DEBUG_PORT", "0".to_owned()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
@@ -51,15 +52,9 @@ fn env(root: &str, redis: &str, ports: &Ports, more: &[(&str, &str)]) -> HashMap
     env
 }
 
-fn start(link: &Path, env: &HashMap<String, String>) -> Served {
-    let child = Command::new(link)
-        .env_clear()
-        .envs(env)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start ratelimit");
-    Served(child)
+/// `ratelimit` with `env`, once it says where it serves.
+fn start(link: &Path, env: &HashMap<String, String>) -> Ratelimit {
+    Ratelimit::start(link, env)
 }
 
 /// The process's umask, from /proc (what the child inherits).
@@ -70,7 +65,8 @@ fn umask() -> u32 {
 }
 
 /// SIGTERM, then its exit code (within `WITHIN`).
-async fn terminate(served: &mut Served) -> Option<i32> {
+async fn terminate(rl: &mut Ratelimit) -> Option<i32> {
+    let served = &mut rl.process;
     let pid = served.0.id().to_string();
     let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
     assert!(sent.success());
@@ -98,14 +94,19 @@ async fn grpc_uds_serves_envoy_over_a_unix_socket_and_removes_it_at_the_end() {
     let socket = dir.path().join("ratelimit.sock");
     // A socket file left by a process that died: removed, not a reason to fail the start.
     drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
-    let ports = Ports::new();
     let path = socket.display().to_string();
-    let env = env(&root, &redis.addr(), &ports, &[("GRPC_UDS", &path)]);
+    // GRPC_UDS replaces GRPC_HOST:GRPC_PORT, as there: with GRPC_PORT held here (a port the
+    // kernel gave this listener), a start that bound it would fail.
+    let held = std::net::TcpListener::bind(loopback(0)).unwrap();
+    let taken = held.local_addr().unwrap().port().to_string();
+    let env = env(
+        &root,
+        &redis.addr(),
+        &[("GRPC_UDS", &path), ("GRPC_PORT", &taken)],
+    );
     clear_of_window_end(Duration::from_secs(3600), Duration::from_secs(30)).await;
-    // GRPC_UDS replaces GRPC_HOST:GRPC_PORT, as there: with GRPC_PORT held here, a start
-    // that bound it would fail.
-    let _held = std::net::TcpListener::bind(loopback(ports.grpc)).unwrap();
     let mut rl = start(&link, &env);
+    let ports = rl.ports;
     healthy(&ports).await;
 
     let meta = std::fs::symlink_metadata(&socket).unwrap();
@@ -181,10 +182,9 @@ async fn merge_domain_config_serves_one_domains_limits_from_two_files() {
         "ratelimit/config",
         &[("a.yaml", FILE_A), ("b.yaml", FILE_B)],
     );
-    let ports = Ports::new();
 
     // Without it, the domain defined twice stops the start, as in envoyproxy/ratelimit.
-    let err = refused(&link, &env(&root, &redis.addr(), &ports, &[]));
+    let err = refused(&link, &env(&root, &redis.addr(), &[]));
     assert!(
         err.contains("b.yaml:1: domain: duplicate domain 'rl' (first defined at"),
         "{err}"
@@ -193,13 +193,9 @@ async fn merge_domain_config_serves_one_domains_limits_from_two_files() {
     clear_of_window_end(Duration::from_secs(3600), Duration::from_secs(30)).await;
     let mut rl = start(
         &link,
-        &env(
-            &root,
-            &redis.addr(),
-            &ports,
-            &[("MERGE_DOMAIN_CONFIG", "true")],
-        ),
+        &env(&root, &redis.addr(), &[("MERGE_DOMAIN_CONFIG", "true")]),
     );
+    let ports = rl.ports;
     healthy(&ports).await;
     let mut client = plain_client(&ports).await;
     let mut codes = Vec::new();
@@ -233,12 +229,7 @@ async fn merge_domain_config_serves_one_domains_limits_from_two_files() {
     );
     let err = refused(
         &link,
-        &env(
-            &root,
-            &redis.addr(),
-            &ports,
-            &[("MERGE_DOMAIN_CONFIG", "true")],
-        ),
+        &env(&root, &redis.addr(), &[("MERGE_DOMAIN_CONFIG", "true")]),
     );
     let a = dup.join("data/ratelimit/config/a.yaml");
     let says = format!(
@@ -254,16 +245,16 @@ async fn redis_sentinel_auth_reaches_sentinels_that_require_a_password() {
     let link = ratelimit_link(dir.path());
     let (master, sentinel) = RedisServer::guarded_sentinel("master-pw", "sentinel-pw");
     let root = runtime_root(dir.path(), "ratelimit/config", &[("a.yaml", FILE_A)]);
-    let ports = Ports::new();
     let sentinels = [
         ("REDIS_TYPE", "sentinel"),
         ("REDIS_AUTH", "master-pw"),
         ("REDIS_SENTINEL_AUTH", "sentinel-pw"),
     ];
     let url = format!("mymaster,{}", sentinel.addr());
-    let env = env(&root, &url, &ports, &sentinels);
+    let env = env(&root, &url, &sentinels);
     clear_of_window_end(Duration::from_secs(3600), Duration::from_secs(30)).await;
-    let _rl = start(&link, &env);
+    let rl = start(&link, &env);
+    let ports = rl.ports;
     healthy(&ports).await;
     let mut client = plain_client(&ports).await;
     let mut codes = Vec::new();

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use sluice::testing::envoy::EnvoyProcess;
 use sluice::testing::http::get;
-use sluice::testing::process::{free_port, loopback};
+use sluice::testing::process::loopback;
 
 use crate::support::{Collector, Received, attribute, hex, service, traced_sluice};
 
@@ -122,9 +122,10 @@ async fn envoys_ratelimit_call_is_the_parent_of_sluices_span_in_one_trace() {
     let mut collector = Collector::start().await;
     let collector_port: u16 = collector.url.rsplit(':').next().unwrap().parse().unwrap();
     let sluice = traced_sluice(&rules, &collector.url, "sluice-behind-envoy");
-    let (admin, port) = (free_port(), free_port());
-    let config = envoy_config(admin, port, sluice.port, collector_port);
-    let envoy = EnvoyProcess::start(&config, admin).await;
+    // Envoy's admin and listener on ports from the kernel, read back once it runs.
+    let config = envoy_config(0, 0, sluice.port, collector_port);
+    let envoy = EnvoyProcess::start(&config).await;
+    let port = envoy.listener();
 
     let answer = get(loopback(port), "/ready").await;
     assert_eq!(answer.status, 200, "{answer:?}\n{}", envoy.log());

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use sluice::testing::grpc::*;
 use sluice::testing::http::try_get;
 use sluice::testing::memcached::MemcachedServer;
-use sluice::testing::process::{Served, free_port, loopback, wait_listening};
+use sluice::testing::process::{Served, loopback, serving};
 use sluice::testing::redis::RedisServer;
 use tokio::time::Instant;
 
@@ -37,7 +37,7 @@ fn fixed_window_rules() -> String {
 }
 
 /// A `ratelimit` (the sluice binary through a symlink of that name) with `env` and the
-/// rules `rules` in its runtime directory, on free loopback ports; killed when dropped.
+/// rules `rules` in its runtime directory, on loopback ports from the kernel; killed when dropped.
 struct Ratelimit {
     grpc: u16,
     _process: Served,
@@ -51,18 +51,18 @@ impl Ratelimit {
         std::fs::write(config.join("rules.yaml"), rules).unwrap();
         let link = home.join("ratelimit");
         std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &link).unwrap();
-        let (grpc, http, debug) = (free_port(), free_port(), free_port());
         let mut vars: HashMap<String, String> = [
             ("RUNTIME_ROOT", home.join("data").display().to_string()),
             ("RUNTIME_SUBDIRECTORY", "ratelimit".to_owned()),
             ("USE_STATSD", "false".to_owned()),
-            ("LOG_LEVEL", "warn".to_owned()),
+            // Its listeners on ports from the kernel, which its log (`info`) names.
+            ("LOG_LEVEL", "info".to_owned()),
             ("GRPC_HOST", "127.0.0.1".to_owned()),
-            ("GRPC_PORT", grpc.to_string()),
+            ("GRPC_PORT", "0".to_owned()),
             ("HOST", "127.0.0.1".to_owned()),
-            ("PORT", http.to_string()),
+            ("PORT", "0".to_owned()),
             ("DEBUG_HOST", "127.0.0.1".to_owned()),
-            ("DEBUG_PORT", debug.to_string()),
+            ("DEBUG_PORT", "0".to_owned()),
             // Long enough that a loaded test machine never turns these behaviour tests into
             // latency tests.
             ("SLUICE_REDIS__TIMEOUT_MS", "5000".to_owned()),
@@ -72,18 +72,18 @@ impl Ratelimit {
         .map(|(k, v)| (k.to_owned(), v))
         .collect();
         vars.extend(env.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
-        let child = Command::new(&link)
+        let mut child = Command::new(&link)
             .env_clear()
             .envs(&vars)
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("start ratelimit");
+        let [grpc, http] = serving(&mut child, ["gRPC", "admin HTTP"]);
         let process = Served(child);
-        wait_listening(grpc);
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let answer = try_get(loopback(http), "/healthcheck").await;
+            let answer = try_get(http, "/healthcheck").await;
             if answer.as_ref().is_some_and(|a| a.status == 200) {
                 break;
             }
@@ -94,7 +94,7 @@ impl Ratelimit {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         Ratelimit {
-            grpc,
+            grpc: grpc.port(),
             _process: process,
         }
     }
