@@ -1,10 +1,11 @@
 //! End to end through a real Envoy 1.40: a client asks Envoy, Envoy asks the real `sluice`
 //! binary (gRPC, HTTP/2) and forwards to an upstream stub, every process on loopback ports.
 //!
-//! Envoy runs `deploy/envoy/envoy.yaml` itself, its addresses swapped for free ports, and
-//! sluice runs `deploy/envoy/rules.yaml`: what is shipped is what is tested. Two Envoys share
-//! one sluice: one with `failure_mode_deny: true` (as shipped), one with `false`. The same
-//! scenario runs on the memory backend and on a real `redis-server`.
+//! Envoy runs `deploy/envoy/envoy.yaml` itself, its own addresses swapped for port 0 (the
+//! ports it got read back) and its targets' for their real ports, and sluice runs
+//! `deploy/envoy/rules.yaml`: what is shipped is what is tested. Two Envoys share one sluice:
+//! one with `failure_mode_deny: true` (as shipped), one with `false`. The same scenario runs
+//! on the memory backend and on a real `redis-server`.
 
 use std::path::Path;
 

@@ -9,7 +9,7 @@
 //!   the sandbox's actions (`req.method`, `req.path`), the 11th GET and the 6th POST get 429.
 //!
 //! The example config is limitador's but for what Envoy 1.40 no longer reads (`hosts` is now
-//! a `load_assignment`, the router names its type) and the ports (free loopback ones).
+//! a `load_assignment`, the router names its type) and the ports (port 0, read back).
 
 use std::path::Path;
 use std::process::{Command, Stdio};

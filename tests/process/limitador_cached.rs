@@ -24,8 +24,8 @@ const LIMITS: &str = r#"
   variables: []
 "#;
 
-/// `limitador-server LIMITS redis_cached URL --flush-period 100` on free loopback ports:
-/// the process and its gRPC (RLS) port.
+/// `limitador-server LIMITS redis_cached URL --flush-period 100` on loopback ports from the
+/// kernel: the process and its gRPC (RLS) port.
 async fn replica(dir: &Path, redis: &RedisServer) -> (Served, u16) {
     let link = dir.join("limitador-server");
     if !link.exists() {

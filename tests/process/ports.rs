@@ -7,6 +7,9 @@
 
 use std::path::{Path, PathBuf};
 
+use sluice::testing::process::{HeldPort, loopback};
+use sluice::testing::redis::RedisServer;
+
 /// What picking a port by hand looks like in a source: the former picker of free ports, the
 /// kernel's ephemeral range (read to choose outside it), and the usual crates and helper
 /// names for it. Each is written here in two halves, so that this file does not name them.
@@ -60,4 +63,32 @@ fn no_test_source_picks_a_port_other_than_from_the_kernel() {
          hold one with sluice::testing::process::HeldPort):\n{}",
         found.join("\n")
     );
+}
+
+/// What the tests rely on a [`HeldPort`] for: while held, a connection to it is refused
+/// (a server that is down), no bind to port 0 is given it, and a bind to it without
+/// `SO_REUSEADDR` fails; yet a server that sets `SO_REUSEADDR` (redis-server here) starts on
+/// it, and starts again on it after being killed.
+#[test]
+fn a_held_port_is_refused_given_to_no_one_else_and_free_for_its_server() {
+    use std::net::TcpStream;
+    let held = HeldPort::new();
+    assert!(TcpStream::connect(held.addr()).is_err(), "nothing listens");
+    for _ in 0..2_000 {
+        let other = std::net::TcpListener::bind(loopback(0)).expect("bind port 0");
+        let got = other.local_addr().expect("its address").port();
+        assert_ne!(got, held.port(), "the kernel gave a held port away");
+    }
+    let plain = tokio::net::TcpSocket::new_v4().expect("a socket");
+    let taken = plain.bind(held.addr()).expect_err("a held port is taken");
+    assert_eq!(taken.kind(), std::io::ErrorKind::AddrInUse, "{taken}");
+
+    let port = held.port();
+    let mut redis = RedisServer::start_on(held);
+    assert_eq!(redis.port, port);
+    assert_eq!(redis.cmd::<String>(&["PING"]), "PONG");
+    redis.kill();
+    assert!(TcpStream::connect(loopback(port)).is_err(), "down again");
+    redis.restart();
+    assert_eq!(redis.cmd::<String>(&["PING"]), "PONG");
 }

@@ -194,7 +194,7 @@ pub(crate) fn runtime_root(dir: &Path, rules: &str, files: &[(&str, &str)]) -> S
 // ---------------------------------------------------------------------------------------
 // The management server (Envoy Gateway's role, or AI Gateway's).
 
-/// A management server on a free port: with `tls` (its certificate and key, and the CA of
+/// A management server on a port from the kernel: with `tls` (its certificate and key, and the CA of
 /// the client certificates it requires) mTLS as Envoy Gateway's, else plain text as AI
 /// Gateway's. Every request it receives is passed on.
 pub(crate) async fn ads_server(
