@@ -1,8 +1,9 @@
 //! Real `redis-server` processes for tests: each on a loopback port from the kernel, held for
 //! it ([`HeldPort`]: it cannot bind port 0 and report the port), in its own temporary
 //! directory, persistence off, killed when dropped. A start that loses its port all the same
-//! (`Address already in use`) is tried again on fresh ones, [`PORT_ATTEMPTS`] times. A missing `redis-server` FAILS the test
-//! with the command that installs it; nothing is skipped.
+//! (`Address already in use`) is tried again on fresh ones, [`PORT_ATTEMPTS`] times. A
+//! missing `redis-server` FAILS the test with the command that installs it; nothing is
+//! skipped.
 //!
 //! `SLUICE_TEST_REDIS=valkey` runs the same tests against Valkey instead: `valkey-server`
 //! (standalone, Cluster nodes, `--sentinel`) and `valkey-cli --cluster create`, taken from
