@@ -1,7 +1,8 @@
 //! envoyproxy/ratelimit settings that once stopped the start, now served by the binary
 //! started as `ratelimit`: `GRPC_UDS` (gRPC on a Unix socket, reached by a real Envoy whose
 //! rate-limit cluster's address is a `pipe`), `MERGE_DOMAIN_CONFIG` (one domain's
-//! descriptors from two files) and `REDIS_SENTINEL_AUTH` (sentinels with `requirepass`).
+//! descriptors from two files), `REDIS_SENTINEL_AUTH` (sentinels with `requirepass`) and
+//! `GRPC_CLIENT_TLS_SAN` (mTLS clients must also name it among their SANs).
 
 use std::collections::HashMap;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -18,6 +19,7 @@ use sluice::testing::process::{Served, loopback};
 use sluice::testing::redis::RedisServer;
 use tokio::time::Instant;
 
+use crate::support::certs::Ca;
 use crate::support::ratelimit::{
     Ports, RlsFilter, WITHIN, clear_of_window_end, envoy_to, healthy, plain_client, ratelimit_link,
     runtime_root,
@@ -282,4 +284,90 @@ async fn redis_sentinel_auth_reaches_sentinels_that_require_a_password() {
         .query(&mut on_master.get_connection().unwrap())
         .unwrap();
     assert!(!keys.is_empty(), "counted on the master the sentinel names");
+}
+
+/// Whether a ShouldRateLimit call over a new TLS connection to `port`, trusting `ca` and
+/// presenting `identity`, is answered.
+async fn served_over_tls(port: u16, ca: &str, identity: &(String, String)) -> bool {
+    use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca))
+        .domain_name("localhost")
+        .identity(Identity::from_pem(&identity.0, &identity.1));
+    let Ok(endpoint) = Channel::from_shared(format!("https://127.0.0.1:{port}"))
+        .unwrap()
+        .tls_config(tls)
+    else {
+        return false;
+    };
+    let Ok(channel) = endpoint.connect().await else {
+        return false;
+    };
+    let mut client = sluice::testing::grpc::RateLimitServiceClient::new(channel);
+    client.should_rate_limit(request("a")).await.is_ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_client_tls_san_serves_only_client_certificates_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = ratelimit_link(dir.path());
+    let redis = RedisServer::start();
+    let root = runtime_root(dir.path(), "ratelimit/config", &[("a.yaml", FILE_A)]);
+    let ca = Ca::new();
+    let ca_pem = ca.0.pem();
+    let (cert, key) = ca.leaf(&["localhost"]);
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let (ca_file, cert_file, key_file) = (
+        write("ca.crt", &ca_pem),
+        write("tls.crt", &cert),
+        write("tls.key", &key),
+    );
+    let ports = Ports::new();
+    let mut rl = start(
+        &link,
+        &env(
+            &root,
+            &redis.addr(),
+            &ports,
+            &[
+                ("GRPC_SERVER_USE_TLS", "true"),
+                ("GRPC_SERVER_TLS_CERT", &cert_file),
+                ("GRPC_SERVER_TLS_KEY", &key_file),
+                ("GRPC_CLIENT_TLS_CACERT", &ca_file),
+                ("GRPC_CLIENT_TLS_SAN", "envoy.mesh.internal"),
+            ],
+        ),
+    );
+    healthy(&ports).await;
+
+    let named = ca.leaf(&["envoy.mesh.internal"]);
+    let wildcard = ca.leaf(&["other", "*.mesh.internal"]);
+    let other = ca.leaf(&["gateway.mesh.internal"]);
+    let common_name_only = ca.leaf(&["envoy.mesh.internal.example"]);
+    let unknown_ca = Ca::new().leaf(&["envoy.mesh.internal"]);
+    assert!(
+        served_over_tls(ports.grpc, &ca_pem, &named).await,
+        "a certificate naming the SAN is served"
+    );
+    assert!(
+        served_over_tls(ports.grpc, &ca_pem, &wildcard).await,
+        "a wildcard SAN covering it is served, as Go's verification matches it"
+    );
+    assert!(
+        !served_over_tls(ports.grpc, &ca_pem, &other).await,
+        "another name of the same CA is refused"
+    );
+    assert!(
+        !served_over_tls(ports.grpc, &ca_pem, &common_name_only).await,
+        "a name that only starts the same is refused"
+    );
+    assert!(
+        !served_over_tls(ports.grpc, &ca_pem, &unknown_ca).await,
+        "the right name from another CA is refused"
+    );
+    assert_eq!(terminate(&mut rl).await, Some(0));
 }

@@ -86,13 +86,24 @@ impl Reader<'_> {
             };
             self.set(key, v);
         }
-        if let Some(ca) = self.get("GRPC_CLIENT_TLS_CACERT").map(str::to_owned) {
-            self.set("TLS__CLIENT_CA_FILE", ca);
+        let ca = self.get("GRPC_CLIENT_TLS_CACERT").map(str::to_owned);
+        let san = self.get("GRPC_CLIENT_TLS_SAN").map(str::to_owned);
+        match (ca, san) {
+            (Some(ca), san) => {
+                self.set("TLS__CLIENT_CA_FILE", ca);
+                if let Some(san) = san {
+                    self.set("TLS__CLIENT_SAN", san);
+                }
+            }
+            (None, Some(san)) => self.out.ignored.push((
+                "GRPC_CLIENT_TLS_SAN".to_owned(),
+                format!(
+                    "{san}: no client certificate is asked for without GRPC_CLIENT_TLS_CACERT, so there is no name to check (as in envoyproxy/ratelimit)"
+                ),
+            )),
+            (None, None) => {}
         }
-        self.refuse(
-            "GRPC_CLIENT_TLS_SAN",
-            "sluice checks that a client certificate is signed by the CA, not its SAN",
-        )
+        Ok(())
     }
 
     pub(super) fn rules(&mut self) -> Result<(), Unsupported> {

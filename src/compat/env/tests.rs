@@ -327,6 +327,17 @@ fn each_setting_maps() {
             "ca",
         ),
         (
+            &[
+                ("GRPC_SERVER_USE_TLS", "true"),
+                ("GRPC_SERVER_TLS_CERT", "c"),
+                ("GRPC_SERVER_TLS_KEY", "k"),
+                ("GRPC_CLIENT_TLS_CACERT", "ca"),
+                ("GRPC_CLIENT_TLS_SAN", "envoy.example.com"),
+            ],
+            "SLUICE_TLS__CLIENT_SAN",
+            "envoy.example.com",
+        ),
+        (
             &[("CONFIG_TYPE", "GRPC_XDS_SOTW")],
             "SLUICE_XDS__SERVER",
             "localhost:18000",
@@ -540,13 +551,6 @@ fn what_sluice_cannot_honour_stops_naming_the_variable() {
         &[("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "maybe")],
         &[("CONFIG_TYPE", "GRPC_XDS_DELTA")],
         &[("USE_PROMETHEUS", "true")],
-        &[
-            ("GRPC_SERVER_USE_TLS", "true"),
-            ("GRPC_SERVER_TLS_CERT", "c"),
-            ("GRPC_SERVER_TLS_KEY", "k"),
-            ("GRPC_CLIENT_TLS_SAN", "x"),
-        ],
-        &[("USE_DOG_STATSD_MOGRIFIERS", "A")],
         &[("HOST", "example.com")],
         &[("SHADOW_MODE", "maybe")],
         &[("REDIS_TIMEOUT", "soon")],
@@ -602,6 +606,94 @@ fn grpc_uds_merge_and_sentinel_auth_reach_the_settings() {
     // false is off, as envoyproxy/ratelimit reads it.
     let (s, _) = settings(&env(&[("MERGE_DOMAIN_CONFIG", "false")])).unwrap();
     assert!(!s.rules.merge_domains);
+}
+
+#[test]
+fn client_san_and_mogrifiers_reach_the_settings() {
+    let (s, _) = settings(&env(&[
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", "c"),
+        ("GRPC_SERVER_TLS_KEY", "k"),
+        ("GRPC_CLIENT_TLS_CACERT", "ca"),
+        ("GRPC_CLIENT_TLS_SAN", "10.0.0.7"),
+    ]))
+    .unwrap();
+    assert_eq!(s.tls.client_san.as_deref(), Some("10.0.0.7"));
+    // No client CA: no client certificate to check, as there.
+    let t = translate(&env(&[
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", "c"),
+        ("GRPC_SERVER_TLS_KEY", "k"),
+        ("GRPC_CLIENT_TLS_SAN", "x"),
+    ]))
+    .unwrap();
+    assert_eq!(t.ignored[0].0, "GRPC_CLIENT_TLS_SAN");
+    assert!(
+        t.settings
+            .iter()
+            .all(|(k, _)| k != "SLUICE_TLS__CLIENT_SAN")
+    );
+
+    let dog = [
+        ("USE_STATSD", "false"),
+        ("USE_DOG_STATSD", "true"),
+        ("USE_DOG_STATSD_MOGRIFIERS", "domain, HITS"),
+        ("DOG_STATSD_MOGRIFIER_DOMAIN_PATTERN", r"^a\.(.*)$"),
+        ("DOG_STATSD_MOGRIFIER_DOMAIN_NAME", "a"),
+        ("DOG_STATSD_MOGRIFIER_DOMAIN_TAGS", "domain:$1"),
+        ("DOG_STATSD_MOGRIFIER_HITS_PATTERN", "hits"),
+        // HITS's name from the bare NAME, as envconfig falls back to it.
+        ("NAME", "h"),
+    ];
+    let (s, _) = settings(&env(&dog)).unwrap();
+    let got: Vec<(&str, &str, &str, &str)> = s
+        .statsd
+        .mogrifiers
+        .iter()
+        .map(|m| {
+            (
+                m.id.as_str(),
+                m.pattern.as_str(),
+                m.name.as_str(),
+                m.tags.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("DOMAIN", r"^a\.(.*)$", "a", "domain:$1"),
+            ("HITS", "hits", "h", "")
+        ]
+    );
+    for (name, value, says) in [
+        (
+            "NAME",
+            "",
+            "mogrifier HITS needs DOG_STATSD_MOGRIFIER_HITS_NAME",
+        ),
+        (
+            "DOG_STATSD_MOGRIFIER_HITS_PATTERN",
+            "(",
+            "not a valid pattern",
+        ),
+        (
+            "DOG_STATSD_MOGRIFIER_DOMAIN_TAGS",
+            "domain",
+            "expected key:value",
+        ),
+    ] {
+        let mut vars = env(&dog);
+        vars.insert(name.to_owned(), value.to_owned());
+        if value.is_empty() {
+            vars.remove(name);
+        }
+        let e = translate(&vars).unwrap_err();
+        assert!(e.why.contains(says), "{name}: {e}");
+    }
+    // Plain statsd: read for DogStatsD only, so ignored.
+    let t = translate(&env(&[("USE_DOG_STATSD_MOGRIFIERS", "A")])).unwrap();
+    assert_eq!(t.ignored[0].0, "USE_DOG_STATSD_MOGRIFIERS");
 }
 
 #[test]
