@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use sluice::testing::dns::SrvServer;
 use sluice::testing::grpc::*;
 use sluice::testing::http::try_get;
 use sluice::testing::memcached::MemcachedServer;
@@ -442,6 +443,60 @@ async fn memcached_answers_the_fixed_window_cases_as_redis_across_two_replicas()
             "the counters live in memcached: {keys:?}"
         );
     }
+}
+
+/// `MEMCACHE_SRV`: the servers are the SRV record's targets, asked of a DNS server here
+/// (`memcache.srv_resolver`); `MEMCACHE_SRV_REFRESH` follows the record when it changes to
+/// another memcached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memcache_srv_finds_its_servers_and_follows_the_record() {
+    const NAME: &str = "_memcache._tcp.mc.sluice.test";
+    let dir = tempfile::tempdir().unwrap();
+    let (first, second) = (MemcachedServer::start(), MemcachedServer::start());
+    let dns = SrvServer::start(NAME, &[("localhost", first.port)]).await;
+    let env = [
+        ("BACKEND_TYPE", "memcache".to_owned()),
+        ("MEMCACHE_SRV", NAME.to_owned()),
+        ("MEMCACHE_SRV_REFRESH", "100ms".to_owned()),
+        ("SLUICE_MEMCACHE__SRV_RESOLVER", dns.addr()),
+    ];
+    let rules = fixed_window_rules();
+    let rl = Ratelimit::start(dir.path(), "srv", &rules, &env).await;
+    let mut client = rl.client().await;
+    clear_of_window_end(Duration::from_secs(60), Duration::from_secs(10)).await;
+    let one = |value: &str| req("test", vec![desc(&[("one_per_minute", value)])]);
+    assert_eq!(overall(&call(&mut client, one("a")).await), Code::Ok);
+    assert_eq!(overall(&call(&mut client, one("a")).await), Code::OverLimit);
+    let keys = first.keys();
+    assert!(
+        keys.iter().any(|k| k.contains("one_per_minute")),
+        "the SRV target holds the counters: {keys:?}"
+    );
+    assert!(second.keys().is_empty());
+
+    // The record now names the other memcached: new counters go there.
+    dns.set(vec![("localhost".to_owned(), second.port)]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut n = 0;
+    while !second.keys().iter().any(|k| k.contains("one_per_minute")) {
+        assert!(
+            Instant::now() < deadline,
+            "the refresh never moved to the second server"
+        );
+        n += 1;
+        call(&mut client, one(&format!("probe{n}"))).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // `a` is counted afresh there, as envoyproxy/ratelimit's does after a server change.
+    assert_eq!(overall(&call(&mut client, one("a")).await), Code::Ok);
+    assert_eq!(overall(&call(&mut client, one("a")).await), Code::OverLimit);
+
+    // A record with no target keeps the servers in use.
+    dns.set(Vec::new());
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let before = second.keys().len();
+    assert_eq!(overall(&call(&mut client, one("b")).await), Code::Ok);
+    assert_eq!(second.keys().len(), before + 1, "{:?}", second.keys());
 }
 
 /// A rules file with another algorithm does not load on the memcache backend: `check`

@@ -4,9 +4,10 @@
 use super::{Reader, Unsupported};
 
 /// The Memcached variables, read only with `BACKEND_TYPE=memcache`.
-const MEMCACHE: [&str; 4] = [
+const MEMCACHE: [&str; 5] = [
     "MEMCACHE_HOST_PORT",
     "MEMCACHE_SRV",
+    "MEMCACHE_SRV_REFRESH",
     "MEMCACHE_TLS",
     "MEMCACHE_MAX_IDLE_CONNS",
 ];
@@ -75,24 +76,47 @@ impl Reader<'_> {
         Ok(())
     }
 
-    /// `BACKEND_TYPE=memcache`: the servers of `MEMCACHE_HOST_PORT`.
+    /// `BACKEND_TYPE=memcache`: the servers of `MEMCACHE_HOST_PORT`, or of the SRV record
+    /// `MEMCACHE_SRV` (looked up again every `MEMCACHE_SRV_REFRESH`).
     fn memcache_backend(&mut self) -> Result<(), Unsupported> {
         self.set("LIMITER__BACKEND", "memcache");
-        self.refuse(
-            "MEMCACHE_SRV",
-            "sluice does not look up DNS SRV records: list the servers in MEMCACHE_HOST_PORT",
-        )?;
         self.refuse(
             "MEMCACHE_TLS",
             "sluice reaches Memcached without TLS (a sidecar such as stunnel can add it)",
         )?;
-        let Some(servers) = self.get("MEMCACHE_HOST_PORT").map(str::to_owned) else {
-            return Err(self.unsupported(
-                "BACKEND_TYPE",
-                "memcache needs its servers in MEMCACHE_HOST_PORT (host:port[,host:port...])",
-            ));
-        };
-        self.set("MEMCACHE__SERVERS", servers);
+        let hosts = self.get("MEMCACHE_HOST_PORT").map(str::to_owned);
+        let srv = self.get("MEMCACHE_SRV").map(str::to_owned);
+        match (hosts, srv) {
+            (Some(_), Some(_)) => {
+                return Err(self.unsupported(
+                    "MEMCACHE_SRV",
+                    "MEMCACHE_HOST_PORT is set too: name the servers one way, as envoyproxy/ratelimit requires",
+                ));
+            }
+            (Some(servers), None) => {
+                self.set("MEMCACHE__SERVERS", servers);
+                self.unused("MEMCACHE_SRV_REFRESH", "MEMCACHE_SRV is not set");
+            }
+            (None, Some(srv)) => {
+                let parts = crate::config::settings::MemcacheSettings {
+                    srv: srv.clone(),
+                    ..Default::default()
+                };
+                if let Some(Err(e)) = parts.srv_parts() {
+                    return Err(self.unsupported("MEMCACHE_SRV", &e));
+                }
+                self.set("MEMCACHE__SRV", srv);
+                if let Some(ms) = self.duration_ms("MEMCACHE_SRV_REFRESH")? {
+                    self.set("MEMCACHE__SRV_REFRESH_MS", ms.to_string());
+                }
+            }
+            (None, None) => {
+                return Err(self.unsupported(
+                    "BACKEND_TYPE",
+                    "memcache needs its servers in MEMCACHE_HOST_PORT (host:port[,host:port...]) or MEMCACHE_SRV",
+                ));
+            }
+        }
         if let Some(n) = self.get("MEMCACHE_MAX_IDLE_CONNS").map(str::to_owned) {
             match n.trim().parse::<usize>() {
                 Ok(n) => self.set("MEMCACHE__CONNECTIONS", n.max(1).to_string()),

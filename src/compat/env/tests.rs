@@ -527,7 +527,17 @@ fn each_setting_maps() {
 fn what_sluice_cannot_honour_stops_naming_the_variable() {
     let cases: &[&[(&str, &str)]] = &[
         &[("BACKEND_TYPE", "memcache")],
-        &[("BACKEND_TYPE", "memcache"), ("MEMCACHE_SRV", "_mc._tcp.x")],
+        &[
+            ("BACKEND_TYPE", "memcache"),
+            ("MEMCACHE_SRV", "_mc._tcp.x"),
+            ("MEMCACHE_HOST_PORT", "m:11211"),
+        ],
+        &[("BACKEND_TYPE", "memcache"), ("MEMCACHE_SRV", "mc.tcp.x")],
+        &[
+            ("BACKEND_TYPE", "memcache"),
+            ("MEMCACHE_SRV", "_mc._tcp.x"),
+            ("MEMCACHE_SRV_REFRESH", "often"),
+        ],
         &[
             ("BACKEND_TYPE", "memcached"),
             ("MEMCACHE_HOST_PORT", "m:11211"),
@@ -907,4 +917,12 @@ fn per_second_redis_and_memcached_map_to_their_settings() {
         Some("4")
     );
     assert_eq!(get(&mc, "SLUICE_MEMCACHE__PREFIX").as_deref(), Some("rl_"));
+    let (s, _) = settings(&env(&[
+        ("BACKEND_TYPE", "memcache"),
+        ("MEMCACHE_SRV", "_memcache._tcp.mc.ns.svc"),
+        ("MEMCACHE_SRV_REFRESH", "30s"),
+    ]))
+    .unwrap();
+    assert_eq!(s.memcache.srv, "_memcache._tcp.mc.ns.svc");
+    assert_eq!(s.memcache.srv_refresh_ms, 30_000);
 }
