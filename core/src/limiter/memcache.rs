@@ -44,6 +44,7 @@ pub struct MemcacheLimiter {
     servers: ArcSwap<Vec<Arc<Server>>>,
     connections: usize,
     connect: Duration,
+    tls: Option<Arc<rustls::ClientConfig>>,
     prefix: Vec<u8>,
     timeout: Duration,
     clock: Arc<dyn Clock>,
@@ -79,6 +80,7 @@ impl MemcacheLimiter {
         clock: Arc<dyn Clock>,
     ) -> Result<MemcacheLimiter, LimiterError> {
         let connect = Duration::from_millis(settings.connect_timeout_ms.max(1));
+        let tls = super::memcache_tls::client_config(settings).map_err(|e| error(&e, false))?;
         let srv = settings.srv_parts().is_some();
         let servers: Vec<Arc<Server>> = if srv {
             Vec::new()
@@ -86,7 +88,14 @@ impl MemcacheLimiter {
             settings
                 .server_list()
                 .into_iter()
-                .map(|addr| Arc::new(Server::new(addr, settings.connections, connect)))
+                .map(|addr| {
+                    Arc::new(Server::new(
+                        addr,
+                        settings.connections,
+                        connect,
+                        tls.clone(),
+                    ))
+                })
                 .collect()
         };
         if servers.is_empty() && !srv {
@@ -96,6 +105,7 @@ impl MemcacheLimiter {
             servers: ArcSwap::from_pointee(servers),
             connections: settings.connections,
             connect,
+            tls,
             prefix: settings.prefix.as_bytes().to_vec(),
             timeout: Duration::from_millis(settings.timeout_ms.max(1)),
             clock,
@@ -115,7 +125,12 @@ impl MemcacheLimiter {
             .iter()
             .map(|addr| match old.iter().find(|s| &s.addr == addr) {
                 Some(kept) => kept.clone(),
-                None => Arc::new(Server::new(addr.clone(), self.connections, self.connect)),
+                None => Arc::new(Server::new(
+                    addr.clone(),
+                    self.connections,
+                    self.connect,
+                    self.tls.clone(),
+                )),
             })
             .collect();
         tracing::info!(servers = ?addrs, "memcached servers");

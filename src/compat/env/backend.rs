@@ -4,11 +4,15 @@
 use super::{Reader, Unsupported};
 
 /// The Memcached variables, read only with `BACKEND_TYPE=memcache`.
-const MEMCACHE: [&str; 5] = [
+const MEMCACHE: [&str; 9] = [
     "MEMCACHE_HOST_PORT",
     "MEMCACHE_SRV",
     "MEMCACHE_SRV_REFRESH",
     "MEMCACHE_TLS",
+    "MEMCACHE_TLS_CACERT",
+    "MEMCACHE_TLS_CLIENT_CERT",
+    "MEMCACHE_TLS_CLIENT_KEY",
+    "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
     "MEMCACHE_MAX_IDLE_CONNS",
 ];
 
@@ -80,10 +84,7 @@ impl Reader<'_> {
     /// `MEMCACHE_SRV` (looked up again every `MEMCACHE_SRV_REFRESH`).
     fn memcache_backend(&mut self) -> Result<(), Unsupported> {
         self.set("LIMITER__BACKEND", "memcache");
-        self.refuse(
-            "MEMCACHE_TLS",
-            "sluice reaches Memcached without TLS (a sidecar such as stunnel can add it)",
-        )?;
+        self.memcache_tls()?;
         let hosts = self.get("MEMCACHE_HOST_PORT").map(str::to_owned);
         let srv = self.get("MEMCACHE_SRV").map(str::to_owned);
         match (hosts, srv) {
@@ -127,6 +128,55 @@ impl Reader<'_> {
         }
         if let Some(prefix) = self.get("CACHE_KEY_PREFIX").map(str::to_owned) {
             self.set("MEMCACHE__PREFIX", prefix);
+        }
+        Ok(())
+    }
+
+    /// `MEMCACHE_TLS=true`: TLS to every server, with `MEMCACHE_TLS_CACERT` (besides the
+    /// system's roots), the client certificate and key (together, as there), and
+    /// `MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION` (only with the CA file).
+    fn memcache_tls(&mut self) -> Result<(), Unsupported> {
+        const FILES: [(&str, &str); 3] = [
+            ("MEMCACHE_TLS_CACERT", "MEMCACHE__TLS_CA_FILE"),
+            ("MEMCACHE_TLS_CLIENT_CERT", "MEMCACHE__TLS_CERT_FILE"),
+            ("MEMCACHE_TLS_CLIENT_KEY", "MEMCACHE__TLS_KEY_FILE"),
+        ];
+        const SKIP: &str = "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION";
+        let skip = self.flag(SKIP, false)?;
+        if !self.flag("MEMCACHE_TLS", false)? {
+            for name in FILES.map(|(name, _)| name).into_iter().chain([SKIP]) {
+                self.unused(
+                    name,
+                    "MEMCACHE_TLS is off, so Memcached is reached without TLS",
+                );
+            }
+            return Ok(());
+        }
+        self.set("MEMCACHE__TLS", "true");
+        let has_pair = self.get(FILES[1].0).is_some() && self.get(FILES[2].0).is_some();
+        for (i, (name, key)) in FILES.into_iter().enumerate() {
+            let Some(v) = self.get(name).map(str::to_owned) else {
+                continue;
+            };
+            if i == 0 || has_pair {
+                self.set(key, v);
+            } else {
+                self.unused(
+                    name,
+                    "the client certificate and key go together, and one is not set, so none is presented",
+                );
+            }
+        }
+        if skip {
+            if self.get(FILES[0].0).is_none() {
+                return Err(self.unsupported(
+                    SKIP,
+                    "sluice skips the name check only for certificates signed by the CA of \
+                     MEMCACHE_TLS_CACERT (otherwise any certificate a public CA signed, for any \
+                     name, would pass)",
+                ));
+            }
+            self.set("MEMCACHE__TLS_SKIP_HOSTNAME_VERIFICATION", "true");
         }
         Ok(())
     }

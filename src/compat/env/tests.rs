@@ -535,6 +535,12 @@ fn what_sluice_cannot_honour_stops_naming_the_variable() {
         &[("BACKEND_TYPE", "memcache"), ("MEMCACHE_SRV", "mc.tcp.x")],
         &[
             ("BACKEND_TYPE", "memcache"),
+            ("MEMCACHE_HOST_PORT", "m:11211"),
+            ("MEMCACHE_TLS", "true"),
+            ("MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
+        ],
+        &[
+            ("BACKEND_TYPE", "memcache"),
             ("MEMCACHE_SRV", "_mc._tcp.x"),
             ("MEMCACHE_SRV_REFRESH", "often"),
         ],
@@ -925,4 +931,20 @@ fn per_second_redis_and_memcached_map_to_their_settings() {
     .unwrap();
     assert_eq!(s.memcache.srv, "_memcache._tcp.mc.ns.svc");
     assert_eq!(s.memcache.srv_refresh_ms, 30_000);
+    let (s, t) = settings(&env(&[
+        ("BACKEND_TYPE", "memcache"),
+        ("MEMCACHE_HOST_PORT", "mc:11211"),
+        ("MEMCACHE_TLS", "true"),
+        ("MEMCACHE_TLS_CACERT", "/ca.crt"),
+        ("MEMCACHE_TLS_CLIENT_CERT", "/c.crt"),
+        ("MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
+    ]))
+    .unwrap();
+    assert!(s.memcache.tls && s.memcache.tls_skip_hostname_verification);
+    assert_eq!(s.memcache.tls_ca_file, Some(PathBuf::from("/ca.crt")));
+    // Half a client pair: none presented, as there.
+    assert_eq!(s.memcache.tls_cert_file, None);
+    assert_eq!(t.ignored[0].0, "MEMCACHE_TLS_CLIENT_CERT");
+    let t = translate(&env(&[("MEMCACHE_TLS_CACERT", "/ca.crt")])).unwrap();
+    assert_eq!(t.ignored[0].0, "MEMCACHE_TLS_CACERT");
 }

@@ -29,6 +29,18 @@ pub struct MemcacheSettings {
     /// The DNS server (`ip:port`) SRV lookups ask, instead of the system's resolvers
     /// (`/etc/resolv.conf`). Meant for tests and for a resolver of the operator's own.
     pub srv_resolver: Option<String>,
+    /// TLS to every server (`MEMCACHE_TLS`): the server's certificate must chain to the
+    /// system's roots or to `tls_ca_file`, and name the server's host.
+    pub tls: bool,
+    /// A CA (PEM) trusted besides the system's roots (`MEMCACHE_TLS_CACERT`).
+    pub tls_ca_file: Option<std::path::PathBuf>,
+    /// A client certificate chain (PEM), with `tls_key_file` (`MEMCACHE_TLS_CLIENT_CERT`).
+    pub tls_cert_file: Option<std::path::PathBuf>,
+    /// Its private key (`MEMCACHE_TLS_CLIENT_KEY`).
+    pub tls_key_file: Option<std::path::PathBuf>,
+    /// The chain is still verified against `tls_ca_file`, the host name is not
+    /// (`MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION`); needs `tls_ca_file`.
+    pub tls_skip_hostname_verification: bool,
 }
 
 impl Default for MemcacheSettings {
@@ -42,6 +54,11 @@ impl Default for MemcacheSettings {
             srv: String::new(),
             srv_refresh_ms: 0,
             srv_resolver: None,
+            tls: false,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_skip_hostname_verification: false,
         }
     }
 }
@@ -83,6 +100,15 @@ impl MemcacheSettings {
             && r.parse::<std::net::SocketAddr>().is_err()
         {
             return Err(format!("memcache.srv_resolver: '{r}' is not ip:port"));
+        }
+        if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
+            return Err("memcache.tls_cert_file and memcache.tls_key_file go together".to_owned());
+        }
+        if self.tls_skip_hostname_verification && self.tls_ca_file.is_none() {
+            return Err(
+                "memcache.tls_skip_hostname_verification needs memcache.tls_ca_file (names are skipped only for that CA's certificates)"
+                    .to_owned(),
+            );
         }
         let servers = self.server_list();
         if servers.is_empty() {
