@@ -1,6 +1,6 @@
 //! Stats (statsd, DogStatsD, Prometheus) and tracing.
 
-use super::server::ip;
+use super::server::{ip, resolve};
 use super::{Reader, Unsupported};
 
 impl Reader<'_> {
@@ -55,9 +55,15 @@ impl Reader<'_> {
                 .ok_or_else(|| self.unsupported("PROMETHEUS_ADDR", "expected [host]:port"))?;
             let host = if host.is_empty() { "0.0.0.0" } else { host };
             let listen = ip(host)
+                .or_else(|| resolve(host))
                 .zip(port.parse::<u16>().ok())
                 .map(|(ip, port)| std::net::SocketAddr::new(ip, port).to_string())
-                .ok_or_else(|| self.unsupported("PROMETHEUS_ADDR", "expected [ip]:port"))?;
+                .ok_or_else(|| {
+                    self.unsupported(
+                        "PROMETHEUS_ADDR",
+                        "expected [host]:port, the host resolving",
+                    )
+                })?;
             self.set("RATELIMIT_METRICS__LISTEN", listen);
             if let Some(path) = self.get("PROMETHEUS_PATH").map(str::to_owned) {
                 self.set("RATELIMIT_METRICS__PATH", path);

@@ -567,7 +567,7 @@ fn what_sluice_cannot_honour_stops_naming_the_variable() {
         &[("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "maybe")],
         &[("CONFIG_TYPE", "GRPC_XDS_DELTA")],
         &[("USE_PROMETHEUS", "true")],
-        &[("HOST", "example.com")],
+        &[("HOST", "no-such-host.invalid")],
         &[("SHADOW_MODE", "maybe")],
         &[("REDIS_TIMEOUT", "soon")],
         &[
@@ -947,4 +947,13 @@ fn per_second_redis_and_memcached_map_to_their_settings() {
     assert_eq!(t.ignored[0].0, "MEMCACHE_TLS_CLIENT_CERT");
     let t = translate(&env(&[("MEMCACHE_TLS_CACERT", "/ca.crt")])).unwrap();
     assert_eq!(t.ignored[0].0, "MEMCACHE_TLS_CACERT");
+}
+
+#[test]
+fn a_listen_host_name_is_looked_up_once() {
+    assert_eq!(
+        super::server::resolve("localhost"),
+        Some(std::net::IpAddr::from([127, 0, 0, 1]))
+    );
+    assert_eq!(super::server::resolve("no-such-host.invalid"), None);
 }
