@@ -371,3 +371,46 @@ async fn grpc_client_tls_san_serves_only_client_certificates_naming_it() {
     );
     assert_eq!(terminate(&mut rl).await, Some(0));
 }
+
+/// `REDIS_SOCKET_TYPE=unix` with `REDIS_AUTH`: the password goes to a redis-server that
+/// listens on a Unix socket only and requires it (`requirepass`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_auth_reaches_a_password_guarded_redis_over_its_unix_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = ratelimit_link(dir.path());
+    let socket = dir.path().join("redis.sock").display().to_string();
+    let redis = RedisServer::start_with(&[
+        "--unixsocket",
+        &socket,
+        "--unixsocketperm",
+        "700",
+        "--requirepass",
+        "s3cret pw",
+    ]);
+    let root = runtime_root(dir.path(), "ratelimit/config", &[("a.yaml", FILE_A)]);
+    let ports = Ports::new();
+    clear_of_window_end(Duration::from_secs(3600), Duration::from_secs(30)).await;
+    let mut rl = start(
+        &link,
+        &env(
+            &root,
+            &socket,
+            &ports,
+            &[("REDIS_SOCKET_TYPE", "unix"), ("REDIS_AUTH", "s3cret pw")],
+        ),
+    );
+    healthy(&ports).await;
+    let mut client = plain_client(&ports).await;
+    let mut codes = Vec::new();
+    for _ in 0..2 {
+        let answer = client
+            .should_rate_limit(request("a"))
+            .await
+            .unwrap()
+            .into_inner();
+        codes.push(Code::try_from(answer.overall_code).unwrap());
+    }
+    assert_eq!(codes, [Code::Ok, Code::OverLimit]);
+    assert_eq!(terminate(&mut rl).await, Some(0));
+    drop(redis);
+}

@@ -221,12 +221,14 @@ impl Reader<'_> {
         let name = |suffix: &str| format!("{var}_{suffix}");
         let url = self.or(&name("URL"), default_url);
         let tls = self.flag(&name("TLS"), false)?;
-        let auth = match self.get(&name("AUTH")) {
+        let credentials = self.get(&name("AUTH")).map(|a| match a.split_once(':') {
+            Some((user, password)) => (Some(user), password),
+            None => (None, a),
+        });
+        let auth = match credentials {
             None => String::new(),
-            Some(a) => match a.split_once(':') {
-                Some((user, password)) => format!("{}:{}@", encode(user), encode(password)),
-                None => format!(":{}@", encode(a)),
-            },
+            Some((Some(user), password)) => format!("{}:{}@", encode(user), encode(password)),
+            Some((None, password)) => format!(":{}@", encode(password)),
         };
         let s = if tls { "s" } else { "" };
         let kind = self.or(&name("TYPE"), "SINGLE").to_ascii_lowercase();
@@ -236,13 +238,23 @@ impl Reader<'_> {
                     .or(&name("SOCKET_TYPE"), "unix")
                     .eq_ignore_ascii_case("unix")
                 {
-                    if tls || !auth.is_empty() {
+                    if tls {
                         return Err(self.unsupported(
-                            &name("SOCKET_TYPE"),
-                            "sluice takes no TLS or password over a Unix socket",
+                            &name("TLS"),
+                            "redis-server speaks TLS on its TCP tls-port only, never on its Unix \
+                             socket: reach a TLS Redis over TCP (SOCKET_TYPE=tcp)",
                         ));
                     }
-                    return Ok(format!("unix://{url}"));
+                    // The password (and user) as the socket URL's query, as Redis's clients
+                    // read it there.
+                    let query = match credentials {
+                        None => String::new(),
+                        Some((Some(user), password)) => {
+                            format!("?user={}&pass={}", encode(user), encode(password))
+                        }
+                        Some((None, password)) => format!("?pass={}", encode(password)),
+                    };
+                    return Ok(format!("unix://{url}{query}"));
                 }
                 Ok(format!("redis{s}://{auth}{url}"))
             }

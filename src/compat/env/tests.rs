@@ -931,6 +931,15 @@ fn per_second_redis_and_memcached_map_to_their_settings() {
     .unwrap();
     assert_eq!(s.memcache.srv, "_memcache._tcp.mc.ns.svc");
     assert_eq!(s.memcache.srv_refresh_ms, 30_000);
+    let t = translate(&env(&[
+        ("REDIS_URL", "/run/redis.sock"),
+        ("REDIS_AUTH", "u:p w"),
+    ]))
+    .unwrap();
+    assert_eq!(
+        get(&t, "SLUICE_REDIS__URL").as_deref(),
+        Some("unix:///run/redis.sock?user=u&pass=p%20w")
+    );
     let (s, t) = settings(&env(&[
         ("BACKEND_TYPE", "memcache"),
         ("MEMCACHE_HOST_PORT", "mc:11211"),
