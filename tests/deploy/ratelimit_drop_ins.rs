@@ -414,3 +414,68 @@ async fn redis_auth_reaches_a_password_guarded_redis_over_its_unix_socket() {
     assert_eq!(terminate(&mut rl).await, Some(0));
     drop(redis);
 }
+
+/// `REDIS_PERSECOND_SENTINEL_AUTH`: the per-second Redis behind sentinels of its own with a
+/// password of their own, other than the main sentinels' `REDIS_SENTINEL_AUTH`; per-second
+/// limits are counted on the master the per-second sentinel names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_second_sentinels_take_a_password_of_their_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = ratelimit_link(dir.path());
+    let (master, sentinel) = RedisServer::guarded_sentinel("master-pw", "sentinel-pw");
+    let (fast, fast_sentinel) = RedisServer::guarded_sentinel("fast-pw", "fast-sentinel-pw");
+    const RULES: &str = "domain: rl\ndescriptors:\n  - key: k\n    value: a\n    rate_limit: {unit: hour, requests_per_unit: 10}\n  - key: s\n    rate_limit: {unit: second, requests_per_unit: 1000}\n";
+    let root = runtime_root(dir.path(), "ratelimit/config", &[("a.yaml", RULES)]);
+    let ports = Ports::new();
+    let fast_url = format!("mymaster,{}", fast_sentinel.addr());
+    let more = [
+        ("REDIS_TYPE", "sentinel"),
+        ("REDIS_AUTH", "master-pw"),
+        ("REDIS_SENTINEL_AUTH", "sentinel-pw"),
+        ("REDIS_PERSECOND", "true"),
+        ("REDIS_PERSECOND_SOCKET_TYPE", "tcp"),
+        ("REDIS_PERSECOND_TYPE", "sentinel"),
+        ("REDIS_PERSECOND_URL", fast_url.as_str()),
+        ("REDIS_PERSECOND_AUTH", "fast-pw"),
+        ("REDIS_PERSECOND_SENTINEL_AUTH", "fast-sentinel-pw"),
+    ];
+    let url = format!("mymaster,{}", sentinel.addr());
+    let mut rl = start(&link, &env(&root, &url, &ports, &more));
+    healthy(&ports).await;
+    let mut client = plain_client(&ports).await;
+    let keys = |server: &RedisServer, pw: &str| -> Vec<String> {
+        let c = redis::Client::open(format!("redis://:{pw}@{}", server.addr())).unwrap();
+        redis::cmd("KEYS")
+            .arg("*")
+            .query(&mut c.get_connection().unwrap())
+            .unwrap()
+    };
+    let answer = client
+        .should_rate_limit(request("a"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(Code::try_from(answer.overall_code).unwrap(), Code::Ok);
+    // A one-second window's key lives about a second: read it right after its request.
+    let mut per_second = request("x");
+    per_second.descriptors[0].entries[0].key = "s".into();
+    let mut quick = Vec::new();
+    for _ in 0..10 {
+        let answer = client
+            .should_rate_limit(per_second.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(Code::try_from(answer.overall_code).unwrap(), Code::Ok);
+        quick = keys(&fast, "fast-pw");
+        if quick.iter().any(|k| k.contains("s=x")) {
+            break;
+        }
+    }
+    assert!(quick.iter().any(|k| k.contains("s=x")), "{quick:?}");
+    assert!(!quick.iter().any(|k| k.contains("k=a")), "{quick:?}");
+    let slow = keys(&master, "master-pw");
+    assert!(slow.iter().any(|k| k.contains("k=a")), "{slow:?}");
+    assert!(!slow.iter().any(|k| k.contains("s=x")), "{slow:?}");
+    assert_eq!(terminate(&mut rl).await, Some(0));
+}

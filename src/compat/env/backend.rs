@@ -63,14 +63,25 @@ impl Reader<'_> {
             }
             return Ok(());
         }
-        if self.get("REDIS_PERSECOND_SENTINEL_AUTH").is_some()
-            && self.get("REDIS_PERSECOND_SENTINEL_AUTH") != self.get("REDIS_SENTINEL_AUTH")
-        {
-            return Err(self.unsupported(
-                "REDIS_PERSECOND_SENTINEL_AUTH",
-                "both Redis servers' sentinels take the credentials of REDIS_SENTINEL_AUTH \
-                 (redis.sentinel_password): set it to the same value, or leave it unset",
-            ));
+        if let Some(auth) = self.get("REDIS_PERSECOND_SENTINEL_AUTH").map(str::to_owned) {
+            if self
+                .or("REDIS_PERSECOND_TYPE", "SINGLE")
+                .eq_ignore_ascii_case("sentinel")
+            {
+                let (user, password) = match auth.split_once(':') {
+                    Some((user, password)) => (Some(user.to_owned()), password.to_owned()),
+                    None => (None, auth),
+                };
+                if let Some(user) = user {
+                    self.set("REDIS__PER_SECOND_SENTINEL_USERNAME", user);
+                }
+                self.set("REDIS__PER_SECOND_SENTINEL_PASSWORD", password);
+            } else {
+                let why = "<redacted>: only read with REDIS_PERSECOND_TYPE=sentinel".to_owned();
+                self.out
+                    .ignored
+                    .push(("REDIS_PERSECOND_SENTINEL_AUTH".to_owned(), why));
+            }
         }
         let url = self.redis_url(
             "REDIS_PERSECOND",
