@@ -14,6 +14,7 @@
 //! | [`redis`] | real `redis-server` (or `valkey-server`) processes (standalone, Sentinel, Cluster) |
 //! | [`rlqs`] | an in-process server with handles on its RLQS state, RLQS streams and reports |
 
+pub mod dns;
 pub mod envoy;
 pub mod grpc;
 pub mod http;

@@ -392,6 +392,93 @@ async fn dogstatsd_lines_carry_the_same_names_and_tags_over_udp() {
     statsd_lines(true).await;
 }
 
+/// `USE_DOG_STATSD_MOGRIFIERS` with envoyproxy/ratelimit's README example (DOMAIN and HITS,
+/// HITS's tags from its variables, DOMAIN's pattern from the bare `PATTERN` fallback never
+/// needed): per-rule names become one name with `domain` and `descriptor` tags, after
+/// `EXTRA_TAGS`; names no pattern matches go as they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dogstatsd_mogrifiers_move_name_parts_into_tags() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = ratelimit_link(dir.path());
+    let redis = RedisServer::start();
+    let mut server = StatsdServer::udp().await;
+    let data = runtime_root(dir.path(), "config", &[("rules.yaml", STATS_RULES)]);
+    let mut env = swap(
+        &[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "redis:6379"),
+            ("RUNTIME_ROOT", "/data"),
+            ("USE_STATSD", "false"),
+            ("USE_DOG_STATSD", "true"),
+            ("STATSD_HOST", "localhost"),
+            ("STATSD_PORT", "8125"),
+            ("STATS_FLUSH_INTERVAL", "100ms"),
+            ("EXTRA_TAGS", "env:test"),
+        ],
+        &[
+            ("RUNTIME_ROOT", data),
+            ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+            ("STATSD_HOST", "127.0.0.1".into()),
+            ("STATSD_PORT", server.port.to_string()),
+        ],
+    );
+    for (k, v) in [
+        ("USE_DOG_STATSD_MOGRIFIERS", "hits,Load"),
+        (
+            "DOG_STATSD_MOGRIFIER_HITS_PATTERN",
+            r"^ratelimit\.service\.rate_limit\.([^.]+)\.(.*)\.([^.]+)$",
+        ),
+        (
+            "DOG_STATSD_MOGRIFIER_HITS_NAME",
+            "ratelimit.service.rate_limit.$3",
+        ),
+        ("DOG_STATSD_MOGRIFIER_HITS_TAGS", "domain:$1,descriptor:$2"),
+        ("DOG_STATSD_MOGRIFIER_LOAD_PATTERN", r"config_load_(\w+)$"),
+        ("DOG_STATSD_MOGRIFIER_LOAD_NAME", "ratelimit.config_load"),
+        ("DOG_STATSD_MOGRIFIER_LOAD_TAGS", "outcome:$1,unknown:$7"),
+    ] {
+        env.insert(k.to_owned(), v.to_owned());
+    }
+    let rl = Ratelimit::start(&link, &env);
+    let ports = rl.ports;
+    healthy(&ports).await;
+    let mut client = plain_client(&ports).await;
+    clear_of_window_end(Duration::from_secs(60), Duration::from_secs(5)).await;
+    stats_traffic(&mut client, 6, 0).await;
+
+    let want = [
+        "ratelimit.service.rate_limit.total_hits|c|#env:test,domain:rl,descriptor:user_alice",
+        "ratelimit.service.rate_limit.over_limit|c|#env:test,domain:rl,descriptor:user_alice",
+        "ratelimit.service.rate_limit.within_limit|c|#env:test,domain:rl,descriptor:user_alice",
+        "ratelimit_server.ShouldRateLimit.total_requests|c|#env:test",
+        "ratelimit_server.ShouldRateLimit.response_time|ms|#env:test",
+    ];
+    let mut totals: HashMap<String, u64> = HashMap::new();
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + WITHIN;
+    while totals.get(want[0]).copied().unwrap_or(0) < 6
+        || !want.iter().all(|w| totals.contains_key(*w))
+    {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok(Some(line)) = tokio::time::timeout(left, server.lines.recv()).await else {
+            panic!("mogrified lines missing: want {want:?}, got {totals:?}; lines {seen:?}");
+        };
+        seen.push(line.clone());
+        // name:value|kind|#tags, keyed without the value.
+        let (name, rest) = line.split_once(':').unwrap();
+        let (value, tail) = rest.split_once('|').unwrap();
+        let value = value.parse::<f64>().unwrap() as u64;
+        *totals.entry(format!("{name}|{tail}")).or_default() += value;
+    }
+    assert_eq!(totals[want[0]], 6, "{totals:?}");
+    assert_eq!(totals[want[1]], 1, "{totals:?}");
+    let unmogrified: Vec<&String> = seen
+        .iter()
+        .filter(|l| l.contains("rl.user_alice") || l.contains("config_load_"))
+        .collect();
+    assert!(unmogrified.is_empty(), "{unmogrified:?}");
+}
+
 /// Lines received by a statsd server here: over UDP (datagrams), or over TCP (every
 /// connection accepted; dropping it closes the listener and the connections).
 struct StatsdServer {

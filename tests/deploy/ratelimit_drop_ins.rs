@@ -1,7 +1,8 @@
 //! envoyproxy/ratelimit settings that once stopped the start, now served by the binary
 //! started as `ratelimit`: `GRPC_UDS` (gRPC on a Unix socket, reached by a real Envoy whose
 //! rate-limit cluster's address is a `pipe`), `MERGE_DOMAIN_CONFIG` (one domain's
-//! descriptors from two files) and `REDIS_SENTINEL_AUTH` (sentinels with `requirepass`).
+//! descriptors from two files), `REDIS_SENTINEL_AUTH` (sentinels with `requirepass`) and
+//! `GRPC_CLIENT_TLS_SAN` (mTLS clients must also name it among their SANs).
 
 use std::collections::HashMap;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -18,6 +19,7 @@ use sluice::testing::process::loopback;
 use sluice::testing::redis::RedisServer;
 use tokio::time::Instant;
 
+use crate::support::certs::Ca;
 use crate::support::ratelimit::{
     Ratelimit, RlsFilter, WITHIN, clear_of_window_end, envoy_to, healthy, plain_client,
     ratelimit_link, runtime_root,
@@ -44,6 +46,9 @@ fn env(root: &str, redis: &str, more: &[(&str, &str)]) -> HashMap<String, String
         ("PORT", "0".to_owned()),
         ("DEBUG_HOST", "127.0.0.1".to_owned()),
         ("DEBUG_PORT", "0".to_owned()),
+        // A loaded test machine must not turn these behaviour tests into latency tests (a
+        // first request through sentinels asks them for the master).
+        ("SLUICE_REDIS__TIMEOUT_MS", "5000".to_owned()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
@@ -273,4 +278,196 @@ async fn redis_sentinel_auth_reaches_sentinels_that_require_a_password() {
         .query(&mut on_master.get_connection().unwrap())
         .unwrap();
     assert!(!keys.is_empty(), "counted on the master the sentinel names");
+}
+
+/// Whether a ShouldRateLimit call over a new TLS connection to `port`, trusting `ca` and
+/// presenting `identity`, is answered.
+async fn served_over_tls(port: u16, ca: &str, identity: &(String, String)) -> bool {
+    use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca))
+        .domain_name("localhost")
+        .identity(Identity::from_pem(&identity.0, &identity.1));
+    let Ok(endpoint) = Channel::from_shared(format!("https://127.0.0.1:{port}"))
+        .unwrap()
+        .tls_config(tls)
+    else {
+        return false;
+    };
+    let Ok(channel) = endpoint.connect().await else {
+        return false;
+    };
+    let mut client = sluice::testing::grpc::RateLimitServiceClient::new(channel);
+    client.should_rate_limit(request("a")).await.is_ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_client_tls_san_serves_only_client_certificates_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = ratelimit_link(dir.path());
+    let redis = RedisServer::start();
+    let root = runtime_root(dir.path(), "ratelimit/config", &[("a.yaml", FILE_A)]);
+    let ca = Ca::new();
+    let ca_pem = ca.0.pem();
+    let (cert, key) = ca.leaf(&["localhost"]);
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let (ca_file, cert_file, key_file) = (
+        write("ca.crt", &ca_pem),
+        write("tls.crt", &cert),
+        write("tls.key", &key),
+    );
+    let mut rl = start(
+        &link,
+        &env(
+            &root,
+            &redis.addr(),
+            &[
+                ("GRPC_SERVER_USE_TLS", "true"),
+                ("GRPC_SERVER_TLS_CERT", &cert_file),
+                ("GRPC_SERVER_TLS_KEY", &key_file),
+                ("GRPC_CLIENT_TLS_CACERT", &ca_file),
+                ("GRPC_CLIENT_TLS_SAN", "envoy.mesh.internal"),
+            ],
+        ),
+    );
+    let ports = rl.ports;
+    healthy(&ports).await;
+
+    let named = ca.leaf(&["envoy.mesh.internal"]);
+    let wildcard = ca.leaf(&["other", "*.mesh.internal"]);
+    let other = ca.leaf(&["gateway.mesh.internal"]);
+    let common_name_only = ca.leaf(&["envoy.mesh.internal.example"]);
+    let unknown_ca = Ca::new().leaf(&["envoy.mesh.internal"]);
+    assert!(
+        served_over_tls(ports.grpc, &ca_pem, &named).await,
+        "a certificate naming the SAN is served"
+    );
+    assert!(
+        served_over_tls(ports.grpc, &ca_pem, &wildcard).await,
+        "a wildcard SAN covering it is served, as Go's verification matches it"
+    );
+    assert!(
+        !served_over_tls(ports.grpc, &ca_pem, &other).await,
+        "another name of the same CA is refused"
+    );
+    assert!(
+        !served_over_tls(ports.grpc, &ca_pem, &common_name_only).await,
+        "a name that only starts the same is refused"
+    );
+    assert!(
+        !served_over_tls(ports.grpc, &ca_pem, &unknown_ca).await,
+        "the right name from another CA is refused"
+    );
+    assert_eq!(terminate(&mut rl).await, Some(0));
+}
+
+/// `REDIS_SOCKET_TYPE=unix` with `REDIS_AUTH`: the password goes to a redis-server that
+/// listens on a Unix socket only and requires it (`requirepass`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_auth_reaches_a_password_guarded_redis_over_its_unix_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = ratelimit_link(dir.path());
+    let socket = dir.path().join("redis.sock").display().to_string();
+    let redis = RedisServer::start_with(&[
+        "--unixsocket",
+        &socket,
+        "--unixsocketperm",
+        "700",
+        "--requirepass",
+        "s3cret pw",
+    ]);
+    let root = runtime_root(dir.path(), "ratelimit/config", &[("a.yaml", FILE_A)]);
+    clear_of_window_end(Duration::from_secs(3600), Duration::from_secs(30)).await;
+    let mut rl = start(
+        &link,
+        &env(
+            &root,
+            &socket,
+            &[("REDIS_SOCKET_TYPE", "unix"), ("REDIS_AUTH", "s3cret pw")],
+        ),
+    );
+    let ports = rl.ports;
+    healthy(&ports).await;
+    let mut client = plain_client(&ports).await;
+    let mut codes = Vec::new();
+    for _ in 0..2 {
+        let answer = client
+            .should_rate_limit(request("a"))
+            .await
+            .unwrap()
+            .into_inner();
+        codes.push(Code::try_from(answer.overall_code).unwrap());
+    }
+    assert_eq!(codes, [Code::Ok, Code::OverLimit]);
+    assert_eq!(terminate(&mut rl).await, Some(0));
+    drop(redis);
+}
+
+/// `REDIS_PERSECOND_SENTINEL_AUTH`: the per-second Redis behind sentinels of its own with a
+/// password of their own, other than the main sentinels' `REDIS_SENTINEL_AUTH`; per-second
+/// limits are counted on the master the per-second sentinel names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_second_sentinels_take_a_password_of_their_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = ratelimit_link(dir.path());
+    let (master, sentinel) = RedisServer::guarded_sentinel("master-pw", "sentinel-pw");
+    let (fast, fast_sentinel) = RedisServer::guarded_sentinel("fast-pw", "fast-sentinel-pw");
+    const RULES: &str = "domain: rl\ndescriptors:\n  - key: k\n    value: a\n    rate_limit: {unit: hour, requests_per_unit: 10}\n  - key: s\n    rate_limit: {unit: second, requests_per_unit: 1000}\n";
+    let root = runtime_root(dir.path(), "ratelimit/config", &[("a.yaml", RULES)]);
+    let fast_url = format!("mymaster,{}", fast_sentinel.addr());
+    let more = [
+        ("REDIS_TYPE", "sentinel"),
+        ("REDIS_AUTH", "master-pw"),
+        ("REDIS_SENTINEL_AUTH", "sentinel-pw"),
+        ("REDIS_PERSECOND", "true"),
+        ("REDIS_PERSECOND_SOCKET_TYPE", "tcp"),
+        ("REDIS_PERSECOND_TYPE", "sentinel"),
+        ("REDIS_PERSECOND_URL", fast_url.as_str()),
+        ("REDIS_PERSECOND_AUTH", "fast-pw"),
+        ("REDIS_PERSECOND_SENTINEL_AUTH", "fast-sentinel-pw"),
+    ];
+    let url = format!("mymaster,{}", sentinel.addr());
+    let mut rl = start(&link, &env(&root, &url, &more));
+    let ports = rl.ports;
+    healthy(&ports).await;
+    let mut client = plain_client(&ports).await;
+    let keys = |server: &RedisServer, pw: &str| -> Vec<String> {
+        let c = redis::Client::open(format!("redis://:{pw}@{}", server.addr())).unwrap();
+        redis::cmd("KEYS")
+            .arg("*")
+            .query(&mut c.get_connection().unwrap())
+            .unwrap()
+    };
+    let answer = client
+        .should_rate_limit(request("a"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(Code::try_from(answer.overall_code).unwrap(), Code::Ok);
+    // A one-second window's key lives about a second: read it right after its request.
+    let mut per_second = request("x");
+    per_second.descriptors[0].entries[0].key = "s".into();
+    let mut quick = Vec::new();
+    for _ in 0..10 {
+        let answer = client
+            .should_rate_limit(per_second.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(Code::try_from(answer.overall_code).unwrap(), Code::Ok);
+        quick = keys(&fast, "fast-pw");
+        if quick.iter().any(|k| k.contains("s=x")) {
+            break;
+        }
+    }
+    assert!(quick.iter().any(|k| k.contains("s=x")), "{quick:?}");
+    assert!(!quick.iter().any(|k| k.contains("k=a")), "{quick:?}");
+    let slow = keys(&master, "master-pw");
+    assert!(slow.iter().any(|k| k.contains("k=a")), "{slow:?}");
+    assert!(!slow.iter().any(|k| k.contains("s=x")), "{slow:?}");
+    assert_eq!(terminate(&mut rl).await, Some(0));
 }

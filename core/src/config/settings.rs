@@ -23,7 +23,9 @@ mod redis;
 mod rlqs;
 mod xds;
 pub use admin::AdminSettings;
-pub use dropin::{DebugSettings, RatelimitMetricsSettings, StatsdProtocol, StatsdSettings};
+pub use dropin::{
+    DebugSettings, Mogrifier, RatelimitMetricsSettings, StatsdProtocol, StatsdSettings,
+};
 pub use input::InputSettings;
 pub use listen::ListenAddr;
 pub use memcache::MemcacheSettings;
@@ -433,6 +435,11 @@ impl Settings {
         {
             return Err(config::ConfigError::Message(
                 "tls: cert_file and key_file go together, and client_ca_file needs them".into(),
+            ));
+        }
+        if tls.client_san.is_some() && tls.client_ca_file.is_none() {
+            return Err(config::ConfigError::Message(
+                "tls.client_san needs tls.client_ca_file (only a verified client certificate has names to check)".into(),
             ));
         }
         Ok(())

@@ -26,6 +26,7 @@ pub mod holds;
 pub mod lease;
 pub mod memcache;
 mod memcache_conn;
+mod memcache_tls;
 pub mod memory;
 pub mod per_second;
 pub mod plan;

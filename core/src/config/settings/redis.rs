@@ -82,6 +82,11 @@ pub struct RedisSettings {
     pub sentinel_password: Option<String>,
     /// With `sentinel_password`: the sentinels' ACL user (none: `default`).
     pub sentinel_username: Option<String>,
+    /// With a Sentinel `per_second_url`: the password for its sentinels
+    /// (`REDIS_PERSECOND_SENTINEL_AUTH`). None: those of `sentinel_password`.
+    pub per_second_sentinel_password: Option<String>,
+    /// With `per_second_sentinel_password`: its ACL user.
+    pub per_second_sentinel_username: Option<String>,
     /// `on`: a replica takes leases on its busy keys and decides them locally (exact: Redis
     /// counts leased units as spent at the lease's expiry); `off` (the default): every
     /// decision is a script call.
@@ -119,6 +124,8 @@ impl Default for RedisSettings {
             per_second_url: None,
             sentinel_password: None,
             sentinel_username: None,
+            per_second_sentinel_password: None,
+            per_second_sentinel_username: None,
             leases: LeaseMode::Off,
             lease_horizon_ms: 20,
             lease_validity_ms: 100,
@@ -159,6 +166,17 @@ impl std::fmt::Debug for RedisSettings {
                 &self.sentinel_password.as_ref().map(|_| "<redacted>"),
             )
             .field("sentinel_username", &self.sentinel_username)
+            .field(
+                "per_second_sentinel_password",
+                &self
+                    .per_second_sentinel_password
+                    .as_ref()
+                    .map(|_| "<redacted>"),
+            )
+            .field(
+                "per_second_sentinel_username",
+                &self.per_second_sentinel_username,
+            )
             .field("leases", &self.leases)
             .field("lease_horizon_ms", &self.lease_horizon_ms)
             .field("lease_validity_ms", &self.lease_validity_ms)
@@ -173,9 +191,23 @@ impl RedisSettings {
     /// its URL.
     pub fn per_second(&self) -> Option<RedisSettings> {
         let url = self.per_second_url.as_ref()?;
+        let (sentinel_password, sentinel_username) = match &self.per_second_sentinel_password {
+            Some(password) => (
+                Some(password.clone()),
+                self.per_second_sentinel_username.clone(),
+            ),
+            None => (
+                self.sentinel_password.clone(),
+                self.sentinel_username.clone(),
+            ),
+        };
         Some(RedisSettings {
             url: url.clone(),
             per_second_url: None,
+            sentinel_password,
+            sentinel_username,
+            per_second_sentinel_password: None,
+            per_second_sentinel_username: None,
             ..self.clone()
         })
     }
@@ -202,8 +234,27 @@ impl RedisSettings {
 
     /// Checks that the `sentinel_*` settings go with a Sentinel URL, the user with a password.
     pub(super) fn check_sentinel(&self) -> Result<(), String> {
-        let sentinel =
-            self.url.starts_with("redis+sentinel://") || self.url.starts_with("rediss+sentinel://");
+        let is_sentinel = |url: &str| {
+            url.starts_with("redis+sentinel://") || url.starts_with("rediss+sentinel://")
+        };
+        let sentinel = is_sentinel(&self.url);
+        if self.per_second_sentinel_password.is_some()
+            && !self.per_second_url.as_deref().is_some_and(is_sentinel)
+        {
+            return Err(
+                "redis.per_second_sentinel_password needs a Sentinel per_second_url \
+                        (redis+sentinel:// or rediss+sentinel://)"
+                    .to_owned(),
+            );
+        }
+        if self.per_second_sentinel_username.is_some()
+            && self.per_second_sentinel_password.is_none()
+        {
+            return Err(
+                "redis.per_second_sentinel_username needs redis.per_second_sentinel_password"
+                    .to_owned(),
+            );
+        }
         if self.sentinel_password.is_some() && !sentinel {
             return Err("redis.sentinel_password needs a Sentinel URL \
                         (redis+sentinel:// or rediss+sentinel://)"
