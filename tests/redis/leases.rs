@@ -26,6 +26,7 @@ fn limit(algorithm: Algorithm, quota: u32, burst: u32) -> LimitParams {
         charge: Charge::Admitted,
         borrow: false,
         block_nanos: 0,
+        global: false,
         calendar: None,
     }
 }

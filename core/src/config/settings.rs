@@ -39,7 +39,7 @@ fn zero_names<'a>(values: impl IntoIterator<Item = (&'a str, u64)>) -> Vec<&'a s
         .map(|(name, _)| name)
         .collect()
 }
-pub use redis::{LeaseMode, OnError, RedisSettings, redacted_url};
+pub use redis::{GlobalOnError, LeaseMode, OnError, RedisSettings, redacted_url};
 pub use rlqs::RlqsSettings;
 pub use xds::XdsSettings;
 
@@ -269,6 +269,9 @@ pub struct DomainLimits {
     pub algorithm: Option<Algorithm>,
     /// Whether a denied cost is charged, for a limit of the domain without `charge`.
     pub charge: Option<Charge>,
+    /// `global`: every limit of the domain is counted once across regions (as `scope:
+    /// global` on each); `local` (the default): as each limit says.
+    pub scope: Option<crate::config::model::Scope>,
 }
 
 /// `[memory]`: the in-process backend.
@@ -425,6 +428,7 @@ impl Settings {
             self.redis
                 .check_sentinel()
                 .and_then(|()| self.redis.check_leases())
+                .and_then(|()| self.redis.check_global())
                 .map_err(config::ConfigError::Message)?;
         }
         let tls = &self.tls;

@@ -62,6 +62,9 @@ pub struct LimitParams {
     /// The penalty box (`block_for`): once this limit denies a key, the key stays denied this
     /// many nanoseconds; 0: none.
     pub block_nanos: u64,
+    /// `scope: global`: counted once across regions, in the home Redis
+    /// (`redis.global_url`), which lends shares of it to this region (docs/regions.md).
+    pub global: bool,
     /// Calendar windows (`time_zone`, `fixed_window` only): the window is a local day, week,
     /// month or year instead of an epoch-aligned block of `period_nanos`.
     pub calendar: Option<calendar::Calendar>,
@@ -312,6 +315,7 @@ impl LimitParams {
             charge: rule.charge,
             borrow: rule.borrow,
             block_nanos: rule.block_nanos,
+            global: rule.global,
             calendar: rule.calendar(),
         }
     }
@@ -357,6 +361,7 @@ pub(crate) fn funnel_hit(
             charge,
             borrow: false,
             block_nanos: 0,
+            global: false,
             calendar: None,
         },
         cost: 1,

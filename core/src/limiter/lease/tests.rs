@@ -175,6 +175,7 @@ fn logs_concurrency_and_direct_limits_are_never_leased() {
         charge: Charge::Admitted,
         borrow: false,
         block_nanos: 0,
+        global: false,
         calendar: None,
     };
     assert!(leasable(&limit));
@@ -197,6 +198,7 @@ fn logs_concurrency_and_direct_limits_are_never_leased() {
         },
         LimitParams {
             block_nanos: SEC,
+            global: false,
             ..limit
         },
         LimitParams { quota: 0, ..limit },
@@ -214,6 +216,7 @@ fn funnel_limit(quota: u32, burst: u32) -> LimitParams {
         charge: Charge::Admitted,
         borrow: false,
         block_nanos: 0,
+        global: false,
         calendar: None,
     }
 }
