@@ -31,6 +31,7 @@ pub mod per_second;
 pub mod plan;
 pub mod redis;
 pub mod reserve;
+pub mod share;
 pub mod sliding_log;
 pub mod sliding_window;
 pub mod token_bucket;

@@ -98,6 +98,17 @@ pub(super) struct Renewal {
     give: u64,
 }
 
+/// One lease call's arguments: the lessee, the key (without the prefix) and its limit, the
+/// units given back, the units wanted, the most the lease may be valid (nanoseconds).
+pub(super) struct LeaseCall<'a> {
+    pub id: &'a str,
+    pub key: &'a [u8],
+    pub limit: &'a LimitParams,
+    pub give: u64,
+    pub want: u64,
+    pub validity: u64,
+}
+
 /// What a request's hits ask of the table.
 enum Spend {
     Done(BatchOutcome),
@@ -403,7 +414,17 @@ impl RedisLimiter {
         let sent = self.clock.now_nanos();
         let validity = lease::validity(&renewal.limit, &self.leases.sizing);
         let reply = self
-            .within_timeout(|deadline| self.lease_call(renewal, validity, sent, deadline))
+            .within_timeout(|deadline| {
+                let call = LeaseCall {
+                    id: &self.leases.id,
+                    key: &renewal.key,
+                    limit: &renewal.limit,
+                    give: renewal.give,
+                    want: renewal.want,
+                    validity,
+                };
+                self.lease_call(call, sent, deadline)
+            })
             .await;
         let [now, returned, units, expires, _remaining, reset] = match reply {
             Ok(values) => values,
@@ -421,15 +442,18 @@ impl RedisLimiter {
         Some((held, returned))
     }
 
-    async fn lease_call(
+    /// One call of `lua/lease.lua` by `deadline`: `{ now, returned, units, expires, remaining,
+    /// reset }` (microseconds). A replica's leases call it under the replica's id; a region's
+    /// shares of a global limit (`global`) on the home Redis, under the region's.
+    pub(super) async fn lease_call(
         &self,
-        renewal: &Renewal,
-        validity: u64,
+        renewal: LeaseCall<'_>,
         sent: u64,
         deadline: Instant,
     ) -> RedisResult<[u64; 6]> {
+        let validity = renewal.validity;
         let prefix = self.prefix();
-        let state = script::prefixed(prefix, &renewal.key);
+        let state = script::prefixed(prefix, renewal.key);
         let records = [&state[..], b":lease"].concat();
         let mut invocation = SCRIPT.prepare_invoke();
         invocation.key(state).key(records);
@@ -439,15 +463,15 @@ impl RedisLimiter {
             String::new()
         };
         invocation.arg(now).arg(1);
-        for field in script::limit_fields(&renewal.limit, sent) {
+        for field in script::limit_fields(renewal.limit, sent) {
             invocation.arg(field);
         }
         invocation
-            .arg(&self.leases.id)
+            .arg(renewal.id)
             .arg(renewal.give)
             .arg(renewal.want)
             .arg(validity.div_ceil(1_000).max(1));
-        let reply = self.keyed(&renewal.key, &invocation, deadline).await?;
+        let reply = self.keyed(renewal.key, &invocation, deadline).await?;
         let values: Vec<u64> = redis::from_redis_value(reply)?;
         values.try_into().map_err(|_| {
             redis::RedisError::from((
