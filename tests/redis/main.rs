@@ -25,6 +25,7 @@ mod late_returns;
 mod leases;
 mod limitador;
 mod penalty;
+mod regions;
 mod replicas;
 mod replication;
 mod roundtrips;

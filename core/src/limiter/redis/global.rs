@@ -553,8 +553,9 @@ impl RedisLimiter {
                     outcomes[i] = outcome;
                 }
                 Err(e) => {
+                    // The region's Redis failed: as any request, by `redis.on_error`.
                     self.give_back(global, batch, &taken, &[]).await;
-                    return Err(e);
+                    return self.fallback(batch, e).await;
                 }
             }
         }

@@ -45,6 +45,8 @@
 --   share it came from), at most what that slot has spent. Reply: the units given back.
 -- "peek": { now, l0, u0, n0, l1, u1, n1, spent, fb, down, hr, hreset, lock }
 
+floor, format = math.floor, string.format
+
 local now = clock(ARGV[1])
 local pool = KEYS[1]
 local op = ARGV[2]

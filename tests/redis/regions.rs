@@ -1,0 +1,240 @@
+//! Global limits (`scope: global`, `redis.global_url`) on real redis-servers, in process: a home
+//! and two regions, two limiters (replicas) per region. The share pool is exact across a
+//! region's replicas and both regions together never admit more than a global window; a
+//! region cut from home spends what it held and then denies (or, under `global_on_error =
+//! "share"`, admits its fixed percent); a limit without `scope: global` makes no call to home.
+//! The fault test with the binary and a delaying proxy is tests/serial/redis_regions.rs.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sluice::config::model::{Algorithm, Charge};
+use sluice::config::settings::{GlobalOnError, RedisSettings};
+use sluice::limiter::{Batch, Hit, LimitParams, Limiter, RedisLimiter, Role};
+use sluice::testing::redis::RedisServer;
+
+const MS: u64 = 1_000_000;
+const SEC: u64 = 1_000 * MS;
+
+fn limit(algorithm: Algorithm, quota: u32, period: u64, global: bool) -> LimitParams {
+    LimitParams {
+        algorithm,
+        quota,
+        period_nanos: period,
+        burst: quota,
+        charge: Charge::Admitted,
+        borrow: false,
+        block_nanos: 0,
+        global,
+        calendar: None,
+    }
+}
+
+fn batch(key: &str, limit: LimitParams) -> Batch {
+    Batch {
+        hits: vec![Hit {
+            key: Arc::from(key.as_bytes()),
+            limit,
+            cost: 1,
+            refund: false,
+            group: 0,
+            role: Role::Enforced,
+            hold: None,
+        }],
+    }
+}
+
+fn regional(region: &RedisServer, home: &RedisServer, name: &str) -> RedisSettings {
+    RedisSettings {
+        global_url: Some(home.url()),
+        region: Some(name.to_owned()),
+        global_share_ms: 500,
+        global_lease_ms: 2_000,
+        ..region.settings()
+    }
+}
+
+fn replica(settings: &RedisSettings) -> Arc<RedisLimiter> {
+    Arc::new(RedisLimiter::new(settings, 1_000).expect("valid settings"))
+}
+
+fn event(limiter: &RedisLimiter, name: &str) -> u64 {
+    limiter
+        .events()
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .map_or(0, |(_, v)| v)
+}
+
+fn unix_nanos() -> u64 {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    u64::try_from(now.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Admissions of one replica: (sent, answered) Unix nanoseconds of each admitted request.
+async fn hammer(
+    limiter: Arc<RedisLimiter>,
+    b: Batch,
+    until: u64,
+    every: Duration,
+) -> Vec<(u64, u64)> {
+    let mut admitted = Vec::new();
+    while unix_nanos() < until {
+        let sent = unix_nanos();
+        let outcome = limiter.check(&b).await.expect("an answer");
+        if outcome.admitted {
+            admitted.push((sent, unix_nanos()));
+        }
+        tokio::time::sleep(every).await;
+    }
+    admitted
+}
+
+/// Four replicas (two per region) ask faster than a global window of 200 per 2 s admits:
+/// every window admits at most 200 (counting an admission in a window only when it was
+/// surely decided in it), every whole window at least 90% of it, and shares were taken and
+/// returned by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_regions_never_admit_more_than_a_global_window() {
+    let (home, east, west) = (
+        RedisServer::start(),
+        RedisServer::start(),
+        RedisServer::start(),
+    );
+    let period = 2 * SEC;
+    let quota = 200;
+    let l = limit(Algorithm::FixedWindow, quota, period, true);
+    let e = regional(&east, &home, "east");
+    let w = regional(&west, &home, "west");
+    let replicas = [replica(&e), replica(&e), replica(&w), replica(&w)];
+    // Start just after a window's start, and run three whole windows.
+    let start = (unix_nanos() / period + 1) * period;
+    tokio::time::sleep(Duration::from_nanos(start.saturating_sub(unix_nanos()))).await;
+    let until = start + 3 * period;
+    let tasks: Vec<_> = replicas
+        .iter()
+        .map(|r| {
+            tokio::spawn(hammer(
+                r.clone(),
+                batch("tenant", l),
+                until,
+                Duration::from_millis(4),
+            ))
+        })
+        .collect();
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.expect("a task"));
+    }
+    for k in 0..3 {
+        let (from, to) = (start + k * period, start + (k + 1) * period);
+        let surely = all.iter().filter(|(s, a)| *s >= from && *a < to).count();
+        let maybe = all.iter().filter(|(s, a)| *a >= from && *s < to).count();
+        assert!(
+            surely <= quota as usize,
+            "window {k}: {surely} admitted of {quota}"
+        );
+        assert!(
+            maybe * 10 >= quota as usize * 9,
+            "window {k}: only {maybe} admitted of {quota}"
+        );
+    }
+    let taken: u64 = replicas
+        .iter()
+        .map(|r| event(r, "global_share_taken"))
+        .sum();
+    assert!(taken >= 6, "shares taken: {taken}");
+    // Home is asked once per share (not per request); the regions' Redis hold only pools.
+    let home_calls = home.script_calls();
+    assert!(
+        (taken..=all.len() as u64 / 2).contains(&home_calls),
+        "{home_calls} calls to home for {taken} shares and {} admissions",
+        all.len()
+    );
+    let east_keys: Vec<String> = east.cmd(&["KEYS", "*"]);
+    assert!(
+        east_keys.iter().all(|k| k.ends_with(":share")),
+        "{east_keys:?}"
+    );
+}
+
+/// A region cut from home (home stopped) spends what its pool holds and then denies; a region
+/// under `global_on_error = "share"` then admits its percent of the limit per period, no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_cut_from_home_spends_what_it_holds_then_answers_by_global_on_error() {
+    let (mut home, east, west) = (
+        RedisServer::start(),
+        RedisServer::start(),
+        RedisServer::start(),
+    );
+    // A window long enough not to end during the test.
+    let l = limit(Algorithm::FixedWindow, 1_000, 3_600 * SEC, true);
+    let e = regional(&east, &home, "east");
+    let w = RedisSettings {
+        global_on_error: GlobalOnError::Share,
+        global_share_percent: 5,
+        ..regional(&west, &home, "west")
+    };
+    let (east_r, west_r) = (replica(&e), replica(&w));
+    let b = batch("cut", l);
+    // Some traffic, so that each region holds a share.
+    for _ in 0..40 {
+        assert!(east_r.check(&b).await.expect("an answer").admitted);
+        assert!(west_r.check(&b).await.expect("an answer").admitted);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held: u64 = ["0", "1"]
+        .iter()
+        .map(|s| {
+            let until: u64 = east.cmd(&["HGET", "sluice:cut:share", &format!("u{s}")]);
+            let left: u64 = east.cmd(&["HGET", "sluice:cut:share", &format!("l{s}")]);
+            let now_us = unix_nanos() / 1_000;
+            if until > now_us { left } else { 0 }
+        })
+        .sum();
+    home.kill();
+    let mut east_admitted = 0;
+    let mut west_admitted = 0;
+    for _ in 0..200 {
+        east_admitted += u64::from(east_r.check(&b).await.expect("an answer").admitted);
+        west_admitted += u64::from(west_r.check(&b).await.expect("an answer").admitted);
+    }
+    assert!(
+        east_admitted <= held,
+        "east admitted {east_admitted} with {held} held when cut"
+    );
+    assert!(
+        event(&east_r, "global_home_failure") >= 1,
+        "{:?}",
+        east_r.events()
+    );
+    // West: what it held, then at most 5% of 1,000 a period.
+    let west_pool: u64 = west.cmd(&["HGET", "sluice:cut:share", "fb"]);
+    assert!(west_pool <= 50, "fallback admitted {west_pool}");
+    assert!(west_admitted >= 50, "west admitted {west_admitted}");
+    assert!(event(&west_r, "global_fallback_admitted") == west_pool);
+}
+
+/// A limit without `scope: global` makes no call to home and leaves no pool: the same path
+/// as without `redis.global_url`.
+#[tokio::test]
+async fn a_local_limit_makes_no_call_to_home() {
+    let (home, east) = (RedisServer::start(), RedisServer::start());
+    let r = replica(&regional(&east, &home, "east"));
+    let b = batch("local", limit(Algorithm::FixedWindow, 10, 60 * SEC, false));
+    home.reset_stats();
+    let calls = AtomicU64::new(0);
+    for _ in 0..12 {
+        if r.check(&b).await.expect("an answer").admitted {
+            calls.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    assert_eq!(calls.load(Ordering::Relaxed), 10);
+    assert_eq!(home.script_calls(), 0);
+    let keys: Vec<String> = east.cmd(&["KEYS", "*"]);
+    assert!(keys.iter().all(|k| !k.ends_with(":share")), "{keys:?}");
+}
