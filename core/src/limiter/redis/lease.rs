@@ -4,8 +4,8 @@
 //!
 //! # One request
 //!
-//! A request whose every hit may be leased (funnel, fixed or sliding window without calendar,
-//! counted when admitted, no `borrow`, no `block_for`, enforced, a cost, no refund, no hold)
+//! A request whose every hit may be leased (funnel, token bucket, fixed window (calendar
+//! windows included) or sliding window, counted when admitted, no `borrow`, no `block_for`, enforced, a cost, no refund, no hold)
 //! counts its demand per key. When every hit's key holds a valid lease with units enough, it is
 //! decided here: admitted, the units spent, no Redis call. Otherwise, for each busy key whose
 //! lease is missing, spent or expired, and which no other request is renewing, one call gives
@@ -34,7 +34,6 @@ use tokio::time::Instant;
 
 use super::RedisLimiter;
 use super::script;
-use crate::config::model::Algorithm;
 use crate::limiter::lease::{self, Demand, Sizing};
 use crate::limiter::{Batch, BatchOutcome, Hit, HitOutcome, LimitParams, Role};
 
@@ -134,11 +133,6 @@ impl Leases {
             && !batch.hits.is_empty()
             && batch.hits.iter().all(|h| {
                 lease::leasable(&h.limit)
-                    && matches!(
-                        h.limit.algorithm,
-                        Algorithm::Funnel | Algorithm::FixedWindow | Algorithm::SlidingWindow
-                    )
-                    && h.limit.calendar.is_none()
                     && h.cost > 0
                     && !h.refund
                     && h.hold.is_none()
