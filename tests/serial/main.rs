@@ -46,6 +46,7 @@ mod redis_faults;
 mod redis_leases;
 mod redis_load;
 mod redis_partitions;
+mod redis_regions;
 mod redis_sentinel;
 mod request_tracing;
 mod rlqs_bounds;

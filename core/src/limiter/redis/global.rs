@@ -117,6 +117,8 @@ struct Spent {
     /// Home's reset, on the region's clock (microseconds; 0 unknown).
     reset: u64,
     took: u64,
+    /// Home lent less than asked last time.
+    short: bool,
 }
 
 /// A renewal this caller was elected for.
@@ -252,6 +254,7 @@ impl Global {
             down: get(8) == 1,
             reset: get(9),
             took: get(10),
+            short: get(11) == 1,
         };
         let renewal = spent.slot.map(|slot| Renewal {
             key: hit.key.clone(),
@@ -316,6 +319,7 @@ impl Global {
                     reset_at.to_string(),
                     dry.to_string(),
                     ttl,
+                    if units < renewal.want { "1" } else { "0" }.to_owned(),
                 ];
                 (args, true)
             }
@@ -392,7 +396,8 @@ impl Global {
             let (spent, renewal) = self.spend(hit).await?;
             let paid = spent.verdict != 0;
             if let Some(renewal) = renewal {
-                if paid || tries > 2 {
+                if paid || tries > 2 || spent.short || spent.down {
+                    // Paid, or home is short or down: the request does not wait for it.
                     let me = Arc::clone(self);
                     tokio::spawn(async move { me.renew_marked(renewal).await });
                 } else {
@@ -427,6 +432,10 @@ impl Global {
                     outcome.dry.saturating_mul(1_000)
                 } else if outcome.down {
                     RETRY_MS * 1_000_000
+                } else if outcome.short {
+                    u64::try_from(rtt.as_nanos())
+                        .unwrap_or(u64::MAX)
+                        .max(1_000_000)
                 } else if reset_nanos > 0 {
                     reset_nanos
                 } else {

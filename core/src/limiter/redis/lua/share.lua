@@ -33,8 +33,10 @@
 --   Reply: { now, verdict (0 denied, 1 from a share, 2 from the fallback), left, slot + 1 (0: no
 --   renewal for this caller), give, rate, waiting (1: a renewal is under way elsewhere, not
 --   dry, not down), dry (microseconds to wait), down (1/0), hreset, took (the latest until
---   of the slots the cost came from, which "unspend" needs) }
--- "deposit" token, slot, units, until, home_remaining, home_reset, dry_until, ttl_ms:
+--   of the slots the cost came from, which "unspend" needs), short (1: home lent less than
+--   asked last time: scarce, so a request the pool cannot pay is denied at once rather than
+--   made to wait) }
+-- "deposit" token, slot, units, until, home_remaining, home_reset, dry_until, ttl_ms, short:
 --   The renewal's answer (only under the lock with `token`): the slot holds `units` until
 --   `until`; `dry_until` > now: home had nothing, deny at once until then. Unlocks.
 --   Reply: 1, or 0 when the lock was not this token's (the units are then lost).
@@ -133,7 +135,7 @@ if op == "spend" then
       give = slots[slot].left
       redis.call("HSET", pool, "l" .. slot, "0", "lock", fmt(now + lock_ms * 1000),
                  "tok", token)
-    elseif now < lock and now >= dry and not down then
+    elseif now < lock and now >= dry and not down and num("short") == 0 then
       waiting = 1
     end
   end
@@ -141,7 +143,7 @@ if op == "spend" then
   local dry_wait = 0
   if dry > now then dry_wait = dry - now end
   return { now, verdict, left, slot + 1, give, rate, waiting, dry_wait, down and 1 or 0,
-           num("hreset"), took }
+           num("hreset"), took, num("short") }
 end
 
 if op == "deposit" then
@@ -149,10 +151,11 @@ if op == "deposit" then
   local units, untl = clamp(ARGV[5]), clamp(ARGV[6])
   local remaining, reset, dry, ttl = clamp(ARGV[7]), clamp(ARGV[8]), clamp(ARGV[9]),
                                      clamp(ARGV[10])
+  local short = ARGV[11] or "0"
   if redis.call("HGET", pool, "tok") ~= token then return 0 end
   redis.call("HSET", pool, "l" .. slot, fmt(units), "u" .. slot, fmt(untl), "n" .. slot,
              fmt(units), "lock", "0", "tok", "", "down", "0", "hr", fmt(remaining),
-             "hreset", fmt(reset), "dry", fmt(dry))
+             "hreset", fmt(reset), "dry", fmt(dry), "short", short)
   if units > 0 then
     redis.call("HSET", pool, "low", fmt(math.floor((units + 1) / 2)))
   end

@@ -1,0 +1,400 @@
+//! One quota across regions (`scope: global`), with the real binary: three redis-servers (home,
+//! east, west), two `sluice serve` per region on its region's Redis, each region reaching home
+//! through a test proxy that delays every chunk 40 ms each way (an 80 ms round trip) and can
+//! cut the link (hold everything). Two global limits: a fixed window and a token bucket of Q
+//! per W seconds (burst Q).
+//!
+//! Phases, from the first window boundary S: both regions ask 20 a second for each limit
+//! (phase A), then east alone 40 a second (one window), then both 20 a second while east is
+//! cut from home for 20 s (from a window boundary), then both 20 a second for one window.
+//! Checked:
+//! - every window admits at most Q (counting an admission in a window only when it was surely
+//!   decided in it), the bucket at most Q + Q·k by the k-th period's end, all run long (the
+//!   cut included: `global_on_error = "deny"`);
+//! - every whole window of phases A, B and after the heal admits at least 95% of Q (demand is
+//!   4 times the limit), and so does the bucket over those phases;
+//! - p99 of the decision latency (client side, gRPC included) in phase A, after its first
+//!   window, at most 5 ms in each region;
+//! - east, once cut, admits no more than its pool held (read just after the cut), then
+//!   denies; the windows wholly inside the cut still admit at least 90% of Q (west takes
+//!   what east cannot); after the heal east takes a share again within 1 s.
+//!
+//! Scale: CI runs W = 10 s, Q = 100 (600 a minute scaled to 10 s, same ratios) with a 20 s
+//! phase A: about 70 s. `SLUICE_REGIONS_FULL=1` runs the issue's figures: W = 60 s, Q = 600,
+//! phase A 3 minutes (about 6 minutes in all); docs/regions.md gives what it measured.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+use sluice::testing::grpc::*;
+use sluice::testing::http;
+use sluice::testing::process::SluiceProcess;
+use sluice::testing::proxy::Proxy;
+use sluice::testing::redis::RedisServer;
+
+const SEC: u64 = 1_000_000_000;
+const MS: u64 = 1_000_000;
+
+/// The run's scale: the period (seconds), the quota, phase A's length (seconds).
+#[derive(Debug, Clone, Copy)]
+struct Scale {
+    window: u64,
+    quota: u64,
+    phase_a: u64,
+}
+
+fn scale() -> Scale {
+    if std::env::var("SLUICE_REGIONS_FULL").is_ok_and(|v| v == "1") {
+        Scale {
+            window: 60,
+            quota: 600,
+            phase_a: 180,
+        }
+    } else {
+        Scale {
+            window: 10,
+            quota: 100,
+            phase_a: 20,
+        }
+    }
+}
+
+fn rules(s: Scale) -> String {
+    format!(
+        "domain: global
+descriptors:
+  - key: window
+    rate_limit:
+      unit: second
+      unit_multiplier: {w}
+      requests_per_unit: {q}
+      algorithm: fixed_window
+      scope: global
+  - key: bucket
+    rate_limit:
+      unit: second
+      unit_multiplier: {w}
+      requests_per_unit: {q}
+      algorithm: token_bucket
+      scope: global
+",
+        w = s.window,
+        q = s.quota
+    )
+}
+
+fn unix_nanos() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// One answer: region (0 east, 1 west), key (0 window, 1 bucket), sent, answered (Unix
+/// nanoseconds), admitted.
+#[derive(Debug, Clone, Copy)]
+struct Answer {
+    region: usize,
+    key: usize,
+    sent: u64,
+    back: u64,
+    admitted: bool,
+}
+
+/// The phases' times (Unix nanoseconds).
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    begin: u64,
+    start: u64,
+    east_alone: u64,
+    cut: u64,
+    heal: u64,
+    end: u64,
+}
+
+impl Plan {
+    fn new(s: Scale, begin: u64) -> Plan {
+        let w = s.window * SEC;
+        let start = (begin / w + 1) * w;
+        let east_alone = start + s.phase_a * SEC;
+        let cut = east_alone + w;
+        let heal = cut + 20 * SEC;
+        let end = (heal / w + 2) * w;
+        Plan {
+            begin,
+            start,
+            east_alone,
+            cut,
+            heal,
+            end,
+        }
+    }
+
+    /// Requests a second region `r` asks for each limit at `t`.
+    fn rate(&self, region: usize, t: u64) -> u64 {
+        if (self.east_alone..self.cut).contains(&t) {
+            if region == 0 { 40 } else { 0 }
+        } else {
+            20
+        }
+    }
+}
+
+/// One process's callers for `key`: half the region's rate each (two processes a region),
+/// paced, each request on a task of its own so that a slow answer does not delay the next.
+async fn caller(url: String, region: usize, key: usize, plan: Plan, out: Arc<Mutex<Vec<Answer>>>) {
+    let client = RateLimitServiceClient::connect(url).await.expect("connect");
+    let name = ["window", "bucket"][key];
+    let mut next = unix_nanos();
+    let mut tasks = tokio::task::JoinSet::new();
+    while next < plan.end {
+        let rate = plan.rate(region, next) / 2;
+        if rate == 0 {
+            next += 50 * MS;
+        } else {
+            let mut c = client.clone();
+            let out = out.clone();
+            tasks.spawn(async move {
+                let sent = unix_nanos();
+                let r = c
+                    .should_rate_limit(req("global", vec![desc(&[(name, "tenant")])]))
+                    .await;
+                let back = unix_nanos();
+                if let Ok(r) = r {
+                    let admitted = overall(r.get_ref()) == Code::Ok;
+                    out.lock().push(Answer {
+                        region,
+                        key,
+                        sent,
+                        back,
+                        admitted,
+                    });
+                }
+            });
+            next += SEC / rate;
+        }
+        tokio::time::sleep(Duration::from_nanos(next.saturating_sub(unix_nanos()))).await;
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+/// The sum of a backend event over processes' metrics.
+async fn event(processes: &[SluiceProcess], name: &str) -> f64 {
+    let mut total = 0.0;
+    for p in processes {
+        let text = http::get(p.admin(), "/metrics").await.body;
+        total += http::sample(
+            &text,
+            "sluice_backend_events_total",
+            &[("backend", "redis"), ("event", name)],
+        )
+        .unwrap_or(0.0);
+    }
+    total
+}
+
+/// Units east's pool holds now, over its pools (both limits), valid slots only.
+fn held(region: &RedisServer) -> u64 {
+    let pools: Vec<String> = region.cmd(&["KEYS", "*:share"]);
+    let mut total = 0;
+    for pool in pools {
+        let now: Vec<u64> = region.cmd(&["TIME"]);
+        let now = now[0] * 1_000_000 + now[1];
+        for s in ["0", "1"] {
+            let until: Option<u64> = region.cmd(&["HGET", &pool, &format!("u{s}")]);
+            let left: Option<u64> = region.cmd(&["HGET", &pool, &format!("l{s}")]);
+            if until.unwrap_or(0) > now {
+                total += left.unwrap_or(0);
+            }
+        }
+    }
+    total
+}
+
+fn p99(mut latencies: Vec<u64>) -> u64 {
+    latencies.sort_unstable();
+    latencies
+        .get(latencies.len().saturating_mul(99) / 100)
+        .copied()
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_regions_share_one_quota_through_a_partition() {
+    let _serial = crate::serial_async().await;
+    let s = scale();
+    let (home, east, west) = (
+        RedisServer::start(),
+        RedisServer::start(),
+        RedisServer::start(),
+    );
+    let home_addr = home.addr().parse().expect("an address");
+    let proxies = [
+        Proxy::start(home_addr).await.expect("a proxy"),
+        Proxy::start(home_addr).await.expect("a proxy"),
+    ];
+    for p in &proxies {
+        p.delay(Duration::from_millis(40));
+    }
+    let rules_file = tempfile::NamedTempFile::new().expect("a rules file");
+    std::fs::write(rules_file.path(), rules(s)).expect("write rules");
+    let mut regions: Vec<Vec<SluiceProcess>> = Vec::new();
+    for (r, (name, redis)) in [("east", &east), ("west", &west)].into_iter().enumerate() {
+        let global = format!("redis://127.0.0.1:{}", proxies[r].port());
+        let env = [
+            ("SLUICE_REDIS__GLOBAL_URL", global.as_str()),
+            ("SLUICE_REDIS__REGION", name),
+            ("SLUICE_REDIS__TIMEOUT_MS", "1000"),
+        ];
+        let mut processes = Vec::new();
+        for _ in 0..2 {
+            let p = SluiceProcess::over_redis(
+                env!("CARGO_BIN_EXE_sluice"),
+                rules_file.path(),
+                &redis.url(),
+                &env,
+            );
+            processes.push(p.ready().await);
+        }
+        regions.push(processes);
+    }
+    let plan = Plan::new(s, unix_nanos());
+    eprintln!("scale {s:?}, plan {plan:?}");
+    let answers = Arc::new(Mutex::new(Vec::new()));
+    let mut runs = tokio::task::JoinSet::new();
+    for (r, processes) in regions.iter().enumerate() {
+        for p in processes {
+            for key in 0..2 {
+                runs.spawn(caller(p.url(), r, key, plan, answers.clone()));
+            }
+        }
+    }
+    // The cut: east's link to home holds everything for 20 s.
+    tokio::time::sleep(Duration::from_nanos(plan.cut.saturating_sub(unix_nanos()))).await;
+    proxies[0].hold();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let read_at = unix_nanos();
+    let east_held = held(&east);
+    tokio::time::sleep(Duration::from_nanos(plan.heal.saturating_sub(unix_nanos()))).await;
+    let taken_before = event(&regions[0], "global_share_taken").await;
+    let failures = event(&regions[0], "global_home_failure").await;
+    proxies[0].delay(Duration::from_millis(40));
+    let healed = unix_nanos();
+    let mut retaken = None;
+    while unix_nanos() < healed + 3 * SEC {
+        if event(&regions[0], "global_share_taken").await > taken_before {
+            retaken = Some(unix_nanos() - healed);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    while runs.join_next().await.is_some() {}
+    let answers = answers.lock().clone();
+    let w = s.window * SEC;
+    let q = s.quota;
+
+    // The fixed window: per window, surely-decided admissions at most Q; whole windows of
+    // phases A, B and after the heal at least 95% of Q.
+    let window: Vec<&Answer> = answers.iter().filter(|a| a.key == 0).collect();
+    let first = plan.begin / w;
+    let last = plan.end / w;
+    let mut per_window = Vec::new();
+    for k in first..last {
+        let (from, to) = (k * w, (k + 1) * w);
+        let sure = window
+            .iter()
+            .filter(|a| a.admitted && a.sent >= from && a.back < to)
+            .count() as u64;
+        let answered = window
+            .iter()
+            .filter(|a| a.admitted && a.back >= from && a.back < to)
+            .count() as u64;
+        per_window.push((from, sure, answered));
+    }
+    eprintln!("fixed window (start, surely in it, answered in it): {per_window:?}");
+    for &(from, sure, answered) in &per_window {
+        assert!(
+            sure <= q,
+            "window at {from}: {sure} admitted of {q}: {per_window:?}"
+        );
+        let whole = from >= plan.start && from + w <= plan.end;
+        let steady = whole && (from + w <= plan.cut || from >= plan.heal);
+        if steady {
+            assert!(
+                answered * 100 >= q * 95,
+                "window at {from}: only {answered} of {q}: {per_window:?}"
+            );
+        }
+        if whole && from >= plan.cut && from + w <= plan.heal {
+            assert!(
+                answered * 100 >= q * 90,
+                "window at {from}, east cut: {answered} of {q}"
+            );
+        }
+    }
+
+    // The token bucket: by the k-th period from the first request, at most Q + Q·k admitted.
+    let bucket: Vec<&Answer> = answers.iter().filter(|a| a.key == 1).collect();
+    let t0 = bucket.iter().map(|a| a.sent).min().unwrap_or(plan.begin);
+    let periods = (plan.end - t0) / w + 1;
+    for k in 1..=periods {
+        let by = t0 + k * w;
+        let admitted = bucket.iter().filter(|a| a.admitted && a.back < by).count() as u64;
+        assert!(
+            admitted <= q + q * k,
+            "bucket by period {k}: {admitted} > {}",
+            q + q * k
+        );
+    }
+    let steady_bucket = bucket
+        .iter()
+        .filter(|a| a.admitted && a.back >= plan.start && a.back < plan.cut)
+        .count() as u64;
+    let steady_periods = (plan.cut - plan.start) / w;
+    eprintln!("bucket: {steady_bucket} admitted in {steady_periods} periods before the cut");
+    assert!(
+        steady_bucket * 100 >= q * steady_periods * 95,
+        "bucket: {steady_bucket} admitted in {steady_periods} periods of {q}"
+    );
+
+    // Latency at a steady rate: phase A after its first window, per region.
+    for (r, name) in ["east", "west"].iter().enumerate() {
+        let latencies: Vec<u64> = answers
+            .iter()
+            .filter(|a| a.region == r && a.sent >= plan.start + w && a.sent < plan.east_alone)
+            .map(|a| a.back - a.sent)
+            .collect();
+        let n = latencies.len();
+        let p = p99(latencies);
+        eprintln!("{name}: p99 {:.2} ms over {n} decisions", p as f64 / 1e6);
+        assert!(n > 0 && p <= 5 * MS, "{name}: p99 {p} ns");
+    }
+
+    // The cut: east admits no more than its pool held, then denies; after the heal it takes
+    // a share within 1 s.
+    let east_during: Vec<&Answer> = answers
+        .iter()
+        .filter(|a| a.region == 0 && a.sent > read_at && a.back < plan.heal)
+        .collect();
+    let east_admitted = east_during.iter().filter(|a| a.admitted).count() as u64;
+    eprintln!(
+        "east cut: held {east_held}, admitted {east_admitted} of {} asked; {failures} failed calls to home; a share again {retaken:?} ns after the heal",
+        east_during.len()
+    );
+    assert!(
+        east_admitted <= east_held,
+        "east admitted {east_admitted} holding {east_held}"
+    );
+    assert!(failures >= 1.0, "east never failed to reach home");
+    let late = east_during
+        .iter()
+        .filter(|a| a.sent > plan.cut + 5 * SEC)
+        .filter(|a| a.admitted)
+        .count();
+    assert_eq!(late, 0, "east admitted {late} requests 5 s into the cut");
+    let retaken = retaken.expect("east took no share within 3 s of the heal");
+    assert!(
+        retaken <= SEC,
+        "east took a share {retaken} ns after the heal"
+    );
+}
