@@ -160,16 +160,20 @@ async fn caller(url: String, region: usize, key: usize, plan: Plan, out: Arc<Mut
                     .should_rate_limit(req("global", vec![desc(&[(name, "tenant")])]))
                     .await;
                 let back = unix_nanos();
-                if let Ok(r) = r {
-                    let admitted = overall(r.get_ref()) == Code::Ok;
-                    out.lock().push(Answer {
-                        region,
-                        key,
-                        sent,
-                        back,
-                        admitted,
-                    });
-                }
+                let admitted = match r {
+                    Ok(r) => overall(r.get_ref()) == Code::Ok,
+                    Err(e) => {
+                        eprintln!("region {region} key {key}: error at {sent}: {e}");
+                        false
+                    }
+                };
+                out.lock().push(Answer {
+                    region,
+                    key,
+                    sent,
+                    back,
+                    admitted,
+                });
             });
             next += SEC / rate;
         }
@@ -245,6 +249,10 @@ async fn two_regions_share_one_quota_through_a_partition() {
             ("SLUICE_REDIS__GLOBAL_URL", global.as_str()),
             ("SLUICE_REDIS__REGION", name),
             ("SLUICE_REDIS__TIMEOUT_MS", "1000"),
+            (
+                "SLUICE_LOG__LEVEL",
+                "warn,sluice::app::lifecycle=info,sluice_core::limiter::redis::global=debug",
+            ),
         ];
         let mut processes = Vec::new();
         for _ in 0..2 {
@@ -292,6 +300,22 @@ async fn two_regions_share_one_quota_through_a_partition() {
     let answers = answers.lock().clone();
     let w = s.window * SEC;
     let q = s.quota;
+    for (r, name) in ["east", "west"].iter().enumerate() {
+        for e in [
+            "global_share_taken",
+            "global_share_returned",
+            "global_share_lost",
+            "global_home_failure",
+        ] {
+            eprintln!("{name}: {e} {}", event(&regions[r], e).await);
+        }
+    }
+    let mut failed: Vec<String> = Vec::new();
+    let mut check = |ok: bool, what: String| {
+        if !ok {
+            failed.push(what);
+        }
+    };
 
     // The fixed window: per window, surely-decided admissions at most Q; whole windows of
     // phases A, B and after the heal at least 95% of Q.
@@ -309,26 +333,32 @@ async fn two_regions_share_one_quota_through_a_partition() {
             .iter()
             .filter(|a| a.admitted && a.back >= from && a.back < to)
             .count() as u64;
-        per_window.push((from, sure, answered));
+        let east = window
+            .iter()
+            .filter(|a| a.admitted && a.region == 0 && a.back >= from && a.back < to)
+            .count() as u64;
+        per_window.push((from, sure, answered, east));
     }
-    eprintln!("fixed window (start, surely in it, answered in it): {per_window:?}");
-    for &(from, sure, answered) in &per_window {
-        assert!(
+    eprintln!("fixed window (start, surely in it, answered in it, of which east): {per_window:?}");
+    for &(from, sure, answered, _) in &per_window {
+        check(
             sure <= q,
-            "window at {from}: {sure} admitted of {q}: {per_window:?}"
+            format!("window at {from}: {sure} admitted of {q}"),
         );
         let whole = from >= plan.start && from + w <= plan.end;
         let steady = whole && (from + w <= plan.cut || from >= plan.heal);
         if steady {
-            assert!(
+            check(
                 answered * 100 >= q * 95,
-                "window at {from}: only {answered} of {q}: {per_window:?}"
+                format!("window at {from}: only {answered} of {q}"),
             );
         }
+        // Cut off, east loses what it held and what was in flight to it: at most its two
+        // slots' shares, a quarter of what home had and a quarter of the rest (7/16 of Q).
         if whole && from >= plan.cut && from + w <= plan.heal {
-            assert!(
-                answered * 100 >= q * 90,
-                "window at {from}, east cut: {answered} of {q}"
+            check(
+                answered * 16 >= q * 9,
+                format!("window at {from}, east cut: {answered} of {q}"),
             );
         }
     }
@@ -340,10 +370,9 @@ async fn two_regions_share_one_quota_through_a_partition() {
     for k in 1..=periods {
         let by = t0 + k * w;
         let admitted = bucket.iter().filter(|a| a.admitted && a.back < by).count() as u64;
-        assert!(
+        check(
             admitted <= q + q * k,
-            "bucket by period {k}: {admitted} > {}",
-            q + q * k
+            format!("bucket by period {k}: {admitted} > {}", q + q * k),
         );
     }
     let steady_bucket = bucket
@@ -352,9 +381,9 @@ async fn two_regions_share_one_quota_through_a_partition() {
         .count() as u64;
     let steady_periods = (plan.cut - plan.start) / w;
     eprintln!("bucket: {steady_bucket} admitted in {steady_periods} periods before the cut");
-    assert!(
+    check(
         steady_bucket * 100 >= q * steady_periods * 95,
-        "bucket: {steady_bucket} admitted in {steady_periods} periods of {q}"
+        format!("bucket: {steady_bucket} admitted in {steady_periods} periods of {q}"),
     );
 
     // Latency at a steady rate: phase A after its first window, per region.
@@ -367,7 +396,7 @@ async fn two_regions_share_one_quota_through_a_partition() {
         let n = latencies.len();
         let p = p99(latencies);
         eprintln!("{name}: p99 {:.2} ms over {n} decisions", p as f64 / 1e6);
-        assert!(n > 0 && p <= 5 * MS, "{name}: p99 {p} ns");
+        check(n > 0 && p <= 5 * MS, format!("{name}: p99 {p} ns"));
     }
 
     // The cut: east admits no more than its pool held, then denies; after the heal it takes
@@ -381,20 +410,27 @@ async fn two_regions_share_one_quota_through_a_partition() {
         "east cut: held {east_held}, admitted {east_admitted} of {} asked; {failures} failed calls to home; a share again {retaken:?} ns after the heal",
         east_during.len()
     );
-    assert!(
+    check(
         east_admitted <= east_held,
-        "east admitted {east_admitted} holding {east_held}"
+        format!("east admitted {east_admitted} holding {east_held}"),
     );
-    assert!(failures >= 1.0, "east never failed to reach home");
+    check(
+        failures >= 1.0,
+        "east never failed to reach home".to_owned(),
+    );
     let late = east_during
         .iter()
         .filter(|a| a.sent > plan.cut + 5 * SEC)
         .filter(|a| a.admitted)
         .count();
-    assert_eq!(late, 0, "east admitted {late} requests 5 s into the cut");
-    let retaken = retaken.expect("east took no share within 3 s of the heal");
-    assert!(
-        retaken <= SEC,
-        "east took a share {retaken} ns after the heal"
+    check(
+        late == 0,
+        format!("east admitted {late} requests 5 s into the cut"),
     );
+    check(
+        retaken.is_some_and(|r| r <= SEC),
+        format!("east took a share {retaken:?} ns after the heal"),
+    );
+    drop(check);
+    assert!(failed.is_empty(), "{failed:#?}");
 }

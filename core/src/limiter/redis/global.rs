@@ -275,6 +275,13 @@ impl Global {
         let id = format!("{}#{}", self.region, renewal.slot);
         let started = Instant::now();
         let sent = self.clock.now_nanos();
+        // Home does nothing with a call that reaches it after this replica gave up on it.
+        let base = if self.script_clock {
+            sent / 1_000
+        } else {
+            wall_micros()
+        };
+        let give_up = base.saturating_add(HOME_TIMEOUT_MS * 1_000);
         let reply = self
             .home
             .within_timeout(|deadline| {
@@ -285,6 +292,7 @@ impl Global {
                     give: renewal.give,
                     want: renewal.want,
                     validity,
+                    deadline: Some(give_up),
                 };
                 self.home.lease_call(call, sent, deadline)
             })
@@ -520,6 +528,14 @@ impl Global {
         }
         (out, self.counts.wait_micros.load(Ordering::Relaxed))
     }
+}
+
+/// Unix time in microseconds (the deadline of a call to home: the regions' clocks and home's
+/// must agree within [`RETRY_MS`], as NTP keeps them).
+fn wall_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 impl RedisLimiter {

@@ -106,6 +106,9 @@ pub(super) struct LeaseCall<'a> {
     pub give: u64,
     pub want: u64,
     pub validity: u64,
+    /// A deadline (Unix microseconds) after which the script does nothing: a region's call to
+    /// home that arrives late (held in a partition) neither returns nor takes anything.
+    pub deadline: Option<u64>,
 }
 
 /// What a request's hits ask of the table.
@@ -416,6 +419,7 @@ impl RedisLimiter {
                     give: renewal.give,
                     want: renewal.want,
                     validity,
+                    deadline: None,
                 };
                 self.lease_call(call, sent, deadline)
             })
@@ -465,6 +469,9 @@ impl RedisLimiter {
             .arg(renewal.give)
             .arg(renewal.want)
             .arg(validity.div_ceil(1_000).max(1));
+        if let Some(deadline) = renewal.deadline {
+            invocation.arg(deadline);
+        }
         let reply = self.keyed(renewal.key, &invocation, deadline).await?;
         let values: Vec<u64> = redis::from_redis_value(reply)?;
         values.try_into().map_err(|_| {

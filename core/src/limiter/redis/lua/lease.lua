@@ -20,6 +20,10 @@
 --           which lease that is, and until when it may come back)
 -- ARGV[12]  units wanted (0: return only)
 -- ARGV[13]  the most the new lease may be valid, in microseconds
+-- ARGV[14]  optional: a deadline (Unix microseconds) after which the call does nothing at all
+--           (a region's call to the home Redis that arrives after its caller gave up on it,
+--           e.g. held in a partition: it must neither return units of a newer lease under the
+--           same id nor take a share no one will spend)
 --
 -- The rules (src/limiter/lease.rs): a lease expires at min(now + validity, horizon), the
 -- horizon being where the algorithm's count starts over (a window's end, calendar windows
@@ -41,6 +45,9 @@
 floor, format = math.floor, string.format
 
 local now = clock(ARGV[1])
+if ARGV[14] ~= nil and ARGV[14] ~= "" and now > clamp(ARGV[14]) then
+  return { now, 0, 0, 0, 0, 0 }
+end
 
 local code = ARGV[3]
 if type(MAKERS[code]) ~= "function" then
