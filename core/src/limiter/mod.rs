@@ -299,6 +299,15 @@ pub trait Limiter: Send + Sync + 'static {
         Box::pin(std::future::ready(Ok(vec![None; keys.len()])))
     }
 
+    /// Per key (a state key of a global limit), this region's share of it (admin `/why`); by
+    /// default, none.
+    fn shares<'a>(
+        &'a self,
+        keys: &'a [&'a [u8]],
+    ) -> BoxFuture<'a, Result<Vec<Option<counters::ShareView>>, LimiterError>> {
+        Box::pin(std::future::ready(Ok(vec![None; keys.len()])))
+    }
+
     /// What the backend says of its health, for people (the admin page). By default, nothing.
     fn status(&self) -> counters::BackendStatus {
         counters::BackendStatus::default()

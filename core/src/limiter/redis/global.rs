@@ -35,6 +35,7 @@ use super::RedisLimiter;
 use super::lease::LeaseCall;
 use super::script;
 use crate::config::settings::{GlobalOnError, RedisSettings};
+use crate::limiter::counters::ShareView;
 use crate::limiter::share::{self, Sizing};
 use crate::limiter::{Batch, BatchOutcome, Clock, Hit, HitOutcome, LimiterError, plan};
 
@@ -53,6 +54,19 @@ pub(super) const RETRY_MS: u64 = 200;
 /// The wait histogram's bounds, in microseconds (the last bucket is everything above).
 pub(super) const WAIT_BOUNDS_MICROS: [u64; 8] = [
     1_000, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+];
+
+/// The wait histogram's events: at most each of [`WAIT_BOUNDS_MICROS`], then every wait.
+const WAIT_EVENTS: [&str; 9] = [
+    "global_wait_le_1ms",
+    "global_wait_le_5ms",
+    "global_wait_le_10ms",
+    "global_wait_le_25ms",
+    "global_wait_le_50ms",
+    "global_wait_le_100ms",
+    "global_wait_le_250ms",
+    "global_wait_le_500ms",
+    "global_wait",
 ];
 
 /// Renewal tokens: this process's seed and a count.
@@ -489,34 +503,53 @@ impl Global {
         self.pool_call(key, &["peek".to_owned()]).await
     }
 
-    /// Home's state of a global key (its value as stored, for `/counters`).
-    pub(super) async fn home_state(&self, key: &[u8]) -> Result<Option<Vec<u8>>, LimiterError> {
-        let state = script::prefixed(self.home.prefix(), key);
-        let cmd = {
-            let mut c = redis::cmd("GET");
-            c.arg(state);
-            c
+    /// This region's share of `key`, read from its pool.
+    pub(super) async fn view(&self, key: &[u8]) -> Result<ShareView, LimiterError> {
+        let v = self.peek(key).await?;
+        let get = |i: usize| v.get(i).copied().unwrap_or(0);
+        let now = get(0);
+        let mut view = ShareView {
+            spent: get(7),
+            fallback: get(8),
+            home_down_nanos: (get(9) > 0).then(|| now.saturating_sub(get(9)) * 1_000),
+            home_remaining: get(10),
+            ..ShareView::default()
         };
-        let reply = self
-            .home
-            .within_timeout(|deadline| self.home.keyed(key, &cmd, deadline))
-            .await?;
-        let value: Option<Vec<u8>> =
-            redis::from_redis_value(reply).map_err(|e| super::limiter_error(e.into()))?;
-        Ok(value)
+        for slot in [1, 4] {
+            if get(slot + 1) > now {
+                view.held += get(slot);
+                view.granted += get(slot + 2);
+            }
+        }
+        Ok(view)
+    }
+
+    /// The home Redis's limiter (check-only reads and dry runs of global keys).
+    pub(super) fn home(&self) -> &RedisLimiter {
+        &self.home
     }
 
     pub(super) fn events(&self) -> Vec<(&'static str, u64)> {
         let c = &self.counts;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        vec![
+        let mut events = vec![
             ("global_share_taken", load(&c.taken)),
             ("global_share_returned", load(&c.returned)),
             ("global_share_lost", load(&c.lost)),
             ("global_home_failure", load(&c.home_failures)),
             ("global_fallback_admitted", load(&c.fallback_admitted)),
             ("global_fallback_denied", load(&c.fallback_denied)),
-        ]
+        ];
+        // The wait for home, as a cumulative histogram: requests that waited at most each
+        // bound, all that waited, and their total wait in microseconds.
+        let (buckets, micros) = self.waits();
+        let mut cumulative = 0;
+        for (name, count) in WAIT_EVENTS.iter().zip(buckets) {
+            cumulative += count;
+            events.push((name, cumulative));
+        }
+        events.push(("global_wait_micros", micros));
+        events
     }
 
     /// The wait for home: per bucket of [`WAIT_BOUNDS_MICROS`] (not cumulative; the last one
@@ -627,5 +660,98 @@ impl RedisLimiter {
             let hit = &batch.hits[i];
             global.unspend(hit, hit.cost, took).await;
         }
+    }
+}
+
+/// Whether a check-only read or a dry run goes to the limiter itself or to home.
+#[derive(Clone, Copy)]
+pub(super) enum Read {
+    Check,
+    Dry,
+}
+
+impl RedisLimiter {
+    /// A check-only read (`Read::Check`, costs 0) or a dry run of `batch`, its global hits
+    /// asked of the home Redis (their state lives there), the others of this one.
+    pub(super) async fn read_split(
+        &self,
+        batch: &Batch,
+        how: Read,
+    ) -> Result<BatchOutcome, LimiterError> {
+        let global = self
+            .global
+            .as_ref()
+            .filter(|_| batch.hits.iter().any(|h| h.limit.global));
+        let Some(global) = global else {
+            return match how {
+                Read::Check => self.decide(batch).await,
+                Read::Dry => self.dry(batch).await,
+            };
+        };
+        let (far, near): (Vec<usize>, Vec<usize>) =
+            (0..batch.hits.len()).partition(|&i| batch.hits[i].limit.global);
+        let part = |idx: &[usize]| Batch {
+            hits: idx.iter().map(|&i| batch.hits[i].clone()).collect(),
+        };
+        let home = global.home();
+        let (far_out, near_out) = match how {
+            Read::Check => (
+                home.decide(&part(&far)).await?,
+                if near.is_empty() {
+                    None
+                } else {
+                    Some(self.decide(&part(&near)).await?)
+                },
+            ),
+            Read::Dry => (
+                home.dry(&part(&far)).await?,
+                if near.is_empty() {
+                    None
+                } else {
+                    Some(self.dry(&part(&near)).await?)
+                },
+            ),
+        };
+        let mut hits = vec![
+            HitOutcome {
+                admitted: true,
+                remaining: 0,
+                reset_nanos: 0,
+                from_local_cache: false,
+            };
+            batch.hits.len()
+        ];
+        for (&i, h) in far.iter().zip(far_out.hits) {
+            hits[i] = h;
+        }
+        if let Some(near_out) = near_out {
+            for (&i, h) in near.iter().zip(near_out.hits) {
+                hits[i] = h;
+            }
+        }
+        let verdicts: Vec<bool> = hits.iter().map(|h| h.admitted).collect();
+        let admitted = plan::plan(&batch.hits, &verdicts).admitted;
+        Ok(BatchOutcome { hits, admitted })
+    }
+
+    /// This region's share of each of `keys` (global keys; `None` for the others, or without
+    /// `redis.global_url`).
+    pub(super) async fn shares_of(
+        &self,
+        keys: &[&[u8]],
+    ) -> Result<Vec<Option<ShareView>>, LimiterError> {
+        let Some(global) = &self.global else {
+            return Ok(vec![None; keys.len()]);
+        };
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            out.push(Some(global.view(key).await?));
+        }
+        Ok(out)
+    }
+
+    /// Whether `key`'s limit is global here (a pool read applies).
+    pub(super) fn has_global(&self) -> bool {
+        self.global.is_some()
     }
 }

@@ -616,7 +616,14 @@ impl Limiter for RedisLimiter {
         &'a self,
         batch: &'a Batch,
     ) -> BoxFuture<'a, Result<BatchOutcome, LimiterError>> {
-        Box::pin(self.dry(batch))
+        Box::pin(self.read_split(batch, global::Read::Dry))
+    }
+
+    fn shares<'a>(
+        &'a self,
+        keys: &'a [&'a [u8]],
+    ) -> BoxFuture<'a, Result<Vec<Option<super::counters::ShareView>>, LimiterError>> {
+        Box::pin(self.shares_of(keys))
     }
 
     fn reset<'a>(
