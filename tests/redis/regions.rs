@@ -161,6 +161,51 @@ async fn two_regions_never_admit_more_than_a_global_window() {
     );
 }
 
+/// A global token bucket (100 per 2 s, burst 100) shared by two regions: by the end of the
+/// k-th period from the first request, at most 100 + 100·k admitted, and at least 90% of the
+/// refills taken while both ask more than it gives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_regions_share_a_global_token_bucket_within_its_bound() {
+    let (home, east, west) = (
+        RedisServer::start(),
+        RedisServer::start(),
+        RedisServer::start(),
+    );
+    let period = 2 * SEC;
+    let l = limit(Algorithm::TokenBucket, 100, period, true);
+    let replicas = [
+        replica(&regional(&east, &home, "east")),
+        replica(&regional(&west, &home, "west")),
+    ];
+    let begin = unix_nanos();
+    let until = begin + 3 * period;
+    let tasks: Vec<_> = replicas
+        .iter()
+        .map(|r| {
+            tokio::spawn(hammer(
+                r.clone(),
+                batch("bucket", l),
+                until,
+                Duration::from_millis(4),
+            ))
+        })
+        .collect();
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.expect("a task"));
+    }
+    for k in 1..=3 {
+        let by = begin + k * period;
+        let admitted = all.iter().filter(|(_, a)| *a < by).count() as u64;
+        assert!(admitted <= 100 + 100 * k, "by period {k}: {admitted}");
+    }
+    let total = all.len() as u64;
+    assert!(
+        total >= 270,
+        "{total} admitted in 3 periods of a bucket of 100 (burst 100)"
+    );
+}
+
 /// A region cut from home (home stopped) spends what its pool holds and then denies; a region
 /// under `global_on_error = "share"` then admits its percent of the limit per period, no more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -44,10 +44,9 @@ const SHARE: &str = include_str!("lua/share.lua");
 static SCRIPT: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(&script::with_algorithms(SHARE)));
 
-/// The most one call to home may take (connecting included), whatever `redis.timeout_ms`.
+/// The least time one call to home may take (connecting included): `redis.timeout_ms` when
+/// longer. A cross-region round trip is 70 to 90 ms.
 pub(super) const HOME_TIMEOUT_MS: u64 = 500;
-/// A renewal's lock in the region's pool: longer than a call to home.
-const LOCK_MS: u64 = 2 * HOME_TIMEOUT_MS;
 /// After home failed or had nothing to lend, the next try comes this much later (so that a
 /// healed link is used again well within a second).
 pub(super) const RETRY_MS: u64 = 200;
@@ -85,6 +84,9 @@ pub(super) struct Global {
     sizing: Sizing,
     clock: Arc<dyn Clock>,
     script_clock: bool,
+    /// How long one call to home may take (milliseconds): the larger of `redis.timeout_ms` and
+    /// [`HOME_TIMEOUT_MS`]; a renewal's lock in the pool lasts twice that.
+    home_timeout_ms: u64,
     /// Home's round trip as last seen (nanoseconds): how long a request waits for a renewal.
     rtt: AtomicU64,
     pub(super) counts: Counts,
@@ -158,12 +160,13 @@ impl Global {
             return Ok(None);
         };
         let region = settings.region.clone().unwrap_or_default();
+        let home_timeout_ms = settings.timeout_ms.max(HOME_TIMEOUT_MS);
         let home_settings = RedisSettings {
             url,
             per_second_url: None,
             global_url: None,
-            timeout_ms: HOME_TIMEOUT_MS,
-            connect_timeout_ms: settings.connect_timeout_ms.min(HOME_TIMEOUT_MS),
+            timeout_ms: home_timeout_ms,
+            connect_timeout_ms: settings.connect_timeout_ms.min(home_timeout_ms),
             // Home is asked once per share: no breaker to wait out after a heal.
             breaker_failures: 0,
             leases: crate::config::settings::LeaseMode::Off,
@@ -181,6 +184,7 @@ impl Global {
             home,
             pool,
             region,
+            home_timeout_ms,
             token_seed: ahash::RandomState::new().hash_one(std::process::id()),
             on_error: settings.global_on_error,
             sizing: Sizing {
@@ -248,7 +252,7 @@ impl Global {
         let args = [
             "spend".to_owned(),
             hit.cost.to_string(),
-            LOCK_MS.to_string(),
+            (2 * self.home_timeout_ms).to_string(),
             token.clone(),
             fallback.to_string(),
             (hit.limit.period_nanos / 1_000).max(1).to_string(),
@@ -295,7 +299,7 @@ impl Global {
         } else {
             wall_micros()
         };
-        let give_up = base.saturating_add(HOME_TIMEOUT_MS * 1_000);
+        let give_up = base.saturating_add(self.home_timeout_ms * 1_000);
         let reply = self
             .home
             .within_timeout(|deadline| {
@@ -410,7 +414,7 @@ impl Global {
         let rtt = Duration::from_nanos(self.rtt.load(Ordering::Relaxed));
         let budget = (rtt + rtt / 2)
             .max(Duration::from_millis(20))
-            .min(Duration::from_millis(HOME_TIMEOUT_MS));
+            .min(Duration::from_millis(self.home_timeout_ms));
         let mut waited = false;
         let mut tries = 0;
         let outcome = loop {
