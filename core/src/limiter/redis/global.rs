@@ -50,6 +50,8 @@ pub(super) const HOME_TIMEOUT_MS: u64 = 500;
 /// After home failed or had nothing to lend, the next try comes this much later (so that a
 /// healed link is used again well within a second).
 pub(super) const RETRY_MS: u64 = 200;
+/// A region that spent nothing of a key for this long gives back what it holds of it.
+pub(super) const IDLE_MS: u64 = 1_000;
 /// The wait histogram's bounds, in microseconds (the last bucket is everything above).
 pub(super) const WAIT_BOUNDS_MICROS: [u64; 8] = [
     1_000, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
@@ -90,6 +92,11 @@ pub(super) struct Global {
     /// Home's round trip as last seen (nanoseconds): how long a request waits for a renewal.
     rtt: AtomicU64,
     pub(super) counts: Counts,
+    /// Global keys asked here lately, with their limit and when (local nanoseconds): the
+    /// sweep gives back what an idle region holds of them.
+    seen: parking_lot::Mutex<HashMap<Arc<[u8]>, (crate::limiter::LimitParams, u64)>>,
+    /// The sweep runs (started with the first global request).
+    sweeping: std::sync::atomic::AtomicBool,
     /// Renewals under way in this process, per key: a request waits on them.
     renewing: parking_lot::Mutex<HashMap<Arc<[u8]>, Arc<tokio::sync::Notify>>>,
 }
@@ -197,6 +204,8 @@ impl Global {
             rtt: AtomicU64::new(100_000_000),
             counts: Counts::default(),
             renewing: parking_lot::Mutex::new(HashMap::new()),
+            seen: parking_lot::Mutex::new(HashMap::new()),
+            sweeping: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 
@@ -330,7 +339,7 @@ impl Global {
                 let region_now = renewal.region_now;
                 let until = share::until(region_now, home_now, expires);
                 let reset_at = region_now.saturating_add(reset);
-                let dry = if units == 0 {
+                let dry = if units == 0 && renewal.want > 0 {
                     region_now.saturating_add((RETRY_MS * 1_000).min(reset.max(1)))
                 } else {
                     0
@@ -407,9 +416,76 @@ impl Global {
         self.counts.wait_micros.fetch_add(micros, Ordering::Relaxed);
     }
 
+    /// Gives back what the region holds of keys it no longer spends: every [`IDLE_MS`], each
+    /// global key this process asked for in the last minute whose pool spent nothing for
+    /// [`IDLE_MS`] returns a slot's units to home (one replica of the region, under the lock).
+    /// Ends with the limiter.
+    fn sweep(self: &Arc<Self>) {
+        if self.sweeping.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(IDLE_MS)).await;
+                let Some(me) = weak.upgrade() else {
+                    return;
+                };
+                let now = me.clock.now_nanos();
+                let keys: Vec<(Arc<[u8]>, crate::limiter::LimitParams)> = {
+                    let mut seen = me.seen.lock();
+                    seen.retain(|_, (_, at)| now.saturating_sub(*at) < 60_000_000_000);
+                    seen.iter().map(|(k, (l, _))| (k.clone(), *l)).collect()
+                };
+                for (key, limit) in keys {
+                    me.give_back_idle(key, limit).await;
+                }
+            }
+        });
+    }
+
+    /// One key's idle give-back, if the pool elects this replica.
+    async fn give_back_idle(&self, key: Arc<[u8]>, limit: crate::limiter::LimitParams) {
+        let token = format!(
+            "{:016x}{:x}",
+            self.token_seed,
+            TOKENS.fetch_add(1, Ordering::Relaxed)
+        );
+        let args = [
+            "idle".to_owned(),
+            (IDLE_MS * 1_000).to_string(),
+            (2 * self.home_timeout_ms).to_string(),
+            token.clone(),
+        ];
+        let Ok(v) = self.pool_call::<Vec<u64>>(&key, &args).await else {
+            return;
+        };
+        let get = |i: usize| v.get(i).copied().unwrap_or(0);
+        let Some(slot) = get(1).checked_sub(1) else {
+            return;
+        };
+        let renewal = Renewal {
+            key,
+            limit,
+            slot,
+            give: get(2),
+            want: 0,
+            token,
+            region_now: get(0),
+        };
+        self.renew(&renewal).await;
+    }
+
     /// One global hit: spent from the pool, renewing and waiting as the module says. Its
     /// outcome, and the `took` of the units spent (0 when none), for a give-back.
     async fn hit(self: &Arc<Self>, hit: &Hit) -> Result<(HitOutcome, u64), LimiterError> {
+        {
+            let mut seen = self.seen.lock();
+            if seen.len() < 10_000 || seen.contains_key(&hit.key) {
+                seen.insert(hit.key.clone(), (hit.limit, self.clock.now_nanos()));
+            }
+        }
+        self.sweep();
         let started = Instant::now();
         let rtt = Duration::from_nanos(self.rtt.load(Ordering::Relaxed));
         let budget = (rtt + rtt / 2)

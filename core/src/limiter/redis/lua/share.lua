@@ -98,6 +98,7 @@ if op == "spend" then
     left = left - cost
     if cost > 0 then redis.call("HINCRBY", pool, "spent", cost) end
   end
+  if cost > 0 then redis.call("HSET", pool, "last", fmt(now)) end
   -- The region's demand (asked, admitted or not), units a second.
   local since, seen, rate = num("since"), num("seen") + cost, num("rate")
   if since == 0 then since = now end
@@ -144,6 +145,24 @@ if op == "spend" then
   if dry > now then dry_wait = dry - now end
   return { now, verdict, left, slot + 1, give, rate, waiting, dry_wait, down and 1 or 0,
            num("hreset"), took, num("short") }
+end
+
+-- "idle" idle_us, lock_ms, token: when the region has spent nothing for idle_us and no
+--   renewal is under way, elects the caller to give a slot's units back to home (a share an
+--   idle region holds is quota the others cannot spend). Reply: { now, slot + 1 (0: none),
+--   give }.
+if op == "idle" then
+  local idle, lock_ms, token = clamp(ARGV[3]), clamp(ARGV[4]), ARGV[5]
+  load()
+  if now - num("last") < idle or now < num("lock") then return { now, 0, 0 } end
+  local slot = nil
+  for s = 0, 1 do
+    if valid(s) and (slot == nil or slots[s].left > slots[slot].left) then slot = s end
+  end
+  if slot == nil then return { now, 0, 0 } end
+  local give = slots[slot].left
+  redis.call("HSET", pool, "l" .. slot, "0", "lock", fmt(now + lock_ms * 1000), "tok", token)
+  return { now, slot + 1, give }
 end
 
 if op == "deposit" then
