@@ -283,3 +283,67 @@ async fn a_local_limit_makes_no_call_to_home() {
     let keys: Vec<String> = east.cmd(&["KEYS", "*"]);
     assert!(keys.iter().all(|k| !k.ends_with(":share")), "{keys:?}");
 }
+
+/// `/counters` and `/why` on a global limit: home's state (which counts the shares lent as
+/// spent) and this region's share of it (held, spent).
+#[tokio::test]
+async fn counters_and_why_show_homes_state_and_the_regions_share() {
+    use sluice::config::rules_file::{LoadOptions, from_sources_with};
+    use sluice::config::settings::Settings;
+    use sluice::testing::TestServer;
+    use sluice::testing::http;
+
+    let (home, east) = (RedisServer::start(), RedisServer::start());
+    let rules = "domain: g\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, \
+                 requests_per_unit: 1000, algorithm: fixed_window, scope: global}\n";
+    let options = LoadOptions {
+        global_url: true,
+        ..LoadOptions::default()
+    };
+    let model = from_sources_with(&[("g.yaml".into(), rules.to_owned())], options)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let limiter: Arc<dyn Limiter> = replica(&regional(&east, &home, "east"));
+    let server = TestServer::start_model_over(Settings::default(), model, limiter).await;
+    let body = r#"{"domain":"g","descriptors":[{"entries":[{"key":"tenant","value":"a"}]}]}"#;
+    for _ in 0..5 {
+        let answer = http::request(
+            server.admin_addr,
+            "POST",
+            "/json",
+            &[("content-type", "application/json")],
+            body,
+        )
+        .await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+    }
+    // A renewal in the background has landed.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let page = http::get(server.admin_addr, "/counters?domain=g").await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    let page: serde_json::Value = serde_json::from_str(&page.body).expect("JSON");
+    let keys = page["keys"].as_array().expect("keys");
+    assert_eq!(keys.len(), 1, "{page}");
+    let entry = &keys[0];
+    assert_eq!(entry["scope"], "global", "{entry}");
+    let share = &entry["region_share"];
+    assert_eq!(share["spent"], 5, "{entry}");
+    let held = share["held"].as_u64().expect("held");
+    let remaining = entry["remaining"].as_u64().expect("remaining");
+    // Home counts what it lent as spent: what it has left and what east holds and spent
+    // make the limit.
+    assert_eq!(remaining + held + 5, 1_000, "{entry}");
+    let why = http::request(
+        server.admin_addr,
+        "POST",
+        "/why",
+        &[("content-type", "application/json")],
+        body,
+    )
+    .await;
+    assert_eq!(why.status, 200, "{}", why.body);
+    let why: serde_json::Value = serde_json::from_str(&why.body).expect("JSON");
+    let limit = &why["descriptors"][0]["limits"][0];
+    assert_eq!(limit["scope"], "global", "{why}");
+    assert_eq!(limit["state"]["remaining"], remaining, "{why}");
+    assert_eq!(limit["state"]["region_share"]["held"], held, "{why}");
+}
