@@ -87,7 +87,8 @@ pub(super) struct Global {
     clock: Arc<dyn Clock>,
     script_clock: bool,
     /// How long one call to home may take (milliseconds): the larger of `redis.timeout_ms` and
-    /// [`HOME_TIMEOUT_MS`]; a renewal's lock in the pool lasts twice that.
+    /// [`HOME_TIMEOUT_MS`]; a renewal's lock in the pool lasts three times that (the call to
+    /// home, then the deposit in the pool).
     home_timeout_ms: u64,
     /// Home's round trip as last seen (nanoseconds): how long a request waits for a renewal.
     rtt: AtomicU64,
@@ -261,7 +262,7 @@ impl Global {
         let args = [
             "spend".to_owned(),
             hit.cost.to_string(),
-            (2 * self.home_timeout_ms).to_string(),
+            (3 * self.home_timeout_ms).to_string(),
             token.clone(),
             fallback.to_string(),
             (hit.limit.period_nanos / 1_000).max(1).to_string(),
@@ -454,7 +455,7 @@ impl Global {
         let args = [
             "idle".to_owned(),
             (IDLE_MS * 1_000).to_string(),
-            (2 * self.home_timeout_ms).to_string(),
+            (3 * self.home_timeout_ms).to_string(),
             token.clone(),
         ];
         let Ok(v) = self.pool_call::<Vec<u64>>(&key, &args).await else {
