@@ -73,6 +73,9 @@ const WAIT_EVENTS: [&str; 9] = [
 /// Renewal tokens: this process's seed and a count.
 static TOKENS: AtomicU64 = AtomicU64::new(0);
 
+/// Global keys asked here, with their limit and when (local nanoseconds).
+type Seen = HashMap<Arc<[u8]>, (crate::limiter::LimitParams, u64)>;
+
 /// The global side of a Redis limiter.
 pub(super) struct Global {
     /// The home Redis (only `lua/lease.lua` is called there).
@@ -95,7 +98,7 @@ pub(super) struct Global {
     pub(super) counts: Counts,
     /// Global keys asked here lately, with their limit and when (local nanoseconds): the
     /// sweep gives back what an idle region holds of them.
-    seen: parking_lot::Mutex<HashMap<Arc<[u8]>, (crate::limiter::LimitParams, u64)>>,
+    seen: parking_lot::Mutex<Seen>,
     /// The sweep runs (started with the first global request).
     sweeping: std::sync::atomic::AtomicBool,
     /// Renewals under way in this process, per key: a request waits on them.
