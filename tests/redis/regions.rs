@@ -241,10 +241,14 @@ async fn a_region_cut_from_home_spends_what_it_holds_then_answers_by_global_on_e
     let held: u64 = ["0", "1"]
         .iter()
         .map(|s| {
-            let until: u64 = east.cmd(&["HGET", "sluice:cut:share", &format!("u{s}")]);
-            let left: u64 = east.cmd(&["HGET", "sluice:cut:share", &format!("l{s}")]);
+            let until: Option<u64> = east.cmd(&["HGET", "sluice:cut:share", &format!("u{s}")]);
+            let left: Option<u64> = east.cmd(&["HGET", "sluice:cut:share", &format!("l{s}")]);
             let now_us = unix_nanos() / 1_000;
-            if until > now_us { left } else { 0 }
+            if until.unwrap_or(0) > now_us {
+                left.unwrap_or(0)
+            } else {
+                0
+            }
         })
         .sum();
     home.kill();
@@ -264,7 +268,9 @@ async fn a_region_cut_from_home_spends_what_it_holds_then_answers_by_global_on_e
         east_r.events()
     );
     // West: what it held, then at most 5% of 1,000 a period.
-    let west_pool: u64 = west.cmd(&["HGET", "sluice:cut:share", "fb"]);
+    let west_pool: u64 = west
+        .cmd::<Option<u64>>(&["HGET", "sluice:cut:share", "fb"])
+        .unwrap_or(0);
     assert!(west_pool <= 50, "fallback admitted {west_pool}");
     assert!(west_admitted >= 50, "west admitted {west_admitted}");
     assert!(event(&west_r, "global_fallback_admitted") == west_pool);
@@ -324,7 +330,8 @@ async fn a_local_limit_makes_no_call_to_home() {
 }
 
 /// `/counters` and `/why` on a global limit: home's state (which counts the shares lent as
-/// spent) and this region's share of it (held, spent).
+/// spent) and this region's share of it (held, spent); `/counters/reset` starts it over at
+/// home and empties the region's pool.
 #[tokio::test]
 async fn counters_and_why_show_homes_state_and_the_regions_share() {
     use sluice::config::rules_file::{LoadOptions, from_sources_with};
@@ -385,4 +392,20 @@ async fn counters_and_why_show_homes_state_and_the_regions_share() {
     assert_eq!(limit["scope"], "global", "{why}");
     assert_eq!(limit["state"]["remaining"], remaining, "{why}");
     assert_eq!(limit["state"]["region_share"]["held"], held, "{why}");
+    // A reset starts the key over at home and empties this region's pool.
+    let reset = http::request(
+        server.admin_addr,
+        "POST",
+        "/counters/reset",
+        &[("content-type", "application/json")],
+        body,
+    )
+    .await;
+    assert_eq!(reset.status, 200, "{}", reset.body);
+    let home_keys: Vec<String> = home.cmd(&["KEYS", "*"]);
+    let east_keys: Vec<String> = east.cmd(&["KEYS", "*"]);
+    assert!(
+        home_keys.is_empty() && east_keys.is_empty(),
+        "{home_keys:?} {east_keys:?}"
+    );
 }
