@@ -103,6 +103,16 @@ impl TestServer {
         Self::serve_model(settings, model, limiter, clock).await
     }
 
+    /// Serves an already validated model over `limiter` (e.g. rules loaded with a home Redis,
+    /// whose limits may be `scope: global`).
+    pub async fn start_model_over(
+        settings: Settings,
+        model: RulesModel,
+        limiter: Arc<dyn Limiter>,
+    ) -> TestServer {
+        Self::serve_model(settings, model, limiter, ManualClock::default()).await
+    }
+
     /// Serves `rules_yaml` with `settings` over `limiter`; `clock` then controls nothing.
     ///
     /// # Panics
