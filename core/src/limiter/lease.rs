@@ -7,7 +7,7 @@
 //! be spent, so no interval sees more admitted than the algorithm's bound.
 //!
 //! The rules, through the algorithm's own functions ([`Algo`]), so that the memory algorithms
-//! and the Lua mirror (`redis/lua/lease.lua`) share them whatever their state formats:
+//! and the Lua mirror (the lease requests of `redis/lua/main.lua`) share them whatever their state formats:
 //!
 //! - **Expiry.** `expires = min(now + validity, horizon)`, the horizon being where the
 //!   algorithm's count starts over: a fixed or sliding window's end (calendar windows

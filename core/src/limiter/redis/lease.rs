@@ -1,17 +1,20 @@
-//! Leases on Redis (`redis.leases = "on"`): this replica's table of leases, and the call that
-//! returns a key's old lease and takes a new one (`lua/lease.lua`), by the rules of
+//! Leases on Redis (`redis.leases = "on"`): this replica's table of leases, and the request
+//! that returns a key's old lease and takes a new one (a lease request of the script's batch:
+//! "Leases" in `lua/prelude.lua`, the Lua in `lua/main.lua`), by the rules of
 //! `crate::limiter::lease`.
 //!
 //! # One request
 //!
 //! A request whose every hit may be leased (funnel, token bucket, fixed window (calendar
-//! windows included) or sliding window, counted when admitted, no `borrow`, no `block_for`, enforced, a cost, no refund, no hold)
-//! counts its demand per key. When every hit's key holds a valid lease with units enough, it is
-//! decided here: admitted, the units spent, no Redis call. Otherwise, for each busy key whose
-//! lease is missing, spent or expired, and which no other request is renewing, one call gives
-//! back what is left of the old lease and takes a new one; then the request is tried here once
-//! more, and else it goes to Redis as every request does (Redis counts the leased units as
-//! spent, so its answer stays exact; a denial is cached by the deny cache as usual).
+//! windows included) or sliding window, counted when admitted, no `borrow`, no `block_for`,
+//! enforced, a cost, no refund, no hold) counts its demand per key. When every hit's key holds
+//! a valid lease with units enough, it is decided here: admitted, the units spent, no Redis
+//! call. Otherwise, for each busy key whose lease is missing, spent or expired, and which no
+//! other request is renewing, one lease request gives back what is left of the old lease and
+//! takes a new one; the renewals go to group commit together, as requests of its next calls
+//! (with each other and with other requests: no call of their own). Then the request is tried
+//! here once more, and else it goes to Redis as every request does (Redis counts the leased
+//! units as spent, so its answer stays exact; a denial is cached by the deny cache as usual).
 //!
 //! Times: a lease's expiry is Redis's; here it ends earlier, at the local time the call was
 //! sent plus the lease's length by Redis's clock, so it is never spent after Redis counts it
@@ -25,22 +28,16 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use futures_util::future::join_all;
 use parking_lot::Mutex;
-use redis::RedisResult;
 use tokio::time::Instant;
 
 use super::RedisLimiter;
-use super::script;
+use super::script::{self, Decided, LeaseArgs, Mode, Unit};
 use crate::limiter::lease::{self, Demand, Sizing};
 use crate::limiter::{Batch, BatchOutcome, Hit, HitOutcome, LimitParams, Role};
-
-const LEASE: &str = include_str!("lua/lease.lua");
-
-static SCRIPT: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(&script::with_algorithms(LEASE)));
 
 /// The most keys whose demand is followed; beyond, new keys are not leased until a sweep.
 const MAX_KEYS: usize = 10_000;
@@ -49,8 +46,9 @@ const MAX_KEYS: usize = 10_000;
 pub(super) struct Leases {
     on: bool,
     sizing: Sizing,
-    /// This replica's id in the keys' lease records.
-    id: String,
+    /// This replica's id in the keys' lease records (below 2^53: the script reads it as a
+    /// double).
+    id: u64,
     table: Mutex<HashMap<Arc<[u8]>, Entry, ahash::RandomState>>,
     pub(super) counts: Counts,
 }
@@ -110,7 +108,7 @@ impl Leases {
         Leases {
             on,
             sizing,
-            id: format!("{id:016x}"),
+            id: id & script::MAX_EXACT,
             table: Mutex::new(HashMap::default()),
             counts: Counts::default(),
         }
@@ -376,78 +374,72 @@ impl RedisLimiter {
             renewals,
             done: 0,
         };
-        while let Some(renewal) = pending.renewals.get(pending.done) {
-            let reply = self.renew(renewal).await;
-            if reply.is_none() {
-                // Redis failed: what this replica leased may be gone with it.
-                self.leases.clear();
-            }
-            self.leases.renewed(renewal, reply);
-            pending.done += 1;
+        // Every renewal at once, each one request of group commit, polled together as a
+        // gathering poll (`crate::limiter::gathering`): those on one lane share one call.
+        let renewing = join_all(pending.renewals.iter().map(|r| self.renew(r)));
+        let replies = crate::limiter::gathering::gathered(renewing).await;
+        if replies.iter().any(Option::is_none) {
+            // Redis failed: what this replica leased may be gone with it.
+            self.leases.clear();
         }
+        for (renewal, reply) in pending.renewals.iter().zip(replies) {
+            self.leases.renewed(renewal, reply);
+        }
+        pending.done = pending.renewals.len();
+        drop(pending);
         match self.leases.spend(batch, self.clock.now_nanos(), false) {
             Spend::Done(outcome) => Some(outcome),
             Spend::Direct | Spend::Renew(_) => None,
         }
     }
 
-    /// One call: give back the old lease's units, take a new lease; the new lease (its times
-    /// local) and the units given back.
+    /// One request of group commit: give back the old lease's units, take a new lease; the
+    /// new lease (its times local) and the units given back.
     async fn renew(&self, renewal: &Renewal) -> Option<(Held, u64)> {
         let sent = self.clock.now_nanos();
         let validity = lease::validity(&renewal.limit, &self.leases.sizing);
-        let reply = self
-            .within_timeout(|deadline| self.lease_call(renewal, validity, sent, deadline))
-            .await;
-        let [now, returned, units, expires, _remaining, reset] = match reply {
-            Ok(values) => values,
+        let hit = Hit {
+            key: renewal.key.clone(),
+            limit: renewal.limit,
+            cost: renewal.want,
+            refund: false,
+            group: 0,
+            role: Role::Enforced,
+            hold: None,
+        };
+        let call = super::Call {
+            mode: Mode::Lease(LeaseArgs {
+                give: renewal.give,
+                validity_micros: validity.div_ceil(1_000).max(1),
+                replica: self.leases.id,
+            }),
+            unit: Unit::Nanos,
+            now_micros: self.script_clock.then_some(sent / 1_000),
+            clock_nanos: sent,
+            deadline: Instant::now() + self.timeout,
+        };
+        let reply = match self.submit_any(vec![hit], call).await {
+            Ok(Decided::Lease(reply)) => reply,
+            Ok(Decided::Batch(_)) => {
+                tracing::debug!("redis: a request's reply to a lease");
+                return None;
+            }
             Err(e) => {
                 tracing::debug!(error = %e, "redis: lease call failed");
                 return None;
             }
         };
         let held = Held {
-            units,
-            left: units,
-            until: sent.saturating_add(expires.saturating_sub(now).saturating_mul(1_000)),
-            reset_at: sent.saturating_add(reset.saturating_mul(1_000)),
+            units: reply.units,
+            left: reply.units,
+            until: sent.saturating_add(
+                reply
+                    .expires
+                    .saturating_sub(reply.now)
+                    .saturating_mul(1_000),
+            ),
+            reset_at: sent.saturating_add(reply.reset.saturating_mul(1_000)),
         };
-        Some((held, returned))
-    }
-
-    async fn lease_call(
-        &self,
-        renewal: &Renewal,
-        validity: u64,
-        sent: u64,
-        deadline: Instant,
-    ) -> RedisResult<[u64; 6]> {
-        let prefix = self.prefix();
-        let state = script::prefixed(prefix, &renewal.key);
-        let records = [&state[..], b":lease"].concat();
-        let mut invocation = SCRIPT.prepare_invoke();
-        invocation.key(state).key(records);
-        let now = if self.script_clock {
-            (sent / 1_000).to_string()
-        } else {
-            String::new()
-        };
-        invocation.arg(now).arg(1);
-        for field in script::limit_fields(&renewal.limit, sent) {
-            invocation.arg(field);
-        }
-        invocation
-            .arg(&self.leases.id)
-            .arg(renewal.give)
-            .arg(renewal.want)
-            .arg(validity.div_ceil(1_000).max(1));
-        let reply = self.keyed(&renewal.key, &invocation, deadline).await?;
-        let values: Vec<u64> = redis::from_redis_value(reply)?;
-        values.try_into().map_err(|_| {
-            redis::RedisError::from((
-                redis::ErrorKind::UnexpectedReturnType,
-                "sluice: a lease reply of the wrong length",
-            ))
-        })
+        Some((held, reply.returned))
     }
 }
