@@ -36,6 +36,7 @@ use tokio::time::Instant;
 
 use super::RedisLimiter;
 use super::script::{self, Decided, LeaseArgs, Mode, Unit};
+use crate::limiter::counters::HeldLease;
 use crate::limiter::lease::{self, Demand, Sizing};
 use crate::limiter::{Batch, BatchOutcome, Hit, HitOutcome, LimitParams, Role};
 
@@ -306,15 +307,26 @@ impl Leases {
 
     /// Units of `key` on lease here now (for `/counters` and `/why`).
     pub(super) fn held_units(&self, key: &[u8], now: u64) -> u64 {
+        self.held(key, now).map_or(0, |h| h.left)
+    }
+
+    /// This replica's lease on `key` now, if it holds one still valid.
+    pub(super) fn held(&self, key: &[u8], now: u64) -> Option<HeldLease> {
         if !self.on {
-            return 0;
+            return None;
         }
         let table = self.table.lock();
-        table
-            .get(key)
-            .and_then(|e| e.held)
-            .filter(|h| now < h.until)
-            .map_or(0, |h| h.left)
+        let h = table.get(key)?.held.filter(|h| now < h.until)?;
+        Some(HeldLease {
+            units: h.units,
+            left: h.left,
+            expires_nanos: h.until - now,
+        })
+    }
+
+    /// Whether leases are on.
+    pub(super) fn on(&self) -> bool {
+        self.on
     }
 
     pub(super) fn len(&self) -> usize {

@@ -40,6 +40,7 @@ mod deny_cache;
 mod group_commit;
 mod holds;
 mod lease;
+mod lease_view;
 mod operate;
 mod redirect;
 mod replication;
@@ -671,6 +672,13 @@ impl Limiter for RedisLimiter {
         keys: &'a [&'a [u8]],
     ) -> BoxFuture<'a, Result<Vec<Option<u64>>, LimiterError>> {
         Box::pin(scan::blocks(self, keys))
+    }
+
+    fn leases<'a>(
+        &'a self,
+        keys: &'a [(&'a [u8], super::LimitParams)],
+    ) -> BoxFuture<'a, Result<Vec<Option<super::counters::LeaseView>>, LimiterError>> {
+        Box::pin(self.lease_views(keys))
     }
 
     fn status(&self) -> super::counters::BackendStatus {
