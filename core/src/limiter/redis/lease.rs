@@ -88,10 +88,12 @@ struct Held {
     reset_at: u64,
 }
 
-/// A lease to renew: the key, its limit, the units wanted, and what to give back.
+/// A lease to renew: the key, its limit, the units wanted (at least the cost of the request
+/// asking: a smaller lease would not pay for it), and what to give back.
 pub(super) struct Renewal {
     key: Arc<[u8]>,
     limit: LimitParams,
+    least: u64,
     want: u64,
     give: u64,
 }
@@ -240,6 +242,7 @@ impl Leases {
         Some(Renewal {
             key: key.clone(),
             limit: *limit,
+            least: cost,
             want: entry.demand.want(now, limit, &self.sizing).max(want),
             give,
         })
@@ -422,6 +425,7 @@ impl RedisLimiter {
         let call = super::Call {
             mode: Mode::Lease(LeaseArgs {
                 give: renewal.give,
+                least: renewal.least,
                 validity_micros: validity.div_ceil(1_000).max(1),
                 replica: self.leases.id,
             }),

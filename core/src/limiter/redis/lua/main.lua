@@ -111,9 +111,9 @@ for r = 1, nrequests do
     if pos + LEASE_BYTES - 1 > size then
       return redis.error_reply("sluice: malformed lease request " .. r)
     end
-    local give, validity, replica
-    give, validity, replica, pos = read(LEASE_FORMAT, blob, pos)
-    lease_args[nleases] = { clamp(give), clamp(validity), clamp(replica) }
+    local give, least, validity, replica
+    give, least, validity, replica, pos = read(LEASE_FORMAT, blob, pos)
+    lease_args[nleases] = { clamp(give), clamp(validity), clamp(replica), clamp(least) }
   end
 end
 if pos ~= size + 1 then
@@ -195,6 +195,7 @@ if nleases > 0 then
     local s, l = hit_slot[i], hit_limit[i]
     local algo, p, code = limit_algo[l], limit_params[l], limit_code[l]
     local give, validity, replica = lease_args[k][1], lease_args[k][2], fmt(lease_args[k][3])
+    local least = math.max(lease_args[k][4], 1)
     local leasable = (code == "f" or code == "b" or code == "w" or code == "s")
       and not p.borrow and not limit_always[l] and limit_block[l] == 0 and not hit_refund[i]
     local want = leasable and hit_cost[i] or 0
@@ -219,8 +220,8 @@ if nleases > 0 then
       redis.call("HDEL", records, replica)
     end
 
-    -- The new lease: at most a quarter of what remains (at least 1); the most units in
-    -- [1, want] the state admits where they are counted and, once taken there, still
+    -- The new lease: at most a quarter of what remains (at least 1); the most units, a
+    -- multiple of least up to want, the state admits where they are counted and, once taken there, still
     -- within its bound at now (monotone in the units: a binary search).
     local granted, expires, returnable, granted_mark = 0, 0, 0, 0
     if want > 0 then
@@ -228,23 +229,25 @@ if nleases > 0 then
       if share < 1 then share = 1 end
       if want > share then want = share end
       expires = math.min(sat_add(now, validity), horizon(code, algo, p, state, now))
-      if expires > now then
+      if expires > now and want >= least then
         local last = expires - 1
         -- Counted at the last moment; a token bucket's at now (lease::counted_at).
         local at = last
         if code == "b" then at = now end
-        local low, high, taken, mark = 0, want, nil, 0
+        -- In multiples of `least` (lease::grant_between): the largest k with k * least
+        -- granted.
+        local low, high, taken, mark = 0, floor(want / least), nil, 0
         while low < high do
           local mid = low + floor((high - low + 1) / 2)
           local t, m = nil, 0
-          if algo.admits(p, state, at, mid) then
-            t = algo.take(p, state, at, mid)
+          if algo.admits(p, state, at, mid * least) then
+            t = algo.take(p, state, at, mid * least)
             if algo.admits(p, t, now, 0) then t, m = algo.name_take(p, t, at) else t = nil end
           end
           if t then low, taken, mark = mid, t, m else high = mid - 1 end
         end
-        if low > 0 then
-          granted, state, changed, granted_mark = low, taken, true, mark
+        if low >= 1 then
+          granted, state, changed, granted_mark = low * least, taken, true, mark
           -- Its units may come back until the count they were taken in starts over, as
           -- the take left it; a funnel's until its expiry.
           returnable = expires

@@ -69,9 +69,11 @@
 --              (a concurrency rule's hold_id): then HOLD_BYTES = 8 more bytes follow, the
 --   hold       d:  the hold's id, an integral double in [2^52, 2^53) (concurrency.lua)
 --              A lease request (mode 3) has one hit, whose cost is the units wanted (0:
---              return only), then LEASE_BYTES = 24 more bytes (LEASE_FORMAT):
+--              return only), then LEASE_BYTES = 32 more bytes (LEASE_FORMAT):
 --   give       d:  units of the replica's current lease on the key to give back (its record
 --              says which lease that is, and until when it may come back)
+--   least      d:  the cost of the request asking: a lease is a whole number of it (no
+--              lease when not even one can be granted)
 --   validity   d:  the most the new lease may be valid, in microseconds
 --   replica    d:  the replica's id, an integral double below 2^53
 --
@@ -84,7 +86,7 @@
 -- next refill step, one period after now for a full bucket; none for a funnel); it holds at
 -- most a quarter of what remains (at least 1); its units are taken as spent at its last
 -- moment, last = expires - 1 (a token bucket's at now, in the refill step that holds the
--- whole lease), as a named take (so that no anonymous refund gives them back), and granted
+-- whole lease), a whole number of `least` (else none), as a named take (so that no anonymous refund gives them back), and granted
 -- only while the state then admits nothing beyond its bound at now. A return gives the units
 -- back by name at now: a window's to the window they were counted in while it lasts, a
 -- bucket's to the refill step (even after the lease expired: they were never spent); a
@@ -142,7 +144,7 @@ local floor, format
 local REQUEST_FORMAT, REQUEST_BYTES = "<BI4", 5
 local HIT_FORMAT, HIT_BYTES = "<I4I4dI4B", 21
 local HOLD_FORMAT, HOLD_BYTES, ROLE_HOLD = "<d", 8, 16
-local LEASE_MODE, LEASE_FORMAT, LEASE_BYTES, LEASE_SUFFIX = 3, "<ddd", 24, ":lease"
+local LEASE_MODE, LEASE_FORMAT, LEASE_BYTES, LEASE_SUFFIX = 3, "<dddd", 32, ":lease"
 local ROLE_ENFORCED, ROLE_QUOTA, ROLE_QUOTA_SHADOW = 0, 2, 3
 -- The reply's markers (see above), and how many of its numbers one struct.pack takes (they go
 -- through Lua's stack as arguments, like MGET's keys below).

@@ -44,6 +44,9 @@ pub enum Mode {
 pub struct LeaseArgs {
     /// Units of the replica's current lease on the key to give back.
     pub give: u64,
+    /// The cost of the request asking: the lease is a whole number of it (none when not even
+    /// one can be leased).
+    pub least: u64,
     /// The most the new lease may be valid, in microseconds.
     pub validity_micros: u64,
     /// The replica's id (below 2^53), its field in the key's lease records.
@@ -51,7 +54,7 @@ pub struct LeaseArgs {
 }
 
 /// Bytes a lease request adds after its hit (`LEASE_FORMAT` in `prelude.lua`).
-const LEASE_BYTES: usize = 24;
+const LEASE_BYTES: usize = 32;
 
 /// The time unit of a batch's periods and of its outcome's resets (the script's is always
 /// microseconds).
@@ -236,12 +239,12 @@ pub fn encode(
     }
 }
 
-/// A lease request's bytes after its hit: give, validity, replica, each a double (exact: at
-/// most 2^53 - 1).
+/// A lease request's bytes after its hit: give, least, validity, replica, each a double
+/// (exact: at most 2^53 - 1).
 #[allow(clippy::cast_precision_loss)]
 fn lease_bytes(args: LeaseArgs) -> [u8; LEASE_BYTES] {
     let mut out = [0; LEASE_BYTES];
-    let fields = [args.give, args.validity_micros, args.replica];
+    let fields = [args.give, args.least, args.validity_micros, args.replica];
     for (chunk, field) in out.chunks_exact_mut(8).zip(fields) {
         chunk.copy_from_slice(&(field.min(MAX_EXACT) as f64).to_le_bytes());
     }

@@ -410,6 +410,7 @@ fn a_lease_request_carries_its_arguments_and_its_reply_comes_first() {
     let leased = [hit("b", 0)];
     let lease = Mode::Lease(LeaseArgs {
         give: 3,
+        least: 2,
         validity_micros: 10_000,
         replica: 42,
     });
@@ -426,14 +427,14 @@ fn a_lease_request_carries_its_arguments_and_its_reply_comes_first() {
     let call = encode(&parts, b"", Unit::Micros, (None, 0), Via::Script);
     let requests = call.requests();
     assert_eq!(requests.iter().map(|r| r.0).collect::<Vec<_>>(), vec![0, 3]);
-    // The lease's 24 bytes follow its hit: give, validity, replica.
+    // The lease's 32 bytes follow its hit: give, least, validity, replica.
     let (_, args) = call.keys_and_args_raw();
     let blob = args.last().unwrap();
-    let tail: Vec<f64> = blob[blob.len() - 24..]
+    let tail: Vec<f64> = blob[blob.len() - 32..]
         .chunks_exact(8)
         .map(|b| f64::from_le_bytes(b.try_into().unwrap()))
         .collect();
-    assert_eq!(tail, vec![3.0, 10_000.0, 42.0]);
+    assert_eq!(tail, vec![3.0, 2.0, 10_000.0, 42.0]);
     // The lease's reply (now, returned, units, expires, remaining, reset) comes first.
     let decided = decode_all(packed(&[100, 3, 7, 200, 50, 60, 1, 2, 3]), &call).unwrap();
     assert_eq!(
