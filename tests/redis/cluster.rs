@@ -48,7 +48,7 @@ async fn a_request_across_slots_is_all_or_nothing() {
     let cluster = RedisCluster::start();
     let settings = RedisSettings {
         url: cluster.url(),
-        ..RedisSettings::default()
+        ..sluice::testing::redis::default_settings()
     };
     let limiter = RedisLimiter::new(&settings, 100).expect("valid settings");
     let server = TestServer::start_over(Settings::default(), RULES, Arc::new(limiter)).await;
@@ -109,7 +109,7 @@ async fn one_descriptor_is_one_call_on_a_cluster() {
         let settings = RedisSettings {
             url: cluster.url(),
             functions,
-            ..RedisSettings::default()
+            ..sluice::testing::redis::default_settings()
         };
         let limiter = RedisLimiter::new(&settings, 100).expect("valid settings");
         let server = TestServer::start_over(Settings::default(), RULES, Arc::new(limiter)).await;
@@ -178,7 +178,7 @@ async fn a_key_is_decided_through_every_stage_of_its_slot_moving() {
     let settings = RedisSettings {
         url: cluster.url(),
         timeout_ms: 5_000,
-        ..RedisSettings::default()
+        ..sluice::testing::redis::default_settings()
     };
     let limiter = RedisLimiter::new(&settings, 100).expect("valid settings");
     let hasty = RedisLimiter::new(
@@ -261,7 +261,7 @@ async fn why_and_reset_across_slots_on_a_cluster() {
     let cluster = RedisCluster::start();
     let settings = RedisSettings {
         url: cluster.url(),
-        ..RedisSettings::default()
+        ..sluice::testing::redis::default_settings()
     };
     let limiter = RedisLimiter::new(&settings, 100).expect("valid settings");
     let server = TestServer::start_over(Settings::default(), RULES, Arc::new(limiter)).await;

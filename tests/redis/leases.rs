@@ -271,11 +271,12 @@ async fn a_busy_token_bucket_is_leased_and_its_leases_never_cross_a_refill() {
     let redis = RedisServer::start();
     let clock = ManualClock::at(START);
     let r = replica(&redis, &clock);
-    // 100 every 100 ms, burst 100; one request a millisecond: leases of up to 10, which end
-    // by the next refill step.
+    // 1,000 every 10 s, burst 2,000; one request a millisecond: leases of up to 200, which
+    // end by the next refill step. (Periods of seconds: Redis expires the keys by its own
+    // clock, which the manual one must stay ahead of.)
     let l = LimitParams {
-        period_nanos: 100 * MS,
-        ..limit(Algorithm::TokenBucket, 100, 100)
+        period_nanos: 10 * SEC,
+        ..limit(Algorithm::TokenBucket, 1_000, 2_000)
     };
     let b = batch("bucket", l, 1);
     assert_eq!(drive(&r, &clock, &b, MS, 300).await, 300);
@@ -297,10 +298,14 @@ async fn a_busy_token_bucket_is_leased_and_its_leases_never_cross_a_refill() {
     };
     assert!(units >= 1, "{record}");
     assert!(
-        expires <= anchor + 100_000,
+        expires <= anchor + 10_000_000,
         "{record}: past the next refill"
     );
-    assert_eq!((returnable, mark), (anchor + 100_000, anchor), "{record}");
+    assert_eq!(
+        (returnable, mark),
+        (anchor + 10_000_000, anchor),
+        "{record}"
+    );
 }
 
 /// The one field of the `:lease` hash of `sluice:bucket` (one replica leases it).

@@ -532,7 +532,13 @@ async fn a_leased_key_shows_its_true_state_and_its_units_out_on_lease() {
         text.body
     );
     // With leases off, none of it is shown.
-    let (_redis, plain) = redis_server(LEASED).await;
+    let off = RedisServer::start();
+    let settings = sluice::config::settings::RedisSettings {
+        leases: sluice::config::settings::LeaseMode::Off,
+        ..off.settings()
+    };
+    let limiter = RedisLimiter::new(&settings, 1_000).expect("valid redis settings");
+    let plain = TestServer::start_over(Settings::default(), LEASED, Arc::new(limiter)).await;
     assert_eq!(decide(plain.admin_addr, &hot).await, 200);
     let w = why(plain.admin_addr, &hot).await;
     assert_eq!(
