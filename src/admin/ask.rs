@@ -166,6 +166,26 @@ pub fn render(why: &Value) -> String {
                     ""
                 },
             );
+            let leases = &st["leases"];
+            if leases.is_object() {
+                let here = &leases["here"];
+                let _ = writeln!(
+                    out,
+                    "    leased: {} unit(s) out on lease by {} replica record(s) (counted as spent above); this replica holds {} of {}",
+                    s(&leases["out"]),
+                    leases["records"].as_array().map_or(0, Vec::len),
+                    if here.is_object() {
+                        s(&here["left"])
+                    } else {
+                        "0".to_owned()
+                    },
+                    if here.is_object() {
+                        s(&here["units"])
+                    } else {
+                        "0".to_owned()
+                    },
+                );
+            }
         }
     }
     out

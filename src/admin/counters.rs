@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use super::{Admin, text};
 use crate::config::model::{Algorithm, LimitRule, Policy};
 use crate::limiter::LimitParams;
-use crate::limiter::counters::{CounterEntry, CounterQuery, Resolved};
+use crate::limiter::counters::{CounterEntry, CounterQuery, LeaseView, Resolved};
 use crate::metrics::top::Window;
 use crate::rules::RuleSet;
 use crate::rules::key::{self, Decoded};
@@ -174,6 +174,9 @@ fn entry(rules: &RuleSet, e: &CounterEntry) -> Value {
             out["scope"] = json!("global");
             out["region_share"] = share_json(&share);
         }
+        if let Some(view) = &e.leases {
+            out["leases"] = leases_json(view);
+        }
         if limit.algorithm == Algorithm::Concurrency {
             out["holds"] = json!(u64::from(limit.quota).saturating_sub(state.remaining));
             out["oldest_hold_expires_seconds"] =
@@ -193,6 +196,34 @@ pub(super) fn share_json(s: &crate::limiter::counters::ShareView) -> Value {
         "admitted_by_global_on_error": s.fallback,
         "home_unreachable_seconds": s.home_down_nanos.map(|n| n as f64 / 1e9),
         "home_remaining_after_last_share": s.home_remaining,
+    })
+}
+
+/// A key's units out on lease (Redis with `redis.leases = "on"`), beside its state (which
+/// counts them as spent): `out`, the units of every replica's lease not yet expired;
+/// `records`, each replica's record in Redis; `here`, this replica's lease (`null`: none).
+pub(super) fn leases_json(view: &LeaseView) -> Value {
+    let seconds = |n: u64| n as f64 / 1e9;
+    let records: Vec<Value> = view
+        .records
+        .iter()
+        .map(|r| {
+            json!({
+                "replica": r.replica,
+                "units": r.units,
+                "expires_seconds": seconds(r.expires_nanos),
+                "returnable_seconds": seconds(r.returnable_nanos),
+            })
+        })
+        .collect();
+    json!({
+        "out": view.out(),
+        "records": records,
+        "here": view.here.map(|h| json!({
+            "units": h.units,
+            "left": h.left,
+            "expires_seconds": seconds(h.expires_nanos),
+        })),
     })
 }
 
@@ -220,6 +251,14 @@ fn counters_text(keys: &[Value], next: Option<&str>) -> String {
         if let Some(b) = k.get("blocked_seconds") {
             out.pop();
             let _ = writeln!(out, " blocked={}s", plain(b));
+        }
+        if let Some(leases) = k.get("leases") {
+            out.pop();
+            let here = leases
+                .pointer("/here/left")
+                .map_or_else(|| "0".to_owned(), plain);
+            let out_now = leases.get("out").map_or_else(|| "0".to_owned(), plain);
+            let _ = writeln!(out, " leased_out={out_now} leased_here={here}");
         }
         if k.get("holds").is_some() {
             out.pop();

@@ -13,12 +13,12 @@ use axum::response::Response;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::counters::{Filter, json_response, resolve};
+use super::counters::{Filter, json_response, leases_json, resolve};
 use super::{Admin, text};
 use crate::config::model::{Algorithm, LimitRule};
 use crate::engine::{DescriptorWhy, EngineError, Explanation, LimitWhy, Matched};
-use crate::limiter::counters::CounterQuery;
-use crate::limiter::{HitOutcome, LimiterError, Role, StateKey};
+use crate::limiter::counters::{CounterQuery, LeaseView};
+use crate::limiter::{HitOutcome, LimitParams, LimiterError, Role, StateKey};
 use crate::metrics::top::Window;
 use crate::rules::key;
 
@@ -69,7 +69,23 @@ pub(super) async fn why(State(a): State<Admin>, body: Bytes) -> Response {
             .collect(),
         Err(e) => return engine_error(&EngineError::Backend(e)),
     };
-    let mut answer = why_json(&a, &request.domain, &why, &blocked);
+    // The units out on lease of the limits the backend leases (none with leases off).
+    let limits: Vec<(&[u8], LimitParams)> = why
+        .descriptors
+        .iter()
+        .flat_map(|d| &d.limits)
+        .map(|l| (&l.key[..], LimitParams::from_rule(&l.rule)))
+        .collect();
+    let leases = match a.engine.limiter().leases(&limits).await {
+        Ok(views) => limits
+            .iter()
+            .zip(views)
+            .filter_map(|((k, _), v)| Some((k.to_vec(), v?)))
+            .collect(),
+        Err(e) => return engine_error(&EngineError::Backend(e)),
+    };
+    let found = Found { blocked, leases };
+    let mut answer = why_json(&a, &request.domain, &why, &found);
     add_shares(&mut answer, &shares);
     json_response(&answer)
 }
@@ -106,6 +122,13 @@ fn add_shares(answer: &mut Value, shares: &Shares) {
 /// Per state key with a penalty box, the nanoseconds left in it (`None`: not in one).
 type Blocked = std::collections::HashMap<Vec<u8>, Option<u64>>;
 
+/// What `/why` reads beside the dry run, per state key: the penalty boxes, and the units out
+/// on lease of leased keys.
+struct Found {
+    blocked: Blocked,
+    leases: std::collections::HashMap<Vec<u8>, LeaseView>,
+}
+
 /// The request of `/json`'s proto3-JSON body, in the engine's terms; a 400 when it is not one.
 fn engine_request(body: &Bytes) -> Result<crate::engine::Request, Box<Response>> {
     let request = crate::wire::json::request(body).map_err(|e| {
@@ -118,12 +141,12 @@ fn engine_request(body: &Bytes) -> Result<crate::engine::Request, Box<Response>>
 }
 
 /// The answer of `/why`.
-fn why_json(a: &Admin, domain: &str, why: &Explanation, blocked: &Blocked) -> Value {
+fn why_json(a: &Admin, domain: &str, why: &Explanation, found: &Found) -> Value {
     let proto = crate::wire::to_proto(why.response.clone());
     let descriptors: Vec<Value> = why
         .descriptors
         .iter()
-        .map(|d| descriptor_json(a, domain, d, blocked))
+        .map(|d| descriptor_json(a, domain, d, found))
         .collect();
     json!({
         "domain": domain,
@@ -136,7 +159,7 @@ fn why_json(a: &Admin, domain: &str, why: &Explanation, blocked: &Blocked) -> Va
     })
 }
 
-fn descriptor_json(a: &Admin, domain: &str, d: &DescriptorWhy, blocked: &Blocked) -> Value {
+fn descriptor_json(a: &Admin, domain: &str, d: &DescriptorWhy, found: &Found) -> Value {
     let entries: Vec<Value> = d
         .entries
         .iter()
@@ -169,12 +192,16 @@ fn descriptor_json(a: &Admin, domain: &str, d: &DescriptorWhy, blocked: &Blocked
         .limits
         .iter()
         .map(|l| {
-            let blocked = blocked.get(&l.key[..]).copied().flatten();
-            limit_json(
+            let blocked = found.blocked.get(&l.key[..]).copied().flatten();
+            let mut limit = limit_json(
                 l,
                 d.client_override.is_some() && matches!(d.matched, Matched::Override),
                 blocked,
-            )
+            );
+            if let Some(view) = found.leases.get(&l.key[..]) {
+                limit["state"]["leases"] = leases_json(view);
+            }
+            limit
         })
         .collect();
     let top = a.metrics.top_denied();

@@ -265,6 +265,9 @@ impl SluiceProcess {
             .args(["--admin-listen", &any])
             .args(args)
             .env("SLUICE_LOG__LEVEL", LISTENERS_LOG)
+            // The suites' leases switch (`testing::redis::LEASES_SWITCH`); the test's own
+            // environment, after it, may set leases itself.
+            .envs(super::redis::test_leases().then_some(("SLUICE_REDIS__LEASES", "on")))
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -19,7 +19,31 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::process::{HeldPort, PORT_ATTEMPTS, lost_port};
-use crate::config::settings::RedisSettings;
+use crate::config::settings::{LeaseMode, RedisSettings};
+
+/// The switch that runs the suites with leases on: `SLUICE_TEST_LEASES=on` makes every Redis
+/// configuration the harness builds ([`default_settings`], [`RedisServer::settings`],
+/// [`super::process::SluiceProcess`]'s environment) set `redis.leases = "on"`, unless the test
+/// sets leases itself. Anything else (or unset): off, the default.
+pub const LEASES_SWITCH: &str = "SLUICE_TEST_LEASES";
+
+/// Whether [`LEASES_SWITCH`] is on.
+pub fn test_leases() -> bool {
+    std::env::var(LEASES_SWITCH).is_ok_and(|v| v == "on")
+}
+
+/// `RedisSettings::default()`, with leases on when [`LEASES_SWITCH`] says so: what a test
+/// builds its Redis settings on.
+pub fn default_settings() -> RedisSettings {
+    RedisSettings {
+        leases: if test_leases() {
+            LeaseMode::On
+        } else {
+            LeaseMode::Off
+        },
+        ..RedisSettings::default()
+    }
+}
 
 mod cluster;
 
@@ -435,7 +459,7 @@ impl RedisServer {
             url: self.url(),
             timeout_ms: 5_000,
             connect_timeout_ms: 5_000,
-            ..RedisSettings::default()
+            ..default_settings()
         }
     }
 

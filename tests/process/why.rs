@@ -128,3 +128,50 @@ async fn sluice_why_explains_a_denied_key_and_charges_nothing() {
     let after: serde_json::Value = serde_json::from_str(&answer.body).expect("JSON");
     assert_eq!(after["descriptors"][0]["denied"]["last_minute"]["cost"], 1);
 }
+
+/// Over Redis with leases on: `sluice why` says how many units of a busy key are out on
+/// lease, and how many this replica holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sluice_why_shows_a_leased_keys_units_out_on_lease() {
+    let redis = sluice::testing::redis::RedisServer::start();
+    let rules = tempfile::NamedTempFile::new().expect("a rules file");
+    let leased = "
+domain: cli
+descriptors:
+  - key: hot
+    rate_limit: {unit: hour, requests_per_unit: 100000, algorithm: fixed_window}
+";
+    std::fs::write(rules.path(), leased).expect("write rules");
+    let env = [
+        ("SLUICE_REDIS__LEASES", "on"),
+        ("SLUICE_REDIS__LEASE_MIN_RATE", "1"),
+        ("SLUICE_REDIS__LEASE_VALIDITY_MS", "1000"),
+        ("SLUICE_REDIS__LEASE_HORIZON_MS", "1000"),
+        ("SLUICE_REDIS__TIMEOUT_MS", "5000"),
+    ];
+    let server = SluiceProcess::over_redis(
+        env!("CARGO_BIN_EXE_sluice"),
+        rules.path(),
+        &redis.url(),
+        &env,
+    )
+    .ready()
+    .await;
+    let body = r#"{"domain":"cli","descriptors":[{"entries":[{"key":"hot","value":"k"}]}]}"#;
+    for _ in 0..100 {
+        let answer = http::request(server.admin(), "POST", "/json", &[], body).await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+    }
+    let admin = format!("http://{}", server.admin());
+    let out = tokio::task::spawn_blocking(move || why(&admin, &["hot=k"]))
+        .await
+        .expect("ran");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains(
+            "out on lease by 1 replica record(s) (counted as spent above); this replica holds"
+        ),
+        "{text}"
+    );
+}

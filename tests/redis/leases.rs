@@ -86,6 +86,41 @@ async fn drive(
 }
 
 #[tokio::test]
+async fn renewals_on_many_keys_ride_one_call_of_group_commit() {
+    let redis = RedisServer::start();
+    for functions in [false, true] {
+        let clock = ManualClock::at(START);
+        let settings = RedisSettings {
+            connections: 1,
+            functions,
+            ..leasing(&redis, true)
+        };
+        let r = RedisLimiter::with_clock(&settings, 1_000, Arc::new(clock.clone()))
+            .expect("valid settings");
+        // One request on eight busy keys: their leases run out together, and their eight
+        // renewals go as eight requests of one call.
+        let l = limit(Algorithm::Funnel, 1_000_000, 1_000_000);
+        let keys: Vec<String> = (0..8).map(|k| format!("many{functions}{k}")).collect();
+        let b = Batch {
+            hits: keys.iter().flat_map(|k| batch(k, l, 1).hits).collect(),
+        };
+        assert_eq!(drive(&r, &clock, &b, MS, 100).await, 100);
+        let taken = event(&r, "lease_taken");
+        assert!(taken >= 8, "{:?}", r.events());
+        redis.reset_stats();
+        assert_eq!(drive(&r, &clock, &b, MS, 1_000).await, 1_000);
+        let taken = event(&r, "lease_taken") - taken;
+        let calls = redis.script_calls();
+        eprintln!("functions {functions}: {calls} script calls for {taken} leases taken");
+        assert!(taken >= 40, "{taken} leases taken in 1,000 requests");
+        assert!(
+            calls * 4 <= taken,
+            "functions {functions}: {calls} script calls for {taken} leases taken"
+        );
+    }
+}
+
+#[tokio::test]
 async fn a_busy_key_is_leased_and_then_decided_without_script_calls() {
     let redis = RedisServer::start();
     let clock = ManualClock::at(START);
@@ -237,11 +272,12 @@ async fn a_busy_token_bucket_is_leased_and_its_leases_never_cross_a_refill() {
     let redis = RedisServer::start();
     let clock = ManualClock::at(START);
     let r = replica(&redis, &clock);
-    // 100 every 100 ms, burst 100; one request a millisecond: leases of up to 10, which end
-    // by the next refill step.
+    // 1,000 every 10 s, burst 2,000; one request a millisecond: leases of up to 200, which
+    // end by the next refill step. (Periods of seconds: Redis expires the keys by its own
+    // clock, which the manual one must stay ahead of.)
     let l = LimitParams {
-        period_nanos: 100 * MS,
-        ..limit(Algorithm::TokenBucket, 100, 100)
+        period_nanos: 10 * SEC,
+        ..limit(Algorithm::TokenBucket, 1_000, 2_000)
     };
     let b = batch("bucket", l, 1);
     assert_eq!(drive(&r, &clock, &b, MS, 300).await, 300);
@@ -263,10 +299,14 @@ async fn a_busy_token_bucket_is_leased_and_its_leases_never_cross_a_refill() {
     };
     assert!(units >= 1, "{record}");
     assert!(
-        expires <= anchor + 100_000,
+        expires <= anchor + 10_000_000,
         "{record}: past the next refill"
     );
-    assert_eq!((returnable, mark), (anchor + 100_000, anchor), "{record}");
+    assert_eq!(
+        (returnable, mark),
+        (anchor + 10_000_000, anchor),
+        "{record}"
+    );
 }
 
 /// The one field of the `:lease` hash of `sluice:bucket` (one replica leases it).

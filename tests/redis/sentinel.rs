@@ -23,7 +23,7 @@ async fn sluice_follows_a_sentinel_failover() {
     let group = SentinelGroup::start();
     let settings = RedisSettings {
         url: group.url(),
-        ..RedisSettings::default()
+        ..sluice::testing::redis::default_settings()
     };
     let SentinelGroup {
         mut master,
@@ -88,7 +88,7 @@ async fn sentinels_with_a_password_of_their_own_are_asked_with_it() {
     let ask = || req("s", vec![desc(&[("k", "v")])]);
     let without = RedisSettings {
         url: url.clone(),
-        ..RedisSettings::default()
+        ..sluice::testing::redis::default_settings()
     };
     let limiter = RedisLimiter::new(&without, 100).expect("valid settings");
     let server = TestServer::start_over(Settings::default(), RULES, Arc::new(limiter)).await;
@@ -102,7 +102,7 @@ async fn sentinels_with_a_password_of_their_own_are_asked_with_it() {
     let with = RedisSettings {
         url,
         sentinel_password: Some("sentinel-pw".to_owned()),
-        ..RedisSettings::default()
+        ..sluice::testing::redis::default_settings()
     };
     let limiter = RedisLimiter::new(&with, 100).expect("valid settings");
     let server = TestServer::start_over(Settings::default(), RULES, Arc::new(limiter)).await;

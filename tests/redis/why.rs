@@ -458,3 +458,91 @@ async fn a_boxed_key_redis() {
     let (_redis, server) = redis_server(BOXED).await;
     boxed(server.admin_addr).await;
 }
+
+const LEASED: &str = "
+domain: leased
+descriptors:
+  - key: hot
+    rate_limit: {unit: hour, requests_per_unit: 100000, algorithm: fixed_window}
+";
+
+/// A leased key (`redis.leases = "on"`): `/why` and `/counters` show its true state in Redis
+/// (which counts every leased unit as spent), the units out on lease (every replica's record)
+/// and this replica's lease; the state and the lease add up to what was admitted.
+#[tokio::test]
+async fn a_leased_key_shows_its_true_state_and_its_units_out_on_lease() {
+    let redis = RedisServer::start();
+    let mut settings = redis.settings();
+    settings.leases = sluice::config::settings::LeaseMode::On;
+    settings.lease_min_rate = 1;
+    // Leases long enough to be still held when the test reads them.
+    settings.lease_validity_ms = 60_000;
+    settings.lease_horizon_ms = 60_000;
+    let limiter = RedisLimiter::new(&settings, 1_000).expect("valid redis settings");
+    let server = TestServer::start_over(Settings::default(), LEASED, Arc::new(limiter)).await;
+    let addr = server.admin_addr;
+    let hot = request("leased", &[&[("hot", "k")]]);
+    let admitted = 200;
+    for _ in 0..admitted {
+        assert_eq!(decide(addr, &hot).await, 200);
+    }
+    let w = why(addr, &hot).await;
+    let state = &w["descriptors"][0]["limits"][0]["state"];
+    let leases = &state["leases"];
+    let here = &leases["here"];
+    let (units, left) = (
+        here["units"].as_u64().expect("a lease held here"),
+        here["left"].as_u64().expect("units left"),
+    );
+    assert!(units >= 1 && left <= units, "{state}");
+    let records = leases["records"].as_array().expect("records");
+    assert_eq!(records.len(), 1, "{state}");
+    assert_eq!(records[0]["units"], units, "{state}");
+    assert_eq!(leases["out"], units, "{state}");
+    assert!(records[0]["expires_seconds"].as_f64().unwrap_or(0.0) > 0.0);
+    // Redis's count is what was admitted plus what is left on lease, nothing else.
+    let remaining = state["remaining"].as_u64().expect("remaining");
+    assert_eq!(remaining + admitted + left, 100_000, "{state}");
+    // `/counters` shows the same.
+    let key = w["descriptors"][0]["limits"][0]["key"]
+        .as_str()
+        .expect("key")
+        .to_owned();
+    let answer = http::request(addr, "GET", "/counters?domain=leased", &[], "").await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let page: Value = serde_json::from_str(&answer.body).expect("JSON");
+    let keys = page["keys"].as_array().expect("keys");
+    assert_eq!(
+        keys.len(),
+        1,
+        "the records' hash is not a key of its own: {page}"
+    );
+    let entry = &keys[0];
+    assert_eq!(entry["key"], key.as_str());
+    assert_eq!(entry["remaining"], remaining, "{entry}");
+    assert_eq!(entry["leased_here"], left, "{entry}");
+    assert_eq!(entry["leases"]["out"], units, "{entry}");
+    assert_eq!(entry["leases"]["here"]["left"], left, "{entry}");
+    // The text form says so too.
+    let text = http::request(addr, "GET", "/counters?domain=leased&format=text", &[], "").await;
+    assert!(
+        text.body
+            .contains(&format!("leased_out={units} leased_here={left}")),
+        "{}",
+        text.body
+    );
+    // With leases off, none of it is shown.
+    let off = RedisServer::start();
+    let settings = sluice::config::settings::RedisSettings {
+        leases: sluice::config::settings::LeaseMode::Off,
+        ..off.settings()
+    };
+    let limiter = RedisLimiter::new(&settings, 1_000).expect("valid redis settings");
+    let plain = TestServer::start_over(Settings::default(), LEASED, Arc::new(limiter)).await;
+    assert_eq!(decide(plain.admin_addr, &hot).await, 200);
+    let w = why(plain.admin_addr, &hot).await;
+    assert_eq!(
+        w["descriptors"][0]["limits"][0]["state"]["leases"],
+        Value::Null
+    );
+}

@@ -29,7 +29,7 @@ fn settings(cluster: &RedisCluster) -> RedisSettings {
         url: cluster.url(),
         timeout_ms: TIMEOUT_MS,
         connect_timeout_ms: 200,
-        ..RedisSettings::default()
+        ..sluice::testing::redis::default_settings()
     }
 }
 

@@ -37,7 +37,7 @@ pub(crate) fn settings(url: String) -> RedisSettings {
         url,
         timeout_ms: TIMEOUT_MS,
         connect_timeout_ms: 200,
-        ..RedisSettings::default()
+        ..sluice::testing::redis::default_settings()
     }
 }
 

@@ -49,7 +49,7 @@ fn settings(url: String, on_error: OnError) -> RedisSettings {
         connect_timeout_ms: 200,
         breaker_failures: 3,
         breaker_cooldown_ms: 200,
-        ..RedisSettings::default()
+        ..sluice::testing::redis::default_settings()
     }
 }
 

@@ -45,7 +45,7 @@ async fn failover(wait_replicas: u32) -> Failover {
         // Calls queue behind a wait, so a few waits may pass before an answer: a fifth of
         // the time-out (docs/redis.md, "Replication loss").
         wait_timeout_ms: TIMEOUT_MS / 5,
-        ..RedisSettings::default()
+        ..sluice::testing::redis::default_settings()
     };
     let replicas = [(); 2].map(|_| Arc::new(RedisLimiter::new(&settings, 1000).expect("settings")));
     let counter = limit(Algorithm::FixedWindow, QUOTA, 3600 * SECOND);

@@ -40,6 +40,56 @@ pub struct CounterEntry {
     pub key: Vec<u8>,
     pub limit: Option<LimitParams>,
     pub state: Option<KeyState>,
+    /// Redis with `redis.leases = "on"`, a leasable limit: its units out on lease.
+    pub leases: Option<LeaseView>,
+}
+
+/// A key's units out on lease (Redis with `redis.leases = "on"`), beside its true state in
+/// Redis (which counts every leased unit as spent): every replica's lease records, as Redis
+/// keeps them, and this replica's own lease.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LeaseView {
+    /// Every replica's record in Redis (at most one each), expired ones included until their
+    /// units may no longer come back.
+    pub records: Vec<LeaseRecord>,
+    /// This replica's lease on the key now (`None`: none held).
+    pub here: Option<HeldLease>,
+}
+
+impl LeaseView {
+    /// Units granted by the records not yet expired: counted as spent in the key's state,
+    /// spendable only by the replicas holding them (some may be spent already: only the
+    /// holder knows).
+    pub fn out(&self) -> u64 {
+        self.records
+            .iter()
+            .filter(|r| r.expires_nanos > 0)
+            .map(|r| r.units)
+            .sum()
+    }
+}
+
+/// One replica's lease record in Redis.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRecord {
+    /// The replica's id (its field in the key's records).
+    pub replica: String,
+    /// Units granted.
+    pub units: u64,
+    /// Nanoseconds until the lease expires (0: expired).
+    pub expires_nanos: u64,
+    /// Nanoseconds until its unspent units may no longer be given back (0: no longer).
+    pub returnable_nanos: u64,
+}
+
+/// This replica's lease on a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldLease {
+    /// Units granted, and those left to spend here.
+    pub units: u64,
+    pub left: u64,
+    /// Nanoseconds until this replica stops spending it (a little before Redis's expiry).
+    pub expires_nanos: u64,
 }
 
 /// A key's state as a check-only request sees it now.

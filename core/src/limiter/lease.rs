@@ -7,7 +7,7 @@
 //! be spent, so no interval sees more admitted than the algorithm's bound.
 //!
 //! The rules, through the algorithm's own functions ([`Algo`]), so that the memory algorithms
-//! and the Lua mirror (`redis/lua/lease.lua`) share them whatever their state formats:
+//! and the Lua mirror (the lease requests of `redis/lua/main.lua`) share them whatever their state formats:
 //!
 //! - **Expiry.** `expires = min(now + validity, horizon)`, the horizon being where the
 //!   algorithm's count starts over: a fixed or sliding window's end (calendar windows
@@ -135,21 +135,37 @@ pub fn grant(
     want: u64,
     validity: u64,
 ) -> Option<(Lease, State)> {
+    grant_between(algo, state, now, (1, want), validity)
+}
+
+/// [`grant`] of a whole number of `least` units (what the request that asks for the lease
+/// costs: a smaller lease would not pay for it, and requests like it spend a multiple to the
+/// last unit, where a remainder would be taken for nothing), at most `want`; `None` when not
+/// even `least` can be leased.
+pub fn grant_between(
+    algo: &Algo,
+    state: &State,
+    now: u64,
+    (least, want): (u64, u64),
+    validity: u64,
+) -> Option<(Lease, State)> {
     let horizon = horizon(algo, state, now)?;
     let expires = now.saturating_add(validity).min(horizon);
     // At most a quarter of what remains (at least 1), so that one replica does not take the
     // others' share of what is left.
     let want = want.min((algo.remaining(state, now) / 4).max(1));
-    if expires <= now || want == 0 {
+    let least = least.max(1);
+    if expires <= now || want < least {
         return None;
     }
     let last = expires - 1;
-    let (mut taken, mut mark) = try_take(algo, state, now, last, 1)?;
-    // The admitted amount is monotone in L: search the largest in [1, want].
-    let (mut low, mut high) = (1, want);
+    let (mut taken, mut mark) = try_take(algo, state, now, last, least)?;
+    // The admitted amount is monotone in L: search the largest multiple of `least` up to
+    // `want` (in multiples).
+    let (mut low, mut high) = (1, want / least);
     while low < high {
         let mid = low + (high - low).div_ceil(2);
-        match try_take(algo, state, now, last, mid) {
+        match try_take(algo, state, now, last, mid * least) {
             Some((t, m)) => {
                 low = mid;
                 taken = t;
@@ -166,7 +182,7 @@ pub fn grant(
     };
     Some((
         Lease {
-            units: low,
+            units: low * least,
             expires,
             returnable,
             mark,

@@ -309,6 +309,15 @@ pub trait Limiter: Send + Sync + 'static {
         Box::pin(std::future::ready(Ok(vec![None; keys.len()])))
     }
 
+    /// Per key (a state key of `limits`' limit, in order), its units out on lease, `None`
+    /// when the backend leases none of it (admin `/why`); changes nothing. By default, none.
+    fn leases<'a>(
+        &'a self,
+        keys: &'a [(&'a [u8], LimitParams)],
+    ) -> BoxFuture<'a, Result<Vec<Option<counters::LeaseView>>, LimiterError>> {
+        Box::pin(std::future::ready(Ok(vec![None; keys.len()])))
+    }
+
     /// What the backend says of its health, for people (the admin page). By default, nothing.
     fn status(&self) -> counters::BackendStatus {
         counters::BackendStatus::default()

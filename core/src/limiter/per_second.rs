@@ -417,6 +417,30 @@ impl Limiter for PerSecond {
         Box::pin(self.blocks(keys))
     }
 
+    /// Each key's from the side its limit lives on.
+    fn leases<'a>(
+        &'a self,
+        keys: &'a [(&'a [u8], LimitParams)],
+    ) -> BoxFuture<'a, Result<Vec<Option<crate::limiter::counters::LeaseView>>, LimiterError>> {
+        Box::pin(async move {
+            let (second, main): (Vec<_>, Vec<_>) =
+                keys.iter().partition(|(_, l)| Self::is_per_second(l));
+            let (main, second) = join(self.main.leases(&main), self.second.leases(&second)).await;
+            let (mut main, mut second) = (main?.into_iter(), second?.into_iter());
+            Ok(keys
+                .iter()
+                .map(|(_, l)| {
+                    let side = if Self::is_per_second(l) {
+                        &mut second
+                    } else {
+                        &mut main
+                    };
+                    side.next().flatten()
+                })
+                .collect())
+        })
+    }
+
     /// The main store's, with the per-second store's unreachability when only it fails.
     fn status(&self) -> BackendStatus {
         let mut status = self.main.status();

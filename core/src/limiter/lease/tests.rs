@@ -57,6 +57,22 @@ fn a_funnel_lease_takes_at_most_a_quarter_of_what_remains() {
 }
 
 #[test]
+fn a_lease_smaller_than_the_cost_asking_is_not_granted() {
+    let algo = Algo::Funnel(Funnel::new(1_000, SEC, 100, false));
+    let now = 10 * SEC;
+    // 20 remain: a quarter is 5; a request of 6 gets no lease (it goes to the shared state,
+    // where no leased unit is taken for nothing), one of 5 gets 5.
+    let state = funnel_at(now + 80 * MS);
+    assert_eq!(grant_between(&algo, &state, now, (6, 10), 5 * MS), None);
+    let (lease, _) = grant_between(&algo, &state, now, (5, 10), 5 * MS).unwrap();
+    assert_eq!(lease.units, 5);
+    // A whole number of the cost: 40 remain, a quarter is 10, a request of 3 gets 9.
+    let state = funnel_at(now + 60 * MS);
+    let (lease, _) = grant_between(&algo, &state, now, (3, 20), 5 * MS).unwrap();
+    assert_eq!(lease.units, 9);
+}
+
+#[test]
 fn a_funnel_lease_that_jumps_to_its_expiry_pays_for_the_jump() {
     let algo = Algo::Funnel(Funnel::new(1_000, SEC, 100, false));
     let now = 10 * SEC;

@@ -68,6 +68,7 @@ fn read(
                 key,
                 limit: None,
                 state: None,
+                leases: None,
             });
         }
         Resolved::Limit(limit) => limit,
@@ -81,6 +82,7 @@ fn read(
         key,
         limit: Some(limit),
         state: Some(state),
+        leases: None,
     })
 }
 

@@ -1,8 +1,8 @@
 //! Regions (`scope: global`): a global limit's state lives in the home Redis
 //! (`redis.global_url`), which lends shares of it to each region; the region spends its shares
 //! in its own Redis (`redis.url`), exactly across its replicas (`lua/share.lua`). The rules are
-//! `crate::limiter::share`; home's side is the lease script (`lua/lease.lua`), the lessee
-//! being `<region>#<slot>`.
+//! `crate::limiter::share`; home's side is a lease request of the script ("Leases" in
+//! `lua/prelude.lua`), the lessee being [`lessee_id`] of `<region>#<slot>`.
 //!
 //! # One request with a global limit
 //!
@@ -33,7 +33,7 @@ use tokio::time::Instant;
 
 use super::RedisLimiter;
 use super::lease::LeaseCall;
-use super::script;
+use super::script::{self, LeaseReply};
 use crate::config::settings::{GlobalOnError, RedisSettings};
 use crate::limiter::counters::ShareView;
 use crate::limiter::share::{self, Sizing};
@@ -78,7 +78,7 @@ type Seen = HashMap<Arc<[u8]>, (crate::limiter::LimitParams, u64)>;
 
 /// The global side of a Redis limiter.
 pub(super) struct Global {
-    /// The home Redis (only `lua/lease.lua` is called there).
+    /// The home Redis (only lease requests are sent there).
     home: RedisLimiter,
     /// The region's Redis, for the pool (its own connections, so that renewals can run apart
     /// from the requests).
@@ -303,7 +303,7 @@ impl Global {
     /// old share's units back by name in the same call.
     async fn renew(&self, renewal: &Renewal) {
         let validity = share::validity(&renewal.limit, &self.sizing);
-        let id = format!("{}#{}", self.region, renewal.slot);
+        let id = lessee_id(&self.region, renewal.slot);
         let started = Instant::now();
         let sent = self.clock.now_nanos();
         // Home does nothing with a call that reaches it after this replica gave up on it.
@@ -313,24 +313,30 @@ impl Global {
             wall_micros()
         };
         let give_up = base.saturating_add(self.home_timeout_ms * 1_000);
+        let call = LeaseCall {
+            id,
+            key: &renewal.key,
+            limit: &renewal.limit,
+            give: renewal.give,
+            least: 1,
+            want: renewal.want,
+            validity,
+            deadline: Some(give_up),
+        };
         let reply = self
             .home
-            .within_timeout(|deadline| {
-                let call = LeaseCall {
-                    id: &id,
-                    key: &renewal.key,
-                    limit: &renewal.limit,
-                    give: renewal.give,
-                    want: renewal.want,
-                    validity,
-                    deadline: Some(give_up),
-                };
-                self.home.lease_call(call, sent, deadline)
-            })
+            .lease_call(call, sent, Instant::now() + self.home.timeout)
             .await;
         let ttl = self.pool_ttl_ms().to_string();
         let (args, answered) = match reply {
-            Ok([home_now, returned, units, expires, remaining, reset]) => {
+            Ok(LeaseReply {
+                now: home_now,
+                returned,
+                units,
+                expires,
+                remaining,
+                reset,
+            }) => {
                 let rtt = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
                 self.rtt.store(rtt, Ordering::Relaxed);
                 let c = &self.counts;
@@ -838,4 +844,16 @@ impl RedisLimiter {
     pub(super) fn has_global(&self) -> bool {
         self.global.is_some()
     }
+}
+
+/// The lessee id of a region's slot in home's lease records: a stable hash of
+/// `<region>#<slot>` (FNV-1a, the same in every replica of the region), below 2^53 as the
+/// script reads it.
+fn lessee_id(region: &str, slot: u64) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in format!("{region}#{slot}").bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash & ((1 << 53) - 1)
 }

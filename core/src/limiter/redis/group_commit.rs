@@ -13,7 +13,9 @@
 //! to the connection before it answers the requests of the call that returned), and so on
 //! until the queue is empty. The script decides them one after the other in arrival order,
 //! each exactly as if alone. In a Cluster, the queued requests are split by slot (each call's
-//! keys must share one) and the calls of one turn go out together.
+//! keys must share one) and the calls of one turn go out together. A lease's renewal ("give
+//! back the old lease, take a new one", `super::lease`) is one request of a call like any
+//! other, so renewals on many keys share calls with each other and with the requests.
 //!
 //! In a Cluster, a call follows the Cluster's redirections and transient errors within the
 //! time-out (`super::redirect`), whole: every request of it goes where the slot is. A call that
@@ -50,7 +52,7 @@ use super::connection::Connector;
 use super::redirect;
 use super::script::{self, Functions, Mode, Part, Unit};
 use super::topology::Node;
-use crate::limiter::{BatchOutcome, Hit};
+use crate::limiter::Hit;
 
 /// The most requests one call carries.
 pub(super) const MAX_REQUESTS: usize = 64;
@@ -74,9 +76,9 @@ pub(super) struct Shared {
     pub breakers: Arc<super::breaker::Breakers>,
 }
 
-/// What a request's call came to.
+/// What a request's call came to: its outcome, or a lease request's reply.
 pub(super) struct Answer {
-    pub result: RedisResult<BatchOutcome>,
+    pub result: RedisResult<script::Decided>,
 }
 
 /// One request, queued for a call.
@@ -445,7 +447,7 @@ fn answer(exchanged: Exchanged) {
     let give = |job: Job, result| {
         let _ = job.reply.send(Answer { result });
     };
-    match reply.and_then(|reply| script::decode(reply, &call)) {
+    match reply.and_then(|reply| script::decode_all(reply, &call)) {
         Ok(outcomes) => {
             for (job, outcome) in jobs.into_iter().zip(outcomes) {
                 give(job, Ok(outcome));

@@ -1,17 +1,20 @@
-//! Leases on Redis (`redis.leases = "on"`): this replica's table of leases, and the call that
-//! returns a key's old lease and takes a new one (`lua/lease.lua`), by the rules of
+//! Leases on Redis (`redis.leases = "on"`): this replica's table of leases, and the request
+//! that returns a key's old lease and takes a new one (a lease request of the script's batch:
+//! "Leases" in `lua/prelude.lua`, the Lua in `lua/main.lua`), by the rules of
 //! `crate::limiter::lease`.
 //!
 //! # One request
 //!
 //! A request whose every hit may be leased (funnel, token bucket, fixed window (calendar
-//! windows included) or sliding window, counted when admitted, no `borrow`, no `block_for`, enforced, a cost, no refund, no hold)
-//! counts its demand per key. When every hit's key holds a valid lease with units enough, it is
-//! decided here: admitted, the units spent, no Redis call. Otherwise, for each busy key whose
-//! lease is missing, spent or expired, and which no other request is renewing, one call gives
-//! back what is left of the old lease and takes a new one; then the request is tried here once
-//! more, and else it goes to Redis as every request does (Redis counts the leased units as
-//! spent, so its answer stays exact; a denial is cached by the deny cache as usual).
+//! windows included) or sliding window, counted when admitted, no `borrow`, no `block_for`,
+//! enforced, a cost, no refund, no hold) counts its demand per key. When every hit's key holds
+//! a valid lease with units enough, it is decided here: admitted, the units spent, no Redis
+//! call. Otherwise, for each busy key whose lease is missing, spent or expired, and which no
+//! other request is renewing, one lease request gives back what is left of the old lease and
+//! takes a new one; the renewals go to group commit together, as requests of its next calls
+//! (with each other and with other requests: no call of their own). Then the request is tried
+//! here once more, and else it goes to Redis as every request does (Redis counts the leased
+//! units as spent, so its answer stays exact; a denial is cached by the deny cache as usual).
 //!
 //! Times: a lease's expiry is Redis's; here it ends earlier, at the local time the call was
 //! sent plus the lease's length by Redis's clock, so it is never spent after Redis counts it
@@ -25,22 +28,17 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use futures_util::future::join_all;
 use parking_lot::Mutex;
-use redis::RedisResult;
 use tokio::time::Instant;
 
 use super::RedisLimiter;
-use super::script;
+use super::script::{self, Decided, LeaseArgs, LeaseReply, Mode, Unit};
+use crate::limiter::counters::HeldLease;
 use crate::limiter::lease::{self, Demand, Sizing};
 use crate::limiter::{Batch, BatchOutcome, Hit, HitOutcome, LimitParams, Role};
-
-const LEASE: &str = include_str!("lua/lease.lua");
-
-static SCRIPT: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(&script::with_algorithms(LEASE)));
 
 /// The most keys whose demand is followed; beyond, new keys are not leased until a sweep.
 const MAX_KEYS: usize = 10_000;
@@ -49,8 +47,9 @@ const MAX_KEYS: usize = 10_000;
 pub(super) struct Leases {
     on: bool,
     sizing: Sizing,
-    /// This replica's id in the keys' lease records.
-    id: String,
+    /// This replica's id in the keys' lease records (below 2^53: the script reads it as a
+    /// double).
+    id: u64,
     table: Mutex<HashMap<Arc<[u8]>, Entry, ahash::RandomState>>,
     pub(super) counts: Counts,
 }
@@ -89,10 +88,12 @@ struct Held {
     reset_at: u64,
 }
 
-/// A lease to renew: the key, its limit, the units wanted, and what to give back.
+/// A lease to renew: the key, its limit, the units wanted (at least the cost of the request
+/// asking: a smaller lease would not pay for it), and what to give back.
 pub(super) struct Renewal {
     key: Arc<[u8]>,
     limit: LimitParams,
+    least: u64,
     want: u64,
     give: u64,
 }
@@ -100,10 +101,13 @@ pub(super) struct Renewal {
 /// One lease call's arguments: the lessee, the key (without the prefix) and its limit, the
 /// units given back, the units wanted, the most the lease may be valid (nanoseconds).
 pub(super) struct LeaseCall<'a> {
-    pub id: &'a str,
+    /// The lessee's field in the key's lease records (below 2^53).
+    pub id: u64,
     pub key: &'a [u8],
     pub limit: &'a LimitParams,
     pub give: u64,
+    /// The lease is a whole number of this (none when not even one fits).
+    pub least: u64,
     pub want: u64,
     pub validity: u64,
     /// A deadline (Unix microseconds) after which the script does nothing: a region's call to
@@ -124,7 +128,7 @@ impl Leases {
         Leases {
             on,
             sizing,
-            id: format!("{id:016x}"),
+            id: id & script::MAX_EXACT,
             table: Mutex::new(HashMap::default()),
             counts: Counts::default(),
         }
@@ -255,6 +259,7 @@ impl Leases {
         Some(Renewal {
             key: key.clone(),
             limit: *limit,
+            least: cost,
             want: entry.demand.want(now, limit, &self.sizing).max(want),
             give,
         })
@@ -322,15 +327,26 @@ impl Leases {
 
     /// Units of `key` on lease here now (for `/counters` and `/why`).
     pub(super) fn held_units(&self, key: &[u8], now: u64) -> u64 {
+        self.held(key, now).map_or(0, |h| h.left)
+    }
+
+    /// This replica's lease on `key` now, if it holds one still valid.
+    pub(super) fn held(&self, key: &[u8], now: u64) -> Option<HeldLease> {
         if !self.on {
-            return 0;
+            return None;
         }
         let table = self.table.lock();
-        table
-            .get(key)
-            .and_then(|e| e.held)
-            .filter(|h| now < h.until)
-            .map_or(0, |h| h.left)
+        let h = table.get(key)?.held.filter(|h| now < h.until)?;
+        Some(HeldLease {
+            units: h.units,
+            left: h.left,
+            expires_nanos: h.until - now,
+        })
+    }
+
+    /// Whether leases are on.
+    pub(super) fn on(&self) -> bool {
+        self.on
     }
 
     pub(super) fn len(&self) -> usize {
@@ -390,95 +406,101 @@ impl RedisLimiter {
             renewals,
             done: 0,
         };
-        while let Some(renewal) = pending.renewals.get(pending.done) {
-            let reply = self.renew(renewal).await;
-            if reply.is_none() {
-                // Redis failed: what this replica leased may be gone with it.
-                self.leases.clear();
-            }
-            self.leases.renewed(renewal, reply);
-            pending.done += 1;
+        // Every renewal at once, each one request of group commit, polled together as a
+        // gathering poll (`crate::limiter::gathering`): those on one lane share one call.
+        let renewing = join_all(pending.renewals.iter().map(|r| self.renew(r)));
+        let replies = crate::limiter::gathering::gathered(renewing).await;
+        if replies.iter().any(Option::is_none) {
+            // Redis failed: what this replica leased may be gone with it.
+            self.leases.clear();
         }
+        for (renewal, reply) in pending.renewals.iter().zip(replies) {
+            self.leases.renewed(renewal, reply);
+        }
+        pending.done = pending.renewals.len();
+        drop(pending);
         match self.leases.spend(batch, self.clock.now_nanos(), false) {
             Spend::Done(outcome) => Some(outcome),
             Spend::Direct | Spend::Renew(_) => None,
         }
     }
 
-    /// One call: give back the old lease's units, take a new lease; the new lease (its times
-    /// local) and the units given back.
+    /// One request of group commit: give back the old lease's units, take a new lease; the
+    /// new lease (its times local) and the units given back.
     async fn renew(&self, renewal: &Renewal) -> Option<(Held, u64)> {
         let sent = self.clock.now_nanos();
         let validity = lease::validity(&renewal.limit, &self.leases.sizing);
-        let reply = self
-            .within_timeout(|deadline| {
-                let call = LeaseCall {
-                    id: &self.leases.id,
-                    key: &renewal.key,
-                    limit: &renewal.limit,
-                    give: renewal.give,
-                    want: renewal.want,
-                    validity,
-                    deadline: None,
-                };
-                self.lease_call(call, sent, deadline)
-            })
-            .await;
-        let [now, returned, units, expires, _remaining, reset] = match reply {
-            Ok(values) => values,
+        let call = LeaseCall {
+            id: self.leases.id,
+            key: &renewal.key,
+            limit: &renewal.limit,
+            give: renewal.give,
+            least: renewal.least,
+            want: renewal.want,
+            validity,
+            deadline: None,
+        };
+        let reply = match self
+            .lease_call(call, sent, Instant::now() + self.timeout)
+            .await
+        {
+            Ok(reply) => reply,
             Err(e) => {
                 tracing::debug!(error = %e, "redis: lease call failed");
                 return None;
             }
         };
         let held = Held {
-            units,
-            left: units,
-            until: sent.saturating_add(expires.saturating_sub(now).saturating_mul(1_000)),
-            reset_at: sent.saturating_add(reset.saturating_mul(1_000)),
+            units: reply.units,
+            left: reply.units,
+            until: sent.saturating_add(
+                reply
+                    .expires
+                    .saturating_sub(reply.now)
+                    .saturating_mul(1_000),
+            ),
+            reset_at: sent.saturating_add(reply.reset.saturating_mul(1_000)),
         };
-        Some((held, returned))
+        Some((held, reply.returned))
     }
 
-    /// One call of `lua/lease.lua` by `deadline`: `{ now, returned, units, expires, remaining,
-    /// reset }` (microseconds). A replica's leases call it under the replica's id; a region's
-    /// shares of a global limit (`global`) on the home Redis, under the region's.
+    /// One lease request of group commit, answered by `deadline`. A replica's leases ask it
+    /// under the replica's id; a region's shares of a global limit (`global`) on the home
+    /// Redis, under the region's.
     pub(super) async fn lease_call(
         &self,
-        renewal: LeaseCall<'_>,
+        lease: LeaseCall<'_>,
         sent: u64,
         deadline: Instant,
-    ) -> RedisResult<[u64; 6]> {
-        let validity = renewal.validity;
-        let prefix = self.prefix();
-        let state = script::prefixed(prefix, renewal.key);
-        let records = [&state[..], b":lease"].concat();
-        let mut invocation = SCRIPT.prepare_invoke();
-        invocation.key(state).key(records);
-        let now = if self.script_clock {
-            (sent / 1_000).to_string()
-        } else {
-            String::new()
+    ) -> Result<LeaseReply, redis::RedisError> {
+        let hit = Hit {
+            key: Arc::from(lease.key),
+            limit: *lease.limit,
+            cost: lease.want,
+            refund: false,
+            group: 0,
+            role: Role::Enforced,
+            hold: None,
         };
-        invocation.arg(now).arg(1);
-        for field in script::limit_fields(renewal.limit, sent) {
-            invocation.arg(field);
-        }
-        invocation
-            .arg(renewal.id)
-            .arg(renewal.give)
-            .arg(renewal.want)
-            .arg(validity.div_ceil(1_000).max(1));
-        if let Some(deadline) = renewal.deadline {
-            invocation.arg(deadline);
-        }
-        let reply = self.keyed(renewal.key, &invocation, deadline).await?;
-        let values: Vec<u64> = redis::from_redis_value(reply)?;
-        values.try_into().map_err(|_| {
-            redis::RedisError::from((
+        let call = super::Call {
+            mode: Mode::Lease(LeaseArgs {
+                give: lease.give,
+                least: lease.least,
+                validity_micros: lease.validity.div_ceil(1_000).max(1),
+                replica: lease.id,
+                deadline_micros: lease.deadline.unwrap_or(0),
+            }),
+            unit: Unit::Nanos,
+            now_micros: self.script_clock.then_some(sent / 1_000),
+            clock_nanos: sent,
+            deadline,
+        };
+        match self.submit_any(vec![hit], call).await? {
+            Decided::Lease(reply) => Ok(reply),
+            Decided::Batch(_) => Err(redis::RedisError::from((
                 redis::ErrorKind::UnexpectedReturnType,
-                "sluice: a lease reply of the wrong length",
-            ))
-        })
+                "sluice: a request's reply to a lease",
+            ))),
+        }
     }
 }

@@ -15,7 +15,7 @@
 //! | `cluster` | splitting a request by Cluster slot, planning it whole, refunding |
 //! | `breaker` | the circuit breakers, one per node, that stop waiting on a dead node |
 //! | `deny_cache` | the exact local deny cache |
-//! | `lease` | this replica's leases on busy keys (`redis.leases`), renewed by `lua/lease.lua` |
+//! | `lease` | this replica's leases on busy keys (`redis.leases`), renewed by lease requests of group commit's calls |
 //!
 //! # One request
 //!
@@ -41,6 +41,7 @@ mod global;
 mod group_commit;
 mod holds;
 mod lease;
+mod lease_view;
 mod operate;
 mod redirect;
 mod replication;
@@ -429,6 +430,21 @@ impl RedisLimiter {
     /// Decides `hits` (all of one Cluster slot, in a Cluster) in a lane's next script call, by
     /// `call.deadline`.
     async fn submit(&self, hits: Vec<super::Hit>, call: Call) -> Result<BatchOutcome, RedisError> {
+        match self.submit_any(hits, call).await? {
+            script::Decided::Batch(outcome) => Ok(outcome),
+            script::Decided::Lease(_) => Err(RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "sluice: a lease reply to a request",
+            ))),
+        }
+    }
+
+    /// [`RedisLimiter::submit`] for any request, a lease's too.
+    async fn submit_any(
+        &self,
+        hits: Vec<super::Hit>,
+        call: Call,
+    ) -> Result<script::Decided, RedisError> {
         let shared = self.commit.shared();
         let slot = shared
             .connector
@@ -694,6 +710,13 @@ impl Limiter for RedisLimiter {
         keys: &'a [&'a [u8]],
     ) -> BoxFuture<'a, Result<Vec<Option<u64>>, LimiterError>> {
         Box::pin(scan::blocks(self, keys))
+    }
+
+    fn leases<'a>(
+        &'a self,
+        keys: &'a [(&'a [u8], super::LimitParams)],
+    ) -> BoxFuture<'a, Result<Vec<Option<super::counters::LeaseView>>, LimiterError>> {
+        Box::pin(self.lease_views(keys))
     }
 
     fn status(&self) -> super::counters::BackendStatus {

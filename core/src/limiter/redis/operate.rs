@@ -110,7 +110,7 @@ impl RedisLimiter {
         let full = |key: &[u8]| [prefix, key].concat();
         // A key's penalty box (`block_for`) lives beside it, in the same slot: a reset ends it.
         let boxed = |key: &[u8]| [prefix, key, b":block"].concat();
-        // And its leases' records (`lua/lease.lua`): a return made after the reset gives
+        // And its leases' records ("Leases" in `lua/prelude.lua`): a return made after the reset gives
         // nothing back.
         let leased = |key: &[u8]| [prefix, key, b":lease"].concat();
         // And a global key's pool of shares in this region (`lua/share.lua`).

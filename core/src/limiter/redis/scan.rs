@@ -15,6 +15,7 @@ use redis::RedisResult;
 
 use super::RedisLimiter;
 use super::global::Read;
+use super::lease_view::LEASE_SUFFIX;
 use crate::config::model::Algorithm;
 use crate::limiter::counters::{
     BackendStatus, CounterEntry, CounterPage, CounterQuery, KeyState, Resolved,
@@ -71,11 +72,13 @@ async fn read(
         let Some(key) = full.strip_prefix(prefix) else {
             continue;
         };
-        // A penalty box is listed as the key it belongs to (once, with its state).
+        // A penalty box, a region's share and lease records are listed as the key they
+        // belong to (once, with its state).
         let key = key
             .strip_suffix(BLOCK_SUFFIX)
             .or_else(|| key.strip_suffix(SHARE_SUFFIX))
             .unwrap_or(key);
+        let key = key.strip_suffix(LEASE_SUFFIX).unwrap_or(key);
         if !seen.insert(key.to_vec()) {
             continue;
         }
@@ -85,6 +88,7 @@ async fn read(
                 key: key.to_vec(),
                 limit: None,
                 state: None,
+                leases: None,
             }),
             Resolved::Limit(limit) => {
                 hits.push(check_only(key, limit, hits.len()));
@@ -92,6 +96,7 @@ async fn read(
                     key: key.to_vec(),
                     limit: Some(limit),
                     state: None,
+                    leases: None,
                 });
             }
         }
@@ -138,6 +143,15 @@ async fn read(
                 state.share = limiter.shares_of(&[&entry.key]).await?.pop().flatten();
             }
         }
+    }
+    // The units out on lease of leased keys (none with leases off).
+    let leasable: Vec<(&[u8], LimitParams)> = entries
+        .iter()
+        .filter_map(|e| Some((e.key.as_slice(), e.limit?)))
+        .collect();
+    let mut views = limiter.lease_views(&leasable).await?.into_iter();
+    for entry in entries.iter_mut().filter(|e| e.limit.is_some()) {
+        entry.leases = views.next().flatten();
     }
     for entry in &mut entries {
         let held = match (entry.limit, entry.state) {

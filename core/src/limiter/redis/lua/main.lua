@@ -11,8 +11,8 @@ local now = clock(ARGV[1])
 -- Parse the limits, each once: its algorithm, its parameters, whether it charges always, its
 -- penalty box (0: none) and, for calendar windows, the windows around now (see the prelude).
 -- An algorithm's functions are made on its first use in the request.
-local limit_algo, limit_params, limit_always, limit_pending, limit_block, made =
-  {}, {}, {}, {}, {}, {}
+local limit_algo, limit_params, limit_always, limit_pending, limit_block, limit_code, made =
+  {}, {}, {}, {}, {}, {}, {}
 local nlimits = tonumber(ARGV[2]) or 0
 for l = 1, nlimits do
   local at = 7 * l - 4
@@ -26,7 +26,7 @@ for l = 1, nlimits do
     made[code] = algo
   end
   local flags = tonumber(ARGV[at + 4]) or 0
-  limit_algo[l] = algo
+  limit_algo[l], limit_code[l] = algo, code
   limit_params[l] = algo.params(clamp(ARGV[at + 1]), clamp(ARGV[at + 2]), clamp(ARGV[at + 3]),
                                 flags % 2 == 1)
   -- A concurrency limit's `charge: always` keeps a denied request's cost as a pending denial
@@ -57,6 +57,9 @@ local size, read = #blob, struct.unpack
 local hit_slot, hit_limit, hit_cost = {}, {}, {}
 local hit_refund, hit_group, hit_role, hit_hold = {}, {}, {}, {}
 local req_first, req_count, req_independent, req_dry = {}, {}, {}, {}
+-- The lease requests (mode 3) apart: lease_hit[k] their one hit, and lease_args[k] what
+-- follows it ({give, validity, replica}); the others are requests 1..nplain.
+local lease_hit, lease_args, nleases, nplain = {}, {}, 0, 0
 local pos, total = 1, 0
 for r = 1, nrequests do
   if pos + REQUEST_BYTES - 1 > size then
@@ -64,11 +67,18 @@ for r = 1, nrequests do
   end
   local mode, count
   mode, count, pos = read(REQUEST_FORMAT, blob, pos)
-  if mode > 2 or pos + HIT_BYTES * count - 1 > size then
+  if mode > LEASE_MODE or pos + HIT_BYTES * count - 1 > size
+     or (mode == LEASE_MODE and count ~= 1) then
     return redis.error_reply("sluice: malformed request " .. r)
   end
-  req_first[r], req_count[r], req_independent[r] = total + 1, count, mode == 1
-  req_dry[r] = mode == 2
+  if mode == LEASE_MODE then
+    nleases = nleases + 1
+    lease_hit[nleases] = total + 1
+  else
+    nplain = nplain + 1
+    req_first[nplain], req_count[nplain], req_independent[nplain] = total + 1, count, mode == 1
+    req_dry[nplain] = mode == 2
+  end
   for h = 1, count do
     local slot, limit, cost, group, role
     slot, limit, cost, group, role, pos = read(HIT_FORMAT, blob, pos)
@@ -96,6 +106,15 @@ for r = 1, nrequests do
     hit_group[total], hit_role[total] = group, role
     -- a hold id only means something to an algorithm with holds (concurrency)
     hit_hold[total] = algo.take_id ~= nil and hold
+  end
+  if mode == LEASE_MODE then
+    if pos + LEASE_BYTES - 1 > size then
+      return redis.error_reply("sluice: malformed lease request " .. r)
+    end
+    local give, least, validity, replica, deadline
+    give, least, validity, replica, deadline, pos = read(LEASE_FORMAT, blob, pos)
+    lease_args[nleases] = { clamp(give), clamp(validity), clamp(replica), clamp(least),
+                            clamp(deadline) }
   end
 end
 if pos ~= size + 1 then
@@ -159,7 +178,119 @@ local block_until = {}
 local funnel, fast_seen, hit_tat, hit_back = made.f, {}, {}, {}
 local U32 = 4294967295
 local reply, n = {}, 0
-for r = 1, nrequests do
+
+-- The lease requests, first (see "Leases" in the prelude). A key's state is read and written
+-- only through its algorithm's `load`, `admits`, `take`, `name_take`, `give_named`, `text`,
+-- `fresh_at` (and the bucket's `next_step`), as the other requests read and write it
+-- (key_text); its lease records directly.
+if nleases > 0 then
+  -- Where the count of state `st` at `at` starts over (lease::horizon).
+  local function horizon(code, algo, p, st, at)
+    if code == "f" then return MAX end
+    if code == "b" then return algo.next_step(p, st, at) end
+    if code == "w" then return sat_add(at, algo.reset(p, st, at)) end
+    return sat_add(div_floor(at, p.period) * p.period, p.period)
+  end
+  for k = 1, nleases do
+    local i = lease_hit[k]
+    local s, l = hit_slot[i], hit_limit[i]
+    local algo, p, code = limit_algo[l], limit_params[l], limit_code[l]
+    local give, validity, replica = lease_args[k][1], lease_args[k][2], fmt(lease_args[k][3])
+    local least = math.max(lease_args[k][4], 1)
+    -- A request past its deadline does nothing: neither gives back nor takes.
+    local late = lease_args[k][5] > 0 and now > lease_args[k][5]
+    local leasable = (code == "f" or code == "b" or code == "w" or code == "s")
+      and not p.borrow and not limit_always[l] and limit_block[l] == 0 and not hit_refund[i]
+      and not late
+    local want = leasable and hit_cost[i] or 0
+    local records, text = KEYS[s] .. LEASE_SUFFIX, key_text[s]
+    local state = algo.text and algo.load(text)
+    local changed = false
+
+    -- The old lease: its unused units back while they may come back; its record goes
+    -- either way.
+    local returned = 0
+    local record = leasable and redis.call("HGET", records, replica)
+    if record then
+      local units, returnable, mark, left =
+        string.match(record, "^(%d+):%d+:(%d+):(%d+):(.*)$")
+      units, returnable, mark = tonumber(units) or 0, tonumber(returnable) or 0,
+        tonumber(mark) or 0
+      if give > 0 and now < returnable and (code ~= "f" or left == (text or "")) then
+        returned = math.min(give, units)
+        state = algo.give_named(p, state, now, returned, mark)
+        changed = true
+      end
+      redis.call("HDEL", records, replica)
+    end
+
+    -- The new lease: at most a quarter of what remains (at least 1); the most units, a
+    -- multiple of least up to want, the state admits where they are counted and, once taken there, still
+    -- within its bound at now (monotone in the units: a binary search).
+    local granted, expires, returnable, granted_mark = 0, 0, 0, 0
+    if want > 0 then
+      local share = floor(algo.remaining(p, state, now) / 4)
+      if share < 1 then share = 1 end
+      if want > share then want = share end
+      expires = math.min(sat_add(now, validity), horizon(code, algo, p, state, now))
+      if expires > now and want >= least then
+        local last = expires - 1
+        -- Counted at the last moment; a token bucket's at now (lease::counted_at).
+        local at = last
+        if code == "b" then at = now end
+        -- In multiples of `least` (lease::grant_between): the largest k with k * least
+        -- granted.
+        local low, high, taken, mark = 0, floor(want / least), nil, 0
+        while low < high do
+          local mid = low + floor((high - low + 1) / 2)
+          local t, m = nil, 0
+          if algo.admits(p, state, at, mid * least) then
+            t = algo.take(p, state, at, mid * least)
+            if algo.admits(p, t, now, 0) then t, m = algo.name_take(p, t, at) else t = nil end
+          end
+          if t then low, taken, mark = mid, t, m else high = mid - 1 end
+        end
+        if low >= 1 then
+          granted, state, changed, granted_mark = low * least, taken, true, mark
+          -- Its units may come back until the count they were taken in starts over, as
+          -- the take left it; a funnel's until its expiry.
+          returnable = expires
+          if code ~= "f" then returnable = horizon(code, algo, p, state, last) end
+        end
+      end
+    end
+
+    -- Written as the other requests write (key_text, then once after the last request).
+    if changed then
+      if key_ttl[s] == nil then
+        ndirty = ndirty + 1
+        dirty[ndirty] = key_text[s] and s or -s
+      end
+      local fresh_at = algo.fresh_at(p, state, now)
+      if fresh_at then
+        key_text[s], key_ttl[s] = algo.text(p, state), ttl_ms(now, fresh_at)
+      else
+        key_text[s], key_ttl[s] = false, 0
+      end
+    end
+    if granted > 0 then
+      redis.call("HSET", records, replica,
+                 fmt(granted) .. ":" .. fmt(expires) .. ":" .. fmt(returnable) .. ":" ..
+                 fmt(granted_mark) .. ":" .. (key_text[s] or ""))
+      local ttl = ttl_ms(now, returnable)
+      if redis.call("PTTL", records) < ttl then
+        redis.call("PEXPIRE", records, ttl)
+      end
+    end
+    local left, reset = 0, 0
+    if leasable then left, reset = algo.remaining(p, state, now), algo.reset(p, state, now) end
+    reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4], reply[n + 5], reply[n + 6] =
+      now, returned, granted, expires, left, reset
+    n = n + 6
+  end
+end
+
+for r = 1, nplain do
   local first, last, independent = req_first[r], req_first[r] + req_count[r] - 1,
     req_independent[r]
 

@@ -56,7 +56,8 @@
 --              whatever the others do; used for one slot group of a Redis Cluster request,
 --              the caller then plans the whole request and refunds what must not have been
 --              consumed), 2 "dry run" (decided and reported as 0 would be, but nothing is
---              written: admin /why)
+--              written: admin /why), 3 "lease" (a replica's lease on the request's one hit's
+--              key: below)
 --   H          4 bytes (REQUEST_FORMAT "I4"): the number of the request's hits; then
 --              HIT_BYTES = 21 bytes per hit h = 1..H (HIT_FORMAT):
 --   slot       I4: index into KEYS (1-based) of the hit's state key
@@ -67,6 +68,42 @@
 --              (is_negative_hits) instead of taking it; plus 16 when the hit names its hold
 --              (a concurrency rule's hold_id): then HOLD_BYTES = 8 more bytes follow, the
 --   hold       d:  the hold's id, an integral double in [2^52, 2^53) (concurrency.lua)
+--              A lease request (mode 3) has one hit, whose cost is the units wanted (0:
+--              return only), then LEASE_BYTES = 40 more bytes (LEASE_FORMAT):
+--   give       d:  units of the replica's current lease on the key to give back (its record
+--              says which lease that is, and until when it may come back)
+--   least      d:  the cost of the request asking: a lease is a whole number of it (no
+--              lease when not even one can be granted)
+--   validity   d:  the most the new lease may be valid, in microseconds
+--   replica    d:  the replica's id, an integral double below 2^53
+--   deadline   d:  Redis's time (microseconds) after which the request does nothing at all
+--              (0: none; a region's request to the home Redis that arrives after its
+--              caller gave up on it: it neither gives back nor takes anything)
+--
+-- Leases (src/limiter/lease.rs has the rules, src/limiter/redis/lease.rs the replica's side):
+-- a lease request returns what is left of the replica's old lease on the key and takes a new
+-- one. The lease requests of a call are decided first, in their order, then the others (all
+-- the requests of a call were in flight at once, so this is an order they could have come
+-- in). A lease expires at min(now + validity, horizon), the horizon being where the
+-- algorithm's count starts over (a window's end, calendar windows included; a token bucket's
+-- next refill step, one period after now for a full bucket; none for a funnel); it holds at
+-- most a quarter of what remains (at least 1); its units are taken as spent at its last
+-- moment, last = expires - 1 (a token bucket's at now, in the refill step that holds the
+-- whole lease), a whole number of `least` (else none), as a named take (so that no anonymous refund gives them back), and granted
+-- only while the state then admits nothing beyond its bound at now. A return gives the units
+-- back by name at now: a window's to the window they were counted in while it lasts, a
+-- bucket's to the refill step (even after the lease expired: they were never spent); a
+-- funnel's only before the expiry and while its state is as the grant left it (the lease's
+-- slots are then the last ones, all still ahead of now). Only a funnel, token bucket, fixed
+-- or sliding window, without borrow, charge: always or a penalty box, is leased; another
+-- limit gets no lease (and gives nothing back).
+-- A key's leases are kept in KEYS[s] .. LEASE_SUFFIX (in the key's slot, as the penalty box
+-- is): a hash, field a replica's id, value "units:expires:returnable:mark:state"
+-- (microseconds, exclusive: the units may be spent before expires, given back before
+-- returnable: a funnel's expiry, a window's end, a bucket's next refill step; mark: the
+-- algorithm's `name_take` of the grant, which its return by name needs; state: the key's
+-- text as the grant left it); its TTL reaches the latest returnable. A reset deletes it with
+-- the state, so that no return made after the reset gives anything back.
 --
 -- The limits' fields are decimal integers, each parsed once; the requests are unpacked,
 -- whole, before any key is read (a malformed call fails before anything is written).
@@ -74,7 +111,10 @@
 -- Reply: one binary string of integers, each a little-endian double (8 bytes; exact, since
 -- each is at most 2^53 - 1 in size), packed by struct.pack REPLY_CHUNK at a time (it costs
 -- Redis what an array reply did, and sluice reads it without parsing an item per number); per
--- request, in order: request_admitted (1 or 0), then per hit, one of:
+-- lease request (decided first, see above), in order: now, units given back, the new
+-- lease's units (0: none) and expiry, what the key holds after the call and its reset
+-- (microseconds), every leased unit counted; then per other request, in order:
+-- request_admitted (1 or 0), then per hit, one of:
 --   remaining, reset_micros   admitted (remaining >= 0); reset: until the full quota is back
 --   -1, wait_micros           denied (REPLY_DENIED); wait: until this hit would be admitted
 --   -2                        admitted, on the same key and limit as the admitted hit before
@@ -107,6 +147,7 @@ local floor, format
 local REQUEST_FORMAT, REQUEST_BYTES = "<BI4", 5
 local HIT_FORMAT, HIT_BYTES = "<I4I4dI4B", 21
 local HOLD_FORMAT, HOLD_BYTES, ROLE_HOLD = "<d", 8, 16
+local LEASE_MODE, LEASE_FORMAT, LEASE_BYTES, LEASE_SUFFIX = 3, "<ddddd", 40, ":lease"
 local ROLE_ENFORCED, ROLE_QUOTA, ROLE_QUOTA_SHADOW = 0, 2, 3
 -- The reply's markers (see above), and how many of its numbers one struct.pack takes (they go
 -- through Lua's stack as arguments, like MGET's keys below).
@@ -264,7 +305,7 @@ end
 -- and give back under a hold the request names (a hit with a hold id); main.lua calls them
 -- instead of `take` and `give` for such a hit.
 -- `next_step(params, state, now)`, set only by the token bucket, is its next refill step after
--- now (TokenBucket::next_refill): where a lease on it must end (lease.lua).
+-- now (TokenBucket::next_refill): where a lease on it must end (main.lua's leases).
 local function algorithm(params, load, admits, take, give, remaining, reset, until_admitted,
                          fresh_at, text, save, deny, name_take, give_named, next_step)
   return {

@@ -12,12 +12,48 @@ const REPLY_SAME: i64 = -2;
 /// Bytes per number of the script's reply (a little-endian double).
 const REPLY_NUMBER_BYTES: usize = 8;
 
-/// Decodes the script's reply to `call` (its short form, packed: see the top of
-/// `prelude.lua`): one outcome per request, resets in the call's unit.
+/// What the script answered to one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decided {
+    Batch(BatchOutcome),
+    Lease(LeaseReply),
+}
+
+/// The answer to a lease request, times in microseconds by Redis's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseReply {
+    /// Redis's now.
+    pub now: u64,
+    /// Units of the old lease given back.
+    pub returned: u64,
+    /// The new lease's units (0: none) and expiry (exclusive).
+    pub units: u64,
+    pub expires: u64,
+    /// What the key holds after the call, every leased unit counted, and its reset.
+    pub remaining: u64,
+    pub reset: u64,
+}
+
+fn bad(what: &str) -> RedisError {
+    RedisError::from((ErrorKind::Parse, "unexpected script reply", what.to_owned()))
+}
+
+/// Decodes the script's reply to `call`, which carries no lease request: one outcome per
+/// request, resets in the call's unit.
 pub fn decode(reply: Value, call: &Call) -> Result<Vec<BatchOutcome>, RedisError> {
-    let bad = |what: &str| {
-        RedisError::from((ErrorKind::Parse, "unexpected script reply", what.to_owned()))
-    };
+    decode_all(reply, call)?
+        .into_iter()
+        .map(|decided| match decided {
+            Decided::Batch(outcome) => Ok(outcome),
+            Decided::Lease(_) => Err(bad("a lease reply")),
+        })
+        .collect()
+}
+
+/// Decodes the script's reply to `call` (its short form, packed: see the top of
+/// `prelude.lua`): one answer per request, in the call's order (the lease requests' replies
+/// come first in the reply), resets in the call's unit.
+pub fn decode_all(reply: Value, call: &Call) -> Result<Vec<Decided>, RedisError> {
     let Value::BulkString(bytes) = reply else {
         return Err(bad("not a string"));
     };
@@ -45,8 +81,27 @@ pub fn decode(reply: Value, call: &Call) -> Result<Vec<BatchOutcome>, RedisError
             .map(|n| n.saturating_mul(scale))
             .map_err(|_| bad("negative time"))
     };
+    let mut leases = Vec::new();
+    for _ in call.leases.iter().filter(|l| **l) {
+        let mut field =
+            || next().and_then(|n| u64::try_from(n).map_err(|_| bad("a negative lease field")));
+        leases.push(LeaseReply {
+            now: field()?,
+            returned: field()?,
+            units: field()?,
+            expires: field()?,
+            remaining: field()?,
+            reset: field()?,
+        });
+    }
+    let mut leases = leases.into_iter();
     let mut outcomes = Vec::with_capacity(call.hits.len());
-    for &count in &call.hits {
+    for (&count, &lease) in call.hits.iter().zip(&call.leases) {
+        if lease {
+            let reply = leases.next().ok_or_else(|| bad("a missing lease reply"))?;
+            outcomes.push(Decided::Lease(reply));
+            continue;
+        }
         let admitted = next()? == 1;
         let mut hits = Vec::with_capacity(count);
         let mut last = None;
@@ -74,7 +129,7 @@ pub fn decode(reply: Value, call: &Call) -> Result<Vec<BatchOutcome>, RedisError
             };
             hits.push(hit);
         }
-        outcomes.push(BatchOutcome { hits, admitted });
+        outcomes.push(Decided::Batch(BatchOutcome { hits, admitted }));
     }
     if items.next().is_some() || outcomes.is_empty() {
         return Err(bad(&format!(

@@ -34,7 +34,32 @@ pub enum Mode {
     /// All or nothing, like `Request`, reported the same, but nothing is written (admin
     /// `/why`).
     Dry,
+    /// A replica's lease on the request's one hit's key (its cost: the units wanted): give
+    /// back what is left of its old lease, take a new one (`Leases` in `prelude.lua`).
+    Lease(LeaseArgs),
 }
+
+/// What a lease request carries beside its hit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseArgs {
+    /// Units of the replica's current lease on the key to give back.
+    pub give: u64,
+    /// The cost of the request asking: the lease is a whole number of it (none when not even
+    /// one can be leased).
+    pub least: u64,
+    /// The most the new lease may be valid, in microseconds.
+    pub validity_micros: u64,
+    /// The replica's id (below 2^53), its field in the key's lease records.
+    pub replica: u64,
+    /// Redis's time (Unix microseconds) after which the request does nothing at all (0:
+    /// none): a region's request to the home Redis that arrives after its caller gave up on
+    /// it (held in a partition) must neither give back units of a newer share under the same
+    /// id nor take a share no one will spend.
+    pub deadline_micros: u64,
+}
+
+/// Bytes a lease request adds after its hit (`LEASE_FORMAT` in `prelude.lua`).
+const LEASE_BYTES: usize = 40;
 
 /// The time unit of a batch's periods and of its outcome's resets (the script's is always
 /// microseconds).
@@ -62,6 +87,8 @@ pub struct Call {
     pub(super) via: Via,
     /// The number of hits of each request, in order.
     pub(super) hits: Vec<usize>,
+    /// Whether each request is a lease request (its reply comes first, see the prelude).
+    pub(super) leases: Vec<bool>,
     pub(super) unit: Unit,
 }
 
@@ -99,6 +126,9 @@ impl Call {
                     hit
                 })
                 .collect();
+            if mode == 3 {
+                at += LEASE_BYTES;
+            }
             out.push((mode, hits));
         }
         out
@@ -150,7 +180,7 @@ pub fn encode(
         count,
     );
     let key_bytes: usize = keys.iter().map(|k| prefix.len() + k.len()).sum();
-    let blob_bytes = REQUEST_BYTES * parts.len() + HIT_BYTES * count;
+    let blob_bytes = REQUEST_BYTES * parts.len() + HIT_BYTES * count + LEASE_BYTES;
     let mut cmd = Cmd::with_capacity(
         6 + keys.len() + LIMIT_FIELDS * limits.len(),
         80 + key_bytes + 40 * limits.len() + blob_bytes,
@@ -184,6 +214,7 @@ pub fn encode(
             Mode::Request => 0,
             Mode::Independent => 1,
             Mode::Dry => 2,
+            Mode::Lease(_) => 3,
         };
         head[1..].copy_from_slice(&index(part.hits.len()).to_le_bytes());
         let _ = blob.write_all(&head);
@@ -196,17 +227,44 @@ pub fn encode(
                 let _ = blob.write_all(&id.to_le_bytes());
             }
         }
+        if let Mode::Lease(args) = part.mode {
+            let _ = blob.write_all(&lease_bytes(args));
+        }
     }
     drop(blob);
     Call {
         cmd,
         via,
         hits: parts.iter().map(|p| p.hits.len()).collect(),
+        leases: parts
+            .iter()
+            .map(|p| matches!(p.mode, Mode::Lease(_)))
+            .collect(),
         unit,
     }
 }
 
-/// The encoded size of a call's arguments for `hits`, roughly (for bounding a batch).
+/// A lease request's bytes after its hit: give, least, validity, replica, deadline, each a
+/// double
+/// (exact: at most 2^53 - 1).
+#[allow(clippy::cast_precision_loss)]
+fn lease_bytes(args: LeaseArgs) -> [u8; LEASE_BYTES] {
+    let mut out = [0; LEASE_BYTES];
+    let fields = [
+        args.give,
+        args.least,
+        args.validity_micros,
+        args.replica,
+        args.deadline_micros,
+    ];
+    for (chunk, field) in out.chunks_exact_mut(8).zip(fields) {
+        chunk.copy_from_slice(&(field.min(MAX_EXACT) as f64).to_le_bytes());
+    }
+    out
+}
+
+/// The encoded size of a call's arguments for `hits`, roughly (for bounding a batch; a lease
+/// request adds [`LEASE_BYTES`], within the rough 40 a hit is counted for).
 pub fn encoded_size(hits: &[Hit], prefix: &[u8]) -> usize {
     hits.iter()
         .map(|h| {
@@ -251,25 +309,6 @@ fn script_limit(l: &LimitParams, unit: Unit, clock_nanos: u64) -> ScriptLimit {
             .calendar
             .map(|c| c.around(clock_nanos).map(|b| (b / 1_000).min(MAX_EXACT))),
     }
-}
-
-/// A limit's seven fields as the script takes them (prelude.lua's ARGV[2] contract), periods
-/// given in nanoseconds: for the scripts that take one limit beside the batch (`lease.lua`).
-pub fn limit_fields(l: &LimitParams, clock_nanos: u64) -> [String; 7] {
-    let l = script_limit(l, Unit::Nanos, clock_nanos);
-    let window = match l.window {
-        Some([previous, start, end, next]) => format!("{previous},{start},{end},{next}"),
-        None => String::new(),
-    };
-    [
-        l.code.to_owned(),
-        l.quota.to_string(),
-        l.period_micros.to_string(),
-        l.burst.to_string(),
-        l.flags.to_string(),
-        l.block_micros.to_string(),
-        window,
-    ]
 }
 
 fn push_limit(cmd: &mut Cmd, l: &ScriptLimit) {

@@ -44,8 +44,8 @@ mod invoke;
 #[cfg(test)]
 mod tests;
 
-pub use decode::decode;
-pub use encode::{Call, MAX_EXACT, Mode, Part, Unit, encode, encoded_size, limit_fields, prefixed};
+pub use decode::{Decided, LeaseReply, decode, decode_all};
+pub use encode::{Call, LeaseArgs, MAX_EXACT, Mode, Part, Unit, encode, encoded_size, prefixed};
 pub use invoke::invoke;
 
 const PRELUDE: &str = include_str!("../lua/prelude.lua");
@@ -83,8 +83,8 @@ pub(super) fn wrapping(tail: &str) -> String {
     format!("{head}local function decide_batch(KEYS, ARGV)\n{MAIN}\nend\n{tail}")
 }
 
-/// The prelude and the algorithms, then `tail`: a script of its own that makes the
-/// algorithms it needs through `MAKERS` (leases: `lua/lease.lua`).
+/// The prelude and the algorithms, then `tail`: a script of its own beside the batch script
+/// (a region's pool of shares: `lua/share.lua`).
 pub(super) fn with_algorithms(tail: &str) -> String {
     [PRELUDE]
         .into_iter()

@@ -404,3 +404,56 @@ fn decode_checks_the_shape() {
         "not an integer"
     );
 }
+
+#[test]
+fn a_lease_request_carries_its_arguments_and_its_reply_comes_first() {
+    let plain = [hit("a", 0)];
+    let leased = [hit("b", 0)];
+    let lease = Mode::Lease(LeaseArgs {
+        give: 3,
+        least: 2,
+        validity_micros: 10_000,
+        replica: 42,
+        deadline_micros: 99,
+    });
+    let parts = [
+        Part {
+            hits: &plain,
+            mode: Mode::Request,
+        },
+        Part {
+            hits: &leased,
+            mode: lease,
+        },
+    ];
+    let call = encode(&parts, b"", Unit::Micros, (None, 0), Via::Script);
+    let requests = call.requests();
+    assert_eq!(requests.iter().map(|r| r.0).collect::<Vec<_>>(), vec![0, 3]);
+    // The lease's 40 bytes follow its hit: give, least, validity, replica, deadline.
+    let (_, args) = call.keys_and_args_raw();
+    let blob = args.last().unwrap();
+    let tail: Vec<f64> = blob[blob.len() - 40..]
+        .chunks_exact(8)
+        .map(|b| f64::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert_eq!(tail, vec![3.0, 2.0, 10_000.0, 42.0, 99.0]);
+    // The lease's reply (now, returned, units, expires, remaining, reset) comes first.
+    let decided = decode_all(packed(&[100, 3, 7, 200, 50, 60, 1, 2, 3]), &call).unwrap();
+    assert_eq!(
+        decided[1],
+        Decided::Lease(LeaseReply {
+            now: 100,
+            returned: 3,
+            units: 7,
+            expires: 200,
+            remaining: 50,
+            reset: 60,
+        })
+    );
+    assert!(matches!(&decided[0], Decided::Batch(o) if o.admitted && o.hits[0].remaining == 2));
+    assert!(
+        decode_all(packed(&[100, 3, 7, 200, 50]), &call).is_err(),
+        "short"
+    );
+    assert!(decode(packed(&[100, 3, 7, 200, 50, 60, 1, 2, 3]), &call).is_err());
+}
