@@ -67,6 +67,15 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/* The key of the home Redis's URL (global limits) in the Secret of sluice.redisSecret. */}}
+{{- define "sluice.redisGlobalSecretKey" -}}
+{{- if .Values.redis.existingSecret }}
+{{- .Values.redis.global.existingSecretKey }}
+{{- else }}
+{{- "global_url" }}
+{{- end }}
+{{- end }}
+
 {{/* Checks the values that would make a broken release. */}}
 {{- define "sluice.validate" -}}
 {{- if not (has .Values.backend (list "memory" "redis")) }}
@@ -80,6 +89,27 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- if or (lt (int .Values.redis.connections) 1) (ne (toString .Values.redis.connections) (toString (int .Values.redis.connections))) }}
 {{- fail (printf "redis.connections must be a whole number of at least 1, not %v" .Values.redis.connections) }}
+{{- end }}
+{{- with .Values.redis.global }}
+{{- if .region }}
+{{- if ne $.Values.backend "redis" }}
+{{- fail "redis.global.region needs backend redis: global limits are lent by a home Redis to this region's Redis" }}
+{{- end }}
+{{- if and (not .url) (not $.Values.redis.existingSecret) }}
+{{- fail "redis.global.region needs redis.global.url (or redis.existingSecret with the key redis.global.existingSecretKey)" }}
+{{- end }}
+{{- if and .url (eq .url $.Values.redis.url) }}
+{{- fail "redis.global.url must be another Redis than redis.url: the home Redis lends shares to this region's own" }}
+{{- end }}
+{{- else if .url }}
+{{- fail "redis.global.url needs redis.global.region: this region's name" }}
+{{- end }}
+{{- if not (has .onError (list "deny" "share")) }}
+{{- fail (printf "redis.global.onError must be deny or share, not %q" .onError) }}
+{{- end }}
+{{- if or (lt (int .sharePercent) 1) (gt (int .sharePercent) 100) (ne (toString .sharePercent) (toString (int .sharePercent))) }}
+{{- fail (printf "redis.global.sharePercent must be a whole number from 1 to 100, not %v" .sharePercent) }}
+{{- end }}
 {{- end }}
 {{- with .Values.redis.tls }}
 {{- if .secretName }}
