@@ -1420,7 +1420,7 @@ fn global_values_that_would_break_a_release_are_refused() {
         "redis.url=redis://r:6379",
     ];
     let with = |more: &[&'static str]| [&redis[..], more].concat();
-    let cases: [(Vec<&str>, &str); 6] = [
+    let cases: [(Vec<&str>, &str); 8] = [
         (
             vec!["--set", "redis.global.region=east"],
             "redis.global.region needs backend redis",
@@ -1450,6 +1450,19 @@ fn global_values_that_would_break_a_release_are_refused() {
             vec!["--set", "redis.global.sharePercent=0"],
             "redis.global.sharePercent must be a whole number from 1 to 100, not 0",
         ),
+        (
+            with(&[
+                "--set",
+                "redis.global.region=us east",
+                "--set",
+                "redis.global.url=redis://home:6379",
+            ]),
+            "redis.global.region must be 1 to 64 letters, digits, '-', '_' or '.', not \"us east\"",
+        ),
+        (
+            vec!["--set", "redis.global.leaseMs=1.5"],
+            "redis.global.leaseMs must be a whole number of milliseconds, not 1.5",
+        ),
     ];
     for (args, message) in cases {
         let out = helm()
@@ -1477,6 +1490,8 @@ fn global_values_that_would_break_a_release_are_refused() {
         "redis.global.onError=share",
         "--set",
         "redis.global.sharePercent=5",
+        "--set",
+        "redis.global.shareMs=500",
     ]);
     let docs = yaml::documents(&run(command, "helm template (existing Secret)"));
     assert!(
@@ -1490,6 +1505,12 @@ fn global_values_that_would_break_a_release_are_refused() {
     );
     assert_eq!(env_value(&env, "SLUICE_REDIS__GLOBAL_ON_ERROR"), "share");
     assert_eq!(env_value(&env, "SLUICE_REDIS__GLOBAL_SHARE_PERCENT"), "5");
+    assert_eq!(env_value(&env, "SLUICE_REDIS__GLOBAL_SHARE_MS"), "500");
+    assert!(
+        env.iter()
+            .all(|(n, _)| n != "SLUICE_REDIS__GLOBAL_LEASE_MS"),
+        "sluice's default"
+    );
     // Without a region, nothing of it reaches the pod.
     let env = env_of(container(&render(Some("all-on-values.yaml"))));
     assert!(

@@ -98,6 +98,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if and (not .url) (not $.Values.redis.existingSecret) }}
 {{- fail "redis.global.region needs redis.global.url (or redis.existingSecret with the key redis.global.existingSecretKey)" }}
 {{- end }}
+{{- if not (regexMatch "^[A-Za-z0-9._-]{1,64}$" (toString .region)) }}
+{{- fail (printf "redis.global.region must be 1 to 64 letters, digits, '-', '_' or '.', not %q" (toString .region)) }}
+{{- end }}
 {{- if and .url (eq .url $.Values.redis.url) }}
 {{- fail "redis.global.url must be another Redis than redis.url: the home Redis lends shares to this region's own" }}
 {{- end }}
@@ -109,6 +112,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- if or (lt (int .sharePercent) 1) (gt (int .sharePercent) 100) (ne (toString .sharePercent) (toString (int .sharePercent))) }}
 {{- fail (printf "redis.global.sharePercent must be a whole number from 1 to 100, not %v" .sharePercent) }}
+{{- end }}
+{{- range $key := list "shareMs" "leaseMs" }}
+{{- $v := get $.Values.redis.global $key }}
+{{- if and $v (or (lt (int $v) 1) (ne (toString $v) (toString (int $v)))) }}
+{{- fail (printf "redis.global.%s must be a whole number of milliseconds, not %v" $key $v) }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- with .Values.redis.tls }}
