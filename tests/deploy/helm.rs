@@ -12,7 +12,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::support::sluice_check;
 use crate::support::yaml::{
     self, Doc, at, bool_at, int_at, named, opt, seq_at, str_at, string_map,
 };
@@ -690,7 +689,6 @@ async fn start_like_the_pod(
     for (file, text) in string_map(rules_config_map(docs), "data") {
         std::fs::write(rules.join(file), text).expect("write a rules file");
     }
-    sluice_check(&rules);
     let c = container(docs);
     let pod = at(only(docs, "Deployment"), "spec.template.spec");
 
@@ -712,8 +710,7 @@ async fn start_like_the_pod(
             token
         });
 
-    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
-    command.env_clear();
+    let mut env = Vec::new();
     for (name, value) in env_of(c) {
         let value = match value.strip_prefix("secret:") {
             Some(_) => secret_value(secrets, &name),
@@ -731,8 +728,16 @@ async fn start_like_the_pod(
         } else {
             value
         };
-        command.env(name, value);
+        env.push((name, value));
     }
+    // The rules pass `sluice check` with the pod's settings (a global limit needs the home
+    // Redis's).
+    let mut check = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    check.env_clear().envs(env.iter().cloned());
+    check.args(["check", "--rules"]).arg(&rules);
+    run(check, "sluice check with the pod's settings");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    command.env_clear().envs(env);
     let args: Vec<&str> = seq_at(c, "args").iter().filter_map(Yaml::as_str).collect();
     assert_eq!(
         args,
@@ -1523,7 +1528,7 @@ fn global_values_that_would_break_a_release_are_refused() {
 /// `sluice check` with each region's pod environment (the Secret's URLs, decoded) and its
 /// rules: the settings the chart sets and the rules' `scope: global` are ones sluice takes.
 #[test]
-#[ignore = "enable once the regions settings (redis.region, redis.global_url) and `scope` are in sluice (issue 39)"]
+#[ignore = "enable once the regions branch (issue 39) is merged: it passes with it"]
 fn the_two_region_examples_pass_sluice_check_with_their_pod_settings() {
     for region in REGIONS {
         let docs = render_region(region);
@@ -1547,11 +1552,12 @@ fn the_two_region_examples_pass_sluice_check_with_their_pod_settings() {
 }
 
 /// Both regions' pods, each with its rendered environment, on three real redis-servers
-/// (home, east, west): both become ready; together they admit a tenant's global token bucket
-/// (600 a minute, 600 at once) at most its bound however the requests are spread, each
-/// region admits some, and the home Redis lent the shares (its script calls).
+/// (home, east, west): both become ready; 800 requests of one tenant spread over both regions
+/// are admitted at most the global token bucket's bound (600 at once, refilled at 10 a
+/// second) and at least 90% of it, each region admits some, the home Redis lent the shares
+/// and each region spent them in its own Redis (their script calls).
 #[tokio::test]
-#[ignore = "enable once the regions settings (redis.region, redis.global_url) and `scope` are in sluice (issue 39)"]
+#[ignore = "enable once the regions branch (issue 39) is merged: it passes with it"]
 async fn two_regions_from_the_examples_admit_a_global_limit_once() {
     let home = sluice::testing::redis::RedisServer::start();
     let own = [
@@ -1577,20 +1583,32 @@ async fn two_regions_from_the_examples_admit_a_global_limit_once() {
     }
     let started = Instant::now();
     let mut admitted = [0u64; 2];
+    let mut unavailable = Vec::new();
     for i in 0..800 {
         let region = i % 2;
         let request = req("api", vec![desc(&[("tenant", "acme")])]);
-        let answer = call(&mut clients[region], request).await;
-        if overall(&answer) == Code::Ok {
-            admitted[region] += 1;
+        match clients[region].should_rate_limit(request).await {
+            Ok(answer) => {
+                if overall(answer.get_ref()) == Code::Ok {
+                    admitted[region] += 1;
+                }
+            }
+            Err(status) => unavailable.push((i, REGIONS[region], status.message().to_owned())),
         }
     }
+    // A call to a region's Redis past the chart's 100 ms `redis.timeoutMs` answers UNAVAILABLE
+    // (Envoy's failure mode decides): a few on a loaded machine, never an admission here.
+    assert!(unavailable.len() <= 40, "{unavailable:?}");
+    let unanswered = unavailable.len() as u64;
     // The bucket holds 600 and refills 10 a second: the bound over the run.
     let bound = 600 + 10 * (started.elapsed().as_secs() + 1);
     let total = admitted[0] + admitted[1];
     assert!(total <= bound, "{admitted:?} over the bound {bound}");
     assert!(admitted.iter().all(|&a| a > 0), "{admitted:?}");
-    assert!(total >= 300, "{admitted:?}: far under the limit");
+    assert!(
+        total + unanswered >= 540,
+        "{admitted:?} and {unanswered} unanswered: more than a tenth under the limit"
+    );
     assert!(home.script_calls() > 0, "the home Redis lent no share");
     for (region, redis) in REGIONS.iter().zip(&own) {
         assert!(
