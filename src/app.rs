@@ -57,6 +57,8 @@ pub struct App {
     access: crate::admin::access::Access,
     /// The memory backend's snapshot file (`limiter.persist`), when kept.
     persist: Option<Arc<persist::Persist>>,
+    /// The Memcached backend's SRV lookups (`memcache.srv`), when asked for; taken by `run`.
+    memcache_srv: Option<crate::memcache_srv::SrvWatch>,
 }
 
 /// The operations settings `run` needs.
@@ -108,26 +110,42 @@ fn limiter_of(settings: &Settings) -> anyhow::Result<(Arc<dyn Limiter>, Kept)> {
                 None,
             ),
         },
-        Backend::Memcache => (
-            Arc::new(
-                crate::limiter::MemcacheLimiter::new(
-                    &settings.memcache,
-                    Arc::new(crate::limiter::MonotonicClock::new()),
-                )
-                .context("invalid [memcache] settings")?,
-            ),
-            None,
-        ),
+        Backend::Memcache => (memcache(settings)?.0, None),
     })
+}
+
+/// The Memcached backend, and its SRV lookups when `memcache.srv` asks for them.
+fn memcache(
+    settings: &Settings,
+) -> anyhow::Result<(Arc<dyn Limiter>, Option<crate::memcache_srv::SrvWatch>)> {
+    let limiter = Arc::new(
+        crate::limiter::MemcacheLimiter::new(
+            &settings.memcache,
+            Arc::new(crate::limiter::MonotonicClock::new()),
+        )
+        .context("invalid [memcache] settings")?,
+    );
+    let srv = crate::memcache_srv::SrvWatch::new(&settings.memcache, limiter.clone())?;
+    Ok((limiter, srv))
 }
 
 impl App {
     /// Builds the backend and the engine. Fails on settings it cannot honour.
     /// With the Redis backend, no connection is made here: sluice starts while Redis is down.
     pub fn build(settings: &Settings, rules: RuleSet) -> anyhow::Result<App> {
-        let (limiter, persist) = limiter_of(settings)?;
+        let (limiter, persist, srv) = match settings.limiter.backend {
+            Backend::Memcache => {
+                let (limiter, srv) = memcache(settings)?;
+                (limiter, None, srv)
+            }
+            _ => {
+                let (limiter, persist) = limiter_of(settings)?;
+                (limiter, persist, None)
+            }
+        };
         let mut app = App::from_parts(settings, rules, limiter);
         app.persist = persist;
+        app.memcache_srv = srv;
         app.housekeeping = Some(Duration::from_secs(
             settings.memory.sweep_interval_secs.max(1),
         ));
@@ -222,6 +240,7 @@ impl App {
                 settings.admin.open_decisions,
             ),
             persist: None,
+            memcache_srv: None,
         }
     }
 

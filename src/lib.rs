@@ -53,6 +53,7 @@ pub mod health;
 pub mod kuadrant;
 #[cfg(test)]
 mod layers;
+mod memcache_srv;
 pub mod metrics;
 pub mod proto;
 pub mod reload;

@@ -180,7 +180,7 @@ impl Metrics {
             "request_duration_seconds", "Time the engine took to answer ShouldRateLimit", m.latency;
             "backend_errors", "Limiter backend failures by backend and kind", m.backend_errors;
             "memory_keys", "Limiter states held in process (memory backend; Redis: deny cache and local fallback)", m.memory_keys;
-            "backend_events", "Backend events by backend and event: Redis deny_cache_hit, breaker_open, failure, fallback, redirect, moved, ask, wait_short, lease_taken, lease_returned (units), lease_lost (units), lease_decided", m.backend_events;
+            "backend_events", "Backend events by backend and event: Redis deny_cache_hit, breaker_open, failure, fallback, redirect, moved, ask, wait_short, lease_taken, lease_returned (units), lease_lost (units), lease_decided; with redis.global_url: global_share_taken, global_share_returned (units), global_share_lost (units), global_home_failure, global_fallback_admitted, global_fallback_denied, and the wait for home as a cumulative histogram: global_wait_le_1ms ... global_wait_le_500ms, global_wait (all waits), global_wait_micros (their sum)", m.backend_events;
             "backend_breaker_open", "1 while the circuit breaker of a backend node (a Redis server, master or Cluster master) is open, else 0", m.breakers;
             "config_reloads", "Rules reloads by outcome", m.reloads;
             "counter_resets", "Admin /counters/reset calls by form (key, rule)", m.resets;

@@ -314,6 +314,7 @@ descriptors:
             replaces: _,
             on_deny: _,
             block_nanos: _,
+            global: _,
             time_zone: _,
             hold_id: _,
         } = limit(&mut model);

@@ -8,12 +8,13 @@
 //! | [`grpc`] | an Envoy RLS client (`envoy-types`), requests and assertions on answers |
 //! | [`http`] | a minimal HTTP/1.1 client (admin server, Envoy), metrics samples |
 //! | [`limits`] | limits and hits for driving a `Limiter` directly |
-//! | [`process`] | the real `sluice` binary as a child process, free ports, `/proc` readings |
+//! | [`process`] | the real `sluice` binary as a child process, ports from the kernel, `/proc` readings |
 //! | [`proxy`] | a TCP proxy that delays, holds (a partition) and heals, between a client and a server |
 //! | [`ratelimit_env`] | envoyproxy/ratelimit's container env in Envoy Gateway and Istio's sample |
 //! | [`redis`] | real `redis-server` (or `valkey-server`) processes (standalone, Sentinel, Cluster) |
 //! | [`rlqs`] | an in-process server with handles on its RLQS state, RLQS streams and reports |
 
+pub mod dns;
 pub mod envoy;
 pub mod grpc;
 pub mod http;
@@ -42,7 +43,7 @@ use crate::config::settings::Settings;
 use crate::limiter::{Limiter, ManualClock, MemoryLimiter};
 use crate::rules::RuleSet;
 
-/// A running sluice on `127.0.0.1:<free port>` (gRPC) and another (admin HTTP), stopped
+/// A running sluice on `127.0.0.1:<port from the kernel>` (gRPC) and another (admin HTTP), stopped
 /// when dropped.
 pub struct TestServer {
     pub addr: SocketAddr,
@@ -100,6 +101,16 @@ impl TestServer {
             clock.clone(),
         ));
         Self::serve_model(settings, model, limiter, clock).await
+    }
+
+    /// Serves an already validated model over `limiter` (e.g. rules loaded with a home Redis,
+    /// whose limits may be `scope: global`).
+    pub async fn start_model_over(
+        settings: Settings,
+        model: RulesModel,
+        limiter: Arc<dyn Limiter>,
+    ) -> TestServer {
+        Self::serve_model(settings, model, limiter, ManualClock::default()).await
     }
 
     /// Serves `rules_yaml` with `settings` over `limiter`; `clock` then controls nothing.

@@ -14,8 +14,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use tokio_rustls::rustls::server::WebPkiClientVerifier;
-use tokio_rustls::rustls::{self, RootCertStore, ServerConfig};
+use tokio_rustls::rustls::client::danger::HandshakeSignatureValid;
+use tokio_rustls::rustls::client::verify_server_name;
+use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use tokio_rustls::rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use tokio_rustls::rustls::server::{ParsedCertificate, WebPkiClientVerifier};
+use tokio_rustls::rustls::{self, DigitallySignedStruct, DistinguishedName, RootCertStore};
+use tokio_rustls::rustls::{ServerConfig, SignatureScheme};
 use tokio_util::sync::CancellationToken;
 
 use sluice_core::pem::{PemError, certificates, private_key};
@@ -34,6 +39,9 @@ pub struct TlsFiles {
     /// Clients must present a certificate signed by one of these (PEM); none: no client
     /// certificate is asked for.
     pub client_ca: Option<PathBuf>,
+    /// With `client_ca`: the DNS name or IP address a client certificate must also name
+    /// among its subject alternative names.
+    pub client_san: Option<String>,
 }
 
 /// Why a TLS configuration cannot be built.
@@ -45,6 +53,8 @@ pub enum TlsError {
     Rustls(#[from] rustls::Error),
     #[error("client CA: {0}")]
     ClientCa(#[from] rustls::server::VerifierBuilderError),
+    #[error("tls.client_san: {0:?} is neither a DNS name nor an IP address")]
+    ClientSan(String),
 }
 
 impl TlsFiles {
@@ -54,6 +64,7 @@ impl TlsFiles {
             cert: settings.cert_file.clone()?,
             key: settings.key_file.clone()?,
             client_ca: settings.client_ca_file.clone(),
+            client_san: settings.client_san.clone(),
         })
     }
 
@@ -78,7 +89,14 @@ impl TlsFiles {
                 let verifier =
                     WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                         .build()?;
-                builder.with_client_cert_verifier(verifier)
+                match &self.client_san {
+                    Some(san) => builder.with_client_cert_verifier(Arc::new(SanVerifier {
+                        name: ServerName::try_from(san.clone())
+                            .map_err(|_| TlsError::ClientSan(san.clone()))?,
+                        inner: verifier,
+                    })),
+                    None => builder.with_client_cert_verifier(verifier),
+                }
             }
             None => builder.with_no_client_auth(),
         };
@@ -86,6 +104,73 @@ impl TlsFiles {
         let mut config = builder.with_single_cert(certificates(&self.cert)?, key)?;
         config.alpn_protocols = vec![b"h2".to_vec()];
         Ok(Arc::new(config))
+    }
+}
+
+/// A client verifier that, once the chain is verified, also requires the client
+/// certificate to name `name` among its subject alternative names: a DNS name (a wildcard
+/// name of the certificate such as `*.example.com` covers one label) or an IP address.
+/// This is the rule envoyproxy/ratelimit applies to `GRPC_CLIENT_TLS_SAN` (its `DNSName` of
+/// Go's certificate verification): no fallback to the subject's common name.
+#[derive(Debug)]
+struct SanVerifier {
+    name: ServerName<'static>,
+    inner: Arc<dyn ClientCertVerifier>,
+}
+
+impl ClientCertVerifier for SanVerifier {
+    fn offer_client_auth(&self) -> bool {
+        self.inner.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.inner.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self
+            .inner
+            .verify_client_cert(end_entity, intermediates, now)?;
+        let parsed = ParsedCertificate::try_from(end_entity)?;
+        if let Err(e) = verify_server_name(&parsed, &self.name) {
+            tracing::warn!(
+                "gRPC client certificate refused: it does not name {:?} (tls.client_san): {e}",
+                self.name.to_str()
+            );
+            return Err(e);
+        }
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
     }
 }
 

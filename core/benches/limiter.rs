@@ -71,6 +71,7 @@ fn algorithms(c: &mut Criterion) {
             charge: Charge::Admitted,
             borrow: false,
             block_nanos: 0,
+            global: false,
             calendar: None,
         });
         let name = algorithm.as_str();

@@ -170,6 +170,10 @@ fn entry(rules: &RuleSet, e: &CounterEntry) -> Value {
         if let Some(leased) = state.leased {
             out["leased_here"] = json!(leased);
         }
+        if let Some(share) = state.share {
+            out["scope"] = json!("global");
+            out["region_share"] = share_json(&share);
+        }
         if limit.algorithm == Algorithm::Concurrency {
             out["holds"] = json!(u64::from(limit.quota).saturating_sub(state.remaining));
             out["oldest_hold_expires_seconds"] =
@@ -177,6 +181,19 @@ fn entry(rules: &RuleSet, e: &CounterEntry) -> Value {
         }
     }
     out
+}
+
+/// A region's share of a global limit (`/counters`, `/why`); the limit's `remaining` and
+/// `reset_seconds` beside it are the home Redis's.
+pub(super) fn share_json(s: &crate::limiter::counters::ShareView) -> Value {
+    json!({
+        "held": s.held,
+        "granted": s.granted,
+        "spent": s.spent,
+        "admitted_by_global_on_error": s.fallback,
+        "home_unreachable_seconds": s.home_down_nanos.map(|n| n as f64 / 1e9),
+        "home_remaining_after_last_share": s.home_remaining,
+    })
 }
 
 fn counters_text(keys: &[Value], next: Option<&str>) -> String {

@@ -53,7 +53,54 @@ pub(super) async fn why(State(a): State<Admin>, body: Bytes) -> Response {
             .collect(),
         Err(e) => return engine_error(&EngineError::Backend(e)),
     };
-    json_response(&why_json(&a, &request.domain, &why, &blocked))
+    // This region's share of each global limit.
+    let global: Vec<&[u8]> = why
+        .descriptors
+        .iter()
+        .flat_map(|d| &d.limits)
+        .filter(|l| l.rule.global)
+        .map(|l| &l.key[..])
+        .collect();
+    let shares: Shares = match a.engine.limiter().shares(&global).await {
+        Ok(found) => global
+            .iter()
+            .zip(found)
+            .filter_map(|(k, s)| Some((k.to_vec(), s?)))
+            .collect(),
+        Err(e) => return engine_error(&EngineError::Backend(e)),
+    };
+    let mut answer = why_json(&a, &request.domain, &why, &blocked);
+    add_shares(&mut answer, &shares);
+    json_response(&answer)
+}
+
+/// Per global state key, this region's share.
+type Shares = std::collections::HashMap<Vec<u8>, crate::limiter::counters::ShareView>;
+
+/// Adds `region_share` (and `scope: global`) to each global limit's `state` in a `/why`
+/// answer: its `remaining` and `reset_seconds` are the home Redis's.
+fn add_shares(answer: &mut Value, shares: &Shares) {
+    if shares.is_empty() {
+        return;
+    }
+    let Some(descriptors) = answer.get_mut("descriptors").and_then(Value::as_array_mut) else {
+        return;
+    };
+    for d in descriptors {
+        let Some(limits) = d.get_mut("limits").and_then(Value::as_array_mut) else {
+            continue;
+        };
+        for l in limits {
+            let key = l
+                .get("key")
+                .and_then(Value::as_str)
+                .map(|k| k.as_bytes().to_vec());
+            if let Some(share) = key.and_then(|k| shares.get(&k)) {
+                l["scope"] = json!("global");
+                l["state"]["region_share"] = super::counters::share_json(share);
+            }
+        }
+    }
 }
 
 /// Per state key with a penalty box, the nanoseconds left in it (`None`: not in one).

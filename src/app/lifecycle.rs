@@ -62,7 +62,7 @@ impl From<TcpListener> for Listeners {
 type Tasks = JoinSet<anyhow::Result<()>>;
 
 pub(super) async fn run(
-    app: App,
+    mut app: App,
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
@@ -93,6 +93,13 @@ pub(super) async fn run(
             .with_observer(app.metrics.clone())
             .into_service();
     let tls = tls_watched(&app, &mut tasks, &failed, &stop);
+    if let Some(srv) = app.memcache_srv.take() {
+        let looking = srv.run(stop.clone());
+        guarded(&mut tasks, &failed, async {
+            looking.await;
+            Ok::<_, std::convert::Infallible>(())
+        });
+    }
     let persist = app.persist.clone();
     if let Some(p) = &persist {
         let writing = p.clone().run(stop.clone());

@@ -68,6 +68,7 @@ impl Server {
         let mapper = Mapper::for_settings(&settings.ratelimit_metrics)
             .map(Arc::new)
             .map_err(|e| StartError::one(format!("ratelimit_metrics.mapper_file: {e}")))?;
+        statsd::Mogrifiers::new(&settings.statsd).map_err(StartError::one)?;
         let (domains, rules) = initial_rules(&settings)
             .map_err(|errors| StartError(errors.0.iter().map(ToString::to_string).collect()))?;
         tracing::info!(domains, "rules loaded");

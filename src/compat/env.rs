@@ -162,16 +162,6 @@ impl Reader<'_> {
             })
             .transpose()
     }
-
-    /// Refuses `name` when it is set (to anything but empty or `false`).
-    fn refuse(&self, name: &str, why: &str) -> Result<(), Unsupported> {
-        match self.get(name) {
-            Some(v) if !matches!(v, "false" | "FALSE" | "False" | "0" | "f" | "F") => {
-                Err(self.unsupported(name, why))
-            }
-            _ => Ok(()),
-        }
-    }
 }
 
 /// A Go duration (`300ms`, `10s`, `1m30s`, `2h`; a bare number is seconds) in milliseconds.

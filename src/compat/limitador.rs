@@ -273,7 +273,10 @@ impl Reader<'_> {
                 return Err(unsupported(
                     "distributed",
                     "",
-                    "sluice shares counters through Redis only (use redis)",
+                    "limitador's CRDT counters replicated between its own peers have no sluice \
+                     counterpart (each replica deciding from its own memory would multiply every \
+                     limit by their number): share counters through Redis (redis URL, or \
+                     redis_cached URL for leases)",
                 ));
             }
             _ => match self.env("REDIS_URL").map(str::to_owned) {

@@ -18,6 +18,7 @@ pub fn limit(algorithm: Algorithm, quota: u32, period_nanos: u64) -> LimitParams
         charge: Charge::Admitted,
         borrow: false,
         block_nanos: 0,
+        global: false,
         calendar: None,
     }
 }

@@ -1,10 +1,10 @@
 //! A real `memcached` for tests, on a loopback port, killed on drop.
 //!
 //! memcached cannot be given port 0 and report the port it got, so the port is one the
-//! kernel just handed out and released; the start is then confirmed race-free: the server
-//! on that port must answer `stats` with the pid of the process started here (a process
-//! that lost the port to another exits, and one that answers with another pid is not ours).
-//! Either way the start is tried again on another port.
+//! kernel handed out, held for it ([`HeldPort`]) while it lives; the start is then
+//! confirmed: the server on that port must answer `stats` with the pid of the process started
+//! here (a process that lost the port to another exits, and one that answers with another pid
+//! is not ours). Either way the start is tried again on a fresh port.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
@@ -14,44 +14,87 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::process::free_port;
+use super::process::HeldPort;
 
 /// A running `memcached`.
 pub struct MemcachedServer {
     pub port: u16,
+    /// Where this module's own commands go: `port`, or with TLS a plain-text listener.
+    plain: u16,
     child: Child,
+    _held: (HeldPort, Option<HeldPort>),
 }
 
 /// How many ports a start tries before it gives up.
 const ATTEMPTS: usize = 20;
 
 impl MemcachedServer {
-    /// A server on a free loopback port (no UDP), with the default memory.
+    /// A server on a loopback port from the kernel (no UDP), with the default memory.
     pub fn start() -> MemcachedServer {
+        MemcachedServer::start_with(None)
+    }
+
+    /// A server speaking only TLS on `port` with the certificate chain and key of these PEM
+    /// files (memcached's `-Z`), and plain text on another loopback port for this module's
+    /// own commands (`keys`, `get`).
+    pub fn start_tls(chain: &std::path::Path, key: &std::path::Path) -> MemcachedServer {
+        MemcachedServer::start_with(Some((chain, key)))
+    }
+
+    fn start_with(tls: Option<(&std::path::Path, &std::path::Path)>) -> MemcachedServer {
         let program = program();
         for _ in 0..ATTEMPTS {
-            let port = free_port();
+            let held = HeldPort::new();
+            let port = held.port();
+            let mut held_plain = None;
+            let mut args: Vec<String> = vec!["-U".into(), "0".into(), "-u".into(), "root".into()];
+            let plain = match tls {
+                None => {
+                    args.extend([
+                        "-l".into(),
+                        "127.0.0.1".into(),
+                        "-p".into(),
+                        port.to_string(),
+                    ]);
+                    port
+                }
+                Some((chain, key)) => {
+                    let other = HeldPort::new();
+                    let plain = other.port();
+                    held_plain = Some(other);
+                    args.extend([
+                        "-Z".into(),
+                        "-o".into(),
+                        format!(
+                            "ssl_chain_cert={},ssl_key={}",
+                            chain.display(),
+                            key.display()
+                        ),
+                        "-l".into(),
+                        format!("127.0.0.1:{port}"),
+                        "-l".into(),
+                        format!("notls:127.0.0.1:{plain}"),
+                    ]);
+                    plain
+                }
+            };
             let child = Command::new(&program)
-                .args([
-                    "-l",
-                    "127.0.0.1",
-                    "-p",
-                    &port.to_string(),
-                    "-U",
-                    "0",
-                    "-u",
-                    "root",
-                ])
+                .args(&args)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
                 .unwrap_or_else(|e| panic!("cannot start {} ({e}); {INSTALL}", program.display()));
-            let mut server = MemcachedServer { port, child };
+            let mut server = MemcachedServer {
+                port,
+                plain,
+                child,
+                _held: (held, held_plain),
+            };
             if server.confirm() {
                 return server;
             }
         }
-        panic!("memcached did not start on any of {ATTEMPTS} free ports");
+        panic!("memcached did not start on any of {ATTEMPTS} ports from the kernel");
     }
 
     /// Waits up to 10 s until the server on the port is this process; `false` when the
@@ -107,7 +150,7 @@ impl MemcachedServer {
     /// Sends one command whose answer ends with `END` (`stats`, `get`, `lru_crawler
     /// metadump`) and reads it; `None` when nothing answers.
     fn command(&self, line: &str) -> Option<Vec<String>> {
-        let mut stream = TcpStream::connect(self.addr()).ok()?;
+        let mut stream = TcpStream::connect(("127.0.0.1", self.plain)).ok()?;
         stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
         stream.write_all(format!("{line}\r\n").as_bytes()).ok()?;
         let mut reader = BufReader::new(stream);

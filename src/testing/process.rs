@@ -1,5 +1,6 @@
-//! Processes for tests: the real `sluice` binary as a replica on free loopback ports, any
-//! other child process killed when dropped, free ports, and `/proc` readings (Linux).
+//! Processes for tests: the real `sluice` binary as a replica on loopback ports it asked the
+//! kernel for, any other child process killed when dropped, ports from the kernel held for
+//! children that cannot bind port 0 ([`HeldPort`]), and `/proc` readings (Linux).
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -13,56 +14,60 @@ pub fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
-/// A free loopback port for a child that must be told its port (Redis, Envoy, a drop-in's
-/// fixed ports): one that binds now, chosen outside the kernel's ephemeral range, so that
-/// between this call and the child's bind no port the kernel hands out (to another test's
-/// `bind(0)`, or to any process's outgoing connection) can be it; and never the same twice
-/// in this process (a counter walks the range from a starting point of its own), so that two
-/// tests running at once do not get one port. The ports the kernel hands out are
-/// `/proc/sys/net/ipv4/ip_local_port_range`; below it (or, were it to start low, above it).
-pub fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
-    let (low, high) = ephemeral_range();
-    let (first, end) = if low >= 11_024 {
-        (10_000, low)
-    } else {
-        (high.saturating_add(1).max(1_024), 65_536)
-    };
-    let span = end.saturating_sub(first).max(1);
-    let start = (std::process::id().wrapping_mul(2_654_435_761) ^ clock_nanos()) % span;
-    let _ = NEXT.compare_exchange(u32::MAX, start, Ordering::Relaxed, Ordering::Relaxed);
-    for _ in 0..span {
-        let offset = NEXT.fetch_add(1, Ordering::Relaxed) % span;
-        let Ok(port) = u16::try_from(first + offset) else {
-            continue;
-        };
-        if std::net::TcpListener::bind(loopback(port)).is_ok() {
-            return port;
+/// A loopback port the kernel handed out (bind `127.0.0.1:0`), held for a child that cannot
+/// bind port 0 and report the port it got (redis-server, valkey-server, sentinels, a Cluster
+/// node's bus, memcached): the socket stays bound, with `SO_REUSEADDR`, and never listens.
+/// While it is held, the kernel hands the port to no one else (neither another `bind` to
+/// port 0 nor an outgoing connection), a connection to it is refused (a server that is down),
+/// and a child that sets `SO_REUSEADDR` itself, as those servers do, can bind and listen on
+/// it: so a child started on it, or restarted on it later, does not race anyone for it. Hold
+/// it as long as the child may (re)start on the port; dropping it closes the socket. A start
+/// that fails to bind it all the same (`Address already in use`) is tried again on a fresh
+/// one by the starters in [`super::redis`] and [`super::memcached`].
+///
+/// This is the only way the tests pick a port for a child: every other server binds port 0
+/// and reports its address (tests/process/ports.rs keeps it so).
+#[derive(Debug)]
+pub struct HeldPort {
+    _socket: tokio::net::TcpSocket,
+    port: u16,
+}
+
+impl HeldPort {
+    /// A fresh port from the kernel, held.
+    pub fn new() -> HeldPort {
+        let socket = tokio::net::TcpSocket::new_v4().expect("a TCP socket");
+        socket.set_reuseaddr(true).expect("SO_REUSEADDR");
+        socket.bind(loopback(0)).expect("bind 127.0.0.1:0");
+        let port = socket.local_addr().expect("the bound address").port();
+        HeldPort {
+            _socket: socket,
+            port,
         }
     }
-    panic!("no free loopback port in {first}..{end}")
-}
 
-/// The kernel's ephemeral ports (`low`, `high`, inclusive); Linux's default when unreadable.
-fn ephemeral_range() -> (u32, u32) {
-    let text =
-        std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
-    let mut bounds = text
-        .split_whitespace()
-        .filter_map(|w| w.parse::<u32>().ok());
-    match (bounds.next(), bounds.next()) {
-        (Some(low), Some(high)) if low <= high => (low, high),
-        _ => (32_768, 60_999),
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `127.0.0.1:<port>`.
+    pub fn addr(&self) -> SocketAddr {
+        loopback(self.port)
     }
 }
 
-/// Nanoseconds of the wall clock, as a seed.
-fn clock_nanos() -> u32 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0)
+impl Default for HeldPort {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// How many fresh ports a starter tries when a child could not bind the one it was given.
+pub const PORT_ATTEMPTS: usize = 5;
+
+/// Whether a child's output says it lost the port it was given.
+pub fn lost_port(output: &str) -> bool {
+    output.contains("Address already in use") || output.contains("EADDRINUSE")
 }
 
 /// Waits up to 20 s until something accepts connections on `port` of 127.0.0.1.
@@ -78,16 +83,22 @@ pub fn wait_listening(port: u16) {
 /// listen for gRPC on port 0, until it says where it serves gRPC: that address. Fails with the
 /// log so far when the process exits first (a port it was given was taken, a bad setting) or
 /// says nothing of it within 20 s. The rest of the log goes on to this process's standard
-/// error. A port the child binds itself cannot be taken between choosing and binding it, as a
-/// [`free_port`] given to it can (by any process's outgoing connection, among others).
+/// error. A port the child binds itself cannot be taken between choosing and binding it.
 pub fn serving_grpc(child: &mut Child) -> SocketAddr {
     let [grpc] = serving(child, ["gRPC"]);
     grpc
 }
 
-/// The same for each of `whats` (`"gRPC"`, `"admin HTTP"`, in any order in the log): the
-/// addresses, in the order of `whats`.
+/// The same for each of `whats` (`"gRPC"`, `"admin HTTP"`, `"the debug endpoints"`,
+/// `"envoyproxy/ratelimit's metric names"`, in any order in the log): the addresses, in the
+/// order of `whats`.
 pub fn serving<const N: usize>(child: &mut Child, whats: [&str; N]) -> [SocketAddr; N] {
+    serving_log(child, whats).0
+}
+
+/// The same, with the log: what it said so far and the lines to come, for a test that reads
+/// them (until then, and once it is dropped, they go to this process's standard error).
+pub fn serving_log<const N: usize>(child: &mut Child, whats: [&str; N]) -> ([SocketAddr; N], Log) {
     use std::io::BufRead as _;
     let stderr = child
         .stderr
@@ -109,7 +120,14 @@ pub fn serving<const N: usize>(child: &mut Child, whats: [&str; N]) -> [SocketAd
     let mut found: [Option<SocketAddr>; N] = [None; N];
     loop {
         if let Some(all) = found.iter().copied().collect::<Option<Vec<_>>>() {
-            return std::array::from_fn(|i| all[i]);
+            let addrs = std::array::from_fn(|i| all[i]);
+            return (
+                addrs,
+                Log {
+                    said: log,
+                    rest: seen,
+                },
+            );
         }
         let left = deadline.saturating_duration_since(Instant::now());
         match seen.recv_timeout(left) {
@@ -136,6 +154,23 @@ pub fn serving<const N: usize>(child: &mut Child, whats: [&str; N]) -> [SocketAd
                 log.join("\n")
             ),
         }
+    }
+}
+
+/// The standard error of a child that [`serving_log`] followed.
+pub struct Log {
+    /// The lines until it served.
+    said: Vec<String>,
+    rest: std::sync::mpsc::Receiver<String>,
+}
+
+impl Log {
+    /// Every line, until the child closes its standard error (it exited): call it once the
+    /// child has been stopped.
+    pub fn until_closed(self) -> String {
+        let mut lines = self.said;
+        lines.extend(self.rest.iter());
+        lines.join("\n")
     }
 }
 
@@ -203,8 +238,10 @@ impl Drop for Served {
     }
 }
 
-/// The log filter of a started `sluice`: warnings, and the lines that say where it serves.
-pub const LISTENERS_LOG: &str = "warn,sluice::app::lifecycle=info";
+/// The log filter of a started `sluice`: warnings, and the lines that say where it serves
+/// (gRPC and admin HTTP from the lifecycle; envoyproxy/ratelimit's metric names and debug
+/// port from the server).
+pub const LISTENERS_LOG: &str = "warn,sluice::app::lifecycle=info,sluice::app::server=info";
 
 /// A running `sluice serve` on loopback ports it bound itself (gRPC and admin: port 0, the
 /// addresses read from its log), killed when dropped.

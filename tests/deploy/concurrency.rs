@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use sluice::testing::http::{Answer, get_with};
-use sluice::testing::process::{SluiceProcess, free_port, loopback};
+use sluice::testing::process::{SluiceProcess, loopback};
 use sluice::testing::redis::RedisServer;
 use tokio::time::Instant;
 
@@ -240,11 +240,12 @@ impl Rig {
     }
 
     async fn start_envoy(&mut self) {
-        let (listen, admin) = (free_port(), free_port());
+        // Envoy's listener and admin on ports from the kernel, read back once it runs.
         let ports = [self.replicas[0].port, self.replicas[1].port];
-        let config = envoy_config(listen, admin, self.upstream.port, ports, self.layout);
-        self.envoy = Some(EnvoyProcess::start(&config, admin).await);
-        self.listen = listen;
+        let config = envoy_config(0, 0, self.upstream.port, ports, self.layout);
+        let envoy = EnvoyProcess::start(&config).await;
+        self.listen = envoy.port("ingress");
+        self.envoy = Some(envoy);
     }
 
     /// A request of tenant `acme` that the upstream holds for `ms`.

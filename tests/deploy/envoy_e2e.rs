@@ -1,10 +1,11 @@
 //! End to end through a real Envoy 1.40: a client asks Envoy, Envoy asks the real `sluice`
 //! binary (gRPC, HTTP/2) and forwards to an upstream stub, every process on loopback ports.
 //!
-//! Envoy runs `deploy/envoy/envoy.yaml` itself, its addresses swapped for free ports, and
-//! sluice runs `deploy/envoy/rules.yaml`: what is shipped is what is tested. Two Envoys share
-//! one sluice: one with `failure_mode_deny: true` (as shipped), one with `false`. The same
-//! scenario runs on the memory backend and on a real `redis-server`.
+//! Envoy runs `deploy/envoy/envoy.yaml` itself, its own addresses swapped for port 0 (the
+//! ports it got read back) and its targets' for their real ports, and sluice runs
+//! `deploy/envoy/rules.yaml`: what is shipped is what is tested. Two Envoys share one sluice:
+//! one with `failure_mode_deny: true` (as shipped), one with `false`. The same scenario runs
+//! on the memory backend and on a real `redis-server`.
 
 use std::path::Path;
 
@@ -12,7 +13,7 @@ use crate::support::envoy::{self, EnvoyProcess};
 use crate::support::upstream::Upstream;
 use crate::support::{deploy_file, start_sluice};
 use sluice::testing::http::{Answer, get, get_with, sample};
-use sluice::testing::process::{SluiceProcess, free_port, loopback};
+use sluice::testing::process::{SluiceProcess, loopback};
 use sluice::testing::redis::RedisServer;
 
 /// An Envoy running the shipped config on loopback, and the port it listens on.
@@ -35,15 +36,15 @@ impl Proxy {
         sluice: u16,
         failure_mode_deny: bool,
     ) -> Proxy {
-        let (port, admin) = (free_port(), free_port());
+        // Envoy's admin and listener on ports from the kernel, read back once it runs.
         let swaps = [
             (
                 "address: { socket_address: { address: 127.0.0.1, port_value: 9901 } }",
-                admin,
+                0,
             ),
             (
                 "address: { socket_address: { address: 0.0.0.0, port_value: 10000 } }",
-                port,
+                0,
             ),
             (
                 "address: { socket_address: { address: app, port_value: 8000 } }",
@@ -69,9 +70,10 @@ impl Proxy {
         // A loaded CI machine runs a debug sluice: a generous deadline keeps "too slow" out of
         // what this test observes.
         config = envoy::replace_once(&config, " timeout: 0.25s", " timeout: 5s");
+        let envoy = EnvoyProcess::start(&config).await;
         Proxy {
-            port,
-            _envoy: EnvoyProcess::start(&config, admin).await,
+            port: envoy.port("ingress"),
+            _envoy: envoy,
         }
     }
 

@@ -17,7 +17,7 @@ use crate::support::yaml::{
 };
 use saphyr::Yaml;
 use sluice::testing::grpc::{Code, RateLimitServiceClient, call, desc, overall, req, with_hits};
-use sluice::testing::process::{Served, free_port, logged_listener};
+use sluice::testing::process::{Served, logged_listener};
 use std::net::SocketAddr;
 use tokio::time::Instant;
 
@@ -932,7 +932,10 @@ async fn sluice_runs_with_the_all_on_pod_settings_on_a_real_redis_over_tls() {
     ] {
         std::fs::write(file(name), pem).expect("write a TLS file");
     }
-    let tls_port = free_port().to_string();
+    // redis-server cannot bind port 0 for its TLS port and report it: one from the kernel,
+    // held while it runs.
+    let tls = sluice::testing::process::HeldPort::new();
+    let tls_port = tls.port().to_string();
     let (cert, key, ca) = (file("tls.crt"), file("tls.key"), file("ca.crt"));
     let redis = sluice::testing::redis::RedisServer::start_with(&[
         "--tls-port",

@@ -13,7 +13,7 @@ use crate::support::yaml::{self, Doc, at, int_at, named, seq_at, str_at, string_
 use crate::support::{sluice_check, start_sluice};
 use saphyr::Yaml;
 use serde_json::{Value, json};
-use sluice::testing::process::{free_port, loopback, run_ok};
+use sluice::testing::process::{loopback, run_ok};
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -307,16 +307,17 @@ async fn the_recipe_limits_through_a_real_envoy() {
     let rules = recipe.rules_dir();
     let upstream = Upstream::start().await;
     let mut sluice = start_sluice(rules.path(), &[]).await;
+    // Envoy's listener and admin on ports from the kernel, read back once it runs.
     let ports = Ports {
-        listen: free_port(),
-        admin: free_port(),
+        listen: 0,
+        admin: 0,
         upstream: upstream.port,
         sluice: Some(sluice.port),
     };
     let config = serde_json::to_string_pretty(&recipe.bootstrap(Some(ports))).unwrap();
     // Envoy reads JSON as YAML.
-    let _envoy = envoy::EnvoyProcess::start(&config, ports.admin).await;
-    let gateway = loopback(ports.listen);
+    let envoy = envoy::EnvoyProcess::start(&config).await;
+    let gateway = loopback(envoy.port("gateway"));
 
     // /login: 2 per minute (one every 30 s).
     for left in ["1", "0"] {

@@ -9,14 +9,14 @@
 //!   the sandbox's actions (`req.method`, `req.path`), the 11th GET and the 6th POST get 429.
 //!
 //! The example config is limitador's but for what Envoy 1.40 no longer reads (`hosts` is now
-//! a `load_assignment`, the router names its type) and the ports (free loopback ones).
+//! a `load_assignment`, the router names its type) and the ports (port 0, read back).
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use sluice::testing::http::{self, request};
-use sluice::testing::process::{Served, free_port, loopback};
+use sluice::testing::process::{Served, loopback, serving};
 
 use crate::support::envoy::EnvoyProcess;
 use crate::support::upstream::Upstream;
@@ -145,35 +145,47 @@ impl Limitador {
         std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &link).expect("symlink");
         let file = dir.join("limits.yaml");
         std::fs::write(&file, limits).expect("write the limits");
-        let (rls, http_port) = (free_port(), free_port());
-        let child = Command::new(&link)
+        // Both ports from the kernel: port 0, read back from its log (`-vv`: `info`).
+        let mut child = Command::new(&link)
             .env_clear()
-            .args(["-b", "127.0.0.1", "-p", &rls.to_string()])
-            .args(["-B", "127.0.0.1", "-P", &http_port.to_string()])
+            .args([
+                "-b",
+                "127.0.0.1",
+                "-p",
+                "0",
+                "-B",
+                "127.0.0.1",
+                "-P",
+                "0",
+                "-vv",
+            ])
             .arg(&file)
             .arg("memory")
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("start limitador-server");
+        let [rls, http_addr] = serving(&mut child, ["gRPC", "admin HTTP"]);
         let started = Limitador {
             _process: Served(child),
-            rls,
+            rls: rls.port(),
         };
-        http::until_ok(loopback(http_port), "/healthcheck", "limitador-server").await;
+        http::until_ok(http_addr, "/healthcheck", "limitador-server").await;
         started
     }
 }
 
 async fn envoy(actions: &str, rls: u16, app: u16) -> (EnvoyProcess, u16) {
-    let (listen, admin) = (free_port(), free_port());
+    // Envoy's listener and admin on ports from the kernel, read back once it runs.
     let config = ENVOY
-        .replace("LISTEN_PORT", &listen.to_string())
+        .replace("LISTEN_PORT", "0")
         .replace("RLS_PORT", &rls.to_string())
         .replace("APP_PORT", &app.to_string())
-        .replace("ADMIN_PORT", &admin.to_string())
+        .replace("ADMIN_PORT", "0")
         .replace("ACTIONS", actions);
-    (EnvoyProcess::start(&config, admin).await, listen)
+    let envoy = EnvoyProcess::start(&config).await;
+    let listen = envoy.listener();
+    (envoy, listen)
 }
 
 async fn status(port: u16, method: &str, path: &str, user: &str) -> u16 {

@@ -30,7 +30,7 @@ use sluice::proto::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
 };
 use sluice::testing::http::{Answer, get};
-use sluice::testing::process::loopback;
+use sluice::testing::process::{HeldPort, loopback};
 use sluice::testing::redis::RedisServer;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -348,19 +348,17 @@ async fn istio_sample_env_starts_as_intended_and_envoy_gets_answers() {
         ("..2026_11_24.yaml", "not: [rules"),
     ];
     let data = runtime_root(dir.path(), "ratelimit/config", &files);
-
-    let ports = Ports::new();
     let env = swap(
         ISTIO,
         &[
             ("RUNTIME_ROOT", data),
             ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
         ],
-        &ports,
     );
     // Fixed windows of a minute under that environment: keep clear of a window's end.
     clear_of_window_end(Duration::from_secs(60), Duration::from_secs(20)).await;
-    let _rl = Ratelimit::start(&link, &env);
+    let rl = Ratelimit::start(&link, &env);
+    let ports = rl.ports;
     let expect = Expect {
         tls_ca: None,
         rlconfig: "ratelimit.PATH_/productpage: ",
@@ -394,6 +392,93 @@ async fn dogstatsd_lines_carry_the_same_names_and_tags_over_udp() {
     statsd_lines(true).await;
 }
 
+/// `USE_DOG_STATSD_MOGRIFIERS` with envoyproxy/ratelimit's README example (DOMAIN and HITS,
+/// HITS's tags from its variables, DOMAIN's pattern from the bare `PATTERN` fallback never
+/// needed): per-rule names become one name with `domain` and `descriptor` tags, after
+/// `EXTRA_TAGS`; names no pattern matches go as they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dogstatsd_mogrifiers_move_name_parts_into_tags() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = ratelimit_link(dir.path());
+    let redis = RedisServer::start();
+    let mut server = StatsdServer::udp().await;
+    let data = runtime_root(dir.path(), "config", &[("rules.yaml", STATS_RULES)]);
+    let mut env = swap(
+        &[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "redis:6379"),
+            ("RUNTIME_ROOT", "/data"),
+            ("USE_STATSD", "false"),
+            ("USE_DOG_STATSD", "true"),
+            ("STATSD_HOST", "localhost"),
+            ("STATSD_PORT", "8125"),
+            ("STATS_FLUSH_INTERVAL", "100ms"),
+            ("EXTRA_TAGS", "env:test"),
+        ],
+        &[
+            ("RUNTIME_ROOT", data),
+            ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+            ("STATSD_HOST", "127.0.0.1".into()),
+            ("STATSD_PORT", server.port.to_string()),
+        ],
+    );
+    for (k, v) in [
+        ("USE_DOG_STATSD_MOGRIFIERS", "hits,Load"),
+        (
+            "DOG_STATSD_MOGRIFIER_HITS_PATTERN",
+            r"^ratelimit\.service\.rate_limit\.([^.]+)\.(.*)\.([^.]+)$",
+        ),
+        (
+            "DOG_STATSD_MOGRIFIER_HITS_NAME",
+            "ratelimit.service.rate_limit.$3",
+        ),
+        ("DOG_STATSD_MOGRIFIER_HITS_TAGS", "domain:$1,descriptor:$2"),
+        ("DOG_STATSD_MOGRIFIER_LOAD_PATTERN", r"config_load_(\w+)$"),
+        ("DOG_STATSD_MOGRIFIER_LOAD_NAME", "ratelimit.config_load"),
+        ("DOG_STATSD_MOGRIFIER_LOAD_TAGS", "outcome:$1,unknown:$7"),
+    ] {
+        env.insert(k.to_owned(), v.to_owned());
+    }
+    let rl = Ratelimit::start(&link, &env);
+    let ports = rl.ports;
+    healthy(&ports).await;
+    let mut client = plain_client(&ports).await;
+    clear_of_window_end(Duration::from_secs(60), Duration::from_secs(5)).await;
+    stats_traffic(&mut client, 6, 0).await;
+
+    let want = [
+        "ratelimit.service.rate_limit.total_hits|c|#env:test,domain:rl,descriptor:user_alice",
+        "ratelimit.service.rate_limit.over_limit|c|#env:test,domain:rl,descriptor:user_alice",
+        "ratelimit.service.rate_limit.within_limit|c|#env:test,domain:rl,descriptor:user_alice",
+        "ratelimit_server.ShouldRateLimit.total_requests|c|#env:test",
+        "ratelimit_server.ShouldRateLimit.response_time|ms|#env:test",
+    ];
+    let mut totals: HashMap<String, u64> = HashMap::new();
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + WITHIN;
+    while totals.get(want[0]).copied().unwrap_or(0) < 6
+        || !want.iter().all(|w| totals.contains_key(*w))
+    {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok(Some(line)) = tokio::time::timeout(left, server.lines.recv()).await else {
+            panic!("mogrified lines missing: want {want:?}, got {totals:?}; lines {seen:?}");
+        };
+        seen.push(line.clone());
+        // name:value|kind|#tags, keyed without the value.
+        let (name, rest) = line.split_once(':').unwrap();
+        let (value, tail) = rest.split_once('|').unwrap();
+        let value = value.parse::<f64>().unwrap() as u64;
+        *totals.entry(format!("{name}|{tail}")).or_default() += value;
+    }
+    assert_eq!(totals[want[0]], 6, "{totals:?}");
+    assert_eq!(totals[want[1]], 1, "{totals:?}");
+    let unmogrified: Vec<&String> = seen
+        .iter()
+        .filter(|l| l.contains("rl.user_alice") || l.contains("config_load_"))
+        .collect();
+    assert!(unmogrified.is_empty(), "{unmogrified:?}");
+}
+
 /// Lines received by a statsd server here: over UDP (datagrams), or over TCP (every
 /// connection accepted; dropping it closes the listener and the connections).
 struct StatsdServer {
@@ -423,9 +508,10 @@ impl StatsdServer {
         }
     }
 
-    /// A TCP server on `port` (0: any free one). A given port is retried for a while: the
-    /// listener of a server just dropped on it closes when its aborted task is dropped, which
-    /// the runtime may not have done yet.
+    /// A TCP server on `port`, one from the kernel that the test holds ([`HeldPort`]), so
+    /// that it is there for the server's return. It is retried for a while: the listener of a
+    /// server just dropped on it closes when its aborted task is dropped, which the runtime
+    /// may not have done yet.
     async fn tcp(port: u16) -> StatsdServer {
         let start = Instant::now();
         let listener = loop {
@@ -537,13 +623,14 @@ async fn statsd_lines(dog: bool) {
     let dir = tempfile::tempdir().unwrap();
     let link = ratelimit_link(dir.path());
     let redis = RedisServer::start();
+    // The TCP server comes back on the same port: one from the kernel, held meanwhile.
+    let held = HeldPort::new();
     let mut server = if dog {
         StatsdServer::udp().await
     } else {
-        StatsdServer::tcp(0).await
+        StatsdServer::tcp(held.port()).await
     };
     let data = runtime_root(dir.path(), "config", &[("rules.yaml", STATS_RULES)]);
-    let ports = Ports::new();
     let env = swap(
         &[
             ("REDIS_SOCKET_TYPE", "tcp"),
@@ -566,9 +653,9 @@ async fn statsd_lines(dog: bool) {
             ("STATSD_HOST", "127.0.0.1".into()),
             ("STATSD_PORT", server.port.to_string()),
         ],
-        &ports,
     );
-    let _rl = Ratelimit::start(&link, &env);
+    let rl = Ratelimit::start(&link, &env);
+    let ports = rl.ports;
     healthy(&ports).await;
     let mut client = plain_client(&ports).await;
     // Over TCP, with SHADOW_MODE: two more for alice, over the limit, let through by the
@@ -623,9 +710,8 @@ async fn statsd_lines(dog: bool) {
     }
     // The statsd server goes away and comes back on the same port: sluice reconnects and
     // sends what was counted since.
-    let port = server.port;
     drop(server);
-    let mut server = StatsdServer::tcp(port).await;
+    let mut server = StatsdServer::tcp(held.port()).await;
     client
         .should_rate_limit(rls("nowhere", &[("a", "1")]))
         .await
@@ -670,7 +756,6 @@ mappings:
     labels: {method: $1}
 ",
     );
-    let ports = Ports::new();
     let env = swap(
         &[
             ("REDIS_SOCKET_TYPE", "tcp"),
@@ -689,9 +774,9 @@ mappings:
             ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
             ("PROMETHEUS_MAPPER_YAML", mapper),
         ],
-        &ports,
     );
-    let _rl = Ratelimit::start(&link, &env);
+    let rl = Ratelimit::start(&link, &env);
+    let ports = rl.ports;
     healthy(&ports).await;
     let mut client = plain_client(&ports).await;
     stats_traffic(&mut client, 7, 0).await;

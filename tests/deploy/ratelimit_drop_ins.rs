@@ -1,12 +1,13 @@
 //! envoyproxy/ratelimit settings that once stopped the start, now served by the binary
 //! started as `ratelimit`: `GRPC_UDS` (gRPC on a Unix socket, reached by a real Envoy whose
 //! rate-limit cluster's address is a `pipe`), `MERGE_DOMAIN_CONFIG` (one domain's
-//! descriptors from two files) and `REDIS_SENTINEL_AUTH` (sentinels with `requirepass`).
+//! descriptors from two files), `REDIS_SENTINEL_AUTH` (sentinels with `requirepass`) and
+//! `GRPC_CLIENT_TLS_SAN` (mTLS clients must also name it among their SANs).
 
 use std::collections::HashMap;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -14,13 +15,14 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::testing::http::get;
-use sluice::testing::process::{Served, loopback};
+use sluice::testing::process::loopback;
 use sluice::testing::redis::RedisServer;
 use tokio::time::Instant;
 
+use crate::support::certs::Ca;
 use crate::support::ratelimit::{
-    Ports, RlsFilter, WITHIN, clear_of_window_end, envoy_to, healthy, plain_client, ratelimit_link,
-    runtime_root,
+    Ratelimit, RlsFilter, WITHIN, clear_of_window_end, envoy_to, healthy, plain_client,
+    ratelimit_link, runtime_root,
 };
 use crate::support::upstream::Upstream;
 
@@ -28,8 +30,9 @@ use crate::support::upstream::Upstream;
 const PATH_RULES: &str = "domain: rl\ndescriptors:\n  - key: PATH\n    value: /limited\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
 
 /// The env of a deployment reading `RUNTIME_ROOT=root` (rules in `root/ratelimit/config`)
-/// with Redis over TCP at `redis` (`host:port`), its listeners on `ports`, and `more`.
-fn env(root: &str, redis: &str, ports: &Ports, more: &[(&str, &str)]) -> HashMap<String, String> {
+/// with Redis over TCP at `redis` (`host:port`), its listeners on loopback port 0, and `more`
+/// (which wins).
+fn env(root: &str, redis: &str, more: &[(&str, &str)]) -> HashMap<String, String> {
     let mut env: HashMap<String, String> = [
         ("RUNTIME_ROOT", root.to_owned()),
         ("RUNTIME_SUBDIRECTORY", "ratelimit".to_owned()),
@@ -38,11 +41,14 @@ fn env(root: &str, redis: &str, ports: &Ports, more: &[(&str, &str)]) -> HashMap
         ("USE_STATSD", "false".to_owned()),
         ("LOG_LEVEL", "info".to_owned()),
         ("GRPC_HOST", "127.0.0.1".to_owned()),
-        ("GRPC_PORT", ports.grpc.to_string()),
+        ("GRPC_PORT", "0".to_owned()),
         ("HOST", "127.0.0.1".to_owned()),
-        ("PORT", ports.http.to_string()),
+        ("PORT", "0".to_owned()),
         ("DEBUG_HOST", "127.0.0.1".to_owned()),
-        ("DEBUG_PORT", ports.debug.to_string()),
+        ("DEBUG_PORT", "0".to_owned()),
+        // A loaded test machine must not turn these behaviour tests into latency tests (a
+        // first request through sentinels asks them for the master).
+        ("SLUICE_REDIS__TIMEOUT_MS", "5000".to_owned()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
@@ -51,15 +57,9 @@ fn env(root: &str, redis: &str, ports: &Ports, more: &[(&str, &str)]) -> HashMap
     env
 }
 
-fn start(link: &Path, env: &HashMap<String, String>) -> Served {
-    let child = Command::new(link)
-        .env_clear()
-        .envs(env)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start ratelimit");
-    Served(child)
+/// `ratelimit` with `env`, once it says where it serves.
+fn start(link: &Path, env: &HashMap<String, String>) -> Ratelimit {
+    Ratelimit::start(link, env)
 }
 
 /// The process's umask, from /proc (what the child inherits).
@@ -70,7 +70,8 @@ fn umask() -> u32 {
 }
 
 /// SIGTERM, then its exit code (within `WITHIN`).
-async fn terminate(served: &mut Served) -> Option<i32> {
+async fn terminate(rl: &mut Ratelimit) -> Option<i32> {
+    let served = &mut rl.process;
     let pid = served.0.id().to_string();
     let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
     assert!(sent.success());
@@ -98,14 +99,19 @@ async fn grpc_uds_serves_envoy_over_a_unix_socket_and_removes_it_at_the_end() {
     let socket = dir.path().join("ratelimit.sock");
     // A socket file left by a process that died: removed, not a reason to fail the start.
     drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
-    let ports = Ports::new();
     let path = socket.display().to_string();
-    let env = env(&root, &redis.addr(), &ports, &[("GRPC_UDS", &path)]);
+    // GRPC_UDS replaces GRPC_HOST:GRPC_PORT, as there: with GRPC_PORT held here (a port the
+    // kernel gave this listener), a start that bound it would fail.
+    let held = std::net::TcpListener::bind(loopback(0)).unwrap();
+    let taken = held.local_addr().unwrap().port().to_string();
+    let env = env(
+        &root,
+        &redis.addr(),
+        &[("GRPC_UDS", &path), ("GRPC_PORT", &taken)],
+    );
     clear_of_window_end(Duration::from_secs(3600), Duration::from_secs(30)).await;
-    // GRPC_UDS replaces GRPC_HOST:GRPC_PORT, as there: with GRPC_PORT held here, a start
-    // that bound it would fail.
-    let _held = std::net::TcpListener::bind(loopback(ports.grpc)).unwrap();
     let mut rl = start(&link, &env);
+    let ports = rl.ports;
     healthy(&ports).await;
 
     let meta = std::fs::symlink_metadata(&socket).unwrap();
@@ -181,10 +187,9 @@ async fn merge_domain_config_serves_one_domains_limits_from_two_files() {
         "ratelimit/config",
         &[("a.yaml", FILE_A), ("b.yaml", FILE_B)],
     );
-    let ports = Ports::new();
 
     // Without it, the domain defined twice stops the start, as in envoyproxy/ratelimit.
-    let err = refused(&link, &env(&root, &redis.addr(), &ports, &[]));
+    let err = refused(&link, &env(&root, &redis.addr(), &[]));
     assert!(
         err.contains("b.yaml:1: domain: duplicate domain 'rl' (first defined at"),
         "{err}"
@@ -193,13 +198,9 @@ async fn merge_domain_config_serves_one_domains_limits_from_two_files() {
     clear_of_window_end(Duration::from_secs(3600), Duration::from_secs(30)).await;
     let mut rl = start(
         &link,
-        &env(
-            &root,
-            &redis.addr(),
-            &ports,
-            &[("MERGE_DOMAIN_CONFIG", "true")],
-        ),
+        &env(&root, &redis.addr(), &[("MERGE_DOMAIN_CONFIG", "true")]),
     );
+    let ports = rl.ports;
     healthy(&ports).await;
     let mut client = plain_client(&ports).await;
     let mut codes = Vec::new();
@@ -233,12 +234,7 @@ async fn merge_domain_config_serves_one_domains_limits_from_two_files() {
     );
     let err = refused(
         &link,
-        &env(
-            &root,
-            &redis.addr(),
-            &ports,
-            &[("MERGE_DOMAIN_CONFIG", "true")],
-        ),
+        &env(&root, &redis.addr(), &[("MERGE_DOMAIN_CONFIG", "true")]),
     );
     let a = dup.join("data/ratelimit/config/a.yaml");
     let says = format!(
@@ -254,16 +250,16 @@ async fn redis_sentinel_auth_reaches_sentinels_that_require_a_password() {
     let link = ratelimit_link(dir.path());
     let (master, sentinel) = RedisServer::guarded_sentinel("master-pw", "sentinel-pw");
     let root = runtime_root(dir.path(), "ratelimit/config", &[("a.yaml", FILE_A)]);
-    let ports = Ports::new();
     let sentinels = [
         ("REDIS_TYPE", "sentinel"),
         ("REDIS_AUTH", "master-pw"),
         ("REDIS_SENTINEL_AUTH", "sentinel-pw"),
     ];
     let url = format!("mymaster,{}", sentinel.addr());
-    let env = env(&root, &url, &ports, &sentinels);
+    let env = env(&root, &url, &sentinels);
     clear_of_window_end(Duration::from_secs(3600), Duration::from_secs(30)).await;
-    let _rl = start(&link, &env);
+    let rl = start(&link, &env);
+    let ports = rl.ports;
     healthy(&ports).await;
     let mut client = plain_client(&ports).await;
     let mut codes = Vec::new();
@@ -282,4 +278,196 @@ async fn redis_sentinel_auth_reaches_sentinels_that_require_a_password() {
         .query(&mut on_master.get_connection().unwrap())
         .unwrap();
     assert!(!keys.is_empty(), "counted on the master the sentinel names");
+}
+
+/// Whether a ShouldRateLimit call over a new TLS connection to `port`, trusting `ca` and
+/// presenting `identity`, is answered.
+async fn served_over_tls(port: u16, ca: &str, identity: &(String, String)) -> bool {
+    use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca))
+        .domain_name("localhost")
+        .identity(Identity::from_pem(&identity.0, &identity.1));
+    let Ok(endpoint) = Channel::from_shared(format!("https://127.0.0.1:{port}"))
+        .unwrap()
+        .tls_config(tls)
+    else {
+        return false;
+    };
+    let Ok(channel) = endpoint.connect().await else {
+        return false;
+    };
+    let mut client = sluice::testing::grpc::RateLimitServiceClient::new(channel);
+    client.should_rate_limit(request("a")).await.is_ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_client_tls_san_serves_only_client_certificates_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = ratelimit_link(dir.path());
+    let redis = RedisServer::start();
+    let root = runtime_root(dir.path(), "ratelimit/config", &[("a.yaml", FILE_A)]);
+    let ca = Ca::new();
+    let ca_pem = ca.0.pem();
+    let (cert, key) = ca.leaf(&["localhost"]);
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let (ca_file, cert_file, key_file) = (
+        write("ca.crt", &ca_pem),
+        write("tls.crt", &cert),
+        write("tls.key", &key),
+    );
+    let mut rl = start(
+        &link,
+        &env(
+            &root,
+            &redis.addr(),
+            &[
+                ("GRPC_SERVER_USE_TLS", "true"),
+                ("GRPC_SERVER_TLS_CERT", &cert_file),
+                ("GRPC_SERVER_TLS_KEY", &key_file),
+                ("GRPC_CLIENT_TLS_CACERT", &ca_file),
+                ("GRPC_CLIENT_TLS_SAN", "envoy.mesh.internal"),
+            ],
+        ),
+    );
+    let ports = rl.ports;
+    healthy(&ports).await;
+
+    let named = ca.leaf(&["envoy.mesh.internal"]);
+    let wildcard = ca.leaf(&["other", "*.mesh.internal"]);
+    let other = ca.leaf(&["gateway.mesh.internal"]);
+    let common_name_only = ca.leaf(&["envoy.mesh.internal.example"]);
+    let unknown_ca = Ca::new().leaf(&["envoy.mesh.internal"]);
+    assert!(
+        served_over_tls(ports.grpc, &ca_pem, &named).await,
+        "a certificate naming the SAN is served"
+    );
+    assert!(
+        served_over_tls(ports.grpc, &ca_pem, &wildcard).await,
+        "a wildcard SAN covering it is served, as Go's verification matches it"
+    );
+    assert!(
+        !served_over_tls(ports.grpc, &ca_pem, &other).await,
+        "another name of the same CA is refused"
+    );
+    assert!(
+        !served_over_tls(ports.grpc, &ca_pem, &common_name_only).await,
+        "a name that only starts the same is refused"
+    );
+    assert!(
+        !served_over_tls(ports.grpc, &ca_pem, &unknown_ca).await,
+        "the right name from another CA is refused"
+    );
+    assert_eq!(terminate(&mut rl).await, Some(0));
+}
+
+/// `REDIS_SOCKET_TYPE=unix` with `REDIS_AUTH`: the password goes to a redis-server that
+/// listens on a Unix socket only and requires it (`requirepass`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_auth_reaches_a_password_guarded_redis_over_its_unix_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = ratelimit_link(dir.path());
+    let socket = dir.path().join("redis.sock").display().to_string();
+    let redis = RedisServer::start_with(&[
+        "--unixsocket",
+        &socket,
+        "--unixsocketperm",
+        "700",
+        "--requirepass",
+        "s3cret pw",
+    ]);
+    let root = runtime_root(dir.path(), "ratelimit/config", &[("a.yaml", FILE_A)]);
+    clear_of_window_end(Duration::from_secs(3600), Duration::from_secs(30)).await;
+    let mut rl = start(
+        &link,
+        &env(
+            &root,
+            &socket,
+            &[("REDIS_SOCKET_TYPE", "unix"), ("REDIS_AUTH", "s3cret pw")],
+        ),
+    );
+    let ports = rl.ports;
+    healthy(&ports).await;
+    let mut client = plain_client(&ports).await;
+    let mut codes = Vec::new();
+    for _ in 0..2 {
+        let answer = client
+            .should_rate_limit(request("a"))
+            .await
+            .unwrap()
+            .into_inner();
+        codes.push(Code::try_from(answer.overall_code).unwrap());
+    }
+    assert_eq!(codes, [Code::Ok, Code::OverLimit]);
+    assert_eq!(terminate(&mut rl).await, Some(0));
+    drop(redis);
+}
+
+/// `REDIS_PERSECOND_SENTINEL_AUTH`: the per-second Redis behind sentinels of its own with a
+/// password of their own, other than the main sentinels' `REDIS_SENTINEL_AUTH`; per-second
+/// limits are counted on the master the per-second sentinel names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_second_sentinels_take_a_password_of_their_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = ratelimit_link(dir.path());
+    let (master, sentinel) = RedisServer::guarded_sentinel("master-pw", "sentinel-pw");
+    let (fast, fast_sentinel) = RedisServer::guarded_sentinel("fast-pw", "fast-sentinel-pw");
+    const RULES: &str = "domain: rl\ndescriptors:\n  - key: k\n    value: a\n    rate_limit: {unit: hour, requests_per_unit: 10}\n  - key: s\n    rate_limit: {unit: second, requests_per_unit: 1000}\n";
+    let root = runtime_root(dir.path(), "ratelimit/config", &[("a.yaml", RULES)]);
+    let fast_url = format!("mymaster,{}", fast_sentinel.addr());
+    let more = [
+        ("REDIS_TYPE", "sentinel"),
+        ("REDIS_AUTH", "master-pw"),
+        ("REDIS_SENTINEL_AUTH", "sentinel-pw"),
+        ("REDIS_PERSECOND", "true"),
+        ("REDIS_PERSECOND_SOCKET_TYPE", "tcp"),
+        ("REDIS_PERSECOND_TYPE", "sentinel"),
+        ("REDIS_PERSECOND_URL", fast_url.as_str()),
+        ("REDIS_PERSECOND_AUTH", "fast-pw"),
+        ("REDIS_PERSECOND_SENTINEL_AUTH", "fast-sentinel-pw"),
+    ];
+    let url = format!("mymaster,{}", sentinel.addr());
+    let mut rl = start(&link, &env(&root, &url, &more));
+    let ports = rl.ports;
+    healthy(&ports).await;
+    let mut client = plain_client(&ports).await;
+    let keys = |server: &RedisServer, pw: &str| -> Vec<String> {
+        let c = redis::Client::open(format!("redis://:{pw}@{}", server.addr())).unwrap();
+        redis::cmd("KEYS")
+            .arg("*")
+            .query(&mut c.get_connection().unwrap())
+            .unwrap()
+    };
+    let answer = client
+        .should_rate_limit(request("a"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(Code::try_from(answer.overall_code).unwrap(), Code::Ok);
+    // A one-second window's key lives about a second: read it right after its request.
+    let mut per_second = request("x");
+    per_second.descriptors[0].entries[0].key = "s".into();
+    let mut quick = Vec::new();
+    for _ in 0..10 {
+        let answer = client
+            .should_rate_limit(per_second.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(Code::try_from(answer.overall_code).unwrap(), Code::Ok);
+        quick = keys(&fast, "fast-pw");
+        if quick.iter().any(|k| k.contains("s=x")) {
+            break;
+        }
+    }
+    assert!(quick.iter().any(|k| k.contains("s=x")), "{quick:?}");
+    assert!(!quick.iter().any(|k| k.contains("k=a")), "{quick:?}");
+    let slow = keys(&master, "master-pw");
+    assert!(slow.iter().any(|k| k.contains("k=a")), "{slow:?}");
+    assert!(!slow.iter().any(|k| k.contains("s=x")), "{slow:?}");
+    assert_eq!(terminate(&mut rl).await, Some(0));
 }

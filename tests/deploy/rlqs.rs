@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use sluice::testing::SECOND;
 use sluice::testing::http;
-use sluice::testing::process::{free_port, loopback};
+use sluice::testing::process::loopback;
 use sluice::testing::redis::RedisServer;
 
 use crate::support::envoy::{self, EnvoyProcess, replace_once};
@@ -23,19 +23,20 @@ struct Proxy {
 impl Proxy {
     async fn start(upstream: u16, sluice: u16) -> Proxy {
         let mut config = std::fs::read_to_string(deploy_file("rlqs.yaml")).expect("the recipe");
-        let (port, admin) = (free_port(), free_port());
+        // Envoy's admin and listener on ports from the kernel, read back once it runs.
         for (from, to) in [
-            ("address: 127.0.0.1, port_value: 9901", admin),
-            ("address: 0.0.0.0, port_value: 10000", port),
+            ("address: 127.0.0.1, port_value: 9901", 0),
+            ("address: 0.0.0.0, port_value: 10000", 0),
             ("address: app, port_value: 8000", upstream),
             ("address: sluice, port_value: 8081", sluice),
         ] {
             let to = format!("address: 127.0.0.1, port_value: {to}");
             config = replace_once(&config, from, &to);
         }
+        let envoy = EnvoyProcess::start(&config).await;
         Proxy {
-            port,
-            envoy: EnvoyProcess::start(&config, admin).await,
+            port: envoy.port("ingress"),
+            envoy,
         }
     }
 }

@@ -164,18 +164,16 @@ async fn two_replicas_count_concurrent_reports_exactly_and_charge_past_the_budge
     let data = runtime_root(dir.path(), "ratelimit/config", &[("budget.yaml", &rules)]);
     let replicas: Vec<(Ports, Ratelimit)> = (0..2)
         .map(|_| {
-            let ports = Ports::new();
             let env = swap(
                 ISTIO,
                 &[
-                    ("LOG_LEVEL", "warn".into()),
+                    ("LOG_LEVEL", "info".into()),
                     ("RUNTIME_ROOT", data.clone()),
                     ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
                 ],
-                &ports,
             );
             let rl = Ratelimit::start(&link, &env);
-            (ports, rl)
+            (rl.ports, rl)
         })
         .collect();
     let mut clients = Vec::new();
@@ -243,20 +241,19 @@ async fn ai_gateways_quota_policy_denies_a_spent_backend_and_names_it() {
     let (dir, redis) = (tempfile::tempdir().unwrap(), RedisServer::start());
     let (_push, rules) = watch::channel(Some(snapshot("quota-1", &[quota_policy()])));
     let (xds, mut requests) = ads_server(None, rules).await;
-    let ports = Ports::new();
     let env = swap(
         AI_GATEWAY,
         &[
-            ("LOG_LEVEL", "warn".into()),
+            ("LOG_LEVEL", "info".into()),
             (
                 "CONFIG_GRPC_XDS_SERVER_URL",
                 format!("127.0.0.1:{}", xds.port()),
             ),
             ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
         ],
-        &ports,
     );
-    let _rl = Ratelimit::start(&ratelimit_link(dir.path()), &env);
+    let rl = Ratelimit::start(&ratelimit_link(dir.path()), &env);
+    let ports = rl.ports;
     let upstream = Upstream::start().await;
     healthy(&ports).await;
     assert_eq!(node_id(&mut requests).await, "envoy-ai-gateway-ratelimit");

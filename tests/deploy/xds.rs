@@ -17,7 +17,9 @@ use sluice::proto::ratelimit::config::ratelimit::v3::{
 use sluice::testing::eventually;
 use sluice::testing::grpc::*;
 use sluice::testing::http::get;
-use sluice::testing::process::{Served, free_port, sluice_command, wait_listening};
+use sluice::testing::process::{
+    HeldPort, LISTENERS_LOG, Served, loopback, serving, serving_grpc, sluice_command,
+};
 use sluice::xds::TYPE_URL;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -132,15 +134,18 @@ async fn rules_arrive_update_refuse_and_survive_a_lost_server() {
     let cert_file = write(dir.path(), "tls.crt", &client_cert);
     let key_file = write(dir.path(), "tls.key", &client_key);
 
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    // The management server goes away and comes back on the same address: a port from the
+    // kernel, held for it meanwhile.
+    let held = HeldPort::new();
+    let addr = held.addr();
     let (push, snapshots) = watch::channel(None);
     let (requests_tx, mut requests) = mpsc::unbounded_channel();
     let server = serve(addr, &tls, snapshots.clone(), requests_tx.clone()).await;
 
-    let (grpc, admin) = (free_port(), free_port());
-    let child = sluice_command(env!("CARGO_BIN_EXE_sluice"))
-        .args(["serve", "--grpc-listen", &format!("127.0.0.1:{grpc}")])
-        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+    let any = loopback(0).to_string();
+    let mut child = sluice_command(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--grpc-listen", &any])
+        .args(["--admin-listen", &any])
         .env("SLUICE_XDS__SERVER", addr.to_string())
         .env("SLUICE_XDS__NODE_ID", "envoy-ratelimit")
         .env("SLUICE_XDS__CA_FILE", &ca_file)
@@ -150,14 +155,14 @@ async fn rules_arrive_update_refuse_and_survive_a_lost_server() {
         .env("SLUICE_XDS__START_WITHOUT_RULES", "true")
         .env("SLUICE_XDS__RETRY_INITIAL_MS", "100")
         .env("SLUICE_XDS__RETRY_MAX_MS", "400")
-        .env("SLUICE_LOG__LEVEL", "warn")
+        .env("SLUICE_LOG__LEVEL", LISTENERS_LOG)
         .stdout(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("start sluice");
+    let [grpc, admin] = serving(&mut child, ["gRPC", "admin HTTP"]);
     let _served = Served(child);
-    let url = format!("http://127.0.0.1:{grpc}");
-    wait_listening(admin);
-    let admin: SocketAddr = format!("127.0.0.1:{admin}").parse().unwrap();
+    let url = format!("http://{grpc}");
 
     // Started without rules: not ready, and says why.
     let first = next(&mut requests).await;
@@ -298,15 +303,16 @@ async fn without_start_without_rules_it_listens_after_the_first_set() {
     };
     let stranger = Ca::new();
     let (cert, key) = stranger.leaf(&["intruder"]);
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let held = HeldPort::new();
+    let addr = held.addr();
     let (push, snapshot) = watch::channel(Some(snapshot_of("7", 3)));
     let (requests_tx, mut requests) = mpsc::unbounded_channel();
     let server = serve(addr, &tls, snapshot, requests_tx).await;
+    let any = loopback(0).to_string();
     let start = |cert: &str, key: &str, name: &str| {
-        let grpc = free_port();
-        let child = sluice_command(env!("CARGO_BIN_EXE_sluice"))
-            .args(["serve", "--grpc-listen", &format!("127.0.0.1:{grpc}")])
-            .args(["--admin-listen", &format!("127.0.0.1:{}", free_port())])
+        sluice_command(env!("CARGO_BIN_EXE_sluice"))
+            .args(["serve", "--grpc-listen", &any])
+            .args(["--admin-listen", &any])
             .env(
                 "SLUICE_XDS__SERVER",
                 format!("https://localhost:{}", addr.port()),
@@ -322,26 +328,30 @@ async fn without_start_without_rules_it_listens_after_the_first_set() {
             )
             .env("SLUICE_XDS__RETRY_INITIAL_MS", "100")
             .env("SLUICE_XDS__RETRY_MAX_MS", "200")
-            .env("SLUICE_LOG__LEVEL", "error")
+            .env("SLUICE_LOG__LEVEL", LISTENERS_LOG)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
-            .expect("start sluice");
-        (Served(child), grpc)
+            .expect("start sluice")
     };
-    // Refused by the server: never gets rules, never listens.
-    let (_refused, refused_port) = start(&cert, &key, "stranger");
+    // Refused by the server: never gets rules, never listens (its log, which names each
+    // port it binds, names none).
+    let mut refused = start(&cert, &key, "stranger");
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(std::net::TcpStream::connect(("127.0.0.1", refused_port)).is_err());
+    refused.kill().unwrap();
+    let log = refused.wait_with_output().unwrap().stderr;
+    let log = String::from_utf8_lossy(&log);
+    assert!(!log.contains("serving"), "{log}");
     assert!(
         requests.try_recv().is_err(),
         "a client without a trusted certificate got through"
     );
     // Trusted: listens once the set is in, and answers from it.
     let (good_cert, good_key) = ca.leaf(&["envoy-ratelimit"]);
-    let (_served, port) = start(&good_cert, &good_key, "good");
-    wait_listening(port);
-    assert_eq!(limit(&format!("http://127.0.0.1:{port}")).await, Some(3));
+    let mut good = start(&good_cert, &good_key, "good");
+    let grpc = serving_grpc(&mut good);
+    let _served = Served(good);
+    assert_eq!(limit(&format!("http://{grpc}")).await, Some(3));
     drop(push);
     server.stop().await;
 }

@@ -9,14 +9,14 @@ use std::time::Duration;
 
 use sluice::testing::envoy::EnvoyProcess;
 use sluice::testing::http::get;
-use sluice::testing::process::{free_port, loopback};
+use sluice::testing::process::loopback;
 
 use crate::support::{Collector, Received, attribute, hex, service, traced_sluice};
 
 /// Envoy's config: a listener whose connection manager traces every request with the
 /// OpenTelemetry tracer (exporting each span at once) and asks sluice (domain `edge`, one
-/// `generic_key` descriptor) before routing to an upstream, Envoy's own admin `/ready`.
-fn envoy_config(admin: u16, port: u16, sluice: u16, collector: u16) -> String {
+/// `generic_key` descriptor) before routing to the upstream on port `app`.
+fn envoy_config(admin: u16, port: u16, sluice: u16, collector: u16, app: u16) -> String {
     format!(
         r#"
 admin:
@@ -79,7 +79,7 @@ static_resources:
         cluster_name: app
         endpoints:
           - lb_endpoints:
-              - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {admin} }} }} }}
+              - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {app} }} }} }}
 {sluice_cluster}
 {otlp_cluster}
 "#,
@@ -109,6 +109,45 @@ fn h2_cluster(name: &str, port: u16) -> String {
 
 const RULES: &str = "domain: edge\ndescriptors:\n  - key: generic_key\n    value: traced\n    rate_limit: {unit: second, requests_per_unit: 100}\n";
 
+/// An upstream on a port from the kernel that answers every request 200 (one request per
+/// connection), until dropped.
+struct Upstream {
+    port: u16,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Upstream {
+    async fn start() -> Upstream {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let task = tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match conn.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let answer =
+                        "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok";
+                    let _ = conn.write_all(answer.as_bytes()).await;
+                });
+            }
+        });
+        Upstream { port, task }
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// The span of `spans` whose id is `id`.
 fn by_id<'a>(spans: &'a [Received], id: &[u8]) -> Option<&'a Received> {
     spans.iter().find(|(_, s)| s.span_id == id)
@@ -122,9 +161,11 @@ async fn envoys_ratelimit_call_is_the_parent_of_sluices_span_in_one_trace() {
     let mut collector = Collector::start().await;
     let collector_port: u16 = collector.url.rsplit(':').next().unwrap().parse().unwrap();
     let sluice = traced_sluice(&rules, &collector.url, "sluice-behind-envoy");
-    let (admin, port) = (free_port(), free_port());
-    let config = envoy_config(admin, port, sluice.port, collector_port);
-    let envoy = EnvoyProcess::start(&config, admin).await;
+    // Envoy's admin and listener on ports from the kernel, read back once it runs.
+    let app = Upstream::start().await;
+    let config = envoy_config(0, 0, sluice.port, collector_port, app.port);
+    let envoy = EnvoyProcess::start(&config).await;
+    let port = envoy.listener();
 
     let answer = get(loopback(port), "/ready").await;
     assert_eq!(answer.status, 200, "{answer:?}\n{}", envoy.log());

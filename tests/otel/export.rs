@@ -20,7 +20,7 @@ use sluice::engine::{Descriptor, Engine, Options, Request};
 use sluice::limiter::MemoryLimiter;
 use sluice::rules::{Entry, RuleSet};
 use sluice::testing::grpc::{Code, RateLimitServiceClient, call, desc, overall, req};
-use sluice::testing::process::{Served, free_port, loopback, wait_listening};
+use sluice::testing::process::{Served, serving_grpc};
 use sluice::testing::ratelimit_env::ISTIO;
 use sluice::testing::redis::RedisServer;
 use tokio::sync::mpsc;
@@ -189,7 +189,6 @@ async fn spans_reach_an_otlp_http_collector_from_the_binary_as_ratelimit() {
     let link = dir.path().join("ratelimit");
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &link).unwrap();
 
-    let (grpc, http, debug) = (free_port(), free_port(), free_port());
     let mut env: std::collections::HashMap<String, String> = ISTIO
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -200,11 +199,13 @@ async fn spans_reach_an_otlp_http_collector_from_the_binary_as_ratelimit() {
             ("RUNTIME_ROOT", data),
             ("REDIS_URL", redis.addr()),
             ("GRPC_HOST", "127.0.0.1".to_owned()),
-            ("GRPC_PORT", grpc.to_string()),
+            // Its listeners on ports from the kernel; its log (Istio's `LOG_LEVEL=debug`)
+            // says where it serves.
+            ("GRPC_PORT", "0".to_owned()),
             ("HOST", "127.0.0.1".to_owned()),
-            ("PORT", http.to_string()),
+            ("PORT", "0".to_owned()),
             ("DEBUG_HOST", "127.0.0.1".to_owned()),
-            ("DEBUG_PORT", debug.to_string()),
+            ("DEBUG_PORT", "0".to_owned()),
             // As Envoy Gateway sets them: TRACING_EXPORTER_PROTOCOL left to its default
             // (http), the collector's base URL.
             ("TRACING_ENABLED", "true".to_owned()),
@@ -221,16 +222,16 @@ async fn spans_reach_an_otlp_http_collector_from_the_binary_as_ratelimit() {
         ]
         .map(|(k, v)| (k.to_owned(), v)),
     );
-    let child = std::process::Command::new(&link)
+    let mut child = std::process::Command::new(&link)
         .env_clear()
         .envs(&env)
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::inherit())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("start ratelimit");
+    let grpc = serving_grpc(&mut child);
     let _ratelimit = Served(child);
-    wait_listening(grpc);
-    let mut c = RateLimitServiceClient::connect(format!("http://{}", loopback(grpc)))
+    let mut c = RateLimitServiceClient::connect(format!("http://{grpc}"))
         .await
         .expect("connect");
     let answer = call(&mut c, req("t", vec![desc(&[("k", "v")])])).await;
@@ -270,22 +271,31 @@ async fn spans_reach_the_tracing_endpoint_of_limitador_server() {
     std::fs::write(&limits, text).unwrap();
     let link = dir.path().join("limitador-server");
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &link).unwrap();
-    let (grpc, http) = (free_port(), free_port());
     let endpoint = collector.url.replace("http://", "rpc://");
-    let child = std::process::Command::new(&link)
+    // Both ports from the kernel: port 0, read back from its log (`-vv`: `info`).
+    let mut child = std::process::Command::new(&link)
         .env_clear()
         .env("OTEL_BSP_SCHEDULE_DELAY", "100")
-        .args(["-b", "127.0.0.1", "-p", &grpc.to_string()])
-        .args(["-B", "127.0.0.1", "-P", &http.to_string()])
+        .args([
+            "-b",
+            "127.0.0.1",
+            "-p",
+            "0",
+            "-B",
+            "127.0.0.1",
+            "-P",
+            "0",
+            "-vv",
+        ])
         .args(["--tracing-endpoint", &endpoint])
         .arg(&limits)
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::inherit())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("start limitador-server");
+    let grpc = serving_grpc(&mut child);
     let _limitador = Served(child);
-    wait_listening(grpc);
-    let mut c = RateLimitServiceClient::connect(format!("http://{}", loopback(grpc)))
+    let mut c = RateLimitServiceClient::connect(format!("http://{grpc}"))
         .await
         .expect("connect");
     let answer = call(&mut c, req("ns", vec![desc(&[("k", "v")])])).await;

@@ -8,10 +8,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use sluice::testing::dns::SrvServer;
 use sluice::testing::grpc::*;
 use sluice::testing::http::try_get;
 use sluice::testing::memcached::MemcachedServer;
-use sluice::testing::process::{Served, free_port, loopback, wait_listening};
+use sluice::testing::process::{Served, loopback, serving};
 use sluice::testing::redis::RedisServer;
 use tokio::time::Instant;
 
@@ -37,53 +38,19 @@ fn fixed_window_rules() -> String {
 }
 
 /// A `ratelimit` (the sluice binary through a symlink of that name) with `env` and the
-/// rules `rules` in its runtime directory, on free loopback ports; killed when dropped.
+/// rules `rules` in its runtime directory, on loopback ports from the kernel; killed when dropped.
 struct Ratelimit {
     grpc: u16,
+    http: u16,
     _process: Served,
 }
 
 impl Ratelimit {
     async fn start(dir: &Path, name: &str, rules: &str, env: &[(&str, String)]) -> Ratelimit {
-        let home = dir.join(name);
-        let config = home.join("data/ratelimit/config");
-        std::fs::create_dir_all(&config).unwrap();
-        std::fs::write(config.join("rules.yaml"), rules).unwrap();
-        let link = home.join("ratelimit");
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &link).unwrap();
-        let (grpc, http, debug) = (free_port(), free_port(), free_port());
-        let mut vars: HashMap<String, String> = [
-            ("RUNTIME_ROOT", home.join("data").display().to_string()),
-            ("RUNTIME_SUBDIRECTORY", "ratelimit".to_owned()),
-            ("USE_STATSD", "false".to_owned()),
-            ("LOG_LEVEL", "warn".to_owned()),
-            ("GRPC_HOST", "127.0.0.1".to_owned()),
-            ("GRPC_PORT", grpc.to_string()),
-            ("HOST", "127.0.0.1".to_owned()),
-            ("PORT", http.to_string()),
-            ("DEBUG_HOST", "127.0.0.1".to_owned()),
-            ("DEBUG_PORT", debug.to_string()),
-            // Long enough that a loaded test machine never turns these behaviour tests into
-            // latency tests.
-            ("SLUICE_REDIS__TIMEOUT_MS", "5000".to_owned()),
-            ("SLUICE_MEMCACHE__TIMEOUT_MS", "5000".to_owned()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v))
-        .collect();
-        vars.extend(env.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
-        let child = Command::new(&link)
-            .env_clear()
-            .envs(&vars)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start ratelimit");
-        let process = Served(child);
-        wait_listening(grpc);
+        let rl = Ratelimit::spawn(dir, name, rules, env);
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let answer = try_get(loopback(http), "/healthcheck").await;
+            let answer = try_get(loopback(rl.http), "/healthcheck").await;
             if answer.as_ref().is_some_and(|a| a.status == 200) {
                 break;
             }
@@ -93,8 +60,50 @@ impl Ratelimit {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        rl
+    }
+
+    /// Started and listening, ready or not.
+    fn spawn(dir: &Path, name: &str, rules: &str, env: &[(&str, String)]) -> Ratelimit {
+        let home = dir.join(name);
+        let config = home.join("data/ratelimit/config");
+        std::fs::create_dir_all(&config).unwrap();
+        std::fs::write(config.join("rules.yaml"), rules).unwrap();
+        let link = home.join("ratelimit");
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &link).unwrap();
+        let mut vars: HashMap<String, String> = [
+            ("RUNTIME_ROOT", home.join("data").display().to_string()),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit".to_owned()),
+            ("USE_STATSD", "false".to_owned()),
+            // Its listeners on ports from the kernel, which its log (`info`) names.
+            ("LOG_LEVEL", "info".to_owned()),
+            ("GRPC_HOST", "127.0.0.1".to_owned()),
+            ("GRPC_PORT", "0".to_owned()),
+            ("HOST", "127.0.0.1".to_owned()),
+            ("PORT", "0".to_owned()),
+            ("DEBUG_HOST", "127.0.0.1".to_owned()),
+            ("DEBUG_PORT", "0".to_owned()),
+            // Long enough that a loaded test machine never turns these behaviour tests into
+            // latency tests.
+            ("SLUICE_REDIS__TIMEOUT_MS", "5000".to_owned()),
+            ("SLUICE_MEMCACHE__TIMEOUT_MS", "5000".to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        vars.extend(env.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
+        let mut child = Command::new(&link)
+            .env_clear()
+            .envs(&vars)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start ratelimit");
+        let [grpc, http] = serving(&mut child, ["gRPC", "admin HTTP"]);
+        let process = Served(child);
         Ratelimit {
-            grpc,
+            grpc: grpc.port(),
+            http: http.port(),
             _process: process,
         }
     }
@@ -442,6 +451,134 @@ async fn memcached_answers_the_fixed_window_cases_as_redis_across_two_replicas()
             "the counters live in memcached: {keys:?}"
         );
     }
+}
+
+/// `MEMCACHE_SRV`: the servers are the SRV record's targets, asked of a DNS server here
+/// (`memcache.srv_resolver`); `MEMCACHE_SRV_REFRESH` follows the record when it changes to
+/// another memcached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memcache_srv_finds_its_servers_and_follows_the_record() {
+    const NAME: &str = "_memcache._tcp.mc.sluice.test";
+    let dir = tempfile::tempdir().unwrap();
+    let (first, second) = (MemcachedServer::start(), MemcachedServer::start());
+    let dns = SrvServer::start(NAME, &[("localhost", first.port)]).await;
+    let env = [
+        ("BACKEND_TYPE", "memcache".to_owned()),
+        ("MEMCACHE_SRV", NAME.to_owned()),
+        ("MEMCACHE_SRV_REFRESH", "100ms".to_owned()),
+        ("SLUICE_MEMCACHE__SRV_RESOLVER", dns.addr()),
+    ];
+    let rules = fixed_window_rules();
+    let rl = Ratelimit::start(dir.path(), "srv", &rules, &env).await;
+    let mut client = rl.client().await;
+    clear_of_window_end(Duration::from_secs(60), Duration::from_secs(10)).await;
+    let one = |value: &str| req("test", vec![desc(&[("one_per_minute", value)])]);
+    assert_eq!(overall(&call(&mut client, one("a")).await), Code::Ok);
+    assert_eq!(overall(&call(&mut client, one("a")).await), Code::OverLimit);
+    let keys = first.keys();
+    assert!(
+        keys.iter().any(|k| k.contains("one_per_minute")),
+        "the SRV target holds the counters: {keys:?}"
+    );
+    assert!(second.keys().is_empty());
+
+    // The record now names the other memcached: new counters go there.
+    dns.set(vec![("localhost".to_owned(), second.port)]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut n = 0;
+    while !second.keys().iter().any(|k| k.contains("one_per_minute")) {
+        assert!(
+            Instant::now() < deadline,
+            "the refresh never moved to the second server"
+        );
+        n += 1;
+        call(&mut client, one(&format!("probe{n}"))).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // `a` is counted afresh there, as envoyproxy/ratelimit's does after a server change.
+    assert_eq!(overall(&call(&mut client, one("a")).await), Code::Ok);
+    assert_eq!(overall(&call(&mut client, one("a")).await), Code::OverLimit);
+
+    // A record with no target keeps the servers in use.
+    dns.set(Vec::new());
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let before = second.keys().len();
+    assert_eq!(overall(&call(&mut client, one("b")).await), Code::Ok);
+    assert_eq!(second.keys().len(), before + 1, "{:?}", second.keys());
+}
+
+/// A CA, and a leaf of it for `names`, in `dir`: (CA file, leaf certificate, leaf key).
+fn tls_files(dir: &Path, names: &[&str]) -> (PathBuf, PathBuf, PathBuf) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+    let leaf = CertificateParams::new(names)
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    let write = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    (
+        write("ca.crt", &ca.pem()),
+        write("memcached.crt", &leaf.pem()),
+        write("memcached.key", &key.serialize_pem()),
+    )
+}
+
+/// `MEMCACHE_TLS` with `MEMCACHE_TLS_CACERT`: a real memcached speaking only TLS (`-Z`) with
+/// a certificate for `localhost` keeps the counters. Reached as 127.0.0.1 (a name the
+/// certificate lacks) it is refused, unless `MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memcache_tls_reaches_a_tls_memcached_and_checks_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = tls_files(dir.path(), &["localhost"]);
+    let memcached = MemcachedServer::start_tls(&cert, &key);
+    let rules = fixed_window_rules();
+    let env = |host: &str, more: &[(&'static str, &str)]| {
+        let mut env = vec![
+            ("BACKEND_TYPE", "memcache".to_owned()),
+            ("MEMCACHE_HOST_PORT", format!("{host}:{}", memcached.port)),
+            ("MEMCACHE_TLS", "true".to_owned()),
+            ("MEMCACHE_TLS_CACERT", ca.display().to_string()),
+        ];
+        env.extend(more.iter().map(|(k, v)| (*k, (*v).to_owned())));
+        env
+    };
+    let one = |value: &str| req("test", vec![desc(&[("one_per_minute", value)])]);
+    clear_of_window_end(Duration::from_secs(60), Duration::from_secs(10)).await;
+
+    let rl = Ratelimit::start(dir.path(), "tls", &rules, &env("localhost", &[])).await;
+    let mut client = rl.client().await;
+    assert_eq!(overall(&call(&mut client, one("a")).await), Code::Ok);
+    assert_eq!(overall(&call(&mut client, one("a")).await), Code::OverLimit);
+    let keys = memcached.keys();
+    assert!(
+        keys.iter().any(|k| k.contains("one_per_minute")),
+        "{keys:?}"
+    );
+
+    let skip = [("MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", "true")];
+    let rl = Ratelimit::start(dir.path(), "skip", &rules, &env("127.0.0.1", &skip)).await;
+    let mut client = rl.client().await;
+    assert_eq!(
+        overall(&call(&mut client, one("a")).await),
+        Code::OverLimit,
+        "the same counter, through the same server"
+    );
+
+    let rl = Ratelimit::spawn(dir.path(), "wrong-name", &rules, &env("127.0.0.1", &[]));
+    let mut client = rl.client().await;
+    let answer = client.should_rate_limit(one("c")).await;
+    let status = answer.expect_err("a certificate without the name is refused");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    let health = try_get(loopback(rl.http), "/healthcheck").await;
+    assert_ne!(health.map(|h| h.status), Some(200));
 }
 
 /// A rules file with another algorithm does not load on the memcache backend: `check`

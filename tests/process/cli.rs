@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use sluice::testing::grpc::*;
-use sluice::testing::process::{Served, free_port, sluice_command};
+use sluice::testing::process::{HeldPort, LISTENERS_LOG, Log, Served, serving_log, sluice_command};
 
 fn sluice() -> Command {
     sluice_command(env!("CARGO_BIN_EXE_sluice"))
@@ -26,17 +26,22 @@ fn serve_with_exits_64(var: &str, value: &str) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// Spawns `cmd`, a `sluice serve` on gRPC `port` (standard error piped, for the test to
-/// read); the process, and a client connected to it.
-async fn serve_and_connect(cmd: &mut Command, port: u16) -> (Served, Client) {
-    let child = cmd
+/// `127.0.0.1:0`: a port from the kernel.
+const ANY: &str = "127.0.0.1:0";
+
+/// Spawns `cmd`, a `sluice serve` on gRPC and admin port 0, logging at `info` or finer; the
+/// process, a client connected to it, its admin address and its log (for the test to read).
+async fn serve_and_connect(cmd: &mut Command) -> (Served, Client, std::net::SocketAddr, Log) {
+    let mut child = cmd
+        .args(["--grpc-listen", ANY, "--admin-listen", ANY])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn sluice serve");
+    let ([grpc, admin], log) = serving_log(&mut child, ["gRPC", "admin HTTP"]);
     let served = Served(child);
-    let c = connect_within(&format!("http://127.0.0.1:{port}"), Duration::from_secs(20)).await;
-    (served, c)
+    let c = connect_within(&format!("http://{grpc}"), Duration::from_secs(20)).await;
+    (served, c, admin, log)
 }
 
 fn fixtures(dir: &str) -> String {
@@ -109,14 +114,7 @@ async fn serve_with_embedded_rules_then_stop_on_sigterm_or_sigint() {
 
 /// Serves, uses the demo's login limit, sends `signal`, and expects exit 0 with `logged`.
 async fn serve_then_stop_with(signal: &str, logged: &str) {
-    let port = free_port();
-    let (mut served, mut c) = serve_and_connect(
-        sluice()
-            .args(["serve", "--grpc-listen", &format!("127.0.0.1:{port}")])
-            .args(["--admin-listen", &format!("127.0.0.1:{}", free_port())]),
-        port,
-    )
-    .await;
+    let (mut served, mut c, _, log) = serve_and_connect(sluice().arg("serve")).await;
     let login = || req("demo", vec![desc(&[("path", "/login")])]);
     for _ in 0..5 {
         assert_eq!(overall(&call(&mut c, login()).await), Code::Ok);
@@ -148,28 +146,26 @@ async fn serve_then_stop_with(signal: &str, logged: &str) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(status.code(), Some(0), "exit after kill {signal}");
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut served.0.stderr.take().unwrap(), &mut stderr).unwrap();
+    let stderr = log.until_closed();
     assert!(stderr.contains(logged), "kill {signal}:\n{stderr}");
+}
+
+/// `sluice serve` on ports from the kernel, its log naming each port it binds
+/// ([`LISTENERS_LOG`]).
+fn serve_on_any() -> Command {
+    let mut cmd = sluice();
+    cmd.args(["serve", "--grpc-listen", ANY, "--admin-listen", ANY])
+        .env("SLUICE_LOG__LEVEL", LISTENERS_LOG);
+    cmd
 }
 
 #[test]
 fn bad_rules_exit_64_before_binding() {
-    let port = free_port();
-    let out = run(sluice().args([
-        "serve",
-        "--grpc-listen",
-        &format!("127.0.0.1:{port}"),
-        "--rules",
-        &fixtures("invalid"),
-    ]));
+    let out = run(serve_on_any().args(["--rules", &fixtures("invalid")]));
     assert_eq!(out.status.code(), Some(64));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("invalid"), "{stderr}");
-    assert!(
-        std::net::TcpListener::bind(("127.0.0.1", port)).is_ok(),
-        "port was never bound"
-    );
+    assert!(!stderr.contains("serving"), "a port was bound: {stderr}");
 }
 
 #[test]
@@ -212,15 +208,13 @@ fn an_otlp_endpoint_without_the_otel_feature_exits_64() {
 
 #[test]
 fn bad_tls_files_exit_64_before_binding() {
-    let port = free_port();
-    let out = run(sluice()
-        .args(["serve", "--grpc-listen", &format!("127.0.0.1:{port}")])
+    let out = run(serve_on_any()
         .env("SLUICE_TLS__CERT_FILE", "/nonexistent/cert.pem")
         .env("SLUICE_TLS__KEY_FILE", "/nonexistent/key.pem"));
     assert_eq!(out.status.code(), Some(64));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("/nonexistent/"), "{stderr}");
-    assert!(std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
+    assert!(!stderr.contains("serving"), "a port was bound: {stderr}");
 }
 
 #[test]
@@ -237,19 +231,16 @@ fn input_bounds_of_zero_exit_64() {
 #[tokio::test]
 async fn the_redis_password_is_never_logged() {
     let secret = "s3cret-Pa55word";
-    let port = free_port();
-    let admin = free_port();
-    let (mut served, mut c) = serve_and_connect(
+    // Nothing listens there: a port from the kernel, held and refusing connections.
+    let down = HeldPort::new();
+    let (served, mut c, admin, log) = serve_and_connect(
         sluice()
             .args(["serve", "--backend", "redis"])
             .args([
                 "--redis-url",
-                &format!("redis://:{secret}@127.0.0.1:{}", free_port()),
+                &format!("redis://:{secret}@127.0.0.1:{}", down.port()),
             ])
-            .args(["--grpc-listen", &format!("127.0.0.1:{port}")])
-            .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
             .env("SLUICE_LOG__LEVEL", "debug"),
-        port,
     )
     .await;
     let err = c
@@ -258,8 +249,7 @@ async fn the_redis_password_is_never_logged() {
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unavailable);
     assert!(!err.message().contains(secret), "{}", err.message());
-    let ready =
-        sluice::testing::http::get(format!("127.0.0.1:{admin}").parse().unwrap(), "/readyz").await;
+    let ready = sluice::testing::http::get(admin, "/readyz").await;
     assert_eq!(ready.status, 503);
     assert!(!ready.body.contains(secret), "{}", ready.body);
     // Past a readiness probe or two.
@@ -272,8 +262,7 @@ async fn the_redis_password_is_never_logged() {
             .unwrap()
             .success()
     );
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut served.0.stderr.take().unwrap(), &mut stderr).unwrap();
+    let stderr = log.until_closed();
     assert!(
         stderr.contains("redis backend failed"),
         "the failure was not logged:\n{stderr}"
@@ -303,17 +292,15 @@ fn an_invalid_log_filter_exits_64_before_binding() {
         ),
     ];
     for (var, value, message) in cases {
-        let port = free_port();
+        // Its standard error holds the message alone: nothing was served.
         let out = exit_within_10s(
             sluice()
-                .args(["serve", "--grpc-listen", &format!("127.0.0.1:{port}")])
-                .args(["--admin-listen", &format!("127.0.0.1:{}", free_port())])
+                .args(["serve", "--grpc-listen", ANY, "--admin-listen", ANY])
                 .env(var, value),
         );
         assert_eq!(out.status.code(), Some(64), "{var}={value}");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(stderr, format!("sluice: {message}\n"));
-        assert!(std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
     }
 }
 
@@ -389,8 +376,7 @@ async fn serve_listens_on_a_unix_socket_given_as_grpc_listen() {
         let path = dir.path().join(format!("sluice-{i}.sock"));
         let listen = format!("unix:{}", path.display());
         let mut cmd = sluice();
-        cmd.arg("serve")
-            .args(["--admin-listen", &format!("127.0.0.1:{}", free_port())]);
+        cmd.arg("serve").args(["--admin-listen", ANY]);
         if by_env {
             cmd.env("SLUICE_SERVER__GRPC_LISTEN", &listen);
         } else {

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sluice::testing::grpc::{Client, Code, call, connect_within, desc, overall, req};
 use sluice::testing::http;
-use sluice::testing::process::{Served, free_port, loopback};
+use sluice::testing::process::{Served, loopback, serving};
 use sluice::testing::redis::RedisServer;
 
 /// One limit of 2,000 an hour on every request of namespace `ns`.
@@ -24,8 +24,8 @@ const LIMITS: &str = r#"
   variables: []
 "#;
 
-/// `limitador-server LIMITS redis_cached URL --flush-period 100` on free loopback ports:
-/// the process and its gRPC (RLS) port.
+/// `limitador-server LIMITS redis_cached URL --flush-period 100` on loopback ports from the
+/// kernel: the process and its gRPC (RLS) port.
 async fn replica(dir: &Path, redis: &RedisServer) -> (Served, u16) {
     let link = dir.join("limitador-server");
     if !link.exists() {
@@ -33,17 +33,28 @@ async fn replica(dir: &Path, redis: &RedisServer) -> (Served, u16) {
     }
     let file = dir.join("limits.yaml");
     std::fs::write(&file, LIMITS).expect("write the limits");
-    let (rls, http_port) = (free_port(), free_port());
-    let child = Command::new(&link)
+    // Both ports from the kernel: port 0, read back from its log (`-vv`: `info`).
+    let mut child = Command::new(&link)
         .env_clear()
-        .args(["-b", "127.0.0.1", "-p", &rls.to_string()])
-        .args(["-B", "127.0.0.1", "-P", &http_port.to_string()])
+        .args([
+            "-b",
+            "127.0.0.1",
+            "-p",
+            "0",
+            "-B",
+            "127.0.0.1",
+            "-P",
+            "0",
+            "-vv",
+        ])
         .arg(&file)
         .args(["redis_cached", &redis.url(), "--flush-period", "100"])
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("start limitador-server");
+    let [rls, http_addr] = serving(&mut child, ["gRPC", "admin HTTP"]);
+    let (rls, http_port) = (rls.port(), http_addr.port());
     let served = Served(child);
     http::until_ok(loopback(http_port), "/healthcheck", "limitador-server").await;
     (served, rls)

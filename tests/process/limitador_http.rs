@@ -17,7 +17,7 @@ use sluice::proto::kuadrant::service::ratelimit::v1::rate_limit_service_client::
 use sluice::proto::rate_limit_response::Code;
 use sluice::testing::grpc::{RateLimitRequest, connect_within, desc, req};
 use sluice::testing::http::{self, Answer, request};
-use sluice::testing::process::{Served, free_port, loopback};
+use sluice::testing::process::{Served, loopback, serving};
 use sluice::testing::redis::RedisServer;
 
 const LIMITS: &str = r#"
@@ -81,19 +81,30 @@ impl Limitador {
         std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &link).expect("symlink");
         let file = dir.join("limits.yaml");
         std::fs::write(&file, LIMITS).expect("write the limits");
-        let (rls, http_port) = (free_port(), free_port());
-        let child = Command::new(&link)
+        // Both ports from the kernel: port 0, read back from its log (`-vv`: `info`).
+        let mut child = Command::new(&link)
             .env_clear()
             .env("SLUICE_ADMIN__TOKEN", TOKEN)
-            .args(["-b", "127.0.0.1", "-p", &rls.to_string()])
-            .args(["-B", "127.0.0.1", "-P", &http_port.to_string()])
+            .args([
+                "-b",
+                "127.0.0.1",
+                "-p",
+                "0",
+                "-B",
+                "127.0.0.1",
+                "-P",
+                "0",
+                "-vv",
+            ])
             .arg("--limit-name-in-labels")
             .arg(&file)
             .args(storage)
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("start limitador-server");
+        let [rls, http_addr] = serving(&mut child, ["gRPC", "admin HTTP"]);
+        let (rls, http_port) = (rls.port(), http_addr.port());
         let started = Limitador {
             process: Served(child),
             rls,

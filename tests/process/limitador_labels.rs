@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
 use sluice::testing::http::{self, request};
-use sluice::testing::process::{Served, free_port, loopback};
+use sluice::testing::process::{Served, loopback, serving};
 
 const LIMITS: &str = r#"
 - namespace: ns
@@ -55,17 +55,28 @@ async fn cel_labels_label_limitadors_series_under_the_cap() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let labels = dir.path().join("labels.yaml");
     std::fs::write(&labels, LABELS).unwrap();
-    let (rls, http_port) = (free_port(), free_port());
-    let child = command(dir.path(), &[])
-        .args(["-b", "127.0.0.1", "-p", &rls.to_string()])
-        .args(["-B", "127.0.0.1", "-P", &http_port.to_string()])
+    // Both ports from the kernel: port 0, read back from its log (`-vv`: `info`).
+    let mut child = command(dir.path(), &[])
+        .args([
+            "-b",
+            "127.0.0.1",
+            "-p",
+            "0",
+            "-B",
+            "127.0.0.1",
+            "-P",
+            "0",
+            "-vv",
+        ])
         .args(["-L", &labels.display().to_string()])
         .args(["--metric-labels-default", "{'app': 'shop', 'user': 'anon'}"])
         .args(["--tracing-endpoint", "rpc://127.0.0.1:1"])
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("start limitador-server");
+    let [_, http_addr] = serving(&mut child, ["gRPC", "admin HTTP"]);
+    let http_port = http_addr.port();
     let _served = Served(child);
     http::until_ok(loopback(http_port), "/healthcheck", "limitador-server").await;
     // Keep clear of the hour's end (sluice's windows are aligned on the epoch).

@@ -9,7 +9,8 @@
 //! CEL metric labels (`limitador_labels`), the admin port refusing
 //! state endpoints beyond loopback without a token (`admin_access`), the memory backend's
 //! state across restarts (`limiter.persist`, and limitador's `disk PATH`: `persist`),
-//! docs/settings.md's table against the settings types, and, started as `ratelimit`,
+//! docs/settings.md's table against the settings types, no test source picking a port other
+//! than from the kernel (`ports`), and, started as `ratelimit`,
 //! per-second limits in a Redis of their own and the Memcached backend shared by two
 //! replicas, each answering as one Redis does (`backends`). (The ordered
 //! drain and the Rust client's timing tests, which bound times, are in tests/serial/.)
@@ -26,6 +27,7 @@ mod limitador_cached;
 mod limitador_http;
 mod limitador_labels;
 mod persist;
+mod ports;
 mod readme;
 mod throttle;
 mod why;

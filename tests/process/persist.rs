@@ -12,7 +12,7 @@ use serde_json::json;
 use sluice::proto::rate_limit_response::Code;
 use sluice::testing::grpc::{call, connect_within, desc, req};
 use sluice::testing::http;
-use sluice::testing::process::{Served, free_port, logged_listener, loopback, sluice_command};
+use sluice::testing::process::{Served, logged_listener, serving, sluice_command};
 use tokio::time::Instant;
 
 const RULES: &str = r#"
@@ -217,24 +217,33 @@ async fn limitador(dir: &Path, interval_ms: u64) -> (Served, SocketAddr) {
     }
     let file = dir.join("limits.yaml");
     std::fs::write(&file, LIMITS).expect("write the limits");
-    let (rls, http_port) = (free_port(), free_port());
-    let child = Command::new(&link)
+    // Both ports from the kernel: port 0, read back from its log (`-vv`: `info`).
+    let mut child = Command::new(&link)
         .env_clear()
         .env(
             "SLUICE_LIMITER__PERSIST_INTERVAL_MS",
             interval_ms.to_string(),
         )
-        .args(["-b", "127.0.0.1", "-p", &rls.to_string()])
-        .args(["-B", "127.0.0.1", "-P", &http_port.to_string()])
+        .args([
+            "-b",
+            "127.0.0.1",
+            "-p",
+            "0",
+            "-B",
+            "127.0.0.1",
+            "-P",
+            "0",
+            "-vv",
+        ])
         .arg(&file)
         .arg("disk")
         .arg(dir.join("db"))
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("start limitador-server");
+    let [_, http_addr] = serving(&mut child, ["gRPC", "admin HTTP"]);
     let served = Served(child);
-    let http_addr = loopback(http_port);
     http::until_ok(http_addr, "/healthcheck", "limitador-server").await;
     (served, http_addr)
 }

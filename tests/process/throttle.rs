@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 const RULES: &str = "domain: py\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
 
-/// The sluice binary serving [`RULES`] on free ports (the rules file kept while it runs),
+/// The sluice binary serving [`RULES`] on ports from the kernel (the rules file kept while it runs),
 /// killed on drop.
 struct Sluice {
     process: SluiceProcess,

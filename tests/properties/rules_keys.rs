@@ -294,6 +294,7 @@ fn shared_rules() -> RuleSet {
         replaces: vec![],
         on_deny: None,
         block_nanos: 0,
+        global: false,
         time_zone: None,
         hold_id: None,
     };

@@ -111,6 +111,7 @@ fn dc_hit(rng: &mut Rng, seed: u64, algorithms: &[Algorithm]) -> Hit {
         charge: rng.charge(5),
         borrow: rng.chance(10) && algorithm.has_capacity(),
         block_nanos: 0,
+        global: false,
         calendar: None,
     };
     hit_of(rng, key, limit, group, &[0, 1, 1, 1, 1, 2, 3], 5)
@@ -245,6 +246,7 @@ fn gc_hit(rng: &mut Rng, seed: u64) -> Hit {
         charge: rng.charge(15),
         borrow: rng.chance(15) && algorithm.has_capacity(),
         block_nanos: 0,
+        global: false,
         calendar: None,
     };
     hit_of(rng, key, limit, group, &[0, 1, 1, 1, 2, 3, 5], 10)
@@ -422,6 +424,7 @@ async fn every_request_of_a_failed_batch_gets_its_own_on_error_answer() {
                             charge: Charge::Admitted,
                             borrow: false,
                             block_nanos: 0,
+                            global: false,
                             calendar: None,
                         },
                         cost: 1,

@@ -317,6 +317,7 @@ fn random_limit(rng: &mut Rng, algorithm: Algorithm) -> LimitParams {
         charge: Charge::Admitted,
         borrow: false,
         block_nanos: 0,
+        global: false,
         calendar: None,
     }
 }
@@ -476,6 +477,7 @@ async fn states_of_the_older_formats_are_still_read() {
             charge: Charge::Admitted,
             borrow: false,
             block_nanos: 0,
+            global: false,
             calendar: None,
         };
         let hit = hit_of(algorithm, limit, 0, false);

@@ -1,12 +1,14 @@
 //! Leases (`redis.leases = "on"`) on a real redis-server, on a manual clock (sent to the
 //! script): a busy key is leased, its decisions then make no script call, the unused part of
 //! a lease comes back, a reset on another replica and a changed limit drop leases, and three
-//! replicas hammering one funnel and one fixed window stay within the bound, a replica
-//! dropped mid-run included.
+//! replicas hammering one funnel, one fixed window, one sliding window and one token bucket
+//! stay within the bound, a replica dropped mid-run included; a token bucket's lease ends by
+//! its next refill step, a calendar window's by the window's end.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use sluice::config::calendar::{Calendar, CalendarUnit, Zone};
 use sluice::config::model::{Algorithm, Charge};
 use sluice::config::settings::{LeaseMode, RedisSettings};
 use sluice::limiter::{Batch, Hit, LimitParams, Limiter, ManualClock, RedisLimiter, Role};
@@ -26,6 +28,7 @@ fn limit(algorithm: Algorithm, quota: u32, burst: u32) -> LimitParams {
         charge: Charge::Admitted,
         borrow: false,
         block_nanos: 0,
+        global: false,
         calendar: None,
     }
 }
@@ -229,6 +232,78 @@ async fn a_changed_limit_drops_the_lease() {
     assert_eq!(event(&r, "lease_decided"), decided);
 }
 
+#[tokio::test]
+async fn a_busy_token_bucket_is_leased_and_its_leases_never_cross_a_refill() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::at(START);
+    let r = replica(&redis, &clock);
+    // 100 every 100 ms, burst 100; one request a millisecond: leases of up to 10, which end
+    // by the next refill step.
+    let l = LimitParams {
+        period_nanos: 100 * MS,
+        ..limit(Algorithm::TokenBucket, 100, 100)
+    };
+    let b = batch("bucket", l, 1);
+    assert_eq!(drive(&r, &clock, &b, MS, 300).await, 300);
+    assert!(event(&r, "lease_taken") >= 1, "{:?}", r.events());
+    redis.reset_stats();
+    let before = event(&r, "lease_decided");
+    assert_eq!(drive(&r, &clock, &b, MS, 1_000).await, 1_000);
+    let decided = event(&r, "lease_decided") - before;
+    let calls = redis.script_calls();
+    assert!(decided >= 800, "{decided} of 1,000 decided from leases");
+    assert!(calls <= 200, "{calls} script calls for 1,000 requests");
+    // Redis's record of this replica's lease (units:expires:returnable:mark:state, the state
+    // as the grant left it, used:anchor:refundable, in microseconds) ends by the bucket's
+    // next refill step, and its units may come back until that step.
+    let record: String = redis.cmd(&["HGET", "sluice:bucket:lease", &lease_id(&redis)]);
+    let fields: Vec<u64> = record.split(':').map(|f| f.parse().unwrap_or(0)).collect();
+    let [units, expires, returnable, mark, _used, anchor, _] = fields[..] else {
+        panic!("a lease record: {record}");
+    };
+    assert!(units >= 1, "{record}");
+    assert!(
+        expires <= anchor + 100_000,
+        "{record}: past the next refill"
+    );
+    assert_eq!((returnable, mark), (anchor + 100_000, anchor), "{record}");
+}
+
+/// The one field of the `:lease` hash of `sluice:bucket` (one replica leases it).
+fn lease_id(redis: &RedisServer) -> String {
+    let ids: Vec<String> = redis.cmd(&["HKEYS", "sluice:bucket:lease"]);
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    ids.into_iter().next().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_calendar_window_lease_ends_at_the_window_end() {
+    let redis = RedisServer::start();
+    // A Berlin midnight (2027-01-14 23:00 UTC), from 300 ms before it.
+    let midnight = 1_799_967_600 * SEC;
+    let clock = ManualClock::at(midnight - 300 * MS);
+    let r = replica(&redis, &clock);
+    let zone = Zone::named("Europe/Berlin").expect("a zone");
+    let l = LimitParams {
+        period_nanos: 86_400 * SEC,
+        calendar: Some(Calendar::new(zone, CalendarUnit::Day)),
+        ..limit(Algorithm::FixedWindow, 100, 100)
+    };
+    let b = batch("day", l, 1);
+    // One request a millisecond: 299 before midnight (leases of up to 10, all ending at
+    // midnight), 300 from it.
+    let before = drive(&r, &clock, &b, MS, 299).await;
+    let taken = event(&r, "lease_taken");
+    assert!(taken >= 2, "{:?}", r.events());
+    let after = drive(&r, &clock, &b, MS, 300).await;
+    assert!(event(&r, "lease_taken") > taken, "{:?}", r.events());
+    // Within the day's 100 on each side of midnight: a lease that crossed it would spend
+    // units counted in the old day in the new one, past 100. What a lease held at midnight
+    // is lost (under-admission, at most one lease).
+    assert!((90..=100).contains(&before), "{before} before midnight");
+    assert!((90..=100).contains(&after), "{after} after midnight");
+}
+
 /// Three replicas on one clock hammer `l` for 10 of its periods, each 1,000 times a period
 /// (3,000 together); `drop_at`: the third is dropped (its leases lost) after that many ticks.
 /// The admissions per period.
@@ -237,6 +312,17 @@ async fn a_changed_limit_drops_the_lease() {
 /// leases valid up to 1 s): the manual clock must stay well ahead of real time, since Redis
 /// expires keys (up to the funnel's 10 s of capacity) by its own.
 async fn hammer(redis: &RedisServer, l: LimitParams, key: &str, drop_at: Option<u64>) -> Vec<u64> {
+    hammer_ticks(redis, l, key, drop_at, l.period_nanos / 1_000).await
+}
+
+/// [`hammer`] with ticks of `tick` (1,000 of them a "period").
+async fn hammer_ticks(
+    redis: &RedisServer,
+    l: LimitParams,
+    key: &str,
+    drop_at: Option<u64>,
+    tick: u64,
+) -> Vec<u64> {
     let clock = ManualClock::at(START);
     let settings = RedisSettings {
         lease_validity_ms: 1_000,
@@ -249,7 +335,6 @@ async fn hammer(redis: &RedisServer, l: LimitParams, key: &str, drop_at: Option<
         .collect::<Result<_, _>>()
         .expect("valid settings");
     let b = batch(key, l, 1);
-    let tick = l.period_nanos / 1_000;
     let mut per_period = vec![0u64; 10];
     for i in 0..10_000u64 {
         if drop_at == Some(i) {
@@ -311,6 +396,25 @@ async fn three_replicas_with_leases_stay_within_the_bound_and_admit_most_of_it()
             assert!(n <= 1_000, "window {i}: {sliding:?}");
             assert!(n >= 900 || i == 0, "window {i}: {sliding:?}");
         }
-        redis.cmd::<u64>(&["DEL", "sluice:funnel", "sluice:window", "sluice:sliding"]);
+        // A token bucket of 100 every 10 s, burst 100, ticks of 100 ms: 10 refill steps a
+        // period of 100 s, at most 100 + 100 * 10 in any 99.9 s; leases of at most 10, which
+        // end by the next step (a dropped replica's lost until then).
+        let bucket = LimitParams {
+            period_nanos: 10 * SEC,
+            ..limit(Algorithm::TokenBucket, 100, 100)
+        };
+        let bucket = hammer_ticks(&redis, bucket, "bucket", drop_at, 100 * MS).await;
+        eprintln!("token bucket, replica dropped at {drop_at:?}: {bucket:?}");
+        for (i, &n) in bucket.iter().enumerate() {
+            assert!(n <= 1_100, "period {i}: {bucket:?}");
+            assert!(n >= 950, "period {i}: {bucket:?}");
+        }
+        redis.cmd::<u64>(&[
+            "DEL",
+            "sluice:funnel",
+            "sluice:window",
+            "sluice:sliding",
+            "sluice:bucket",
+        ]);
     }
 }

@@ -7,7 +7,8 @@
 //! (`block_for`) and calendar windows (`time_zone`) on both backends (`penalty`); the Throttle
 //! API's holds with ids and its reservations on both backends (`throttle_holds`,
 //! `throttle_reserve`); `algorithm: concurrency` with holds named by the request (`hold_id`)
-//! on both backends (`concurrency_by_id`). A missing `redis-server`
+//! on both backends (`concurrency_by_id`); limits with `scope: global`
+//! shared by regions through a home Redis (`regions`). A missing `redis-server`
 //! fails these tests with the command that installs it. (The fault tests, which bound answer
 //! times, are in tests/serial/.)
 
@@ -25,6 +26,7 @@ mod late_returns;
 mod leases;
 mod limitador;
 mod penalty;
+mod regions;
 mod replicas;
 mod replication;
 mod roundtrips;

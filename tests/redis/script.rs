@@ -43,6 +43,7 @@ fn random_hit(rng: &mut Rng, seed: u64) -> Hit {
         } else {
             0
         },
+        global: false,
         calendar: None,
     };
     Hit {

@@ -56,6 +56,7 @@ fn rate_hit(algorithm: Algorithm, cost: u64) -> Hit {
             charge: Charge::Admitted,
             borrow: false,
             block_nanos: 0,
+            global: false,
             calendar: None,
         },
         cost,

@@ -20,7 +20,7 @@ use std::process::{Command, Stdio};
 
 use sluice::testing::grpc::*;
 use sluice::testing::http::try_get;
-use sluice::testing::process::{Served, SluiceProcess, free_port, serving_grpc, sluice_command};
+use sluice::testing::process::{HeldPort, Served, SluiceProcess, serving_grpc, sluice_command};
 use sluice::testing::ratelimit_env::{ENVOY_GATEWAY_REDIS_TLS, ISTIO};
 use sluice::testing::redis::{RedisCluster, RedisServer};
 
@@ -99,11 +99,16 @@ impl Certs {
 
     /// A `redis-server` with a TLS port serving `<leaf>.crt`, trusting `ca` for clients
     /// (`auth_clients`: `yes` requires a client certificate). The server and its TLS port.
+    /// (redis-server cannot bind port 0 for its TLS port and report it: one from the kernel,
+    /// held by the server.)
     fn redis(&self, leaf: &str, auth_clients: &str) -> (RedisServer, u16) {
-        let tls_port = free_port();
+        let tls = HeldPort::new();
+        let tls_port = tls.port();
         let args = self.tls_args(leaf, tls_port, auth_clients);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        (RedisServer::start_with(&args), tls_port)
+        let mut server = RedisServer::start_with(&args);
+        server.hold(tls);
+        (server, tls_port)
     }
 
     /// `redis-server`'s arguments for a TLS port as [`Certs::redis`] describes it.
@@ -226,9 +231,13 @@ async fn mtls_with_a_ca_file_and_a_client_certificate() {
 async fn mtls_to_a_cluster() {
     let certs = Certs::new();
     let mut tls_ports = Vec::new();
+    // Each node's TLS port from the kernel, held while the cluster runs.
+    let mut held = Vec::new();
     // TLS on the cluster bus too: nodes then give TLS clients their TLS ports.
     let cluster = RedisCluster::start_with(|| {
-        let port = free_port();
+        let tls = HeldPort::new();
+        let port = tls.port();
+        held.push(tls);
         tls_ports.push(format!("127.0.0.1:{port}"));
         let mut args = certs.tls_args("server", port, "yes");
         args.extend(["--tls-cluster".to_owned(), "yes".to_owned()]);
@@ -246,11 +255,13 @@ async fn mtls_to_a_cluster() {
 async fn mtls_through_a_sentinel() {
     let certs = Certs::new();
     let (master, master_tls) = certs.redis("server", "yes");
-    let sentinel_tls = free_port();
+    let tls = HeldPort::new();
+    let sentinel_tls = tls.port();
     // The sentinel watches the master's TLS port, so it reports that one.
     let mut args = certs.tls_args("server", sentinel_tls, "yes");
     args.extend(["--tls-replication".to_owned(), "yes".to_owned()]);
-    let _sentinel = RedisServer::sentinel_with("mymaster", master_tls, 1, &args);
+    let mut sentinel = RedisServer::sentinel_with("mymaster", master_tls, 1, &args);
+    sentinel.hold(tls);
     let rules = rules_file();
     let url = format!("rediss+sentinel://127.0.0.1:{sentinel_tls}/mymaster");
     let mtls = certs.mtls_env();

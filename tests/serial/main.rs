@@ -46,6 +46,9 @@ mod redis_faults;
 mod redis_leases;
 mod redis_load;
 mod redis_partitions;
+/// One quota across regions (`scope: global`): three redis-servers, two `sluice` per region,
+/// 40 ms each way to home, a 20 s partition; its latency bound needs the machine to itself.
+mod redis_regions;
 mod redis_sentinel;
 mod request_tracing;
 mod rlqs_bounds;

@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 use sluice::config::settings::{OnError, RedisSettings, Settings};
 use sluice::limiter::RedisLimiter;
 use sluice::testing::grpc::*;
-use sluice::testing::process::{SluiceProcess, free_port};
+use sluice::testing::process::{HeldPort, SluiceProcess};
 use sluice::testing::redis::RedisServer;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -307,9 +307,10 @@ async fn on_error_local_keeps_answering_and_returns_to_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sluice_starts_with_redis_down_and_uses_it_once_it_is_up() {
     let _serial = crate::serial_async().await;
-    let port = free_port();
+    // Redis comes later on a port from the kernel, held (refusing connections) until then.
+    let port = HeldPort::new();
     let (server, _) = serve(settings(
-        format!("redis://127.0.0.1:{port}"),
+        format!("redis://127.0.0.1:{}", port.port()),
         OnError::Error,
     ))
     .await;
@@ -343,7 +344,9 @@ async fn sluice_starts_with_redis_down_and_uses_it_once_it_is_up() {
 #[tokio::test]
 async fn on_error_allow_and_deny_answer_when_redis_is_down() {
     let _serial = crate::serial_async().await;
-    let url = format!("redis://127.0.0.1:{}", free_port());
+    // Nothing listens there: a port from the kernel, held and refusing connections.
+    let down = HeldPort::new();
+    let url = format!("redis://127.0.0.1:{}", down.port());
     for (on_error, expected) in [(OnError::Allow, Code::Ok), (OnError::Deny, Code::OverLimit)] {
         let (server, _) = serve(settings(url.clone(), on_error)).await;
         let mut c = client(&server).await;
@@ -359,10 +362,11 @@ async fn on_error_allow_and_deny_answer_when_redis_is_down() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_serves_with_redis_down_and_decides_once_it_is_up() {
     let _serial = crate::serial_async().await;
-    let port = free_port();
+    // Redis comes later on a port from the kernel, held (refusing connections) until then.
+    let port = HeldPort::new();
     let rules = tempfile::NamedTempFile::new().expect("a rules file");
     std::fs::write(rules.path(), RULES).expect("write rules");
-    let url = format!("redis://127.0.0.1:{port}");
+    let url = format!("redis://127.0.0.1:{}", port.port());
     let sluice = SluiceProcess::over_redis(env!("CARGO_BIN_EXE_sluice"), rules.path(), &url, &[]);
     let mut c = RateLimitServiceClient::connect(sluice.url())
         .await
@@ -420,7 +424,9 @@ async fn readiness_ignores_redis_down_unless_on_error_is_error() {
     let _serial = crate::serial_async().await;
     let rules = tempfile::NamedTempFile::new().expect("a rules file");
     std::fs::write(rules.path(), RULES).expect("write rules");
-    let url = format!("redis://127.0.0.1:{}", free_port());
+    // Nothing listens there: a port from the kernel, held and refusing connections.
+    let down = HeldPort::new();
+    let url = format!("redis://127.0.0.1:{}", down.port());
     let cases = [
         ("error", Err(tonic::Code::Unavailable), 503),
         ("allow", Ok(Code::Ok), 200),
@@ -471,7 +477,9 @@ fn the_app_builds_a_redis_backend_without_connecting() {
     let _serial = crate::serial();
     let mut settings = Settings::default();
     settings.limiter.backend = sluice::config::settings::Backend::Redis;
-    settings.redis.url = format!("redis://127.0.0.1:{}", free_port());
+    // Never connected to: a port from the kernel, held and refusing connections.
+    let down = HeldPort::new();
+    settings.redis.url = format!("redis://127.0.0.1:{}", down.port());
     let model = sluice::config::rules_file::from_sources(&[("r.yaml".into(), RULES.to_owned())])
         .expect("valid rules");
     let app = sluice::app::App::build(&settings, sluice::rules::RuleSet::compile(model));

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use crate::example;
 use crate::serial_async;
 
-/// `sluice serve` (memory backend, the demo rules it embeds) on free ports with `env`, killed
+/// `sluice serve` (memory backend, the demo rules it embeds) on ports from the kernel with `env`, killed
 /// on drop.
 fn start_sluice(env: &[(&str, &str)]) -> SluiceProcess {
     let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/rules/demo.yaml");
@@ -32,7 +32,7 @@ async fn start_with_client() -> (SluiceProcess, Client) {
     (sluice, client)
 }
 
-/// The example service on a free port, with `client`; stopped when the guard drops.
+/// The example service on a port from the kernel, with `client`; stopped when the guard drops.
 async fn serve_example(
     client: Client,
     capacity: u32,

@@ -23,7 +23,7 @@ use crate::serial_async;
 
 const LEASE: Duration = Duration::from_secs(1);
 
-/// `sluice serve` with the demo rules and `args` (the backend) on free ports, killed on drop.
+/// `sluice serve` with the demo rules and `args` (the backend) on ports from the kernel, killed on drop.
 fn start_sluice(args: &[&str]) -> SluiceProcess {
     let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/rules/demo.yaml");
     SluiceProcess::start(env!("CARGO_BIN_EXE_sluice"), demo.as_ref(), args, &[])

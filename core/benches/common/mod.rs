@@ -34,6 +34,7 @@ pub(crate) fn wide_limit() -> LimitParams {
         charge: Charge::Admitted,
         borrow: false,
         block_nanos: 0,
+        global: false,
         calendar: None,
     }
 }

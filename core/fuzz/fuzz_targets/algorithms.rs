@@ -164,6 +164,8 @@ fn params(input: &Input) -> LimitParams {
         charge: Charge::Admitted,
         borrow: input.borrow,
         block_nanos: 0,
+        global: false,
+        global: false,
         calendar: None,
     }
 }

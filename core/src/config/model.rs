@@ -116,6 +116,9 @@ pub struct LimitRule {
     /// The penalty box (`block_for`), in nanoseconds: once this limit denies a key, the key
     /// stays denied this long. 0: none. At most [`LimitRule::MAX_BLOCK_SECS`] seconds.
     pub block_nanos: u64,
+    /// `scope: global` (or the domain's `scope = "global"` in the settings): counted once
+    /// across regions in the home Redis (`redis.global_url`); `false`: `scope: local`.
+    pub global: bool,
     /// Calendar windows (`time_zone`): only on a `fixed_window` limit whose unit is day,
     /// week, month or year, with a `unit_multiplier` of 1.
     pub time_zone: Option<Zone>,
@@ -313,6 +316,27 @@ impl<'de> serde::Deserialize<'de> for Algorithm {
     }
 }
 
+/// Where a limit is counted (`scope`): in this region's backend, or once across regions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// In this region's backend (the default).
+    #[default]
+    Local,
+    /// Once across regions, in the home Redis (`redis.global_url`, docs/regions.md).
+    Global,
+}
+
+impl Scope {
+    pub fn parse(name: &str) -> Option<Scope> {
+        match name {
+            "local" => Some(Scope::Local),
+            "global" => Some(Scope::Global),
+            _ => None,
+        }
+    }
+}
+
 /// When a limit's cost is taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Charge {
@@ -361,4 +385,6 @@ pub struct LimitDefaults {
     pub algorithm: Algorithm,
     /// Whether a denied cost is charged, for a limit (or a client's override) that does not say.
     pub charge: Charge,
+    /// Whether a limit that does not say is global (`limits.domains."D".scope = "global"`).
+    pub global: bool,
 }

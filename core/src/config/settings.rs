@@ -23,7 +23,9 @@ mod redis;
 mod rlqs;
 mod xds;
 pub use admin::AdminSettings;
-pub use dropin::{DebugSettings, RatelimitMetricsSettings, StatsdProtocol, StatsdSettings};
+pub use dropin::{
+    DebugSettings, Mogrifier, RatelimitMetricsSettings, StatsdProtocol, StatsdSettings,
+};
 pub use input::InputSettings;
 pub use listen::ListenAddr;
 pub use memcache::MemcacheSettings;
@@ -39,7 +41,7 @@ fn zero_names<'a>(values: impl IntoIterator<Item = (&'a str, u64)>) -> Vec<&'a s
         .map(|(name, _)| name)
         .collect()
 }
-pub use redis::{LeaseMode, OnError, RedisSettings, redacted_url};
+pub use redis::{GlobalOnError, LeaseMode, OnError, RedisSettings, redacted_url};
 pub use rlqs::RlqsSettings;
 pub use xds::XdsSettings;
 
@@ -269,6 +271,9 @@ pub struct DomainLimits {
     pub algorithm: Option<Algorithm>,
     /// Whether a denied cost is charged, for a limit of the domain without `charge`.
     pub charge: Option<Charge>,
+    /// `global`: every limit of the domain is counted once across regions (as `scope:
+    /// global` on each); `local` (the default): as each limit says.
+    pub scope: Option<crate::config::model::Scope>,
 }
 
 /// `[memory]`: the in-process backend.
@@ -425,6 +430,7 @@ impl Settings {
             self.redis
                 .check_sentinel()
                 .and_then(|()| self.redis.check_leases())
+                .and_then(|()| self.redis.check_global())
                 .map_err(config::ConfigError::Message)?;
         }
         let tls = &self.tls;
@@ -433,6 +439,11 @@ impl Settings {
         {
             return Err(config::ConfigError::Message(
                 "tls: cert_file and key_file go together, and client_ca_file needs them".into(),
+            ));
+        }
+        if tls.client_san.is_some() && tls.client_ca_file.is_none() {
+            return Err(config::ConfigError::Message(
+                "tls.client_san needs tls.client_ca_file (only a verified client certificate has names to check)".into(),
             ));
         }
         Ok(())
@@ -724,6 +735,56 @@ mod tests {
                 Settings::load(None, env, &Overrides::default()).is_ok(),
                 "{url}"
             );
+        }
+    }
+
+    #[test]
+    fn the_global_settings_are_read_and_an_error_names_its_key() {
+        let load = |pairs: &[(&str, &str)]| {
+            let mut e = env(&[
+                ("SLUICE_LIMITER__BACKEND", "redis"),
+                ("SLUICE_REDIS__GLOBAL_URL", "redis://home:6379"),
+            ]);
+            e.extend(env(pairs));
+            Settings::load(None, e, &Overrides::default()).map_err(|e| e.to_string())
+        };
+        let s = load(&[
+            ("SLUICE_REDIS__REGION", "eu-west.1"),
+            ("SLUICE_REDIS__GLOBAL_ON_ERROR", "share"),
+            ("SLUICE_REDIS__GLOBAL_SHARE_PERCENT", "5"),
+        ])
+        .unwrap();
+        assert_eq!(s.redis.global_url.as_deref(), Some("redis://home:6379"));
+        assert_eq!(s.redis.region.as_deref(), Some("eu-west.1"));
+        assert_eq!(s.redis.global_on_error, GlobalOnError::Share);
+        assert_eq!(s.redis.global_share_percent, 5);
+        assert_eq!(
+            (s.redis.global_share_ms, s.redis.global_lease_ms),
+            (2_000, 10_000)
+        );
+        let region = ("SLUICE_REDIS__REGION", "east");
+        for (pairs, says) in [
+            (&[][..], "redis.region must name this region"),
+            (&[("SLUICE_REDIS__REGION", "a b")], "redis.region"),
+            (
+                &[region, ("SLUICE_REDIS__GLOBAL_SHARE_PERCENT", "0")],
+                "redis.global_share_percent",
+            ),
+            (
+                &[region, ("SLUICE_REDIS__GLOBAL_LEASE_MS", "10")],
+                "redis.global_lease_ms",
+            ),
+            (
+                &[region, ("SLUICE_REDIS__GLOBAL_SHARE_MS", "20000")],
+                "redis.global_share_ms",
+            ),
+            (
+                &[region, ("SLUICE_REDIS__GLOBAL_ON_ERROR", "allow")],
+                "global_on_error",
+            ),
+        ] {
+            let err = load(pairs).unwrap_err();
+            assert!(err.contains(says), "{pairs:?}: {err}");
         }
     }
 

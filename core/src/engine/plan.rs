@@ -146,6 +146,7 @@ fn override_rule(limit: Override, defaults: LimitDefaults) -> LimitRule {
         replaces: Vec::new(),
         on_deny: None,
         block_nanos: 0,
+        global: false,
         time_zone: None,
         hold_id: None,
     }

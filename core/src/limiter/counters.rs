@@ -61,6 +61,26 @@ pub struct KeyState {
     /// Redis with `redis.leases`: units of the key on lease on this replica now, beside its
     /// true state in Redis above (which counts them as spent); `None`: none.
     pub leased: Option<u64>,
+    /// A global limit (`scope: global`): this region's share of it. The fields above are then
+    /// the home Redis's state (which counts every share lent as spent).
+    pub share: Option<ShareView>,
+}
+
+/// A region's share of a global limit, as its pool in the region's Redis holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ShareView {
+    /// Units the region may still spend (its valid shares), and what those shares held when
+    /// taken.
+    pub held: u64,
+    pub granted: u64,
+    /// Units the region spent from shares, and admitted under `global_on_error = "share"`
+    /// while home was unreachable (totals while the pool lives).
+    pub spent: u64,
+    pub fallback: u64,
+    /// Nanoseconds since home stopped answering the region (`None`: it answers).
+    pub home_down_nanos: Option<u64>,
+    /// What home had left after the region's last share.
+    pub home_remaining: u64,
 }
 
 /// One page of keys.

@@ -11,13 +11,17 @@
 //!
 //! - **Expiry.** `expires = min(now + validity, horizon)`, the horizon being where the
 //!   algorithm's count starts over: a fixed or sliding window's end (calendar windows
-//!   included), a token bucket's next refill step; none for the funnel.
-//! - **Grant.** At most a quarter of what remains (at least 1). The most `L <= want` such that the state admits `L` at `last = expires - 1`
-//!   and, once `L` is taken at `last`, the state still admits nothing more than its bound at
-//!   `now` (`admits(taken, now, 0)`). For the funnel (GCRA) this is the rule
-//!   `S = max(tat, last)`, admit if `S + L*T - now <= tau`, then `tat = S + L*T`: every leased
-//!   unit has a slot no earlier than its spend time. For the windows and the bucket, the units
-//!   are counted in the very window or step they are spent in, at the start of the lease.
+//!   included), a token bucket's next refill step (a full bucket's: one period after `now`,
+//!   where a take at `now` would put it); none for the funnel.
+//! - **Grant.** At most a quarter of what remains (at least 1). The most `L <= want` such
+//!   that the state admits `L` at `last = expires - 1` and, once `L` is taken at `last`, the
+//!   state still admits nothing more than its bound at `now` (`admits(taken, now, 0)`). For
+//!   the funnel (GCRA) this is the rule `S = max(tat, last)`, admit if `S + L*T - now <= tau`,
+//!   then `tat = S + L*T`: every leased unit has a slot no earlier than its spend time. For the
+//!   windows the units are counted in the very window they are spent in. A token bucket's are
+//!   taken at `now` instead, in the refill step that holds the whole lease: only the step
+//!   matters (refills come at its end), and a full bucket's step then starts at the grant, as a
+//!   take's would, where taking at `last` would delay every later refill by the lease's length.
 //! - **Return.** Unspent units go back by the algorithm's give-back at `now`: a window's units
 //!   to the window they were counted in while it lasts (even after the lease expired: they
 //!   were never spent), a bucket's to the step. A funnel's go back only while nothing was scheduled after
@@ -58,7 +62,8 @@ pub struct Lease {
     /// funnel; the end of the window or refill step the units were counted in for the others
     /// (units never spent may go back to their window even after the lease expired).
     pub returnable: u64,
-    /// The grant's mark ([`Algo::name_take`] at `expires - 1`): what its return by name needs.
+    /// The grant's mark ([`Algo::name_take`] where the units were counted): what its return by
+    /// name needs.
     pub mark: u64,
 }
 
@@ -97,16 +102,26 @@ fn bucket(state: &State) -> super::token_bucket::Bucket {
     }
 }
 
-/// Takes `units` as spent at `last` and checks that the result is within the bound both at
-/// `last` and at `now`; the state taken when it is.
+/// When a lease's units are counted: at its last moment, but a token bucket's at the grant
+/// (the same refill step, see the module's rules).
+fn counted_at(algo: &Algo, now: u64, last: u64) -> u64 {
+    match algo {
+        Algo::TokenBucket(_) => now,
+        _ => last,
+    }
+}
+
+/// Takes `units` as spent at `last` (see [`counted_at`]) and checks that the result is within
+/// the bound both then and at `now`; the state taken when it is.
 fn try_take(algo: &Algo, state: &State, now: u64, last: u64, units: u64) -> Option<(State, u64)> {
-    if !algo.admits(state, last, units) {
+    let at = counted_at(algo, now, last);
+    if !algo.admits(state, at, units) {
         return None;
     }
     let mut taken = state.clone();
-    algo.take(&mut taken, last, units);
+    algo.take(&mut taken, at, units);
     // A named take: no anonymous refund gives leased units back.
-    let mark = algo.name_take(&mut taken, last);
+    let mark = algo.name_take(&mut taken, at);
     algo.admits(&taken, now, 0).then_some((taken, mark))
 }
 
@@ -143,15 +158,17 @@ pub fn grant(
             None => high = mid - 1,
         }
     }
+    // Where the units were counted lasts until the horizon as the take left it (a full
+    // bucket's step starts at the lease's last moment).
+    let returnable = match algo {
+        Algo::Funnel(_) => expires,
+        _ => self::horizon(algo, &taken, last).unwrap_or(expires),
+    };
     Some((
         Lease {
             units: low,
             expires,
-            returnable: if horizon == u64::MAX || matches!(algo, Algo::Funnel(_)) {
-                expires
-            } else {
-                horizon
-            },
+            returnable,
             mark,
         },
         taken,

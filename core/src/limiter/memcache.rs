@@ -20,13 +20,15 @@
 //! admitted. Time is this replica's clock (Unix time): replicas must keep their clocks in
 //! step, as envoyproxy/ratelimit's must.
 //!
-//! A key lives on one server, chosen by a hash of the key over `memcache.servers`. A failed
+//! A key lives on one server, chosen by a hash of the key over `memcache.servers` (or the
+//! list an SRV lookup gave, handed over by [`MemcacheLimiter::set_servers`]). A failed
 //! server fails the requests that need it (gRPC `UNAVAILABLE`, so Envoy's
 //! `failure_mode_deny` decides), after what step 1 took on the others is given back.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use futures_util::future::join_all;
 
 use super::fixed_window::{FixedWindow, Window};
@@ -37,7 +39,12 @@ use crate::config::settings::MemcacheSettings;
 
 /// Limiter state in Memcached.
 pub struct MemcacheLimiter {
-    servers: Vec<Server>,
+    /// The servers in hash order; swapped whole when an SRV lookup changes them (a request
+    /// keeps the list it started with).
+    servers: ArcSwap<Vec<Arc<Server>>>,
+    connections: usize,
+    connect: Duration,
+    tls: Option<Arc<rustls::ClientConfig>>,
     prefix: Vec<u8>,
     timeout: Duration,
     clock: Arc<dyn Clock>,
@@ -66,22 +73,39 @@ struct Seen {
 
 impl MemcacheLimiter {
     /// A limiter on the servers of `settings`, on `clock` (Unix time); no connection is
-    /// made until the first request.
+    /// made until the first request. With `memcache.srv`, no server until
+    /// [`MemcacheLimiter::set_servers`] hands over what the lookup found.
     pub fn new(
         settings: &MemcacheSettings,
         clock: Arc<dyn Clock>,
     ) -> Result<MemcacheLimiter, LimiterError> {
         let connect = Duration::from_millis(settings.connect_timeout_ms.max(1));
-        let servers: Vec<Server> = settings
-            .server_list()
-            .into_iter()
-            .map(|addr| Server::new(addr, settings.connections, connect))
-            .collect();
-        if servers.is_empty() {
+        let tls = super::memcache_tls::client_config(settings).map_err(|e| error(&e, false))?;
+        let srv = settings.srv_parts().is_some();
+        let servers: Vec<Arc<Server>> = if srv {
+            Vec::new()
+        } else {
+            settings
+                .server_list()
+                .into_iter()
+                .map(|addr| {
+                    Arc::new(Server::new(
+                        addr,
+                        settings.connections,
+                        connect,
+                        tls.clone(),
+                    ))
+                })
+                .collect()
+        };
+        if servers.is_empty() && !srv {
             return Err(error("memcache.servers names no server", false));
         }
         Ok(MemcacheLimiter {
-            servers,
+            servers: ArcSwap::from_pointee(servers),
+            connections: settings.connections,
+            connect,
+            tls,
             prefix: settings.prefix.as_bytes().to_vec(),
             timeout: Duration::from_millis(settings.timeout_ms.max(1)),
             clock,
@@ -90,12 +114,40 @@ impl MemcacheLimiter {
         })
     }
 
-    fn cell(&self, hit: &Hit, now: u64) -> Cell {
+    /// Serves `addrs` (`host:port`, in hash order) from now on; a server already in the list
+    /// keeps its connections. Requests under way finish on the list they started with.
+    pub fn set_servers(&self, addrs: &[String]) {
+        let old = self.servers.load_full();
+        if old.iter().map(|s| &s.addr).eq(addrs.iter()) {
+            return;
+        }
+        let new: Vec<Arc<Server>> = addrs
+            .iter()
+            .map(|addr| match old.iter().find(|s| &s.addr == addr) {
+                Some(kept) => kept.clone(),
+                None => Arc::new(Server::new(
+                    addr.clone(),
+                    self.connections,
+                    self.connect,
+                    self.tls.clone(),
+                )),
+            })
+            .collect();
+        tracing::info!(servers = ?addrs, "memcached servers");
+        self.servers.store(Arc::new(new));
+    }
+
+    /// The servers served now, in hash order.
+    pub fn server_addrs(&self) -> Vec<String> {
+        self.servers.load().iter().map(|s| s.addr.clone()).collect()
+    }
+
+    fn cell(&self, hit: &Hit, now: u64, servers: usize) -> Cell {
         let window = FixedWindow::new(hit.limit.quota, hit.limit.period_nanos)
             .with_calendar(hit.limit.calendar);
         let start = window.window_start(now);
         let key = conn::key(&self.prefix, &hit.key, start / 1_000_000_000);
-        let server = conn::server_of(&key, self.servers.len());
+        let server = conn::server_of(&key, servers);
         Cell {
             window,
             start,
@@ -117,9 +169,21 @@ impl MemcacheLimiter {
             );
             return Err(error(&why, false));
         }
+        let servers = self.servers.load_full();
+        if servers.is_empty() {
+            return Err(error(
+                "no memcached server yet: the memcache.srv lookup has not answered",
+                true,
+            ));
+        }
         let now = self.clock.now_nanos();
-        let cells: Vec<Cell> = batch.hits.iter().map(|h| self.cell(h, now)).collect();
-        let result = tokio::time::timeout(self.timeout, self.two_steps(batch, &cells, now)).await;
+        let cells: Vec<Cell> = batch
+            .hits
+            .iter()
+            .map(|h| self.cell(h, now, servers.len()))
+            .collect();
+        let steps = self.two_steps(batch, &cells, now, &servers);
+        let result = tokio::time::timeout(self.timeout, steps).await;
         let result = match result {
             Ok(r) => r,
             Err(_) => Err(error(
@@ -143,8 +207,9 @@ impl MemcacheLimiter {
         batch: &Batch,
         cells: &[Cell],
         now: u64,
+        servers: &[Arc<Server>],
     ) -> Result<BatchOutcome, LimiterError> {
-        let (mut seen, failed) = self.take(batch, cells).await;
+        let (mut seen, failed) = self.take(batch, cells, servers).await;
         let verdicts: Vec<bool> = batch
             .hits
             .iter()
@@ -165,7 +230,9 @@ impl MemcacheLimiter {
             })
             .collect();
         let mut after = vec![None; cells.len()];
-        let settle_failed = self.settle(batch, cells, &settle, &mut after).await;
+        let settle_failed = self
+            .settle(batch, cells, &settle, &mut after, servers)
+            .await;
         if let Some(f) = failed.or(settle_failed) {
             return Err(error(&f.to_string(), true));
         }
@@ -182,12 +249,17 @@ impl MemcacheLimiter {
     }
 
     /// Step 1, one connection per server, the servers at once; the first failure, if any.
-    async fn take(&self, batch: &Batch, cells: &[Cell]) -> (Vec<Seen>, Option<Failure>) {
+    async fn take(
+        &self,
+        batch: &Batch,
+        cells: &[Cell],
+        servers: &[Arc<Server>],
+    ) -> (Vec<Seen>, Option<Failure>) {
         let mut seen = vec![Seen::default(); batch.hits.len()];
         let groups = self.by_server(cells, &vec![true; cells.len()]);
         let calls = groups.iter().map(|(server, indices)| async move {
             let mut out = Vec::with_capacity(indices.len());
-            let mut c = match self.servers.get(*server) {
+            let mut c = match servers.get(*server) {
                 Some(s) => s.connection().await?,
                 None => return Err(missing()),
             };
@@ -229,11 +301,12 @@ impl MemcacheLimiter {
         cells: &[Cell],
         todo: &[bool],
         settled: &mut [Option<u64>],
+        servers: &[Arc<Server>],
     ) -> Option<Failure> {
         let groups = self.by_server(cells, todo);
         let calls = groups.iter().map(|(server, indices)| async move {
             let mut out = Vec::with_capacity(indices.len());
-            let mut c = match self.servers.get(*server) {
+            let mut c = match servers.get(*server) {
                 Some(s) => s.connection().await?,
                 None => return Err(missing()),
             };
@@ -271,7 +344,13 @@ impl MemcacheLimiter {
     /// Connects to every server and reads a key that does not exist, within the time-out;
     /// records the result as the health.
     async fn probe_all(&self) {
-        let calls = self.servers.iter().map(|s| async move {
+        let servers = self.servers.load_full();
+        if servers.is_empty() {
+            *self.health.lock() =
+                Err("no memcached server yet: the memcache.srv lookup has not answered".to_owned());
+            return;
+        }
+        let calls = servers.iter().map(|s| async move {
             let mut c = s.connection().await?;
             c.read(b"sluice-probe").await.map(drop)
         });
@@ -392,7 +471,7 @@ impl Limiter for MemcacheLimiter {
 
 impl std::fmt::Debug for MemcacheLimiter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let servers: Vec<&str> = self.servers.iter().map(|s| s.addr.as_str()).collect();
+        let servers = self.server_addrs();
         f.debug_struct("MemcacheLimiter")
             .field("servers", &servers)
             .field("prefix", &String::from_utf8_lossy(&self.prefix))

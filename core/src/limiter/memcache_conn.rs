@@ -1,10 +1,14 @@
 //! The Memcached backend's servers: which server holds a key, a few connections to each
 //! (opened when first needed, dropped on any error and opened again by the next request),
 //! and the four commands the backend sends (`incr`, `add`, `decr`, `get`), over the
-//! `async-memcached` client (the text protocol).
+//! `async-memcached` client (the text protocol). With `memcache.tls`, each connection is a
+//! TLS connection handed to the client through a relay ([`super::memcache_tls`]).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+
+use super::memcache_tls::{self as tls, Relay};
 
 use async_memcached::{AsciiProtocol, Client, Error, Status};
 use tokio::sync::{Mutex, MutexGuard};
@@ -22,6 +26,8 @@ pub(super) struct Server {
     connections: Vec<Mutex<Option<Client>>>,
     next: AtomicUsize,
     connect_timeout: Duration,
+    /// With TLS: the client configuration, and the relay (started with the first connection).
+    tls: Option<(Arc<rustls::ClientConfig>, tokio::sync::OnceCell<Relay>)>,
 }
 
 /// A failed exchange with a server.
@@ -38,13 +44,35 @@ impl std::fmt::Display for Failure {
 }
 
 impl Server {
-    pub(super) fn new(addr: String, connections: usize, connect_timeout: Duration) -> Server {
+    pub(super) fn new(
+        addr: String,
+        connections: usize,
+        connect_timeout: Duration,
+        tls: Option<Arc<rustls::ClientConfig>>,
+    ) -> Server {
         Server {
             addr,
             connections: (0..connections.max(1)).map(|_| Mutex::new(None)).collect(),
             next: AtomicUsize::new(0),
             connect_timeout,
+            tls: tls.map(|config| (config, tokio::sync::OnceCell::new())),
         }
+    }
+
+    /// A new client: over TCP, or over TLS through the relay.
+    async fn open(&self) -> Result<Client, String> {
+        let Some((config, relay)) = &self.tls else {
+            return Client::new(format!("tcp://{}", self.addr))
+                .await
+                .map_err(|e| e.to_string());
+        };
+        let relay = relay
+            .get_or_try_init(|| async { Relay::start() })
+            .await
+            .map_err(|e| format!("TLS relay: {e}"))?;
+        let stream = tls::connect(config, &self.addr).await?;
+        relay.hand_over(stream);
+        Client::new(relay.dsn()).await.map_err(|e| e.to_string())
     }
 
     /// A connection of its own: a free one if there is one, else the next in turn once it is.
@@ -60,13 +88,12 @@ impl Server {
             },
         };
         if guard.as_ref().is_none_or(Client::is_closed) {
-            let dsn = format!("tcp://{}", self.addr);
-            let client = tokio::time::timeout(self.connect_timeout, Client::new(&dsn))
+            let client = tokio::time::timeout(self.connect_timeout, self.open())
                 .await
                 .map_err(|_| {
                     self.failure(&format!("no connection within {:?}", self.connect_timeout))
                 })?
-                .map_err(|e| self.failure(&e.to_string()))?;
+                .map_err(|e| self.failure(&e))?;
             *guard = Some(client);
         }
         Ok(Connection {

@@ -91,6 +91,7 @@ use store::{Found, Kind};
 ///     charge: Charge::Admitted,
 ///     borrow: false,
 ///     block_nanos: 0,
+///     global: false,
 ///     calendar: None,
 /// };
 /// let hit = Hit {
@@ -577,6 +578,7 @@ mod tests {
             charge: Charge::Admitted,
             borrow: false,
             block_nanos: 0,
+            global: false,
             calendar: None,
         };
         let hit = Hit {
@@ -683,6 +685,7 @@ mod penalty_and_calendar {
             charge: Charge::Admitted,
             borrow: false,
             block_nanos: 0,
+            global: false,
             calendar: None,
         }
     }
@@ -702,6 +705,7 @@ mod penalty_and_calendar {
         let limiter = MemoryLimiter::with_clock(100, clock.clone());
         let blocked = LimitParams {
             block_nanos: 10 * SEC,
+            global: false,
             ..limit(Algorithm::Funnel, 1, SEC)
         };
         let b = hit(blocked, 1);
@@ -736,6 +740,7 @@ mod penalty_and_calendar {
         let limiter = MemoryLimiter::with_clock(100, clock.clone());
         let blocked = LimitParams {
             block_nanos: 60 * SEC,
+            global: false,
             ..limit(Algorithm::Funnel, 1, SEC)
         };
         let b = hit(blocked, 1);

@@ -26,11 +26,13 @@ pub mod holds;
 pub mod lease;
 pub mod memcache;
 mod memcache_conn;
+mod memcache_tls;
 pub mod memory;
 pub mod per_second;
 pub mod plan;
 pub mod redis;
 pub mod reserve;
+pub mod share;
 pub mod sliding_log;
 pub mod sliding_window;
 pub mod token_bucket;
@@ -62,6 +64,9 @@ pub struct LimitParams {
     /// The penalty box (`block_for`): once this limit denies a key, the key stays denied this
     /// many nanoseconds; 0: none.
     pub block_nanos: u64,
+    /// `scope: global`: counted once across regions, in the home Redis
+    /// (`redis.global_url`), which lends shares of it to this region (docs/regions.md).
+    pub global: bool,
     /// Calendar windows (`time_zone`, `fixed_window` only): the window is a local day, week,
     /// month or year instead of an epoch-aligned block of `period_nanos`.
     pub calendar: Option<calendar::Calendar>,
@@ -295,6 +300,15 @@ pub trait Limiter: Send + Sync + 'static {
         Box::pin(std::future::ready(Ok(vec![None; keys.len()])))
     }
 
+    /// Per key (a state key of a global limit), this region's share of it (admin `/why`); by
+    /// default, none.
+    fn shares<'a>(
+        &'a self,
+        keys: &'a [&'a [u8]],
+    ) -> BoxFuture<'a, Result<Vec<Option<counters::ShareView>>, LimiterError>> {
+        Box::pin(std::future::ready(Ok(vec![None; keys.len()])))
+    }
+
     /// What the backend says of its health, for people (the admin page). By default, nothing.
     fn status(&self) -> counters::BackendStatus {
         counters::BackendStatus::default()
@@ -312,6 +326,7 @@ impl LimitParams {
             charge: rule.charge,
             borrow: rule.borrow,
             block_nanos: rule.block_nanos,
+            global: rule.global,
             calendar: rule.calendar(),
         }
     }
@@ -357,6 +372,7 @@ pub(crate) fn funnel_hit(
             charge,
             borrow: false,
             block_nanos: 0,
+            global: false,
             calendar: None,
         },
         cost: 1,

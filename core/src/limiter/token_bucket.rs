@@ -104,12 +104,13 @@ impl TokenBucket {
         }
     }
 
-    /// The next refill step after `now` (a lease never crosses it): `u64::MAX` for a full
-    /// bucket, whose steps start from its next take.
+    /// The next refill step after `now` (a lease never crosses it). A full bucket's steps
+    /// start from its next take: its next step is one period after `now`, where a take at
+    /// `now` (a lease's) puts it.
     pub(crate) fn next_refill(&self, bucket: Bucket, now: u64) -> u64 {
         let at = self.refilled(bucket, now);
         if at.used == 0 {
-            return u64::MAX;
+            return now.saturating_add(self.period);
         }
         at.anchor.saturating_add(self.period)
     }

@@ -26,6 +26,7 @@ fn limited(
         replaces: vec![],
         on_deny: None,
         block_nanos: 0,
+        global: false,
         time_zone: None,
         hold_id: None,
     };

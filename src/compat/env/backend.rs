@@ -4,10 +4,15 @@
 use super::{Reader, Unsupported};
 
 /// The Memcached variables, read only with `BACKEND_TYPE=memcache`.
-const MEMCACHE: [&str; 4] = [
+const MEMCACHE: [&str; 9] = [
     "MEMCACHE_HOST_PORT",
     "MEMCACHE_SRV",
+    "MEMCACHE_SRV_REFRESH",
     "MEMCACHE_TLS",
+    "MEMCACHE_TLS_CACERT",
+    "MEMCACHE_TLS_CLIENT_CERT",
+    "MEMCACHE_TLS_CLIENT_KEY",
+    "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
     "MEMCACHE_MAX_IDLE_CONNS",
 ];
 
@@ -58,14 +63,25 @@ impl Reader<'_> {
             }
             return Ok(());
         }
-        if self.get("REDIS_PERSECOND_SENTINEL_AUTH").is_some()
-            && self.get("REDIS_PERSECOND_SENTINEL_AUTH") != self.get("REDIS_SENTINEL_AUTH")
-        {
-            return Err(self.unsupported(
-                "REDIS_PERSECOND_SENTINEL_AUTH",
-                "both Redis servers' sentinels take the credentials of REDIS_SENTINEL_AUTH \
-                 (redis.sentinel_password): set it to the same value, or leave it unset",
-            ));
+        if let Some(auth) = self.get("REDIS_PERSECOND_SENTINEL_AUTH").map(str::to_owned) {
+            if self
+                .or("REDIS_PERSECOND_TYPE", "SINGLE")
+                .eq_ignore_ascii_case("sentinel")
+            {
+                let (user, password) = match auth.split_once(':') {
+                    Some((user, password)) => (Some(user.to_owned()), password.to_owned()),
+                    None => (None, auth),
+                };
+                if let Some(user) = user {
+                    self.set("REDIS__PER_SECOND_SENTINEL_USERNAME", user);
+                }
+                self.set("REDIS__PER_SECOND_SENTINEL_PASSWORD", password);
+            } else {
+                let why = "<redacted>: only read with REDIS_PERSECOND_TYPE=sentinel".to_owned();
+                self.out
+                    .ignored
+                    .push(("REDIS_PERSECOND_SENTINEL_AUTH".to_owned(), why));
+            }
         }
         let url = self.redis_url(
             "REDIS_PERSECOND",
@@ -75,24 +91,44 @@ impl Reader<'_> {
         Ok(())
     }
 
-    /// `BACKEND_TYPE=memcache`: the servers of `MEMCACHE_HOST_PORT`.
+    /// `BACKEND_TYPE=memcache`: the servers of `MEMCACHE_HOST_PORT`, or of the SRV record
+    /// `MEMCACHE_SRV` (looked up again every `MEMCACHE_SRV_REFRESH`).
     fn memcache_backend(&mut self) -> Result<(), Unsupported> {
         self.set("LIMITER__BACKEND", "memcache");
-        self.refuse(
-            "MEMCACHE_SRV",
-            "sluice does not look up DNS SRV records: list the servers in MEMCACHE_HOST_PORT",
-        )?;
-        self.refuse(
-            "MEMCACHE_TLS",
-            "sluice reaches Memcached without TLS (a sidecar such as stunnel can add it)",
-        )?;
-        let Some(servers) = self.get("MEMCACHE_HOST_PORT").map(str::to_owned) else {
-            return Err(self.unsupported(
-                "BACKEND_TYPE",
-                "memcache needs its servers in MEMCACHE_HOST_PORT (host:port[,host:port...])",
-            ));
-        };
-        self.set("MEMCACHE__SERVERS", servers);
+        self.memcache_tls()?;
+        let hosts = self.get("MEMCACHE_HOST_PORT").map(str::to_owned);
+        let srv = self.get("MEMCACHE_SRV").map(str::to_owned);
+        match (hosts, srv) {
+            (Some(_), Some(_)) => {
+                return Err(self.unsupported(
+                    "MEMCACHE_SRV",
+                    "MEMCACHE_HOST_PORT is set too: name the servers one way, as envoyproxy/ratelimit requires",
+                ));
+            }
+            (Some(servers), None) => {
+                self.set("MEMCACHE__SERVERS", servers);
+                self.unused("MEMCACHE_SRV_REFRESH", "MEMCACHE_SRV is not set");
+            }
+            (None, Some(srv)) => {
+                let parts = crate::config::settings::MemcacheSettings {
+                    srv: srv.clone(),
+                    ..Default::default()
+                };
+                if let Some(Err(e)) = parts.srv_parts() {
+                    return Err(self.unsupported("MEMCACHE_SRV", &e));
+                }
+                self.set("MEMCACHE__SRV", srv);
+                if let Some(ms) = self.duration_ms("MEMCACHE_SRV_REFRESH")? {
+                    self.set("MEMCACHE__SRV_REFRESH_MS", ms.to_string());
+                }
+            }
+            (None, None) => {
+                return Err(self.unsupported(
+                    "BACKEND_TYPE",
+                    "memcache needs its servers in MEMCACHE_HOST_PORT (host:port[,host:port...]) or MEMCACHE_SRV",
+                ));
+            }
+        }
         if let Some(n) = self.get("MEMCACHE_MAX_IDLE_CONNS").map(str::to_owned) {
             match n.trim().parse::<usize>() {
                 Ok(n) => self.set("MEMCACHE__CONNECTIONS", n.max(1).to_string()),
@@ -103,6 +139,55 @@ impl Reader<'_> {
         }
         if let Some(prefix) = self.get("CACHE_KEY_PREFIX").map(str::to_owned) {
             self.set("MEMCACHE__PREFIX", prefix);
+        }
+        Ok(())
+    }
+
+    /// `MEMCACHE_TLS=true`: TLS to every server, with `MEMCACHE_TLS_CACERT` (besides the
+    /// system's roots), the client certificate and key (together, as there), and
+    /// `MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION` (only with the CA file).
+    fn memcache_tls(&mut self) -> Result<(), Unsupported> {
+        const FILES: [(&str, &str); 3] = [
+            ("MEMCACHE_TLS_CACERT", "MEMCACHE__TLS_CA_FILE"),
+            ("MEMCACHE_TLS_CLIENT_CERT", "MEMCACHE__TLS_CERT_FILE"),
+            ("MEMCACHE_TLS_CLIENT_KEY", "MEMCACHE__TLS_KEY_FILE"),
+        ];
+        const SKIP: &str = "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION";
+        let skip = self.flag(SKIP, false)?;
+        if !self.flag("MEMCACHE_TLS", false)? {
+            for name in FILES.map(|(name, _)| name).into_iter().chain([SKIP]) {
+                self.unused(
+                    name,
+                    "MEMCACHE_TLS is off, so Memcached is reached without TLS",
+                );
+            }
+            return Ok(());
+        }
+        self.set("MEMCACHE__TLS", "true");
+        let has_pair = self.get(FILES[1].0).is_some() && self.get(FILES[2].0).is_some();
+        for (i, (name, key)) in FILES.into_iter().enumerate() {
+            let Some(v) = self.get(name).map(str::to_owned) else {
+                continue;
+            };
+            if i == 0 || has_pair {
+                self.set(key, v);
+            } else {
+                self.unused(
+                    name,
+                    "the client certificate and key go together, and one is not set, so none is presented",
+                );
+            }
+        }
+        if skip {
+            if self.get(FILES[0].0).is_none() {
+                return Err(self.unsupported(
+                    SKIP,
+                    "sluice skips the name check only for certificates signed by the CA of \
+                     MEMCACHE_TLS_CACERT (otherwise any certificate a public CA signed, for any \
+                     name, would pass)",
+                ));
+            }
+            self.set("MEMCACHE__TLS_SKIP_HOSTNAME_VERIFICATION", "true");
         }
         Ok(())
     }
@@ -147,12 +232,14 @@ impl Reader<'_> {
         let name = |suffix: &str| format!("{var}_{suffix}");
         let url = self.or(&name("URL"), default_url);
         let tls = self.flag(&name("TLS"), false)?;
-        let auth = match self.get(&name("AUTH")) {
+        let credentials = self.get(&name("AUTH")).map(|a| match a.split_once(':') {
+            Some((user, password)) => (Some(user), password),
+            None => (None, a),
+        });
+        let auth = match credentials {
             None => String::new(),
-            Some(a) => match a.split_once(':') {
-                Some((user, password)) => format!("{}:{}@", encode(user), encode(password)),
-                None => format!(":{}@", encode(a)),
-            },
+            Some((Some(user), password)) => format!("{}:{}@", encode(user), encode(password)),
+            Some((None, password)) => format!(":{}@", encode(password)),
         };
         let s = if tls { "s" } else { "" };
         let kind = self.or(&name("TYPE"), "SINGLE").to_ascii_lowercase();
@@ -162,13 +249,23 @@ impl Reader<'_> {
                     .or(&name("SOCKET_TYPE"), "unix")
                     .eq_ignore_ascii_case("unix")
                 {
-                    if tls || !auth.is_empty() {
+                    if tls {
                         return Err(self.unsupported(
-                            &name("SOCKET_TYPE"),
-                            "sluice takes no TLS or password over a Unix socket",
+                            &name("TLS"),
+                            "redis-server speaks TLS on its TCP tls-port only, never on its Unix \
+                             socket: reach a TLS Redis over TCP (SOCKET_TYPE=tcp)",
                         ));
                     }
-                    return Ok(format!("unix://{url}"));
+                    // The password (and user) as the socket URL's query, as Redis's clients
+                    // read it there.
+                    let query = match credentials {
+                        None => String::new(),
+                        Some((Some(user), password)) => {
+                            format!("?user={}&pass={}", encode(user), encode(password))
+                        }
+                        Some((None, password)) => format!("?pass={}", encode(password)),
+                    };
+                    return Ok(format!("unix://{url}{query}"));
                 }
                 Ok(format!("redis{s}://{auth}{url}"))
             }

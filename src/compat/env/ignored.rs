@@ -72,10 +72,6 @@ pub(super) const IGNORED: &[(&str, &str)] = &[
         "response time is in seconds",
     ),
     (
-        "MEMCACHE_SRV_REFRESH",
-        "sluice does not look up SRV records (MEMCACHE_SRV is refused)",
-    ),
-    (
         "REDIS_PERSECOND_POOL_SIZE",
         "sluice multiplexes its Redis connections",
     ),

@@ -37,11 +37,17 @@ impl Reader<'_> {
         Ok(())
     }
 
-    /// `host` and `port` as a socket address (`localhost` is 127.0.0.1).
+    /// `host` and `port` as a socket address (`localhost` is 127.0.0.1; another host name is
+    /// looked up once, its first IPv4 address taken, else its first address, as Go's
+    /// `net.Listen` listens on one of them).
     fn address(&self, host: &str, port: &str, dh: &str, dp: &str) -> Result<String, Unsupported> {
-        let ip = ip(self.or(host, dh)).ok_or_else(|| {
-            self.unsupported(host, "sluice listens on an IP address (or localhost)")
-        })?;
+        let name = self.or(host, dh);
+        let ip = match ip(name) {
+            Some(ip) => ip,
+            None => resolve(name).ok_or_else(|| {
+                self.unsupported(host, "not an IP address, and the name does not resolve")
+            })?,
+        };
         let p: u16 = self
             .or(port, dp)
             .parse()
@@ -86,13 +92,24 @@ impl Reader<'_> {
             };
             self.set(key, v);
         }
-        if let Some(ca) = self.get("GRPC_CLIENT_TLS_CACERT").map(str::to_owned) {
-            self.set("TLS__CLIENT_CA_FILE", ca);
+        let ca = self.get("GRPC_CLIENT_TLS_CACERT").map(str::to_owned);
+        let san = self.get("GRPC_CLIENT_TLS_SAN").map(str::to_owned);
+        match (ca, san) {
+            (Some(ca), san) => {
+                self.set("TLS__CLIENT_CA_FILE", ca);
+                if let Some(san) = san {
+                    self.set("TLS__CLIENT_SAN", san);
+                }
+            }
+            (None, Some(san)) => self.out.ignored.push((
+                "GRPC_CLIENT_TLS_SAN".to_owned(),
+                format!(
+                    "{san}: no client certificate is asked for without GRPC_CLIENT_TLS_CACERT, so there is no name to check (as in envoyproxy/ratelimit)"
+                ),
+            )),
+            (None, None) => {}
         }
-        self.refuse(
-            "GRPC_CLIENT_TLS_SAN",
-            "sluice checks that a client certificate is signed by the CA, not its SAN",
-        )
+        Ok(())
     }
 
     pub(super) fn rules(&mut self) -> Result<(), Unsupported> {
@@ -157,6 +174,14 @@ impl Reader<'_> {
 }
 
 /// An IP address, `[v6]`, or `localhost` (127.0.0.1).
+/// The address a listener on host name `name` takes: its first IPv4 address, else its
+/// first; none when the name does not resolve.
+pub(super) fn resolve(name: &str) -> Option<std::net::IpAddr> {
+    use std::net::ToSocketAddrs;
+    let all: Vec<std::net::IpAddr> = (name, 0).to_socket_addrs().ok()?.map(|a| a.ip()).collect();
+    all.iter().find(|a| a.is_ipv4()).or(all.first()).copied()
+}
+
 pub(super) fn ip(host: &str) -> Option<std::net::IpAddr> {
     if host == "localhost" {
         return Some(std::net::IpAddr::from([127, 0, 0, 1]));

@@ -1,6 +1,6 @@
 //! Stats (statsd, DogStatsD, Prometheus) and tracing.
 
-use super::server::ip;
+use super::server::{ip, resolve};
 use super::{Reader, Unsupported};
 
 impl Reader<'_> {
@@ -23,7 +23,15 @@ impl Reader<'_> {
             ));
         }
         if statsd || dog {
-            self.refuse("USE_DOG_STATSD_MOGRIFIERS", "stat names are not rewritten")?;
+            if dog {
+                self.mogrifiers()?;
+            } else if let Some(v) = self.get("USE_DOG_STATSD_MOGRIFIERS") {
+                let why =
+                    format!("{v}: mogrifiers rewrite DogStatsD names only (USE_DOG_STATSD is off)");
+                self.out
+                    .ignored
+                    .push(("USE_DOG_STATSD_MOGRIFIERS".to_owned(), why));
+            }
             let host = self.or("STATSD_HOST", "localhost").to_owned();
             let port = self.or("STATSD_PORT", "8125").to_owned();
             self.set("STATSD__ADDRESS", format!("{host}:{port}"));
@@ -47,9 +55,15 @@ impl Reader<'_> {
                 .ok_or_else(|| self.unsupported("PROMETHEUS_ADDR", "expected [host]:port"))?;
             let host = if host.is_empty() { "0.0.0.0" } else { host };
             let listen = ip(host)
+                .or_else(|| resolve(host))
                 .zip(port.parse::<u16>().ok())
                 .map(|(ip, port)| std::net::SocketAddr::new(ip, port).to_string())
-                .ok_or_else(|| self.unsupported("PROMETHEUS_ADDR", "expected [ip]:port"))?;
+                .ok_or_else(|| {
+                    self.unsupported(
+                        "PROMETHEUS_ADDR",
+                        "expected [host]:port, the host resolving",
+                    )
+                })?;
             self.set("RATELIMIT_METRICS__LISTEN", listen);
             if let Some(path) = self.get("PROMETHEUS_PATH").map(str::to_owned) {
                 self.set("RATELIMIT_METRICS__PATH", path);
@@ -70,6 +84,52 @@ impl Reader<'_> {
     /// as that project's OpenTelemetry exporters read it: `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`
     /// as given, else `OTEL_EXPORTER_OTLP_ENDPOINT` (with `/v1/traces` added over HTTP), else
     /// the local collector.
+    /// `USE_DOG_STATSD_MOGRIFIERS=A,B`: each key's `DOG_STATSD_MOGRIFIER_<KEY>_PATTERN`,
+    /// `_NAME` and `_TAGS` (the key upper-cased; a variable unset falls back to the bare
+    /// `PATTERN`, `NAME` or `TAGS`, as envoyproxy/ratelimit's envconfig reads them), as
+    /// `statsd.mogrifiers` in a JSON string.
+    fn mogrifiers(&mut self) -> Result<(), Unsupported> {
+        let Some(keys) = self.get("USE_DOG_STATSD_MOGRIFIERS").map(str::to_owned) else {
+            return Ok(());
+        };
+        let mut list = Vec::new();
+        for key in keys.split(',').map(str::trim).filter(|k| !k.is_empty()) {
+            let key = key.to_ascii_uppercase();
+            let var = |part: &str| format!("DOG_STATSD_MOGRIFIER_{key}_{part}");
+            let read = |part: &str| {
+                self.env
+                    .get(&var(part))
+                    .or_else(|| self.env.get(part))
+                    .cloned()
+                    .unwrap_or_default()
+            };
+            let m = crate::config::settings::Mogrifier {
+                id: key.clone(),
+                pattern: read("PATTERN"),
+                name: read("NAME"),
+                tags: read("TAGS"),
+            };
+            for (part, value) in [("PATTERN", &m.pattern), ("NAME", &m.name)] {
+                if value.is_empty() {
+                    let why = format!("mogrifier {key} needs {}", var(part));
+                    return Err(self.unsupported("USE_DOG_STATSD_MOGRIFIERS", &why));
+                }
+            }
+            if let Err(e) = regex::Regex::new(&m.pattern) {
+                return Err(self.unsupported(&var("PATTERN"), &format!("not a valid pattern: {e}")));
+            }
+            if let Err(e) = m.tag_pairs() {
+                return Err(self.unsupported(&var("TAGS"), &e));
+            }
+            list.push(m);
+        }
+        if !list.is_empty() {
+            let json = serde_json::to_string(&list).unwrap_or_default();
+            self.set("STATSD__MOGRIFIERS", json);
+        }
+        Ok(())
+    }
+
     pub(super) fn tracing(&mut self) -> Result<(), Unsupported> {
         let ratio = self.sampling_rate()?;
         if !self.flag("TRACING_ENABLED", false)? {

@@ -327,6 +327,17 @@ fn each_setting_maps() {
             "ca",
         ),
         (
+            &[
+                ("GRPC_SERVER_USE_TLS", "true"),
+                ("GRPC_SERVER_TLS_CERT", "c"),
+                ("GRPC_SERVER_TLS_KEY", "k"),
+                ("GRPC_CLIENT_TLS_CACERT", "ca"),
+                ("GRPC_CLIENT_TLS_SAN", "envoy.example.com"),
+            ],
+            "SLUICE_TLS__CLIENT_SAN",
+            "envoy.example.com",
+        ),
+        (
             &[("CONFIG_TYPE", "GRPC_XDS_SOTW")],
             "SLUICE_XDS__SERVER",
             "localhost:18000",
@@ -516,7 +527,23 @@ fn each_setting_maps() {
 fn what_sluice_cannot_honour_stops_naming_the_variable() {
     let cases: &[&[(&str, &str)]] = &[
         &[("BACKEND_TYPE", "memcache")],
-        &[("BACKEND_TYPE", "memcache"), ("MEMCACHE_SRV", "_mc._tcp.x")],
+        &[
+            ("BACKEND_TYPE", "memcache"),
+            ("MEMCACHE_SRV", "_mc._tcp.x"),
+            ("MEMCACHE_HOST_PORT", "m:11211"),
+        ],
+        &[("BACKEND_TYPE", "memcache"), ("MEMCACHE_SRV", "mc.tcp.x")],
+        &[
+            ("BACKEND_TYPE", "memcache"),
+            ("MEMCACHE_HOST_PORT", "m:11211"),
+            ("MEMCACHE_TLS", "true"),
+            ("MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
+        ],
+        &[
+            ("BACKEND_TYPE", "memcache"),
+            ("MEMCACHE_SRV", "_mc._tcp.x"),
+            ("MEMCACHE_SRV_REFRESH", "often"),
+        ],
         &[
             ("BACKEND_TYPE", "memcached"),
             ("MEMCACHE_HOST_PORT", "m:11211"),
@@ -540,14 +567,7 @@ fn what_sluice_cannot_honour_stops_naming_the_variable() {
         &[("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "maybe")],
         &[("CONFIG_TYPE", "GRPC_XDS_DELTA")],
         &[("USE_PROMETHEUS", "true")],
-        &[
-            ("GRPC_SERVER_USE_TLS", "true"),
-            ("GRPC_SERVER_TLS_CERT", "c"),
-            ("GRPC_SERVER_TLS_KEY", "k"),
-            ("GRPC_CLIENT_TLS_SAN", "x"),
-        ],
-        &[("USE_DOG_STATSD_MOGRIFIERS", "A")],
-        &[("HOST", "example.com")],
+        &[("HOST", "no-such-host.invalid")],
         &[("SHADOW_MODE", "maybe")],
         &[("REDIS_TIMEOUT", "soon")],
         &[
@@ -602,6 +622,94 @@ fn grpc_uds_merge_and_sentinel_auth_reach_the_settings() {
     // false is off, as envoyproxy/ratelimit reads it.
     let (s, _) = settings(&env(&[("MERGE_DOMAIN_CONFIG", "false")])).unwrap();
     assert!(!s.rules.merge_domains);
+}
+
+#[test]
+fn client_san_and_mogrifiers_reach_the_settings() {
+    let (s, _) = settings(&env(&[
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", "c"),
+        ("GRPC_SERVER_TLS_KEY", "k"),
+        ("GRPC_CLIENT_TLS_CACERT", "ca"),
+        ("GRPC_CLIENT_TLS_SAN", "10.0.0.7"),
+    ]))
+    .unwrap();
+    assert_eq!(s.tls.client_san.as_deref(), Some("10.0.0.7"));
+    // No client CA: no client certificate to check, as there.
+    let t = translate(&env(&[
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", "c"),
+        ("GRPC_SERVER_TLS_KEY", "k"),
+        ("GRPC_CLIENT_TLS_SAN", "x"),
+    ]))
+    .unwrap();
+    assert_eq!(t.ignored[0].0, "GRPC_CLIENT_TLS_SAN");
+    assert!(
+        t.settings
+            .iter()
+            .all(|(k, _)| k != "SLUICE_TLS__CLIENT_SAN")
+    );
+
+    let dog = [
+        ("USE_STATSD", "false"),
+        ("USE_DOG_STATSD", "true"),
+        ("USE_DOG_STATSD_MOGRIFIERS", "domain, HITS"),
+        ("DOG_STATSD_MOGRIFIER_DOMAIN_PATTERN", r"^a\.(.*)$"),
+        ("DOG_STATSD_MOGRIFIER_DOMAIN_NAME", "a"),
+        ("DOG_STATSD_MOGRIFIER_DOMAIN_TAGS", "domain:$1"),
+        ("DOG_STATSD_MOGRIFIER_HITS_PATTERN", "hits"),
+        // HITS's name from the bare NAME, as envconfig falls back to it.
+        ("NAME", "h"),
+    ];
+    let (s, _) = settings(&env(&dog)).unwrap();
+    let got: Vec<(&str, &str, &str, &str)> = s
+        .statsd
+        .mogrifiers
+        .iter()
+        .map(|m| {
+            (
+                m.id.as_str(),
+                m.pattern.as_str(),
+                m.name.as_str(),
+                m.tags.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("DOMAIN", r"^a\.(.*)$", "a", "domain:$1"),
+            ("HITS", "hits", "h", "")
+        ]
+    );
+    for (name, value, says) in [
+        (
+            "NAME",
+            "",
+            "mogrifier HITS needs DOG_STATSD_MOGRIFIER_HITS_NAME",
+        ),
+        (
+            "DOG_STATSD_MOGRIFIER_HITS_PATTERN",
+            "(",
+            "not a valid pattern",
+        ),
+        (
+            "DOG_STATSD_MOGRIFIER_DOMAIN_TAGS",
+            "domain",
+            "expected key:value",
+        ),
+    ] {
+        let mut vars = env(&dog);
+        vars.insert(name.to_owned(), value.to_owned());
+        if value.is_empty() {
+            vars.remove(name);
+        }
+        let e = translate(&vars).unwrap_err();
+        assert!(e.why.contains(says), "{name}: {e}");
+    }
+    // Plain statsd: read for DogStatsD only, so ignored.
+    let t = translate(&env(&[("USE_DOG_STATSD_MOGRIFIERS", "A")])).unwrap();
+    assert_eq!(t.ignored[0].0, "USE_DOG_STATSD_MOGRIFIERS");
 }
 
 #[test]
@@ -815,4 +923,46 @@ fn per_second_redis_and_memcached_map_to_their_settings() {
         Some("4")
     );
     assert_eq!(get(&mc, "SLUICE_MEMCACHE__PREFIX").as_deref(), Some("rl_"));
+    let (s, _) = settings(&env(&[
+        ("BACKEND_TYPE", "memcache"),
+        ("MEMCACHE_SRV", "_memcache._tcp.mc.ns.svc"),
+        ("MEMCACHE_SRV_REFRESH", "30s"),
+    ]))
+    .unwrap();
+    assert_eq!(s.memcache.srv, "_memcache._tcp.mc.ns.svc");
+    assert_eq!(s.memcache.srv_refresh_ms, 30_000);
+    let t = translate(&env(&[
+        ("REDIS_URL", "/run/redis.sock"),
+        ("REDIS_AUTH", "u:p w"),
+    ]))
+    .unwrap();
+    assert_eq!(
+        get(&t, "SLUICE_REDIS__URL").as_deref(),
+        Some("unix:///run/redis.sock?user=u&pass=p%20w")
+    );
+    let (s, t) = settings(&env(&[
+        ("BACKEND_TYPE", "memcache"),
+        ("MEMCACHE_HOST_PORT", "mc:11211"),
+        ("MEMCACHE_TLS", "true"),
+        ("MEMCACHE_TLS_CACERT", "/ca.crt"),
+        ("MEMCACHE_TLS_CLIENT_CERT", "/c.crt"),
+        ("MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
+    ]))
+    .unwrap();
+    assert!(s.memcache.tls && s.memcache.tls_skip_hostname_verification);
+    assert_eq!(s.memcache.tls_ca_file, Some(PathBuf::from("/ca.crt")));
+    // Half a client pair: none presented, as there.
+    assert_eq!(s.memcache.tls_cert_file, None);
+    assert_eq!(t.ignored[0].0, "MEMCACHE_TLS_CLIENT_CERT");
+    let t = translate(&env(&[("MEMCACHE_TLS_CACERT", "/ca.crt")])).unwrap();
+    assert_eq!(t.ignored[0].0, "MEMCACHE_TLS_CACERT");
+}
+
+#[test]
+fn a_listen_host_name_is_looked_up_once() {
+    assert_eq!(
+        super::server::resolve("localhost"),
+        Some(std::net::IpAddr::from([127, 0, 0, 1]))
+    );
+    assert_eq!(super::server::resolve("no-such-host.invalid"), None);
 }

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::Command;
 
-pub(crate) use sluice::testing::envoy::{EnvoyProcess, INSTALL, binary};
+pub(crate) use sluice::testing::envoy::{ADMIN, EnvoyProcess, INSTALL, binary};
 
 /// `envoy --mode validate -c FILE`: panics with Envoy's message if the file is not valid.
 pub(crate) fn validate(config: &Path) {

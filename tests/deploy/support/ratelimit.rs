@@ -1,19 +1,20 @@
 //! envoyproxy/ratelimit's deployments, run here: the real binary started through a symlink
-//! named `ratelimit` with exactly a deployment's environment (its listeners on free loopback
-//! ports), the management server that pushes it rules over ADS (Envoy Gateway's role, or AI
-//! Gateway's), and a real Envoy in front whose rate-limit filter asks it.
+//! named `ratelimit` with exactly a deployment's environment (its listeners on loopback port
+//! 0, the ports it got read from its log, which says them at `info`), the management server
+//! that pushes it rules over ADS (Envoy Gateway's role, or AI Gateway's), and a real Envoy in
+//! front whose rate-limit filter asks it.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use sluice::proto::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
 use sluice::proto::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use sluice::testing::http::try_get;
-use sluice::testing::process::{Served, free_port, loopback};
+use sluice::testing::process::{LISTENERS_LOG, Served, loopback, serving};
 use sluice::testing::ratelimit_env::ENVOY_GATEWAY;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -22,7 +23,7 @@ use tonic::transport::{Certificate, Channel, Identity, Server, ServerTlsConfig};
 
 use super::ads::Ads;
 use super::certs::Ca;
-use super::envoy::EnvoyProcess;
+use super::envoy::{ADMIN, EnvoyProcess};
 
 /// How long a started instance has to come up.
 pub(crate) const WITHIN: Duration = Duration::from_secs(20);
@@ -41,28 +42,40 @@ pub(crate) fn ratelimit_link(dir: &Path) -> PathBuf {
     link
 }
 
-/// `ratelimit` with exactly `env` (nothing inherited), killed when dropped.
+/// `ratelimit` with exactly `env` (nothing inherited), killed when dropped, and the ports it
+/// got.
 pub(crate) struct Ratelimit {
-    _process: Served,
+    pub ports: Ports,
+    pub process: Served,
 }
 
 impl Ratelimit {
+    /// Starts it; returns once its log says where each of its listeners serves (see
+    /// [`ports_of`]).
     pub(crate) fn start(link: &Path, env: &HashMap<String, String>) -> Ratelimit {
-        let child = Command::new(link)
+        let mut env = env.clone();
+        // Its log says where it serves (at `info`); a deployment's own `LOG_LEVEL` wins.
+        env.entry("SLUICE_LOG__LEVEL".to_owned())
+            .or_insert_with(|| LISTENERS_LOG.to_owned());
+        let mut child = Command::new(link)
             .env_clear()
-            .envs(env)
+            .envs(&env)
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("start ratelimit");
+        let ports = ports_of(&mut child, &env);
         Ratelimit {
-            _process: Served(child),
+            ports,
+            process: Served(child),
         }
     }
 }
 
-/// The ports given to one instance (envoyproxy/ratelimit's 8081, 8080, 6070, and the
-/// Prometheus one), free ones here.
+/// The ports of one instance (envoyproxy/ratelimit's 8081, 8080, 6070, and the Prometheus
+/// one), which it asked the kernel for: 0 for a listener it does not have (gRPC on a Unix
+/// socket, no Prometheus).
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Ports {
     pub grpc: u16,
     pub http: u16,
@@ -70,50 +83,68 @@ pub(crate) struct Ports {
     pub prometheus: u16,
 }
 
-impl Ports {
-    pub(crate) fn new() -> Ports {
-        Ports {
-            grpc: free_port(),
-            http: free_port(),
-            debug: free_port(),
-            prometheus: free_port(),
-        }
+/// Follows the log of a starting `ratelimit` with `env`, told to listen on port 0, until it
+/// says where each listener serves: gRPC (unless `GRPC_UDS`), HTTP, debug, and Prometheus
+/// (with `USE_PROMETHEUS`). Its `LOG_LEVEL`, when set, must be `info` or finer.
+pub(crate) fn ports_of(child: &mut Child, env: &HashMap<String, String>) -> Ports {
+    let on = |name: &str| {
+        env.get(name)
+            .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
+    };
+    let uds = env.get("GRPC_UDS").is_some_and(|v| !v.trim().is_empty());
+    let [grpc, http, debug, prometheus] = serving(
+        child,
+        [
+            if uds { "admin HTTP" } else { "gRPC" },
+            "admin HTTP",
+            "the debug endpoints",
+            if on("USE_PROMETHEUS") {
+                "envoyproxy/ratelimit's metric names"
+            } else {
+                "admin HTTP"
+            },
+        ],
+    );
+    Ports {
+        grpc: if uds { 0 } else { grpc.port() },
+        http: http.port(),
+        debug: debug.port(),
+        prometheus: if on("USE_PROMETHEUS") {
+            prometheus.port()
+        } else {
+            0
+        },
     }
 }
 
 /// `base` with the test's addresses: values swapped by `swaps`, plus the listeners on
-/// loopback free ports (the same variables, so still envoyproxy/ratelimit's).
-pub(crate) fn swap(
-    base: &[(&str, &str)],
-    swaps: &[(&str, String)],
-    ports: &Ports,
-) -> HashMap<String, String> {
+/// loopback port 0 (the same variables, so still envoyproxy/ratelimit's; a swap of one of
+/// them wins).
+pub(crate) fn swap(base: &[(&str, &str)], swaps: &[(&str, String)]) -> HashMap<String, String> {
     let mut env: HashMap<String, String> = base
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
         .collect();
+    for (k, v) in [
+        ("GRPC_HOST", "127.0.0.1"),
+        ("GRPC_PORT", "0"),
+        ("HOST", "127.0.0.1"),
+        ("PORT", "0"),
+        ("DEBUG_HOST", "127.0.0.1"),
+        ("DEBUG_PORT", "0"),
+    ] {
+        env.insert(k.to_owned(), v.to_owned());
+    }
+    if env.contains_key("PROMETHEUS_ADDR") || env.get("USE_PROMETHEUS").is_some_and(|v| v == "true")
+    {
+        env.insert("PROMETHEUS_ADDR".into(), "127.0.0.1:0".into());
+    }
     for (k, v) in swaps {
         assert!(
             env.contains_key(*k) || k.ends_with("HOST") || k.ends_with("PORT"),
             "{k}"
         );
         env.insert((*k).to_owned(), v.clone());
-    }
-    for (k, v) in [
-        ("GRPC_HOST", "127.0.0.1".to_owned()),
-        ("GRPC_PORT", ports.grpc.to_string()),
-        ("HOST", "127.0.0.1".to_owned()),
-        ("PORT", ports.http.to_string()),
-        ("DEBUG_HOST", "127.0.0.1".to_owned()),
-        ("DEBUG_PORT", ports.debug.to_string()),
-    ] {
-        env.insert(k.to_owned(), v);
-    }
-    if env.contains_key("PROMETHEUS_ADDR") {
-        env.insert(
-            "PROMETHEUS_ADDR".into(),
-            format!("127.0.0.1:{}", ports.prometheus),
-        );
     }
     env
 }
@@ -163,7 +194,7 @@ pub(crate) fn runtime_root(dir: &Path, rules: &str, files: &[(&str, &str)]) -> S
 // ---------------------------------------------------------------------------------------
 // The management server (Envoy Gateway's role, or AI Gateway's).
 
-/// A management server on a free port: with `tls` (its certificate and key, and the CA of
+/// A management server on a port from the kernel: with `tls` (its certificate and key, and the CA of
 /// the client certificates it requires) mTLS as Envoy Gateway's, else plain text as AI
 /// Gateway's. Every request it receives is passed on.
 pub(crate) async fn ads_server(
@@ -235,7 +266,6 @@ impl EnvoyGateway {
         let cert_file = write(dir, "tls.crt", &cert);
         let key_file = write(dir, "tls.key", &key);
         let (xds, requests) = ads_server(Some((&control_plane, &ca_pem)), rules).await;
-        let ports = Ports::new();
         let env = swap(
             ENVOY_GATEWAY,
             &[
@@ -257,13 +287,13 @@ impl EnvoyGateway {
                     write(dir, "conf.yaml", sluice::compat::mapper::DEFAULT_YAML),
                 ),
             ],
-            &ports,
         );
+        let process = Ratelimit::start(&ratelimit_link(dir), &env);
         EnvoyGateway {
             ca_pem,
             ca_file,
-            process: Ratelimit::start(&ratelimit_link(dir), &env),
-            ports,
+            ports: process.ports,
+            process,
             requests,
         }
     }
@@ -283,7 +313,7 @@ pub(crate) struct RlsFilter<'a> {
     pub settings: &'a str,
 }
 
-/// Envoy on a free port with `filter` asking the RLS on `rls` (over TLS trusting `ca` when
+/// Envoy on a port from the kernel with `filter` asking the RLS on `rls` (over TLS trusting `ca` when
 /// given), and `routes` (flow-style YAML or JSON route objects) to cluster `upstream`, the
 /// stub on port `upstream`. Envoy, and the port it listens on.
 pub(crate) async fn envoy(
@@ -306,7 +336,6 @@ pub(crate) async fn envoy_to(
     ca: Option<&str>,
     upstream: u16,
 ) -> (EnvoyProcess, u16) {
-    let (port, admin) = (free_port(), free_port());
     let RlsFilter {
         name,
         domain,
@@ -331,12 +360,11 @@ pub(crate) async fn envoy_to(
     });
     let config = format!(
         "
-admin:
-  address: {{ socket_address: {{ address: 127.0.0.1, port_value: {admin} }} }}
+{ADMIN}
 static_resources:
   listeners:
     - name: main
-      address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }}
+      address: {{ socket_address: {{ address: 127.0.0.1, port_value: 0 }} }}
       filter_chains:
         - filters:
             - name: envoy.filters.network.http_connection_manager
@@ -375,7 +403,9 @@ static_resources:
         endpoints: [{{ lb_endpoints: [{{ endpoint: {{ address: {rls_address} }} }}] }}]{tls}
 "
     );
-    (EnvoyProcess::start(&config, admin).await, port)
+    let envoy = EnvoyProcess::start(&config).await;
+    let port = envoy.port("main");
+    (envoy, port)
 }
 
 /// Waits, when fewer than `margin` are left of the current window of `period` (windows are

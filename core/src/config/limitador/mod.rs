@@ -49,6 +49,7 @@ impl NamespaceLimit {
             replaces: Vec::new(),
             on_deny: None,
             block_nanos: 0,
+            global: false,
             time_zone: None,
             hold_id: None,
         }

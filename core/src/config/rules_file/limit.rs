@@ -10,7 +10,7 @@ use super::calendar::{block_for, time_zone};
 use super::deny::on_deny;
 use super::scalar::{boolean, string, uint};
 use super::tree::{Ctx, Field, Fields, describe, index, is_null, line, mapping};
-use crate::config::model::{Charge, LimitRule, Policy, Unit};
+use crate::config::model::{Algorithm, Charge, LimitRule, Policy, Scope, Unit};
 
 /// The keys of one limit.
 const LIMIT_KEYS: &[&str] = &[
@@ -28,6 +28,7 @@ const LIMIT_KEYS: &[&str] = &[
     "block_for",
     "time_zone",
     "hold_id",
+    "scope",
 ];
 
 /// The keys that mean nothing on an unlimited limit.
@@ -42,6 +43,7 @@ const LIMITED_ONLY: &[&str] = &[
     "block_for",
     "time_zone",
     "hold_id",
+    "scope",
 ];
 
 /// The longest period a limit may have: 100 years of 365 days.
@@ -268,11 +270,25 @@ fn limited(
     let time_zone = time_zone(fields, (written, unit), ctx);
     let hold_id = hold_id(fields, written, ctx);
     let fits = algorithm.is_none_or(|a| fits_algorithm(fields, a, (requests, borrow), ctx));
+    let global = scope(fields, at, ctx);
     let requests = requests?;
     let (algorithm, written) = algorithm?;
     if !fits || !backend_keeps(fields, at, (algorithm, written), ctx) {
         return None;
     }
+    if let Some((true, place)) = &global {
+        let shape = Shape {
+            algorithm,
+            calendar: time_zone.as_ref().is_some_and(Option::is_some),
+            charge: charge == Some(Charge::Always),
+            borrow,
+            block: block_nanos.is_some_and(|b| b > 0),
+        };
+        if !shareable(place, shape, ctx) {
+            return None;
+        }
+    }
+    let global = global.map(|(g, _)| g);
     if algorithm.has_capacity() {
         let drains = (unit?, multiplier?, burst?.unwrap_or(requests));
         if !capacity_fits(fields, at, drains, requests, ctx) {
@@ -291,6 +307,7 @@ fn limited(
         replaces: replaces?,
         on_deny: on_deny?,
         block_nanos: block_nanos?,
+        global: global?,
         time_zone: time_zone?,
         hold_id: hold_id?,
     })
@@ -334,6 +351,109 @@ fn backend_keeps(
         ok = false;
     }
     ok
+}
+
+/// Where a limit's global scope was set: its own `scope` key (line, path), or its domain's
+/// `limits.domains."D".scope` in the settings (the limit's line and path).
+struct ScopePlace {
+    line: usize,
+    path: String,
+    /// The setting that made it global, when not the limit's own key.
+    from_settings: Option<String>,
+}
+
+/// `scope: local | global` (default: the domain's `limits.domains."D".scope`, else local): a
+/// global limit needs a home Redis (`redis.global_url`). Whether it is global, and where that
+/// was said.
+fn scope(fields: &Fields<'_>, at: usize, ctx: &mut Ctx<'_>) -> Option<(bool, ScopePlace)> {
+    let (global, place) = match fields.get("scope") {
+        Some(f) => {
+            let name = string(f, ctx)?;
+            let Some(scope) = Scope::parse(&name) else {
+                let message = format!("unknown scope '{name}' (expected local or global)");
+                ctx.error(f.line, &f.path, message);
+                return None;
+            };
+            let place = ScopePlace {
+                line: f.line,
+                path: f.path.clone(),
+                from_settings: None,
+            };
+            (scope == Scope::Global, place)
+        }
+        None => {
+            let place = ScopePlace {
+                line: at,
+                path: fields.path.clone(),
+                from_settings: Some(format!("limits.domains.\"{}\".scope", ctx.domain())),
+            };
+            (ctx.defaults.global, place)
+        }
+    };
+    if global && !ctx.options.global_url {
+        let message = format!(
+            "scope: global{} counts the limit once across regions in a home Redis: it needs \
+             limiter.backend = \"redis\" and redis.global_url (and redis.region) in the settings",
+            place
+                .from_settings
+                .as_ref()
+                .map_or(String::new(), |s| format!(" (from {s})"))
+        );
+        ctx.error(place.line, &place.path, message);
+        return None;
+    }
+    Some((global, place))
+}
+
+/// What decides whether a limit can be shared across regions.
+struct Shape {
+    algorithm: Algorithm,
+    calendar: bool,
+    charge: bool,
+    borrow: bool,
+    block: bool,
+}
+
+/// Whether a global limit's state can be lent to regions exactly (the lease rules of
+/// `limiter::lease`): fixed windows (not calendar ones), sliding windows, token buckets and
+/// funnels, counted when admitted, without `borrow` or `block_for`. Otherwise an error at the
+/// `scope` key (or the limit, when its domain made it global) saying why.
+fn shareable(place: &ScopePlace, shape: Shape, ctx: &mut Ctx<'_>) -> bool {
+    let why = match shape.algorithm {
+        Algorithm::SlidingLog => Some(
+            "a sliding log dates every admission, so a share lent to a region cannot be \
+             counted exactly in the home Redis; use sliding_window, fixed_window, \
+             token_bucket or funnel",
+        ),
+        Algorithm::Concurrency => Some(
+            "a concurrency limit's releases must reach the state that took the hold, which a \
+             region's share cannot promise; keep it local",
+        ),
+        _ if shape.calendar => Some(
+            "a calendar window (time_zone) ends at a local time the home Redis does not \
+             share with the regions; use a window without time_zone",
+        ),
+        _ if shape.charge => Some(
+            "charge: always takes denied costs, which only the home Redis can decide; a \
+             region decides from its share, counted when admitted",
+        ),
+        _ if shape.borrow => Some("borrow goes into debt, which only the home Redis can decide"),
+        _ if shape.block => Some("block_for needs the home Redis's state on every denial"),
+        _ => None,
+    };
+    let Some(why) = why else {
+        return true;
+    };
+    let from = place
+        .from_settings
+        .as_ref()
+        .map_or(String::new(), |s| format!(" (from {s})"));
+    let message = format!(
+        "scope: global{from} cannot be shared exactly across regions with algorithm {}: {why}",
+        shape.algorithm.as_str()
+    );
+    ctx.error(place.line, &place.path, message);
+    false
 }
 
 /// `hold_id: <entry key>`: only with `algorithm: concurrency`; a non-empty key.

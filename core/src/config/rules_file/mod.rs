@@ -253,6 +253,9 @@ pub struct LoadOptions {
     /// A domain defined again adds its top-level descriptors to the first definition
     /// (`rules.merge_domains`) instead of being an error.
     pub merge_domains: bool,
+    /// A home Redis is set (`redis.global_url`, with the Redis backend): limits may be
+    /// `scope: global`. Without it, a global limit is an error.
+    pub global_url: bool,
 }
 
 impl LoadOptions {
@@ -261,13 +264,16 @@ impl LoadOptions {
         let own = self.domains.get(domain);
         let algorithm = own.and_then(|d| d.algorithm);
         let charge = own.and_then(|d| d.charge);
+        let global = own.and_then(|d| d.scope) == Some(super::model::Scope::Global);
         let defaults = LimitDefaults {
             algorithm: algorithm.unwrap_or(self.default_algorithm),
             charge: charge.unwrap_or(self.default_charge),
+            global,
         };
         let from = DefaultsFrom {
             algorithm: algorithm.is_some(),
             charge: charge.is_some(),
+            global,
         };
         (defaults, from)
     }
@@ -279,6 +285,8 @@ impl LoadOptions {
 pub struct DefaultsFrom {
     pub algorithm: bool,
     pub charge: bool,
+    /// The domain is global (`limits.domains."D".scope = "global"`).
+    pub global: bool,
 }
 
 impl From<&LimitsSettings> for LoadOptions {
@@ -289,6 +297,7 @@ impl From<&LimitsSettings> for LoadOptions {
             domains: Arc::new(limits.domains.clone()),
             fixed_windows_only: false,
             merge_domains: false,
+            global_url: false,
         }
     }
 }
@@ -299,6 +308,8 @@ impl From<&Settings> for LoadOptions {
         LoadOptions {
             fixed_windows_only: settings.limiter.backend == Backend::Memcache,
             merge_domains: settings.rules.merge_domains,
+            global_url: settings.limiter.backend == Backend::Redis
+                && settings.redis.global_url.is_some(),
             ..(&settings.limits).into()
         }
     }

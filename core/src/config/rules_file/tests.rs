@@ -343,6 +343,7 @@ fn a_domains_defaults_win_over_the_global_ones_and_a_limits_own_keys_over_both()
         DomainLimits {
             algorithm: Some(Algorithm::FixedWindow),
             charge: Some(Charge::Always),
+            scope: None,
         },
     );
     let options = LoadOptions {
@@ -351,6 +352,7 @@ fn a_domains_defaults_win_over_the_global_ones_and_a_limits_own_keys_over_both()
         domains: std::sync::Arc::new(domains),
         fixed_windows_only: false,
         merge_domains: false,
+        global_url: false,
     };
     let model = from_sources_with(&[(PathBuf::from("t.yaml"), text.to_owned())], options)
         .unwrap_or_else(|e| panic!("{e}"));
@@ -384,6 +386,7 @@ fn burst_on_a_domains_default_window_names_the_domains_setting() {
         DomainLimits {
             algorithm: Some(Algorithm::SlidingWindow),
             charge: None,
+            scope: None,
         },
     );
     let options = LoadOptions {
@@ -534,4 +537,142 @@ descriptors:
         ..LoadOptions::default()
     };
     assert!(from_sources_with(&[(PathBuf::from("m.yaml"), fixed.to_owned())], options).is_ok());
+}
+
+/// `scope: global`: parsed, the domain's `scope = "global"` taken as the default; refused
+/// without a home Redis, and on algorithms that cannot be shared exactly, naming the line,
+/// the key and the reason.
+#[test]
+fn a_global_limit_needs_a_home_redis_and_a_shareable_algorithm() {
+    use crate::config::model::Scope;
+    use crate::config::settings::DomainLimits;
+    let text = "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: minute\n      \
+                requests_per_unit: 600\n      algorithm: fixed_window\n      scope: global\n  \
+                - key: b\n    rate_limit: {unit: second, requests_per_unit: 5, scope: local}\n  \
+                - key: c\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: token_bucket, scope: global}\n  \
+                - key: f\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: funnel, scope: global}\n";
+    let home = LoadOptions {
+        global_url: true,
+        ..LoadOptions::default()
+    };
+    let model = from_sources_with(&[(PathBuf::from("g.yaml"), text.to_owned())], home.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let global: Vec<bool> = model.domains[0]
+        .descriptors
+        .iter()
+        .map(|d| match &d.policy {
+            Policy::Limited(l) => l[0].global,
+            _ => panic!("limited"),
+        })
+        .collect();
+    assert_eq!(global, [true, false, true, true]);
+
+    // No home Redis: the error names the file, the line of the key, the key and the setting.
+    let errors = from_sources_with(
+        &[(PathBuf::from("g.yaml"), text.to_owned())],
+        LoadOptions::default(),
+    )
+    .unwrap_err()
+    .0;
+    assert_eq!(errors.len(), 3, "{errors:?}");
+    assert_eq!(errors[0].line, 8, "{}", errors[0]);
+    assert!(
+        errors[0].path.ends_with("rate_limit.scope"),
+        "{}",
+        errors[0]
+    );
+    assert!(
+        errors[0].message.contains("redis.global_url"),
+        "{}",
+        errors[0]
+    );
+    assert!(
+        errors[0].to_string().starts_with("g.yaml:8: "),
+        "{}",
+        errors[0]
+    );
+
+    // Algorithms that cannot be shared, with the reason.
+    for (algorithm, extra, why) in [
+        ("sliding_log", "", "sliding log"),
+        ("concurrency", "", "concurrency"),
+        ("fixed_window", ", charge: always", "charge: always"),
+        ("fixed_window", ", block_for: 10s", "block_for"),
+    ] {
+        let text = format!(
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {{unit: day, requests_per_unit: 5, \
+             algorithm: {algorithm}, scope: global{extra}}}\n"
+        );
+        let errors = from_sources_with(&[(PathBuf::from("g.yaml"), text)], home.clone())
+            .unwrap_err()
+            .0;
+        let e = errors
+            .iter()
+            .find(|e| e.message.contains("cannot be shared exactly"))
+            .unwrap_or_else(|| panic!("{algorithm}{extra}: {errors:?}"));
+        assert_eq!(e.line, 4, "{e}");
+        assert!(e.message.contains(why), "{e}");
+    }
+    let calendar = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: day, requests_per_unit: 5, \
+                    algorithm: fixed_window, time_zone: Europe/Paris, scope: global}\n";
+    let errors = from_sources_with(
+        &[(PathBuf::from("g.yaml"), calendar.to_owned())],
+        home.clone(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(errors.contains("calendar window"), "{errors}");
+    let unknown = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: day, requests_per_unit: 5, scope: planet}\n";
+    let errors = from_sources_with(
+        &[(PathBuf::from("g.yaml"), unknown.to_owned())],
+        home.clone(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(errors.contains("unknown scope 'planet'"), "{errors}");
+
+    // The domain's scope makes every limit global; a limit's own `scope: local` wins.
+    let mut domains = std::collections::BTreeMap::new();
+    domains.insert(
+        "d".to_owned(),
+        DomainLimits {
+            scope: Some(Scope::Global),
+            ..DomainLimits::default()
+        },
+    );
+    let text = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 6}\n  \
+                - key: b\n    rate_limit: {unit: minute, requests_per_unit: 6, scope: local}\n";
+    let options = LoadOptions {
+        domains: std::sync::Arc::new(domains),
+        ..home.clone()
+    };
+    let model = from_sources_with(
+        &[(PathBuf::from("g.yaml"), text.to_owned())],
+        options.clone(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let global: Vec<bool> = model.domains[0]
+        .descriptors
+        .iter()
+        .map(|d| match &d.policy {
+            Policy::Limited(l) => l[0].global,
+            _ => panic!("limited"),
+        })
+        .collect();
+    assert_eq!(global, [true, false]);
+    let errors = from_sources_with(
+        &[(PathBuf::from("g.yaml"), text.to_owned())],
+        LoadOptions {
+            global_url: false,
+            ..options
+        },
+    )
+    .unwrap_err()
+    .0;
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].message.contains("limits.domains.\"d\".scope"),
+        "{}",
+        errors[0]
+    );
 }

@@ -53,6 +53,11 @@ impl<'t> Ctx<'t> {
         domain.clone_into(&mut self.domain);
     }
 
+    /// The domain being read.
+    pub(super) fn domain(&self) -> &str {
+        &self.domain
+    }
+
     /// Where the default algorithm of the current domain comes from, for messages.
     pub(super) fn algorithm_source(&self) -> String {
         if self.defaults_from.algorithm {

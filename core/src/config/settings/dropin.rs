@@ -21,6 +21,58 @@ pub struct StatsdSettings {
     pub tags: String,
     /// How often counters are sent.
     pub flush_interval_ms: u64,
+    /// With `dogstatsd`: names rewritten into a name and tags, the first whose pattern
+    /// matches a stat's name (envoyproxy/ratelimit's DogStatsD mogrifiers). A list of
+    /// tables, or the same list as a JSON string (how `SLUICE_STATSD__MOGRIFIERS` and the
+    /// `USE_DOG_STATSD_MOGRIFIERS` translation give it).
+    #[serde(deserialize_with = "mogrifiers")]
+    pub mogrifiers: Vec<Mogrifier>,
+}
+
+/// One rewrite of stat names: `pattern` (a regular expression, not anchored) is searched
+/// in the name; when it matches, the stat is sent as `name`, with `tags` (`k:v,k:v`) added
+/// to its tags. In `name` and in tag values, `$0` is the whole match and `$1`, `$2`, ... the
+/// pattern's groups (an unmatched group is empty; a `$N` beyond the groups stays as
+/// written).
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Mogrifier {
+    /// What names it in errors (envoyproxy/ratelimit's mogrifier key, `DOMAIN`, ...).
+    pub id: String,
+    pub pattern: String,
+    pub name: String,
+    pub tags: String,
+}
+
+impl Mogrifier {
+    /// `tags` as pairs, in the order written.
+    pub fn tag_pairs(&self) -> Result<Vec<(String, String)>, String> {
+        self.tags
+            .split(',')
+            .filter(|t| !t.is_empty())
+            .map(|t| match t.split_once(':') {
+                Some((k, v)) if !k.is_empty() && !v.is_empty() => Ok((k.to_owned(), v.to_owned())),
+                _ => Err(format!("expected key:value, got '{t}'")),
+            })
+            .collect()
+    }
+}
+
+fn mogrifiers<'de, D>(d: D) -> Result<Vec<Mogrifier>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum ListOrJson {
+        List(Vec<Mogrifier>),
+        Json(String),
+    }
+    match ListOrJson::deserialize(d)? {
+        ListOrJson::List(list) => Ok(list),
+        ListOrJson::Json(text) if text.trim().is_empty() => Ok(Vec::new()),
+        ListOrJson::Json(text) => serde_json::from_str(&text).map_err(serde::de::Error::custom),
+    }
 }
 
 impl Default for StatsdSettings {
@@ -31,6 +83,7 @@ impl Default for StatsdSettings {
             dogstatsd: false,
             tags: String::new(),
             flush_interval_ms: 10_000,
+            mogrifiers: Vec::new(),
         }
     }
 }
@@ -76,6 +129,22 @@ impl StatsdSettings {
             .find(|t| !t.is_empty() && !t.contains(':'))
         {
             return Err(format!("statsd.tags: expected key:value, got '{bad}'"));
+        }
+        if !self.mogrifiers.is_empty() && !self.dogstatsd {
+            return Err(
+                "statsd.mogrifiers needs statsd.dogstatsd (plain statsd names carry no tags to move into)"
+                    .to_owned(),
+            );
+        }
+        for (i, m) in self.mogrifiers.iter().enumerate() {
+            let at = format!("statsd.mogrifiers[{i}] ({})", m.id);
+            if m.pattern.is_empty() {
+                return Err(format!("{at}: no pattern"));
+            }
+            if m.name.is_empty() {
+                return Err(format!("{at}: no name"));
+            }
+            m.tag_pairs().map_err(|e| format!("{at}: tags: {e}"))?;
         }
         Ok(())
     }

@@ -73,4 +73,8 @@ pub struct TlsSettings {
     pub key_file: Option<PathBuf>,
     /// With it, clients must present a certificate signed by one of these CAs (mTLS).
     pub client_ca_file: Option<PathBuf>,
+    /// With it (and `client_ca_file`), a client's certificate must also name this DNS name
+    /// or IP address among its subject alternative names (envoyproxy/ratelimit's
+    /// `GRPC_CLIENT_TLS_SAN`).
+    pub client_san: Option<String>,
 }

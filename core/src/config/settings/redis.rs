@@ -30,6 +30,19 @@ pub enum LeaseMode {
     On,
 }
 
+/// `redis.global_on_error`: what a region answers for a global limit once it is cut off from
+/// the home Redis and has spent the share it held (docs/regions.md).
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum GlobalOnError {
+    /// Deny: never over the limit.
+    #[default]
+    Deny,
+    /// Admit up to `global_share_percent` of the limit per period, counted in this region's
+    /// Redis: over-admits by at most regions x percent of the limit per period.
+    Share,
+}
+
 /// `[redis]`: the Redis backend (see docs/redis.md). Its `Debug` hides the URL's password.
 #[derive(Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -82,6 +95,11 @@ pub struct RedisSettings {
     pub sentinel_password: Option<String>,
     /// With `sentinel_password`: the sentinels' ACL user (none: `default`).
     pub sentinel_username: Option<String>,
+    /// With a Sentinel `per_second_url`: the password for its sentinels
+    /// (`REDIS_PERSECOND_SENTINEL_AUTH`). None: those of `sentinel_password`.
+    pub per_second_sentinel_password: Option<String>,
+    /// With `per_second_sentinel_password`: its ACL user.
+    pub per_second_sentinel_username: Option<String>,
     /// `on`: a replica takes leases on its busy keys and decides them locally (exact: Redis
     /// counts leased units as spent at the lease's expiry); `off` (the default): every
     /// decision is a script call.
@@ -95,6 +113,21 @@ pub struct RedisSettings {
     pub lease_burst_percent: u64,
     /// A key is leased from this many units a second on this replica.
     pub lease_min_rate: u64,
+    /// The home Redis of `scope: global` limits (same URL forms as `url`): it holds their
+    /// state and lends shares of them to each region's Redis (docs/regions.md). None: no
+    /// limit may be global.
+    pub global_url: Option<String>,
+    /// This region's name (needed with `global_url`): the lessee in the home Redis's records.
+    pub region: Option<String>,
+    /// Cut off from home with its share spent: `deny` (the default) or `share`.
+    pub global_on_error: GlobalOnError,
+    /// With `global_on_error = "share"`: the percent of a limit each region admits per period
+    /// on its own while home is unreachable (1 to 100).
+    pub global_share_percent: u64,
+    /// A share covers about this many milliseconds of the region's observed traffic.
+    pub global_share_ms: u64,
+    /// A share may be spent at most this long (what a cut-off or dead region holds back).
+    pub global_lease_ms: u64,
 }
 
 impl Default for RedisSettings {
@@ -119,11 +152,19 @@ impl Default for RedisSettings {
             per_second_url: None,
             sentinel_password: None,
             sentinel_username: None,
+            per_second_sentinel_password: None,
+            per_second_sentinel_username: None,
             leases: LeaseMode::Off,
             lease_horizon_ms: 20,
             lease_validity_ms: 100,
             lease_burst_percent: 10,
             lease_min_rate: 200,
+            global_url: None,
+            region: None,
+            global_on_error: GlobalOnError::Deny,
+            global_share_percent: 10,
+            global_share_ms: 2_000,
+            global_lease_ms: 10_000,
         }
     }
 }
@@ -159,11 +200,28 @@ impl std::fmt::Debug for RedisSettings {
                 &self.sentinel_password.as_ref().map(|_| "<redacted>"),
             )
             .field("sentinel_username", &self.sentinel_username)
+            .field(
+                "per_second_sentinel_password",
+                &self
+                    .per_second_sentinel_password
+                    .as_ref()
+                    .map(|_| "<redacted>"),
+            )
+            .field(
+                "per_second_sentinel_username",
+                &self.per_second_sentinel_username,
+            )
             .field("leases", &self.leases)
             .field("lease_horizon_ms", &self.lease_horizon_ms)
             .field("lease_validity_ms", &self.lease_validity_ms)
             .field("lease_burst_percent", &self.lease_burst_percent)
             .field("lease_min_rate", &self.lease_min_rate)
+            .field("global_url", &self.global_url.as_deref().map(redacted_url))
+            .field("region", &self.region)
+            .field("global_on_error", &self.global_on_error)
+            .field("global_share_percent", &self.global_share_percent)
+            .field("global_share_ms", &self.global_share_ms)
+            .field("global_lease_ms", &self.global_lease_ms)
             .finish()
     }
 }
@@ -173,9 +231,23 @@ impl RedisSettings {
     /// its URL.
     pub fn per_second(&self) -> Option<RedisSettings> {
         let url = self.per_second_url.as_ref()?;
+        let (sentinel_password, sentinel_username) = match &self.per_second_sentinel_password {
+            Some(password) => (
+                Some(password.clone()),
+                self.per_second_sentinel_username.clone(),
+            ),
+            None => (
+                self.sentinel_password.clone(),
+                self.sentinel_username.clone(),
+            ),
+        };
         Some(RedisSettings {
             url: url.clone(),
             per_second_url: None,
+            sentinel_password,
+            sentinel_username,
+            per_second_sentinel_password: None,
+            per_second_sentinel_username: None,
             ..self.clone()
         })
     }
@@ -202,8 +274,27 @@ impl RedisSettings {
 
     /// Checks that the `sentinel_*` settings go with a Sentinel URL, the user with a password.
     pub(super) fn check_sentinel(&self) -> Result<(), String> {
-        let sentinel =
-            self.url.starts_with("redis+sentinel://") || self.url.starts_with("rediss+sentinel://");
+        let is_sentinel = |url: &str| {
+            url.starts_with("redis+sentinel://") || url.starts_with("rediss+sentinel://")
+        };
+        let sentinel = is_sentinel(&self.url);
+        if self.per_second_sentinel_password.is_some()
+            && !self.per_second_url.as_deref().is_some_and(is_sentinel)
+        {
+            return Err(
+                "redis.per_second_sentinel_password needs a Sentinel per_second_url \
+                        (redis+sentinel:// or rediss+sentinel://)"
+                    .to_owned(),
+            );
+        }
+        if self.per_second_sentinel_username.is_some()
+            && self.per_second_sentinel_password.is_none()
+        {
+            return Err(
+                "redis.per_second_sentinel_username needs redis.per_second_sentinel_password"
+                    .to_owned(),
+            );
+        }
         if self.sentinel_password.is_some() && !sentinel {
             return Err("redis.sentinel_password needs a Sentinel URL \
                         (redis+sentinel:// or rediss+sentinel://)"
@@ -211,6 +302,56 @@ impl RedisSettings {
         }
         if self.sentinel_username.is_some() && self.sentinel_password.is_none() {
             return Err("redis.sentinel_username needs redis.sentinel_password".to_owned());
+        }
+        Ok(())
+    }
+
+    /// Checks the `global_*` settings and `region`: a region named (letters, digits, `-`,
+    /// `_`, `.`) when `global_url` is set, sizes within their ranges.
+    pub(super) fn check_global(&self) -> Result<(), String> {
+        let Some(url) = &self.global_url else {
+            return Ok(());
+        };
+        if url.is_empty() {
+            return Err(
+                "redis.global_url must not be empty (leave it out for no home Redis)".into(),
+            );
+        }
+        check_userinfo(url).map_err(|e| e.replace("redis.url", "redis.global_url"))?;
+        let region = self.region.as_deref().unwrap_or("");
+        if region.is_empty() {
+            return Err(
+                "redis.region must name this region when redis.global_url is set: the home \
+                 Redis lends shares to regions by name"
+                    .into(),
+            );
+        }
+        let named = region.len() <= 64
+            && region
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        if !named {
+            return Err(format!(
+                "redis.region ({region:?}) must be 1 to 64 letters, digits, '-', '_' or '.'"
+            ));
+        }
+        if !(1..=100).contains(&self.global_share_percent) {
+            return Err(format!(
+                "redis.global_share_percent ({}) must be 1 to 100",
+                self.global_share_percent
+            ));
+        }
+        if !(100..=3_600_000).contains(&self.global_lease_ms) {
+            return Err(format!(
+                "redis.global_lease_ms ({}) must be 100 to 3600000",
+                self.global_lease_ms
+            ));
+        }
+        if !(1..=self.global_lease_ms).contains(&self.global_share_ms) {
+            return Err(format!(
+                "redis.global_share_ms ({}) must be 1 to redis.global_lease_ms ({})",
+                self.global_share_ms, self.global_lease_ms
+            ));
         }
         Ok(())
     }

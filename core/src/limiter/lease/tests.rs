@@ -145,6 +145,87 @@ fn a_token_bucket_lease_never_crosses_the_next_refill() {
 }
 
 #[test]
+fn a_full_token_bucket_lease_expires_within_one_period() {
+    // 10 every 50 ms, burst 50; a full bucket: the lease's take starts its steps at the grant
+    // (as a take would), and the lease ends by the first refill, one period later.
+    let algo = Algo::TokenBucket(TokenBucket::new(10, 50 * MS, 50, false));
+    let now = 10 * SEC;
+    let (lease, after) = grant(&algo, &State::Fresh, now, 100, 100 * MS).unwrap();
+    // Its units may come back until the step they were counted in ends.
+    assert_eq!(
+        (lease.expires, lease.returnable),
+        (now + 50 * MS, now + 50 * MS)
+    );
+    assert_eq!(lease.units, 12, "a quarter of what remains");
+    assert_eq!(lease.mark, now);
+    assert_eq!(
+        after,
+        State::TokenBucket(Bucket {
+            used: 12,
+            anchor: now,
+            refundable: 0,
+        })
+    );
+}
+
+#[test]
+fn a_token_bucket_return_gives_back_within_the_step_and_nothing_after() {
+    let algo = Algo::TokenBucket(TokenBucket::new(10, SEC, 50, false));
+    let state = State::TokenBucket(Bucket {
+        used: 10,
+        anchor: 10 * SEC,
+        refundable: 3,
+    });
+    let now = 10 * SEC + 100 * MS;
+    let (lease, after) = grant(&algo, &state, now, 8, 100 * MS).unwrap();
+    assert_eq!(
+        (lease.units, lease.expires, lease.returnable),
+        (8, now + 100 * MS, 11 * SEC)
+    );
+    // A named take: the anonymous refunds' 3 are no longer refundable.
+    let used = |s: &State| match s {
+        State::TokenBucket(b) => b.used,
+        _ => 0,
+    };
+    assert_eq!(used(&after), 18);
+    // Within the step (after the lease's expiry too: its units were never spent): used -= u.
+    for at in [now + 50 * MS, now + 500 * MS, 11 * SEC - 1] {
+        let (back, returned) = give_back(&algo, &after, &after, at, &lease, 5);
+        assert_eq!((back, used(&returned)), (5, 13), "at {at}");
+    }
+    // Once the bucket has refilled, nothing.
+    let (back, returned) = give_back(&algo, &after, &after, 11 * SEC, &lease, 5);
+    assert_eq!((back, &returned), (0, &after));
+}
+
+#[test]
+fn a_calendar_window_lease_never_crosses_the_calendar_window_end() {
+    use crate::config::calendar::{Calendar, CalendarUnit, Zone};
+    let berlin = Zone::named("Europe/Berlin").expect("a zone");
+    let calendar = Calendar::new(berlin, CalendarUnit::Day);
+    let algo =
+        Algo::FixedWindow(FixedWindow::new(1_000, 86_400 * SEC).with_calendar(Some(calendar)));
+    // 10 ms before a Berlin midnight (2026-12-04 23:00 UTC), leases valid 100 ms.
+    let midnight = 1_796_425_200 * SEC;
+    assert_eq!(calendar.window(midnight - 1).1, midnight);
+    let now = midnight - 10 * MS;
+    let (lease, after) = grant(&algo, &State::Fresh, now, 100, 100 * MS).unwrap();
+    assert_eq!(
+        (lease.units, lease.expires, lease.returnable),
+        (100, midnight, midnight)
+    );
+    // Its units were counted in the day they may be spent in; the next day starts afresh,
+    // and the return comes too late to give anything to it.
+    assert_eq!(algo.remaining(&after, midnight - 1), 900);
+    assert_eq!(algo.remaining(&after, midnight), 1_000);
+    assert_eq!(give_back(&algo, &after, &after, midnight, &lease, 50).0, 0);
+    assert_eq!(
+        give_back(&algo, &after, &after, midnight - 1, &lease, 50).0,
+        50
+    );
+}
+
+#[test]
 fn a_sliding_window_lease_counts_against_the_estimate_at_the_grant() {
     let w = SlidingWindow::new(100, SEC);
     let algo = Algo::SlidingWindow(w);
@@ -175,6 +256,7 @@ fn logs_concurrency_and_direct_limits_are_never_leased() {
         charge: Charge::Admitted,
         borrow: false,
         block_nanos: 0,
+        global: false,
         calendar: None,
     };
     assert!(leasable(&limit));
@@ -197,6 +279,7 @@ fn logs_concurrency_and_direct_limits_are_never_leased() {
         },
         LimitParams {
             block_nanos: SEC,
+            global: false,
             ..limit
         },
         LimitParams { quota: 0, ..limit },
@@ -214,6 +297,7 @@ fn funnel_limit(quota: u32, burst: u32) -> LimitParams {
         charge: Charge::Admitted,
         borrow: false,
         block_nanos: 0,
+        global: false,
         calendar: None,
     }
 }
@@ -396,13 +480,82 @@ proptest! {
         let (admitted, _) = simulate(&algo, &steps, validity);
         if kind == 2 {
             // The bucket's refill steps start over from the first take after it is full, so
-            // counting a leased unit at its lease's end may move them: not a replay, but the
+            // counting a leased unit at the grant may move them: not a replay, but the
             // bucket's interval bound.
             let bound = bucket_bound(&admitted, u64::from(burst), u64::from(quota), period);
             prop_assert_eq!(bound, Ok(()));
         } else {
             prop_assert_eq!(replay_admits(&algo, &admitted), Ok(()));
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// A bucket's lease stays in the refill step it is counted in: no refill comes between
+    /// the grant and its last moment, and a return gives back `used -= u` (never above full)
+    /// within that step, nothing after.
+    #[test]
+    fn a_token_bucket_lease_stays_in_its_refill_step(
+        quota in 1u32..100,
+        burst in 1u32..200,
+        period in 1u64..2 * SEC,
+        used in 0u64..250,
+        since in 0u64..4 * SEC,
+        want in 1u64..100,
+        validity in 1u64..300 * MS,
+        later in 0u64..3 * SEC,
+        unused in 0u64..100,
+    ) {
+        let b = TokenBucket::new(quota, period, burst, false);
+        let algo = Algo::TokenBucket(b);
+        let now = 100 * SEC;
+        let state = if used == 0 {
+            State::Fresh
+        } else {
+            State::TokenBucket(Bucket { used, anchor: now - since, refundable: used / 2 })
+        };
+        let Some((lease, after)) = grant(&algo, &state, now, want, validity) else {
+            // Nothing granted only when the bucket has nothing left.
+            prop_assert_eq!(algo.remaining(&state, now), 0);
+            return Ok(());
+        };
+        prop_assert!(lease.units >= 1 && lease.units <= want);
+        prop_assert!(lease.expires > now && lease.expires <= now + validity);
+        let State::TokenBucket(taken) = after.clone() else {
+            return Err(TestCaseError::fail("a bucket's state"));
+        };
+        prop_assert_eq!(b.mark(taken, now), lease.mark);
+        prop_assert_eq!(b.mark(taken, lease.expires - 1), lease.mark, "no refill in the lease");
+        prop_assert_eq!(taken.refundable, 0, "a named take");
+        let at = now + later;
+        let (back, returned) = give_back(&algo, &after, &after, at, &lease, unused);
+        let left = algo.remaining(&after, at);
+        if at < lease.returnable {
+            prop_assert_eq!(b.mark(taken, at), lease.mark, "no refill before the return's end");
+            let expected = (left + unused.min(lease.units)).min(u64::from(burst));
+            prop_assert_eq!(algo.remaining(&returned, at), expected);
+        } else {
+            prop_assert!(b.mark(taken, at) != lease.mark || left == u64::from(burst));
+            prop_assert_eq!(back, 0);
+            prop_assert_eq!(&returned, &after);
+        }
+    }
+
+    /// Buckets of every shape, leased by four replicas: within the bucket's interval bound.
+    #[test]
+    fn leased_token_buckets_stay_within_their_bound(
+        quota in 1u32..40,
+        burst in 1u32..80,
+        period in MS..500 * MS,
+        validity in 1u64..300 * MS,
+        steps in proptest::collection::vec(step(), 1..400),
+    ) {
+        let algo = Algo::TokenBucket(TokenBucket::new(quota, period, burst, false));
+        let (admitted, _) = simulate(&algo, &steps, validity);
+        let bound = bucket_bound(&admitted, u64::from(burst), u64::from(quota), period);
+        prop_assert_eq!(bound, Ok(()));
     }
 }
 

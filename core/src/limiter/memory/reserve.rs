@@ -194,6 +194,7 @@ mod tests {
                 charge: Charge::Admitted,
                 borrow: false,
                 block_nanos: 0,
+                global: false,
                 calendar: None,
             },
             cost: amount,

@@ -128,6 +128,7 @@ fn check_only(key: &[u8], limit: LimitParams, state: &State, until: u64, now: u6
         oldest_hold_nanos: oldest.map(|at| at.saturating_sub(now)),
         blocked_nanos: (until > now).then(|| until - now),
         leased: None,
+        share: None,
     }
 }
 
@@ -261,6 +262,7 @@ mod tests {
             charge: Charge::Admitted,
             borrow: false,
             block_nanos: 0,
+            global: false,
             calendar: None,
         }
     }
@@ -332,6 +334,7 @@ mod tests {
                     oldest_hold_nanos: None,
                     blocked_nanos: None,
                     leased: None,
+                    share: None,
                 });
                 assert_eq!(state.remaining, 10 - (1 + i % 9), "{e:?}");
                 assert_eq!(state.reset_nanos, (1 + i % 9) * SEC, "{e:?}");

@@ -4,8 +4,8 @@
 //!
 //! # One request
 //!
-//! A request whose every hit may be leased (funnel, fixed or sliding window without calendar,
-//! counted when admitted, no `borrow`, no `block_for`, enforced, a cost, no refund, no hold)
+//! A request whose every hit may be leased (funnel, token bucket, fixed window (calendar
+//! windows included) or sliding window, counted when admitted, no `borrow`, no `block_for`, enforced, a cost, no refund, no hold)
 //! counts its demand per key. When every hit's key holds a valid lease with units enough, it is
 //! decided here: admitted, the units spent, no Redis call. Otherwise, for each busy key whose
 //! lease is missing, spent or expired, and which no other request is renewing, one call gives
@@ -34,7 +34,6 @@ use tokio::time::Instant;
 
 use super::RedisLimiter;
 use super::script;
-use crate::config::model::Algorithm;
 use crate::limiter::lease::{self, Demand, Sizing};
 use crate::limiter::{Batch, BatchOutcome, Hit, HitOutcome, LimitParams, Role};
 
@@ -98,6 +97,20 @@ pub(super) struct Renewal {
     give: u64,
 }
 
+/// One lease call's arguments: the lessee, the key (without the prefix) and its limit, the
+/// units given back, the units wanted, the most the lease may be valid (nanoseconds).
+pub(super) struct LeaseCall<'a> {
+    pub id: &'a str,
+    pub key: &'a [u8],
+    pub limit: &'a LimitParams,
+    pub give: u64,
+    pub want: u64,
+    pub validity: u64,
+    /// A deadline (Unix microseconds) after which the script does nothing: a region's call to
+    /// home that arrives late (held in a partition) neither returns nor takes anything.
+    pub deadline: Option<u64>,
+}
+
 /// What a request's hits ask of the table.
 enum Spend {
     Done(BatchOutcome),
@@ -123,11 +136,6 @@ impl Leases {
             && !batch.hits.is_empty()
             && batch.hits.iter().all(|h| {
                 lease::leasable(&h.limit)
-                    && matches!(
-                        h.limit.algorithm,
-                        Algorithm::Funnel | Algorithm::FixedWindow | Algorithm::SlidingWindow
-                    )
-                    && h.limit.calendar.is_none()
                     && h.cost > 0
                     && !h.refund
                     && h.hold.is_none()
@@ -403,7 +411,18 @@ impl RedisLimiter {
         let sent = self.clock.now_nanos();
         let validity = lease::validity(&renewal.limit, &self.leases.sizing);
         let reply = self
-            .within_timeout(|deadline| self.lease_call(renewal, validity, sent, deadline))
+            .within_timeout(|deadline| {
+                let call = LeaseCall {
+                    id: &self.leases.id,
+                    key: &renewal.key,
+                    limit: &renewal.limit,
+                    give: renewal.give,
+                    want: renewal.want,
+                    validity,
+                    deadline: None,
+                };
+                self.lease_call(call, sent, deadline)
+            })
             .await;
         let [now, returned, units, expires, _remaining, reset] = match reply {
             Ok(values) => values,
@@ -421,15 +440,18 @@ impl RedisLimiter {
         Some((held, returned))
     }
 
-    async fn lease_call(
+    /// One call of `lua/lease.lua` by `deadline`: `{ now, returned, units, expires, remaining,
+    /// reset }` (microseconds). A replica's leases call it under the replica's id; a region's
+    /// shares of a global limit (`global`) on the home Redis, under the region's.
+    pub(super) async fn lease_call(
         &self,
-        renewal: &Renewal,
-        validity: u64,
+        renewal: LeaseCall<'_>,
         sent: u64,
         deadline: Instant,
     ) -> RedisResult<[u64; 6]> {
+        let validity = renewal.validity;
         let prefix = self.prefix();
-        let state = script::prefixed(prefix, &renewal.key);
+        let state = script::prefixed(prefix, renewal.key);
         let records = [&state[..], b":lease"].concat();
         let mut invocation = SCRIPT.prepare_invoke();
         invocation.key(state).key(records);
@@ -439,15 +461,18 @@ impl RedisLimiter {
             String::new()
         };
         invocation.arg(now).arg(1);
-        for field in script::limit_fields(&renewal.limit, sent) {
+        for field in script::limit_fields(renewal.limit, sent) {
             invocation.arg(field);
         }
         invocation
-            .arg(&self.leases.id)
+            .arg(renewal.id)
             .arg(renewal.give)
             .arg(renewal.want)
             .arg(validity.div_ceil(1_000).max(1));
-        let reply = self.keyed(&renewal.key, &invocation, deadline).await?;
+        if let Some(deadline) = renewal.deadline {
+            invocation.arg(deadline);
+        }
+        let reply = self.keyed(renewal.key, &invocation, deadline).await?;
         let values: Vec<u64> = redis::from_redis_value(reply)?;
         values.try_into().map_err(|_| {
             redis::RedisError::from((

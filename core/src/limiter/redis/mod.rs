@@ -37,6 +37,7 @@ mod breaker;
 mod cluster;
 pub mod connection;
 mod deny_cache;
+mod global;
 mod group_commit;
 mod holds;
 mod lease;
@@ -86,6 +87,8 @@ pub struct RedisLimiter {
     events: Events,
     /// This replica's leases (`redis.leases`).
     leases: lease::Leases,
+    /// The shares of global limits (`redis.global_url`), if any.
+    global: Option<Arc<global::Global>>,
 }
 
 /// Counts of what happened instead of a plain script call, for metrics.
@@ -131,6 +134,19 @@ impl RedisLimiter {
     }
 
     fn build(
+        settings: &RedisSettings,
+        local_max_keys: usize,
+        clock: Arc<dyn Clock>,
+        script_clock: bool,
+    ) -> Result<RedisLimiter, LimiterError> {
+        let global = global::Global::new(settings, clock.clone(), script_clock)?;
+        let mut limiter = Self::build_one(settings, local_max_keys, clock, script_clock)?;
+        limiter.global = global.map(Arc::new);
+        Ok(limiter)
+    }
+
+    /// A limiter on `settings.url` alone (no global side).
+    fn build_one(
         settings: &RedisSettings,
         local_max_keys: usize,
         clock: Arc<dyn Clock>,
@@ -191,6 +207,7 @@ impl RedisLimiter {
                     min_rate: settings.lease_min_rate,
                 },
             ),
+            global: None,
         })
     }
 
@@ -225,7 +242,7 @@ impl RedisLimiter {
     pub fn events(&self) -> Vec<(&'static str, u64)> {
         let e = &self.events;
         let shared = self.commit.shared();
-        vec![
+        let mut events = vec![
             ("deny_cache_hit", e.deny_cache_hits.load(Ordering::Relaxed)),
             ("breaker_open", e.breaker_open.load(Ordering::Relaxed)),
             ("failure", e.failures.load(Ordering::Relaxed)),
@@ -241,7 +258,11 @@ impl RedisLimiter {
             ("lease_returned", load(&self.leases.counts.returned)),
             ("lease_lost", load(&self.leases.counts.lost)),
             ("lease_decided", load(&self.leases.counts.decided)),
-        ]
+        ];
+        if let Some(global) = &self.global {
+            events.extend(global.events());
+        }
+        events
     }
 
     /// The nodes known now (the server, the master Sentinel last named, the masters of a
@@ -313,6 +334,16 @@ impl RedisLimiter {
     }
 
     async fn decide(&self, batch: &Batch) -> Result<BatchOutcome, LimiterError> {
+        if let Some(global) = &self.global
+            && batch.hits.iter().any(|h| h.limit.global)
+        {
+            return self.decide_global(global, batch).await;
+        }
+        self.decide_local(batch).await
+    }
+
+    /// A request without global hits (or a global request's local hits).
+    async fn decide_local(&self, batch: &Batch) -> Result<BatchOutcome, LimiterError> {
         let sent = self.clock.now_nanos();
         if let Some(outcome) = self.deny.answer(batch, sent) {
             bump(&self.events.deny_cache_hits);
@@ -585,7 +616,14 @@ impl Limiter for RedisLimiter {
         &'a self,
         batch: &'a Batch,
     ) -> BoxFuture<'a, Result<BatchOutcome, LimiterError>> {
-        Box::pin(self.dry(batch))
+        Box::pin(self.read_split(batch, global::Read::Dry))
+    }
+
+    fn shares<'a>(
+        &'a self,
+        keys: &'a [&'a [u8]],
+    ) -> BoxFuture<'a, Result<Vec<Option<super::counters::ShareView>>, LimiterError>> {
+        Box::pin(self.shares_of(keys))
     }
 
     fn reset<'a>(

@@ -84,7 +84,13 @@ impl RedisLimiter {
     ) -> Result<usize, LimiterError> {
         let deadline = Instant::now() + self.timeout.max(ADMIN_TIMEOUT);
         let work = async {
-            let deleted = self.delete(keys).await?;
+            let mut deleted = self.delete(keys).await?;
+            // A global key's state lives in the home Redis (and this region's pool was
+            // deleted above): a reset starts it over there too. Shares other regions hold
+            // stay theirs until they expire.
+            if let Some(global) = &self.global {
+                deleted += global.home().delete(keys).await?;
+            }
             self.deny.clear();
             self.leases.clear();
             self.announce().await?;
@@ -107,6 +113,8 @@ impl RedisLimiter {
         // And its leases' records (`lua/lease.lua`): a return made after the reset gives
         // nothing back.
         let leased = |key: &[u8]| [prefix, key, b":lease"].concat();
+        // And a global key's pool of shares in this region (`lua/share.lua`).
+        let pooled = |key: &[u8]| [prefix, key, b":share"].concat();
         if !connector.is_cluster() {
             if keys.is_empty() {
                 return Ok(0);
@@ -116,6 +124,7 @@ impl RedisLimiter {
                 del.arg(full(key));
                 unblock.arg(boxed(key));
                 unblock.arg(leased(key));
+                unblock.arg(pooled(key));
             }
             let mut conn = connector.get(0).await?;
             let deleted = del.query_async(&mut conn).await?;
@@ -134,6 +143,7 @@ impl RedisLimiter {
             let n = self.keyed(key, &del(full(key)), deadline).await?;
             self.keyed(key, &del(boxed(key)), deadline).await?;
             self.keyed(key, &del(leased(key)), deadline).await?;
+            self.keyed(key, &del(pooled(key)), deadline).await?;
             deleted += redis::from_redis_value::<usize>(n)?;
         }
         Ok(deleted)

@@ -14,11 +14,12 @@ use std::time::Duration;
 use redis::RedisResult;
 
 use super::RedisLimiter;
+use super::global::Read;
 use crate::config::model::Algorithm;
 use crate::limiter::counters::{
     BackendStatus, CounterEntry, CounterPage, CounterQuery, KeyState, Resolved,
 };
-use crate::limiter::{Batch, Hit, LimitParams, Limiter as _, LimiterError, Role};
+use crate::limiter::{Batch, Hit, LimitParams, LimiterError, Role};
 
 /// `SCAN` calls one page may make (with a selective pattern most return nothing).
 const MAX_SCANS_PER_PAGE: usize = 64;
@@ -71,7 +72,10 @@ async fn read(
             continue;
         };
         // A penalty box is listed as the key it belongs to (once, with its state).
-        let key = key.strip_suffix(BLOCK_SUFFIX).unwrap_or(key);
+        let key = key
+            .strip_suffix(BLOCK_SUFFIX)
+            .or_else(|| key.strip_suffix(SHARE_SUFFIX))
+            .unwrap_or(key);
         if !seen.insert(key.to_vec()) {
             continue;
         }
@@ -96,7 +100,7 @@ async fn read(
         return Ok(entries);
     }
     let batch = Batch { hits };
-    let outcome = limiter.check(&batch).await?;
+    let outcome = limiter.read_split(&batch, Read::Check).await?;
     let boxed: Vec<&[u8]> = entries
         .iter()
         .filter(|e| e.limit.is_some_and(|l| l.block_nanos > 0))
@@ -123,7 +127,17 @@ async fn read(
                     .held_units(&entry.key, limiter.clock.now_nanos()),
             )
             .filter(|&n| n > 0),
+            share: None,
         });
+    }
+    if limiter.has_global() {
+        for entry in entries.iter_mut() {
+            if entry.limit.is_some_and(|l| l.global)
+                && let Some(state) = entry.state.as_mut()
+            {
+                state.share = limiter.shares_of(&[&entry.key]).await?.pop().flatten();
+            }
+        }
     }
     for entry in &mut entries {
         let held = match (entry.limit, entry.state) {
@@ -146,6 +160,10 @@ async fn read(
 
 /// The suffix of a penalty box's key (`BLOCK_SUFFIX` in the script's prelude).
 const BLOCK_SUFFIX: &[u8] = b":block";
+
+/// The suffix of a global key's pool in the region's Redis (`lua/share.lua`): listed as the
+/// key, whose state is read from home.
+const SHARE_SUFFIX: &[u8] = b":share";
 
 /// Per key (without the Redis prefix), the time left in its penalty box, if it is in one:
 /// one `PTTL` per key, pipelined (milliseconds: the box's key expires when the box ends).

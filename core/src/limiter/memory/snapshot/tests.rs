@@ -26,6 +26,7 @@ fn limit(algorithm: Algorithm, quota: u32, period: u64) -> LimitParams {
         charge: Charge::Admitted,
         borrow: false,
         block_nanos: 0,
+        global: false,
         calendar: None,
     }
 }
@@ -61,6 +62,7 @@ fn busy(l: &MemoryLimiter<ManualClock>) -> Vec<Batch> {
         .collect();
     let boxed = LimitParams {
         block_nanos: 30 * SEC,
+        global: false,
         ..limit(Algorithm::Funnel, 1, 60 * SEC)
     };
     batches.push(batch("boxed", boxed, 1));

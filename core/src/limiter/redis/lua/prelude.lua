@@ -263,11 +263,14 @@ end
 -- `take_id(params, state, now, cost, id)` and `give_id(...)`, set only by concurrency, take
 -- and give back under a hold the request names (a hit with a hold id); main.lua calls them
 -- instead of `take` and `give` for such a hit.
+-- `next_step(params, state, now)`, set only by the token bucket, is its next refill step after
+-- now (TokenBucket::next_refill): where a lease on it must end (lease.lua).
 local function algorithm(params, load, admits, take, give, remaining, reset, until_admitted,
-                         fresh_at, text, save, deny, name_take, give_named)
+                         fresh_at, text, save, deny, name_take, give_named, next_step)
   return {
     params = params, load = load, admits = admits, take = take, give = give,
     remaining = remaining, reset = reset, until_admitted = until_admitted, fresh_at = fresh_at,
     text = text, save = save, deny = deny, name_take = name_take, give_named = give_named,
+    next_step = next_step,
   }
 end

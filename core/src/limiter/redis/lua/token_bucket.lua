@@ -120,6 +120,13 @@ MAKERS.b = MAKERS.b and function()
     return fmt(s.used) .. ":" .. fmt(s.anchor) .. ":" .. fmt(s.refundable)
   end
 
+  -- TokenBucket::next_refill: a full bucket's next step is one period after now.
+  local function next_step(b, s, now)
+    local at = bucket_refilled(b, s, now)
+    if at.used == 0 then return sat_add(now, b.period) end
+    return sat_add(at.anchor, b.period)
+  end
+
   return algorithm(params, load, admits, take, give, remaining, reset, until_admitted, fresh_at,
-    text, nil, nil, name_take, give_named)
+    text, nil, nil, name_take, give_named, next_step)
 end

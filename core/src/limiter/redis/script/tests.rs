@@ -24,6 +24,7 @@ fn hit(key: &str, group: usize) -> Hit {
             charge: Charge::Always,
             borrow: true,
             block_nanos: 0,
+            global: false,
             calendar: None,
         },
         cost: u64::MAX,
