@@ -1531,7 +1531,6 @@ fn global_values_that_would_break_a_release_are_refused() {
 /// `sluice check` with each region's pod environment (the Secret's URLs, decoded) and its
 /// rules: the settings the chart sets and the rules' `scope: global` are ones sluice takes.
 #[test]
-#[ignore = "enable once the regions branch (issue 39) is merged: it passes with it"]
 fn the_two_region_examples_pass_sluice_check_with_their_pod_settings() {
     for region in REGIONS {
         let docs = render_region(region);
@@ -1560,7 +1559,6 @@ fn the_two_region_examples_pass_sluice_check_with_their_pod_settings() {
 /// second) and at least 90% of it, each region admits some, the home Redis lent the shares
 /// and each region spent them in its own Redis (their script calls).
 #[tokio::test]
-#[ignore = "enable once the regions branch (issue 39) is merged: it passes with it"]
 async fn two_regions_from_the_examples_admit_a_global_limit_once() {
     let home = sluice::testing::redis::RedisServer::start();
     let own = [
