@@ -12,7 +12,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::support::sluice_check;
 use crate::support::yaml::{
     self, Doc, at, bool_at, int_at, named, opt, seq_at, str_at, string_map,
 };
@@ -676,10 +675,12 @@ struct Pod {
 /// listen addresses keep the chart's host (every address of the pod) with port 0, the
 /// kernel's choice, read back from the log; files of the mounted Secrets are written under a
 /// temporary directory (the admin token: the chart's Secret's, decoded; the Redis TLS files:
-/// `redis_tls`), and the settings that name them point there.
+/// `redis_tls`), and the settings that name them point there. A variable the chart takes
+/// from a Secret's key (the Redis URLs) gets its value from `secrets`, by variable name: the
+/// servers started here rather than the example hosts the values name.
 async fn start_like_the_pod(
     docs: &[Doc],
-    redis_url: Option<&str>,
+    secrets: &[(&str, &str)],
     redis_tls: Option<&Path>,
 ) -> Pod {
     let files = tempfile::tempdir().expect("a temporary directory");
@@ -688,7 +689,6 @@ async fn start_like_the_pod(
     for (file, text) in string_map(rules_config_map(docs), "data") {
         std::fs::write(rules.join(file), text).expect("write a rules file");
     }
-    sluice_check(&rules);
     let c = container(docs);
     let pod = at(only(docs, "Deployment"), "spec.template.spec");
 
@@ -710,11 +710,10 @@ async fn start_like_the_pod(
             token
         });
 
-    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
-    command.env_clear();
+    let mut env = Vec::new();
     for (name, value) in env_of(c) {
         let value = match value.strip_prefix("secret:") {
-            Some(_) => redis_url.expect("a Redis URL for the secret").to_owned(),
+            Some(_) => secret_value(secrets, &name),
             None => value,
         };
         let value = if let Some(file) = value.strip_prefix(REDIS_TLS_DIR) {
@@ -729,8 +728,16 @@ async fn start_like_the_pod(
         } else {
             value
         };
-        command.env(name, value);
+        env.push((name, value));
     }
+    // The rules pass `sluice check` with the pod's settings (a global limit needs the home
+    // Redis's).
+    let mut check = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    check.env_clear().envs(env.iter().cloned());
+    check.args(["check", "--rules"]).arg(&rules);
+    run(check, "sluice check with the pod's settings");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    command.env_clear().envs(env);
     let args: Vec<&str> = seq_at(c, "args").iter().filter_map(Yaml::as_str).collect();
     assert_eq!(
         args,
@@ -779,6 +786,13 @@ async fn start_like_the_pod(
     }
 }
 
+/// The value of `name`, a variable the chart takes from a Secret, in `secrets`.
+fn secret_value(secrets: &[(&str, &str)], name: &str) -> String {
+    let found = secrets.iter().find(|(n, _)| *n == name);
+    let (_, value) = found.unwrap_or_else(|| panic!("{name} comes from a Secret: no value given"));
+    (*value).to_owned()
+}
+
 /// [`start_like_the_pod`], then, with a Redis URL, requests until `reached_redis` says a
 /// limiter call arrived there (at most 5 s): with `redis.onError: local`, a first request
 /// whose call outlives the chart's 50 ms Redis timeout (the connection's TLS handshake, on a
@@ -788,7 +802,11 @@ async fn run_like_the_pod(
     redis: Option<(&str, &dyn Fn() -> bool)>,
     redis_tls: Option<&Path>,
 ) {
-    let pod = start_like_the_pod(docs, redis.map(|(url, _)| url), redis_tls).await;
+    let secrets: Vec<(&str, &str)> = redis
+        .map(|(url, _)| ("SLUICE_REDIS__URL", url))
+        .into_iter()
+        .collect();
+    let pod = start_like_the_pod(docs, &secrets, redis_tls).await;
     if let Some((_, reached_redis)) = redis {
         // Requests of the first domain, so that sluice calls its limiter on Redis.
         let domain = rules_domain(docs);
@@ -821,7 +839,7 @@ async fn at_the_defaults_a_reset_needs_the_token_from_the_charts_secret() {
         str_at(named(service, "spec.ports", "http"), "targetPort"),
         "http"
     );
-    let pod = start_like_the_pod(&docs, None, None).await;
+    let pod = start_like_the_pod(&docs, &[], None).await;
     let token = pod.token.clone().expect("a token at the defaults");
     let domain = rules_domain(&docs);
     let mut client = RateLimitServiceClient::connect(format!("http://{}", pod.grpc))
@@ -1290,4 +1308,313 @@ fn the_chart_readme_lists_every_value() {
         }
     }
     assert!(missing.is_empty(), "not in the chart's README: {missing:?}");
+}
+
+// Two regions: deploy/helm/examples/regions/ (docs/regions.md).
+
+/// The two regions of the example, each installed with the shared values and its own.
+const REGIONS: [&str; 2] = ["east", "west"];
+
+fn region_values_args(region: &str) -> Vec<String> {
+    let dir = root().join("deploy/helm/examples/regions");
+    [
+        "common-values.yaml".to_owned(),
+        format!("{region}-values.yaml"),
+    ]
+    .iter()
+    .flat_map(|file| ["-f".to_owned(), dir.join(file).display().to_string()])
+    .collect()
+}
+
+/// `helm template sluice <chart> -f common-values.yaml -f <region>-values.yaml` in `rl`.
+fn render_region(region: &str) -> Vec<Doc> {
+    let mut command = helm();
+    command
+        .args(["template", "sluice", "--namespace", "rl"])
+        .arg(chart())
+        .args(region_values_args(region));
+    yaml::documents(&run(command, &format!("helm template ({region})")))
+}
+
+/// The decoded `data.<key>` of the chart's Redis Secret.
+fn redis_secret_value(docs: &[Doc], key: &str) -> String {
+    decode_base64(str_at(
+        by_name(docs, "Secret", "sluice-redis"),
+        &format!("data.{key}"),
+    ))
+}
+
+/// Each region's release: linted strictly and valid for Kubernetes; its pods named with their
+/// region, reading their own Redis and the shared home Redis from the chart's Secret, and
+/// denying once cut off; the rules identical in both, with the tenant's two limits global and
+/// the per-address one local.
+#[test]
+fn the_two_region_examples_render_one_home_and_a_redis_of_their_own() {
+    let validate = tool(".venv/bin/kubernetes-validate", VALIDATE_INSTALL);
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let mut rules = Vec::new();
+    let mut urls = Vec::new();
+    let mut homes = Vec::new();
+    for region in REGIONS {
+        let mut lint = helm();
+        lint.args(["lint", "--strict"])
+            .arg(chart())
+            .args(region_values_args(region));
+        run(lint, &format!("helm lint --strict ({region})"));
+        let docs = render_region(region);
+        let file = dir.path().join(format!("{region}.yaml"));
+        let texts: Vec<&str> = docs.iter().map(|d| d.text.as_str()).collect();
+        std::fs::write(&file, texts.join("---\n")).expect("write the manifests");
+        let mut check = Command::new(&validate);
+        check.args(["--strict", "--quiet"]).arg(&file);
+        run(check, &format!("kubernetes-validate --strict ({region})"));
+
+        let env = env_of(container(&docs));
+        assert_eq!(env_value(&env, "SLUICE_LIMITER__BACKEND"), "redis");
+        assert_eq!(env_value(&env, "SLUICE_REDIS__REGION"), region);
+        assert_eq!(
+            env_value(&env, "SLUICE_REDIS__URL"),
+            "secret:sluice-redis/url"
+        );
+        assert_eq!(
+            env_value(&env, "SLUICE_REDIS__GLOBAL_URL"),
+            "secret:sluice-redis/global_url"
+        );
+        assert_eq!(env_value(&env, "SLUICE_REDIS__GLOBAL_ON_ERROR"), "deny");
+        assert_eq!(env_value(&env, "SLUICE_REDIS__GLOBAL_SHARE_PERCENT"), "10");
+        let url = redis_secret_value(&docs, "url");
+        let home = redis_secret_value(&docs, "global_url");
+        assert!(url.contains(&format!("redis-{region}-")), "{region}: {url}");
+        assert_ne!(url, home, "{region}: its own Redis is not the home Redis");
+        urls.push(url);
+        homes.push(home);
+        rules.push(string_map(rules_config_map(&docs), "data"));
+    }
+    assert_ne!(urls[0], urls[1], "each region has a Redis of its own");
+    assert_eq!(homes[0], homes[1], "one home Redis for both regions");
+    assert_eq!(rules[0], rules[1], "the same rules in both regions");
+
+    let (file, text) = &rules[0][0];
+    assert_eq!(file, "rules.yaml");
+    let parsed = yaml::documents(text);
+    let domain = &parsed[0].yaml;
+    assert_eq!(str_at(domain, "domain"), "api");
+    let tenant = &seq_at(domain, "descriptors")[0];
+    assert_eq!(str_at(tenant, "key"), "tenant");
+    let limits = seq_at(tenant, "rate_limits");
+    assert_eq!(limits.len(), 2);
+    for limit in limits {
+        assert_eq!(str_at(limit, "scope"), "global", "{limit:?}");
+        let algorithm = str_at(limit, "algorithm");
+        assert!(
+            ["fixed_window", "token_bucket", "funnel"].contains(&algorithm),
+            "{algorithm} cannot be global"
+        );
+    }
+    let address = &seq_at(domain, "descriptors")[1];
+    assert_eq!(str_at(address, "key"), "remote_address");
+    assert!(
+        opt(address, "rate_limit.scope").is_none(),
+        "local by default"
+    );
+}
+
+#[test]
+fn global_values_that_would_break_a_release_are_refused() {
+    let redis = [
+        "--set",
+        "backend=redis",
+        "--set",
+        "redis.url=redis://r:6379",
+    ];
+    let with = |more: &[&'static str]| [&redis[..], more].concat();
+    let cases: [(Vec<&str>, &str); 8] = [
+        (
+            vec!["--set", "redis.global.region=east"],
+            "redis.global.region needs backend redis",
+        ),
+        (
+            with(&["--set", "redis.global.region=east"]),
+            "redis.global.region needs redis.global.url",
+        ),
+        (
+            with(&["--set", "redis.global.url=redis://home:6379"]),
+            "redis.global.url needs redis.global.region",
+        ),
+        (
+            with(&[
+                "--set",
+                "redis.global.region=east",
+                "--set",
+                "redis.global.url=redis://r:6379",
+            ]),
+            "redis.global.url must be another Redis than redis.url",
+        ),
+        (
+            vec!["--set", "redis.global.onError=allow"],
+            "redis.global.onError must be deny or share, not \"allow\"",
+        ),
+        (
+            vec!["--set", "redis.global.sharePercent=0"],
+            "redis.global.sharePercent must be a whole number from 1 to 100, not 0",
+        ),
+        (
+            with(&[
+                "--set",
+                "redis.global.region=us east",
+                "--set",
+                "redis.global.url=redis://home:6379",
+            ]),
+            "redis.global.region must be 1 to 64 letters, digits, '-', '_' or '.', not \"us east\"",
+        ),
+        (
+            vec!["--set", "redis.global.leaseMs=1.5"],
+            "redis.global.leaseMs must be a whole number of milliseconds, not 1.5",
+        ),
+    ];
+    for (args, message) in cases {
+        let out = helm()
+            .args(["template", "sluice"])
+            .arg(chart())
+            .args(&args)
+            .output()
+            .expect("run helm template");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} rendered");
+        assert!(stderr.contains(message), "{args:?}: {stderr}");
+    }
+    // With an existing Secret, the home URL is its `redis.global.existingSecretKey`.
+    let mut command = helm();
+    command.args(["template", "sluice"]).arg(chart()).args([
+        "--set",
+        "backend=redis",
+        "--set",
+        "redis.existingSecret=shared-redis",
+        "--set",
+        "redis.global.region=west",
+        "--set",
+        "redis.global.existingSecretKey=home",
+        "--set",
+        "redis.global.onError=share",
+        "--set",
+        "redis.global.sharePercent=5",
+        "--set",
+        "redis.global.shareMs=500",
+    ]);
+    let docs = yaml::documents(&run(command, "helm template (existing Secret)"));
+    assert!(
+        docs.iter()
+            .all(|d| d.kind() != "Secret" || d.name() != "sluice-redis")
+    );
+    let env = env_of(container(&docs));
+    assert_eq!(
+        env_value(&env, "SLUICE_REDIS__GLOBAL_URL"),
+        "secret:shared-redis/home"
+    );
+    assert_eq!(env_value(&env, "SLUICE_REDIS__GLOBAL_ON_ERROR"), "share");
+    assert_eq!(env_value(&env, "SLUICE_REDIS__GLOBAL_SHARE_PERCENT"), "5");
+    assert_eq!(env_value(&env, "SLUICE_REDIS__GLOBAL_SHARE_MS"), "500");
+    assert!(
+        env.iter()
+            .all(|(n, _)| n != "SLUICE_REDIS__GLOBAL_LEASE_MS"),
+        "sluice's default"
+    );
+    // Without a region, nothing of it reaches the pod.
+    let env = env_of(container(&render(Some("all-on-values.yaml"))));
+    assert!(
+        env.iter()
+            .all(|(n, _)| n != "SLUICE_REDIS__REGION" && !n.starts_with("SLUICE_REDIS__GLOBAL")),
+        "{env:?}"
+    );
+}
+
+/// `sluice check` with each region's pod environment (the Secret's URLs, decoded) and its
+/// rules: the settings the chart sets and the rules' `scope: global` are ones sluice takes.
+#[test]
+fn the_two_region_examples_pass_sluice_check_with_their_pod_settings() {
+    for region in REGIONS {
+        let docs = render_region(region);
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        for (file, text) in string_map(rules_config_map(&docs), "data") {
+            std::fs::write(dir.path().join(file), text).expect("write a rules file");
+        }
+        let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        command.env_clear();
+        for (name, value) in env_of(container(&docs)) {
+            let value = match value.strip_prefix("secret:sluice-redis/") {
+                Some(key) => redis_secret_value(&docs, key),
+                None => value,
+            };
+            command.env(name, value);
+        }
+        command.args(["check", "--rules"]).arg(dir.path());
+        let out = run(command, &format!("sluice check ({region})"));
+        assert_eq!(out.trim(), "ok: 1 domain(s)", "{region}");
+    }
+}
+
+/// Both regions' pods, each with its rendered environment, on three real redis-servers
+/// (home, east, west): both become ready; 800 requests of one tenant spread over both regions
+/// are admitted at most the global token bucket's bound (600 at once, refilled at 10 a
+/// second) and at least 90% of it, each region admits some, the home Redis lent the shares
+/// and each region spent them in its own Redis (their script calls).
+#[tokio::test]
+async fn two_regions_from_the_examples_admit_a_global_limit_once() {
+    let home = sluice::testing::redis::RedisServer::start();
+    let own = [
+        sluice::testing::redis::RedisServer::start(),
+        sluice::testing::redis::RedisServer::start(),
+    ];
+    let (home_url, own_urls) = (home.url(), [own[0].url(), own[1].url()]);
+    let mut pods = Vec::new();
+    for (region, url) in REGIONS.iter().zip(&own_urls) {
+        let docs = render_region(region);
+        let secrets = [
+            ("SLUICE_REDIS__URL", url.as_str()),
+            ("SLUICE_REDIS__GLOBAL_URL", home_url.as_str()),
+        ];
+        pods.push(start_like_the_pod(&docs, &secrets, None).await);
+    }
+    let mut clients = Vec::new();
+    for pod in &pods {
+        let client = RateLimitServiceClient::connect(format!("http://{}", pod.grpc))
+            .await
+            .expect("connect to sluice");
+        clients.push(client);
+    }
+    let started = Instant::now();
+    let mut admitted = [0u64; 2];
+    let mut unavailable = Vec::new();
+    for i in 0..800 {
+        let region = i % 2;
+        let request = req("api", vec![desc(&[("tenant", "acme")])]);
+        match clients[region].should_rate_limit(request).await {
+            Ok(answer) => {
+                if overall(answer.get_ref()) == Code::Ok {
+                    admitted[region] += 1;
+                }
+            }
+            Err(status) => unavailable.push((i, REGIONS[region], status.message().to_owned())),
+        }
+    }
+    // A call to a region's Redis past the chart's 100 ms `redis.timeoutMs` answers UNAVAILABLE
+    // (Envoy's failure mode decides): a few on a loaded machine, never an admission here.
+    assert!(unavailable.len() <= 40, "{unavailable:?}");
+    let unanswered = unavailable.len() as u64;
+    // The bucket holds 600 and refills 10 a second: the bound over the run.
+    let bound = 600 + 10 * (started.elapsed().as_secs() + 1);
+    let total = admitted[0] + admitted[1];
+    assert!(total <= bound, "{admitted:?} over the bound {bound}");
+    assert!(admitted.iter().all(|&a| a > 0), "{admitted:?}");
+    assert!(
+        total + unanswered >= 540,
+        "{admitted:?} and {unanswered} unanswered: more than a tenth under the limit"
+    );
+    assert!(home.script_calls() > 0, "the home Redis lent no share");
+    for (region, redis) in REGIONS.iter().zip(&own) {
+        assert!(
+            redis.script_calls() > 0,
+            "{region} spent nothing in its Redis"
+        );
+    }
 }

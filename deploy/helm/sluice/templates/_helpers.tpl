@@ -67,6 +67,15 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/* The key of the home Redis's URL (global limits) in the Secret of sluice.redisSecret. */}}
+{{- define "sluice.redisGlobalSecretKey" -}}
+{{- if .Values.redis.existingSecret }}
+{{- .Values.redis.global.existingSecretKey }}
+{{- else }}
+{{- "global_url" }}
+{{- end }}
+{{- end }}
+
 {{/* Checks the values that would make a broken release. */}}
 {{- define "sluice.validate" -}}
 {{- if not (has .Values.backend (list "memory" "redis")) }}
@@ -80,6 +89,36 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- if or (lt (int .Values.redis.connections) 1) (ne (toString .Values.redis.connections) (toString (int .Values.redis.connections))) }}
 {{- fail (printf "redis.connections must be a whole number of at least 1, not %v" .Values.redis.connections) }}
+{{- end }}
+{{- with .Values.redis.global }}
+{{- if .region }}
+{{- if ne $.Values.backend "redis" }}
+{{- fail "redis.global.region needs backend redis: global limits are lent by a home Redis to this region's Redis" }}
+{{- end }}
+{{- if and (not .url) (not $.Values.redis.existingSecret) }}
+{{- fail "redis.global.region needs redis.global.url (or redis.existingSecret with the key redis.global.existingSecretKey)" }}
+{{- end }}
+{{- if not (regexMatch "^[A-Za-z0-9._-]{1,64}$" (toString .region)) }}
+{{- fail (printf "redis.global.region must be 1 to 64 letters, digits, '-', '_' or '.', not %q" (toString .region)) }}
+{{- end }}
+{{- if and .url (eq .url $.Values.redis.url) }}
+{{- fail "redis.global.url must be another Redis than redis.url: the home Redis lends shares to this region's own" }}
+{{- end }}
+{{- else if .url }}
+{{- fail "redis.global.url needs redis.global.region: this region's name" }}
+{{- end }}
+{{- if not (has .onError (list "deny" "share")) }}
+{{- fail (printf "redis.global.onError must be deny or share, not %q" .onError) }}
+{{- end }}
+{{- if or (lt (int .sharePercent) 1) (gt (int .sharePercent) 100) (ne (toString .sharePercent) (toString (int .sharePercent))) }}
+{{- fail (printf "redis.global.sharePercent must be a whole number from 1 to 100, not %v" .sharePercent) }}
+{{- end }}
+{{- range $key := list "shareMs" "leaseMs" }}
+{{- $v := get $.Values.redis.global $key }}
+{{- if and $v (or (lt (int $v) 1) (ne (toString $v) (toString (int $v)))) }}
+{{- fail (printf "redis.global.%s must be a whole number of milliseconds, not %v" $key $v) }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- with .Values.redis.tls }}
 {{- if .secretName }}
