@@ -72,6 +72,9 @@ impl PerSecond {
         limit.period_nanos == SECOND
             && limit.calendar.is_none()
             && limit.algorithm != Algorithm::Concurrency
+            // A global limit is counted at home through the main side's regions, whatever
+            // its unit.
+            && !limit.global
     }
 
     fn side_of(hit: &Hit) -> Side {
@@ -417,6 +420,14 @@ impl Limiter for PerSecond {
         Box::pin(self.blocks(keys))
     }
 
+    /// Global limits live on the main side (`is_per_second`).
+    fn shares<'a>(
+        &'a self,
+        keys: &'a [&'a [u8]],
+    ) -> BoxFuture<'a, Result<Vec<Option<crate::limiter::counters::ShareView>>, LimiterError>> {
+        self.main.shares(keys)
+    }
+
     /// Each key's from the side its limit lives on.
     fn leases<'a>(
         &'a self,
@@ -517,6 +528,18 @@ mod tests {
         assert_eq!(outcome.hits[0].remaining, 1);
         assert_eq!(outcome.hits[1].remaining, 2);
         assert_eq!((main.len(), second.len()), (1, 1));
+    }
+
+    /// A global limit of a second is counted on the main side, whose regions count it at
+    /// home: never in the per-second store.
+    #[test]
+    fn a_global_limit_of_a_second_stays_on_the_main_side() {
+        let (both, main, second) = limiters();
+        let mut global = window("g", 0, 2, SECOND);
+        global.limit.global = true;
+        let outcome = block_on(both.check(&Batch { hits: vec![global] })).unwrap();
+        assert!(outcome.admitted);
+        assert_eq!((main.len(), second.len()), (1, 0));
     }
 
     /// A descriptor whose per-minute limit is spent: its per-second take is given back, so
