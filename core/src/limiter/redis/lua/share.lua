@@ -3,8 +3,9 @@
 -- are src/limiter/share.rs). Its own script: the prelude (for clock and fmt), the algorithm
 -- files (unused), then this.
 --
--- The home Redis (`redis.global_url`) lends the region shares by lease.lua, under the lessee
--- ids "<region>#0" and "<region>#1": the pool's two slots, so that the region can take the
+-- The home Redis (`redis.global_url`) lends the region shares by lease requests of the batch
+-- script ("Leases" in prelude.lua), under two lessee ids (stable hashes of "<region>#0" and
+-- "<region>#1"): the pool's two slots, so that the region can take the
 -- next share while it spends the current one. A slot's units may be spent while now < its
 -- `until` (the share's expiry, in this Redis's time and never later than home's). The home
 -- Redis counts a share as spent at its expiry, so whatever happens here, no interval admits
