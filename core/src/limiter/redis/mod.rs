@@ -46,6 +46,7 @@ mod replication;
 mod reserve;
 mod scan;
 pub mod script;
+mod sentinel;
 mod slots;
 mod topology;
 
