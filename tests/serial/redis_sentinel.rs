@@ -193,7 +193,11 @@ async fn after_a_sentinel_failover_calls_reach_the_new_master_within_a_second() 
         url: group.url(),
         timeout_ms: TIMEOUT_MS,
         wait_replicas: 1,
-        wait_timeout_ms: TIMEOUT_MS / 5,
+        // Until the old master is demoted (about 10 s), neither master has a replica: every
+        // call waits its `WAIT` out, and calls queue behind those waits (answers took 3-5
+        // waits at a fifth of the time-out, some past it). A tenth, as in the chaos run, keeps
+        // the answers within the time-out: this test is about where the calls go.
+        wait_timeout_ms: TIMEOUT_MS / 10,
         ..RedisSettings::default()
     };
     let replicas = [(); 2].map(|_| Arc::new(RedisLimiter::new(&settings, 1000).expect("settings")));
@@ -224,17 +228,20 @@ async fn after_a_sentinel_failover_calls_reach_the_new_master_within_a_second() 
     let asked = Instant::now();
     // Polled every 5 ms: when the sentinel names the new master, and when sluice's first call
     // reaches it.
-    let (announced, reached) = tokio::task::block_in_place(|| {
-        wait_until(Duration::from_secs(10), "SENTINEL FAILOVER taken", || {
-            let taken: ::redis::RedisResult<String> =
-                sentinel.get_connection().and_then(|mut c| {
-                    ::redis::cmd("SENTINEL")
-                        .arg("FAILOVER")
-                        .arg("mymaster")
-                        .query(&mut c)
-                });
-            taken.is_ok()
+    let ask = || {
+        let taken: ::redis::RedisResult<String> = sentinel.get_connection().and_then(|mut c| {
+            ::redis::cmd("SENTINEL")
+                .arg("FAILOVER")
+                .arg("mymaster")
+                .query(&mut c)
         });
+        taken.is_ok()
+    };
+    let (announced, reached) = tokio::task::block_in_place(|| {
+        wait_until(Duration::from_secs(10), "SENTINEL FAILOVER taken", ask);
+        // A failover the sentinel gives up (its view of the replica not fresh enough yet) is
+        // asked for again every 3 s.
+        let mut last_ask = Instant::now();
         let (mut announced, mut reached) = (None, None);
         let deadline = Instant::now() + Duration::from_secs(15);
         while (announced.is_none() || reached.is_none()) && Instant::now() < deadline {
@@ -243,6 +250,10 @@ async fn after_a_sentinel_failover_calls_reach_the_new_master_within_a_second() 
             }
             if reached.is_none() && new.script_calls() > 0 {
                 reached = Some(Instant::now());
+            }
+            if announced.is_none() && last_ask.elapsed() > Duration::from_secs(3) {
+                ask();
+                last_ask = Instant::now();
             }
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -293,11 +304,29 @@ async fn after_a_sentinel_failover_calls_reach_the_new_master_within_a_second() 
         "sluice kept calling the old master from 1 s after the announcement"
     );
     assert!(hot.admitted > 0, "answered");
-    for (sent, e) in &hot.errors {
+    if std::env::var_os("DEBUG_FAILOVER").is_some() {
+        // The slowest answer per 100 ms sent, from the ask on.
+        let mut slowest = std::collections::BTreeMap::new();
+        for (sent, answered) in &hot.answers {
+            if *sent >= asked {
+                let at = (*sent - asked).as_millis() / 100;
+                let took = answered.saturating_duration_since(*sent).as_millis();
+                let e = slowest.entry(at).or_insert((0, 0));
+                e.0 = e.0.max(took);
+                e.1 += 1;
+            }
+        }
+        eprintln!(
+            "announced at {:?}; slowest answer (ms) and count per 100 ms sent: {slowest:?}",
+            announced - asked
+        );
+    }
+    for ((sent, e), answered) in hot.errors.iter().zip(&hot.error_ends) {
         assert!(
             *sent >= asked && *sent <= announced + Duration::from_secs(1),
-            "an error {:?} after the announcement: {e}",
-            sent.saturating_duration_since(announced)
+            "an error sent {:?} after the announcement, answered {:?} after it was sent: {e}",
+            sent.saturating_duration_since(announced),
+            answered.saturating_duration_since(*sent)
         );
     }
     assert!(
