@@ -1092,6 +1092,11 @@ def evaluate(args, setup, admitted, buckets, errors, requests, faults, load_star
         for e in outside:
             nodes[e[4]] = nodes.get(e[4], 0) + 1
         failures.append(f"errors outside a fault's window by node: {nodes}")
+    # Every error outside a window, located: per second sent and node (the list keeps 50).
+    by_second = {}
+    for e in outside:
+        at = f"{int(e[0])} {e[4]}"
+        by_second[at] = by_second.get(at, 0) + 1
     # Exactness.
     over = {k: v - args.quota for k, v in admitted.items() if v > args.quota}
     over_total = sum(over.values())
@@ -1109,6 +1114,7 @@ def evaluate(args, setup, admitted, buckets, errors, requests, faults, load_star
     return {
         "requests": requests, "decided": decided, "errors": len(errors),
         "errors_outside": len(outside), "outside": outside[:50],
+        "outside_by_second": by_second,
         "admitted": sum(admitted.values()), "keys": len(admitted), "keys_full": full,
         "over_admission": over_total, "over_bound": bound, "wait_short": short,
         "rss_kib": [rss0, rss1], "rss_growth_mib": growth,

@@ -165,6 +165,16 @@ async fn under_full_coverage_a_healthy_master_answers_once_the_cluster_is_ok_and
     );
     let last = kept.error_ends.iter().max().copied().expect("errors");
     let after = last.saturating_duration_since(ok_at);
+    // The last few errors, sent and answered against the moment the master said ok.
+    let mut ends: Vec<_> = kept.errors.iter().zip(&kept.error_ends).collect();
+    ends.sort_by_key(|(_, end)| **end);
+    let since = |t: Instant| {
+        t.checked_duration_since(ok_at)
+            .map_or_else(|| format!("-{:?}", ok_at - t), |d| format!("+{d:?}"))
+    };
+    for ((sent, e), end) in ends.iter().rev().take(6) {
+        eprintln!("  sent {} answered {}: {e}", since(*sent), since(**end));
+    }
     eprintln!(
         "healthy master: {} errors ({:?}), the last answered {after:?} after cluster_state:ok; \
          breakers seen open: {:?}",

@@ -10,7 +10,9 @@
 //! they close it when it is open (the node serves again: no cooldown stands in the way).
 //! A request whose time-out passed while it waited (queued, or in a call) counts against the
 //! node it waited for, unless that node sent an error reply within the time-out: the request
-//! then waited behind calls that the node answered and that were tried again.
+//! then waited behind calls that the node answered and that were tried again. Nor does a
+//! time-out whose timer fired more than [`STALLED`] late: this process was not running then
+//! (the machine stalled), which says nothing of the node.
 //!
 //! A probe that never finishes (its request was cancelled) cannot wedge the breaker: the next
 //! probe is simply allowed one `cooldown` later.
@@ -30,6 +32,26 @@ use super::topology::Node;
 
 /// The most nodes with failures remembered at once (a Cluster has at most about 1000 nodes).
 pub(super) const MAX_NODES: usize = 1024;
+
+/// How late a time-out's timer may fire and still count against the node: later than this,
+/// this process was not running (the machine stalled), and its time-out says nothing of the
+/// node. Uncounted, it still fails its requests; it just opens no breaker on a node that was
+/// answering (which would fail that node's keys for a cooldown more).
+pub(super) const STALLED: Duration = Duration::from_millis(100);
+
+/// Whether a time-out due at `deadline`, firing now, came so late that this process, not the
+/// node, was stalled ([`STALLED`]).
+pub(super) fn stalled(deadline: Instant) -> bool {
+    let late = Instant::now().saturating_duration_since(deadline);
+    if late > STALLED {
+        tracing::debug!(
+            ?late,
+            "redis: a time-out fired late (this process stalled): not the node's failure"
+        );
+        return true;
+    }
+    false
+}
 
 /// A breaker per node.
 #[derive(Debug)]
@@ -248,6 +270,15 @@ impl Breaker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_time_out_that_fires_late_is_a_stall_of_this_process() {
+        let due = Instant::now();
+        tokio::time::advance(STALLED / 2).await;
+        assert!(!stalled(due), "on time, or nearly: the node's");
+        tokio::time::advance(STALLED).await;
+        assert!(stalled(due), "late by more than STALLED: this process's");
+    }
 
     #[tokio::test(start_paused = true)]
     async fn opens_after_failures_probes_after_cooldown_and_closes_on_success() {

@@ -10,8 +10,9 @@
 //!
 //! A connector keeps `redis.connections` connections (lanes), each made on first use. One
 //! server: a multiplexed [`ConnectionManager`] per lane, which reconnects by itself. Sentinel:
-//! per lane, a multiplexed connection to the master it last resolved, asking the sentinels
-//! again after an error (a failover shows up as a lost connection or a `READONLY` reply).
+//! per lane, a multiplexed connection to the master the sentinels name now ([`Sentinels`],
+//! which follows `+switch-master`, errors and a check every second); a lane whose master is
+//! no longer the named one connects again at its next call.
 //! Cluster: per lane and master, a multiplexed connection, routed by sluice's own slot map
 //! ([`Topology`]); `super::redirect` follows the Cluster's redirections.
 //!
@@ -32,12 +33,12 @@ use arc_swap::ArcSwapOption;
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
-use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
-    AsyncConnectionConfig, ClientTlsConfig, Cmd, ConnectionAddr, Pipeline, RedisError, RedisFuture,
-    RedisResult, TlsCertificates, TlsMode, Value,
+    ClientTlsConfig, Cmd, ConnectionAddr, Pipeline, RedisError, RedisFuture, RedisResult,
+    TlsCertificates, Value,
 };
 
+use super::sentinel::{Options, Sentinels};
 use super::topology::{Node, Topology};
 use crate::config::settings::RedisSettings;
 use crate::pem::{read_ca, read_identity};
@@ -140,22 +141,23 @@ impl ConnectionLike for Conn {
 pub(crate) struct Connector {
     kind: Kind,
     lanes: Vec<Lane>,
-    timeouts: Timeouts,
 }
 
 /// One lane's connection.
 struct Lane {
-    /// The connection to reuse.
-    cached: ArcSwapOption<Conn>,
+    /// The connection to reuse, and (Sentinel) the generation of the master it goes to.
+    cached: ArcSwapOption<(Conn, u64)>,
     /// Held while (re)connecting, so that one task connects and the others wait for it.
     connecting: tokio::sync::Mutex<()>,
 }
 
+// One per connector: the size of the largest kind costs nothing.
+#[allow(clippy::large_enum_variant)]
 enum Kind {
     /// The client, its manager's settings, and the server's address.
     Single(redis::Client, ConnectionManagerConfig, Node),
-    /// The client, and the master it last named (its name until it names one).
-    Sentinel(tokio::sync::Mutex<SentinelClient>, parking_lot::Mutex<Node>),
+    /// The sentinels, and the master they name (`super::sentinel`).
+    Sentinel(Sentinels),
     Cluster(Topology),
 }
 
@@ -182,9 +184,9 @@ impl Connector {
         lanes: usize,
     ) -> RedisResult<Connector> {
         let kind = if let Some(rest) = url.strip_prefix("redis+sentinel://") {
-            sentinel(rest, None, auth)?
+            sentinel(rest, None, auth, timeouts)?
         } else if let Some(rest) = url.strip_prefix("rediss+sentinel://") {
-            sentinel(rest, Some(tls), auth)?
+            sentinel(rest, Some(tls), auth, timeouts)?
         } else if let Some(rest) = url.strip_prefix("redis+cluster://") {
             cluster(rest, None, timeouts, lanes)?
         } else if let Some(rest) = url.strip_prefix("rediss+cluster://") {
@@ -198,11 +200,7 @@ impl Connector {
                 connecting: tokio::sync::Mutex::new(()),
             })
             .collect();
-        Ok(Connector {
-            kind,
-            lanes,
-            timeouts,
-        })
+        Ok(Connector { kind, lanes })
     }
 
     /// Whether this is a Redis Cluster (whose calls must keep to one slot each).
@@ -223,7 +221,7 @@ impl Connector {
     pub(crate) fn node(&self, slot: Option<u16>) -> Option<Node> {
         match &self.kind {
             Kind::Single(.., node) => Some(node.clone()),
-            Kind::Sentinel(_, master) => Some(master.lock().clone()),
+            Kind::Sentinel(sentinels) => Some(sentinels.node()),
             Kind::Cluster(topology) => slot.and_then(|s| topology.owner_now(s)),
         }
     }
@@ -244,37 +242,45 @@ impl Connector {
         if let Kind::Cluster(topology) = &self.kind {
             return Ok(Conn::Node(topology.any(lane).await?));
         }
+        // Sentinel: a lane's connection serves while it goes to the master named now.
+        let generation = || match &self.kind {
+            Kind::Sentinel(sentinels) => sentinels.current().map_or(0, |m| m.generation),
+            _ => 0,
+        };
         let lane = self.lane(lane);
-        if let Some(conn) = lane.cached.load_full() {
-            return Ok((*conn).clone());
+        if let Some(cached) = lane.cached.load_full()
+            && cached.1 == generation()
+        {
+            return Ok(cached.0.clone());
         }
         let _guard = lane.connecting.lock().await;
-        if let Some(conn) = lane.cached.load_full() {
-            return Ok((*conn).clone());
+        if let Some(cached) = lane.cached.load_full()
+            && cached.1 == generation()
+        {
+            return Ok(cached.0.clone());
         }
-        let conn = match &self.kind {
+        let (conn, generation) = match &self.kind {
             // Lazy: this makes no connection yet, but needs the runtime (so not in `new`).
-            Kind::Single(client, config, _) => Conn::Single(
-                ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?,
+            Kind::Single(client, config, _) => (
+                Conn::Single(ConnectionManager::new_lazy_with_config(
+                    client.clone(),
+                    config.clone(),
+                )?),
+                0,
             ),
-            Kind::Sentinel(client, named) => {
-                let config = AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(self.timeouts.connect))
-                    .set_response_timeout(Some(self.timeouts.response));
-                let master = client.lock().await.async_get_client().await?;
-                let addr: Node = master.get_connection_info().addr().to_string().into();
+            Kind::Sentinel(sentinels) => {
+                let master = sentinels.master().await?;
                 let conn = master
-                    .get_multiplexed_async_connection_with_config(&config)
-                    .await?;
-                let previous = std::mem::replace(&mut *named.lock(), addr.clone());
-                if previous != addr {
-                    tracing::info!(master = %addr, "redis sentinel: connected to the master");
-                }
-                Conn::Node(conn)
+                    .client
+                    .get_multiplexed_async_connection_with_config(sentinels.config())
+                    .await
+                    .inspect_err(|_| sentinels.suspect())?;
+                (Conn::Node(conn), master.generation)
             }
             Kind::Cluster(_) => return Err(invalid("a Cluster has no connection of its own")),
         };
-        lane.cached.store(Some(Arc::new(conn.clone())));
+        lane.cached
+            .store(Some(Arc::new((conn.clone(), generation))));
         Ok(conn)
     }
 
@@ -283,24 +289,23 @@ impl Connector {
     pub(crate) async fn pubsub(&self) -> RedisResult<redis::aio::PubSub> {
         match &self.kind {
             Kind::Single(client, ..) => client.get_async_pubsub().await,
-            Kind::Sentinel(client, _) => {
-                let master = client.lock().await.async_get_client().await?;
-                master.get_async_pubsub().await
-            }
+            Kind::Sentinel(sentinels) => sentinels.master().await?.client.get_async_pubsub().await,
             Kind::Cluster(topology) => topology.pubsub().await,
         }
     }
 
     /// Tells the connector that a call took too long: a Sentinel connection is dropped (a
-    /// master that hangs is as lost as one that is gone).
+    /// master that hangs is as lost as one that is gone), and the sentinels asked again.
     pub(crate) fn timed_out(&self, lane: usize) {
-        if matches!(self.kind, Kind::Sentinel(..)) {
+        if let Kind::Sentinel(sentinels) = &self.kind {
             self.lane(lane).cached.store(None);
+            sentinels.suspect();
         }
     }
 
-    /// Tells the connector that a call failed with `err`: a Sentinel connection is dropped
-    /// (the next call asks the sentinels where the master is now).
+    /// Tells the connector that a call failed with `err`: a Sentinel connection is dropped,
+    /// and the sentinels asked again at once (a failover shows up as a lost connection or a
+    /// `READONLY` reply from a demoted master).
     pub(crate) fn failed(&self, lane: usize, err: &RedisError) {
         let lost = err.is_io_error()
             || err.is_timeout()
@@ -308,8 +313,9 @@ impl Connector {
             || err.is_unrecoverable_error()
             || err.code() == Some("READONLY")
             || err.code() == Some("MASTERDOWN");
-        if lost && matches!(self.kind, Kind::Sentinel(..)) {
+        if let (true, Kind::Sentinel(sentinels)) = (lost, &self.kind) {
             self.lane(lane).cached.store(None);
+            sentinels.suspect();
         }
     }
 }
@@ -399,7 +405,7 @@ pub(crate) struct SentinelAuth {
 }
 
 /// `tls`: `None` for plain TCP.
-fn sentinel(rest: &str, tls: Option<&Tls>, auth: &SentinelAuth) -> RedisResult<Kind> {
+fn sentinel(rest: &str, tls: Option<&Tls>, auth: &SentinelAuth, t: Timeouts) -> RedisResult<Kind> {
     let h = hosts(rest)?;
     let master = h.path.trim_matches('/');
     if master.is_empty() {
@@ -413,43 +419,17 @@ fn sentinel(rest: &str, tls: Option<&Tls>, auth: &SentinelAuth) -> RedisResult<K
             "redis.tls_skip_hostname_verification is not supported with Sentinel",
         ));
     }
-    let addrs = h.hosts.into_iter().map(|(host, port)| {
-        if tls.is_some() {
-            ConnectionAddr::TcpTls {
-                host,
-                port,
-                insecure: false,
-                tls_params: None,
-            }
-        } else {
-            ConnectionAddr::Tcp(host, port)
-        }
-    });
-    let mut b = SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)?;
-    if let Some(user) = h.user {
-        b = b.set_client_to_redis_username(user);
-    }
-    if let Some(password) = h.password {
-        b = b.set_client_to_redis_password(password);
-    }
-    if let Some(password) = &auth.password {
-        b = b.set_client_to_sentinel_password(password);
-        if let Some(user) = &auth.username {
-            b = b.set_client_to_sentinel_username(user);
-        }
-    }
-    if let Some(tls) = tls {
-        b = b
-            .set_client_to_redis_tls_mode(TlsMode::Secure)
-            .set_client_to_sentinel_tls_mode(TlsMode::Secure);
-        if let Some(certificates) = &tls.certificates {
-            b = b
-                .set_client_to_redis_certificates(certificates.clone())
-                .set_client_to_sentinel_certificates(certificates.clone());
-        }
-    }
-    let named = parking_lot::Mutex::new(master.into());
-    Ok(Kind::Sentinel(tokio::sync::Mutex::new(b.build()?), named))
+    let options = Options {
+        name: master,
+        sentinels: h.hosts,
+        master_user: h.user,
+        master_password: h.password,
+        sentinel_user: auth.password.as_ref().and(auth.username.as_deref()),
+        sentinel_password: auth.password.as_deref(),
+        tls: tls.map(Tls::certificates),
+        timeouts: t,
+    };
+    Ok(Kind::Sentinel(Sentinels::new(&options)?))
 }
 
 /// `tls`: `None` for plain TCP.

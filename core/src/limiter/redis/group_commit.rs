@@ -417,8 +417,11 @@ async fn exchange(shared: &Shared, lane: usize, jobs: Vec<Job>) -> Exchanged {
         Ok(result) => result,
         Err(_) => {
             shared.connector.timed_out(lane);
-            // The attempt in flight was dropped before it could tell its node's breaker.
-            if let Some(node) = &node {
+            // The attempt in flight was dropped before it could tell its node's breaker; a
+            // time-out that fired late was this process's stall, not the node's.
+            if let Some(node) = &node
+                && !super::breaker::stalled(deadline)
+            {
                 shared.breakers.record(node, false);
             }
             Err(RedisError::from(std::io::Error::new(

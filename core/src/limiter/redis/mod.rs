@@ -48,6 +48,7 @@ mod replication;
 mod reserve;
 mod scan;
 pub mod script;
+mod sentinel;
 mod slots;
 mod topology;
 
@@ -463,13 +464,16 @@ impl RedisLimiter {
         };
         // The breaker of the node a call went to learns from the call itself whether the node
         // answered; a request whose time-out passed first counts against the node it waited
-        // for, unless that node was replying (its calls were being tried again).
+        // for, unless that node was replying (its calls were being tried again) or the
+        // time-out fired so late that this process was stalled (`breaker::stalled`).
         match tokio::time::timeout_at(call.deadline, self.commit.submit(request)).await {
             Ok(answer) => answer.result,
             // The lane's own time-out (which drops a Sentinel connection) fires a little
             // later, if the call is still in flight then.
             Err(_) => {
-                if let Some(node) = &expected {
+                if let Some(node) = &expected
+                    && !breaker::stalled(call.deadline)
+                {
                     self.breakers.timed_out(node, self.timeout);
                 }
                 Err(timed_out(self.timeout))
