@@ -1,6 +1,7 @@
 //! Leases (`redis.leases = "on"`) on a real redis-server, on a manual clock (sent to the
 //! script): a busy key is leased, its decisions then make no script call, the unused part of
-//! a lease comes back, a reset on another replica and a changed limit drop leases, and three
+//! a lease comes back, requests wait for a renewal under way, a reset on another replica and a
+//! changed limit drop leases, and three
 //! replicas hammering one funnel and one fixed window stay within the bound, a replica
 //! dropped mid-run included.
 
@@ -227,6 +228,33 @@ async fn a_changed_limit_drops_the_lease() {
     r.check(&batch("k", after, 1)).await.expect("redis answers");
     assert!(event(&r, "lease_lost") > lost, "{:?}", r.events());
     assert_eq!(event(&r, "lease_decided"), decided);
+}
+
+#[tokio::test]
+async fn requests_that_find_a_renewal_under_way_wait_for_it_instead_of_calling_redis() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::at(START);
+    let r = replica(&redis, &clock);
+    // A fixed window of 1,000,000 a second, 1,000 requests a second: leased within the first
+    // window, and every lease ends with its window.
+    let b = batch("win", limit(Algorithm::FixedWindow, 1_000_000, 1_000_000), 1);
+    assert_eq!(drive(&r, &clock, &b, MS, 990).await, 990);
+    assert!(event(&r, "lease_taken") >= 1, "{:?}", r.events());
+    // Into the next window: the lease has ended, the key is still busy.
+    clock.advance(20 * MS);
+    redis.reset_stats();
+    let decided = event(&r, "lease_decided");
+    // Ten requests at once, polled in order as a connection's task polls one read's: the
+    // first renews the lease, the nine others wait for its answer and are decided from it.
+    let outcomes = sluice::runtime::gathered(futures_util::future::join_all(
+        (0..10).map(|_| r.check(&b)),
+    ))
+    .await;
+    for outcome in outcomes {
+        assert!(outcome.expect("redis answers").admitted);
+    }
+    assert_eq!(redis.script_calls(), 1, "one renewal, no other call");
+    assert_eq!(event(&r, "lease_decided") - decided, 10, "{:?}", r.events());
 }
 
 /// Three replicas on one clock hammer `l` for 10 of its periods, each 1,000 times a period

@@ -9,8 +9,9 @@
 //! counts its demand per key. When every hit's key holds a valid lease with units enough, it is
 //! decided here: admitted, the units spent, no Redis call. Otherwise, for each busy key whose
 //! lease is missing, spent or expired, and which no other request is renewing, one call gives
-//! back what is left of the old lease and takes a new one; then the request is tried here once
-//! more, and else it goes to Redis as every request does (Redis counts the leased units as
+//! back what is left of the old lease and takes a new one; a request that finds a key's renewal
+//! under way waits for its answer instead (at most `timeout_ms`). Then the request is tried here
+//! once more, and else it goes to Redis as every request does (Redis counts the leased units as
 //! spent, so its answer stays exact; a denial is cached by the deny cache as usual).
 //!
 //! Times: a lease's expiry is Redis's; here it ends earlier, at the local time the call was
@@ -30,6 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use redis::RedisResult;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::RedisLimiter;
@@ -73,8 +75,9 @@ struct Entry {
     params: LimitParams,
     demand: Demand,
     held: Option<Held>,
-    /// A request is renewing the lease.
-    renewing: bool,
+    /// A request is renewing the lease: requests the lease cannot pay wait for the answer
+    /// (the sender is dropped when it comes, which wakes them) rather than go to Redis.
+    renewing: Option<watch::Sender<()>>,
     /// Last seen (local nanoseconds).
     seen: u64,
 }
@@ -98,10 +101,11 @@ pub(super) struct Renewal {
     give: u64,
 }
 
-/// What a request's hits ask of the table.
+/// What a request's hits ask of the table: its answer, the renewals to make and the
+/// renewals under way to wait for before trying again, or Redis.
 enum Spend {
     Done(BatchOutcome),
-    Renew(Vec<Renewal>),
+    Renew(Vec<Renewal>, Vec<watch::Receiver<()>>),
     Direct,
 }
 
@@ -143,14 +147,14 @@ impl Leases {
         let mut table = self.table.lock();
         let mut enough = true;
         for (key, limit, cost) in &costs {
-            if !table.contains_key(key) && table.len() >= MAX_KEYS {
+            if table.len() >= MAX_KEYS && !table.contains_key(key) {
                 return Spend::Direct;
             }
             let entry = table.entry(key.clone()).or_insert_with(|| Entry {
                 params: *limit,
                 demand: Demand::new(now),
                 held: None,
-                renewing: false,
+                renewing: None,
                 seen: now,
             });
             if entry.params != *limit {
@@ -171,14 +175,18 @@ impl Leases {
         if !first {
             return Spend::Direct;
         }
-        let renewals: Vec<Renewal> = costs
-            .iter()
-            .filter_map(|(key, limit, cost)| self.renewal(&mut table, key, limit, *cost, now))
-            .collect();
-        if renewals.is_empty() {
+        let mut renewals = Vec::new();
+        let mut waits = Vec::new();
+        for (key, limit, cost) in &costs {
+            match self.renewal(&mut table, key, limit, *cost, now) {
+                Some(renewal) => renewals.push(renewal),
+                None => waits.extend(self.under_way(&table, key, *cost, now)),
+            }
+        }
+        if renewals.is_empty() && waits.is_empty() {
             Spend::Direct
         } else {
-            Spend::Renew(renewals)
+            Spend::Renew(renewals, waits)
         }
     }
 
@@ -227,7 +235,7 @@ impl Leases {
         now: u64,
     ) -> Option<Renewal> {
         let entry = table.get_mut(key)?;
-        if entry.renewing || entry.held.is_some_and(|h| now < h.until && h.left >= cost) {
+        if entry.renewing.is_some() || entry.held.is_some_and(|h| now < h.until && h.left >= cost) {
             return None;
         }
         let want = entry.demand.want(now, limit, &self.sizing);
@@ -243,7 +251,7 @@ impl Leases {
             }
             None => 0,
         };
-        entry.renewing = true;
+        entry.renewing = Some(watch::Sender::new(()));
         Some(Renewal {
             key: key.clone(),
             limit: *limit,
@@ -252,13 +260,30 @@ impl Leases {
         })
     }
 
-    /// A renewal's answer: the new lease (if any) goes into the table.
+    /// The renewal under way of a busy `key` whose lease cannot pay `cost`, to wait for.
+    fn under_way(
+        &self,
+        table: &HashMap<Arc<[u8]>, Entry, ahash::RandomState>,
+        key: &Arc<[u8]>,
+        cost: u64,
+        now: u64,
+    ) -> Option<watch::Receiver<()>> {
+        let entry = table.get(key)?;
+        let paid = entry.held.is_some_and(|h| now < h.until && h.left >= cost);
+        if paid || !entry.demand.busy(now, &self.sizing) {
+            return None;
+        }
+        entry.renewing.as_ref().map(watch::Sender::subscribe)
+    }
+
+    /// A renewal's answer: the new lease (if any) goes into the table, and the requests
+    /// waiting for it wake.
     fn renewed(&self, renewal: &Renewal, reply: Option<(Held, u64)>) {
         let mut table = self.table.lock();
         let Some(entry) = table.get_mut(&renewal.key) else {
             return;
         };
-        entry.renewing = false;
+        entry.renewing = None;
         match reply {
             Some((held, returned)) => {
                 self.counts.returned.fetch_add(returned, Ordering::Relaxed);
@@ -303,7 +328,7 @@ impl Leases {
         table.retain(|_, e| {
             let idle = now.saturating_sub(e.seen) > 1_000_000_000;
             let done = e.held.is_none_or(|h| now >= h.until);
-            if idle && done && !e.renewing {
+            if idle && done && e.renewing.is_none() {
                 self.lose(e.held.take());
                 return false;
             }
@@ -372,10 +397,10 @@ impl RedisLimiter {
             return None;
         }
         let now = self.clock.now_nanos();
-        let renewals = match self.leases.spend(batch, now, true) {
+        let (renewals, waits) = match self.leases.spend(batch, now, true) {
             Spend::Done(outcome) => return Some(outcome),
             Spend::Direct => return None,
-            Spend::Renew(renewals) => renewals,
+            Spend::Renew(renewals, waits) => (renewals, waits),
         };
         let mut pending = Pending {
             leases: &self.leases,
@@ -391,9 +416,15 @@ impl RedisLimiter {
             self.leases.renewed(renewal, reply);
             pending.done += 1;
         }
+        // Renewals other requests make: their answers (or failures) end the wait; the renewal
+        // is bounded by the time-out, and so is the wait, in case.
+        let deadline = Instant::now() + self.timeout;
+        for mut wait in waits {
+            let _ = tokio::time::timeout_at(deadline, wait.changed()).await;
+        }
         match self.leases.spend(batch, self.clock.now_nanos(), false) {
             Spend::Done(outcome) => Some(outcome),
-            Spend::Direct | Spend::Renew(_) => None,
+            Spend::Direct | Spend::Renew(..) => None,
         }
     }
 
