@@ -237,7 +237,11 @@ async fn requests_that_find_a_renewal_under_way_wait_for_it_instead_of_calling_r
     let r = replica(&redis, &clock);
     // A fixed window of 1,000,000 a second, 1,000 requests a second: leased within the first
     // window, and every lease ends with its window.
-    let b = batch("win", limit(Algorithm::FixedWindow, 1_000_000, 1_000_000), 1);
+    let b = batch(
+        "win",
+        limit(Algorithm::FixedWindow, 1_000_000, 1_000_000),
+        1,
+    );
     assert_eq!(drive(&r, &clock, &b, MS, 990).await, 990);
     assert!(event(&r, "lease_taken") >= 1, "{:?}", r.events());
     // Into the next window: the lease has ended, the key is still busy.
@@ -246,10 +250,9 @@ async fn requests_that_find_a_renewal_under_way_wait_for_it_instead_of_calling_r
     let decided = event(&r, "lease_decided");
     // Ten requests at once, polled in order as a connection's task polls one read's: the
     // first renews the lease, the nine others wait for its answer and are decided from it.
-    let outcomes = sluice::runtime::gathered(futures_util::future::join_all(
-        (0..10).map(|_| r.check(&b)),
-    ))
-    .await;
+    let outcomes =
+        sluice::runtime::gathered(futures_util::future::join_all((0..10).map(|_| r.check(&b))))
+            .await;
     for outcome in outcomes {
         assert!(outcome.expect("redis answers").admitted);
     }

@@ -179,8 +179,9 @@ impl Leases {
         let mut waits = Vec::new();
         for (key, limit, cost) in &costs {
             match self.renewal(&mut table, key, limit, *cost, now) {
-                Some(renewal) => renewals.push(renewal),
-                None => waits.extend(self.under_way(&table, key, *cost, now)),
+                Some(Ok(renewal)) => renewals.push(renewal),
+                Some(Err(wait)) => waits.push(wait),
+                None => {}
             }
         }
         if renewals.is_empty() && waits.is_empty() {
@@ -225,7 +226,8 @@ impl Leases {
     }
 
     /// The renewal of `key`'s lease, when the key is busy, its lease cannot pay `cost`, and no
-    /// other request renews it; the old lease is taken out (given back by the renewal).
+    /// other request renews it; the old lease is taken out (given back by the renewal). When
+    /// another request renews it, that renewal to wait for (`Err`).
     fn renewal(
         &self,
         table: &mut HashMap<Arc<[u8]>, Entry, ahash::RandomState>,
@@ -233,10 +235,14 @@ impl Leases {
         limit: &LimitParams,
         cost: u64,
         now: u64,
-    ) -> Option<Renewal> {
+    ) -> Option<Result<Renewal, watch::Receiver<()>>> {
         let entry = table.get_mut(key)?;
-        if entry.renewing.is_some() || entry.held.is_some_and(|h| now < h.until && h.left >= cost) {
+        if entry.held.is_some_and(|h| now < h.until && h.left >= cost) {
             return None;
+        }
+        if let Some(under_way) = &entry.renewing {
+            let busy = entry.demand.busy(now, &self.sizing);
+            return busy.then(|| Err(under_way.subscribe()));
         }
         let want = entry.demand.want(now, limit, &self.sizing);
         if !entry.demand.busy(now, &self.sizing) || want < cost.max(2) {
@@ -252,28 +258,12 @@ impl Leases {
             None => 0,
         };
         entry.renewing = Some(watch::Sender::new(()));
-        Some(Renewal {
+        Some(Ok(Renewal {
             key: key.clone(),
             limit: *limit,
             want: entry.demand.want(now, limit, &self.sizing).max(want),
             give,
-        })
-    }
-
-    /// The renewal under way of a busy `key` whose lease cannot pay `cost`, to wait for.
-    fn under_way(
-        &self,
-        table: &HashMap<Arc<[u8]>, Entry, ahash::RandomState>,
-        key: &Arc<[u8]>,
-        cost: u64,
-        now: u64,
-    ) -> Option<watch::Receiver<()>> {
-        let entry = table.get(key)?;
-        let paid = entry.held.is_some_and(|h| now < h.until && h.left >= cost);
-        if paid || !entry.demand.busy(now, &self.sizing) {
-            return None;
-        }
-        entry.renewing.as_ref().map(watch::Sender::subscribe)
+        }))
     }
 
     /// A renewal's answer: the new lease (if any) goes into the table, and the requests
