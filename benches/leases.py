@@ -70,6 +70,17 @@ def cpu_ns(pids):
     return total
 
 
+def script_usec(port):
+    """Microseconds redis-server spent running the limiter's Lua (FCALL, EVALSHA, EVAL), from
+    INFO commandstats."""
+    usec = 0
+    for line in e2e.redis_cli(port, "INFO", "commandstats").splitlines():
+        for name in ("fcall", "evalsha", "eval"):
+            if line.startswith(f"cmdstat_{name}:"):
+                usec += int(line.split("usec=")[1].split(",")[0])
+    return usec
+
+
 def lease_decided(admin):
     """Requests this process answered from leases so far (its `lease_decided` events)."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics").read().decode()
@@ -104,6 +115,8 @@ def run(binary, servers, redis, args, warmup=0):
     if redis:
         calls = sum(e2e.script_command_calls(redis[0]).values())
         row["script_calls_per_decision"] = calls / total
+        # Of redis-server's CPU, what the scripts themselves ran.
+        row["script_us_per_decision"] = script_usec(redis[0]) / total
         redis_ns = cpu_ns([redis[1]]) - redis_ns0
         row["redis_cpu_us_per_decision"] = redis_ns / 1e3 / total
         row["redis_cpu_ms_per_sec"] = redis_ns / 1e6 / wall
@@ -139,6 +152,12 @@ def hot_key(args, binary, procs):
     targets = [("memory x1", [memory], None)]
     for n in counts:
         targets += [(f"off x{n}", off[:n], red), (f"on x{n}", on[:n], red)]
+    for other in args.compare:
+        # Another build, leases on, one process: e.g. this one before a change to the leases.
+        name, path = other.split("=", 1)
+        server = e2e.serve(procs, os.path.abspath(path), rules, "redis", url,
+                           {"SLUICE_REDIS__LEASES": "on"})
+        targets.append((f"{name} on x1", [server], red))
     print(f"\n== hot key: one key (funnel 1,000,000/s, burst 1,000,000), {args.processes} sluice "
           f"processes on one redis-server, 64 in flight on 4 connections per process, "
           f"{args.rounds} rounds x {args.duration} s, interleaved", flush=True)
@@ -161,12 +180,14 @@ def hot_key(args, binary, procs):
                 flush=True)
     print("\n  medians [min-max] over the rounds:")
     print(f"  {'target':<9} {'decisions/s':>26} {'script calls/decision':>29} "
-          f"{'redis CPU µs/decision':>24} {'sluice CPU µs/decision':>22} {'from leases':>12}")
+          f"{'redis CPU µs/decision':>24} {'of it, scripts':>22} {'sluice CPU µs/decision':>22} "
+          f"{'from leases':>12}")
     for name, rows in runs.items():
         col = lambda k, fmt: (spread([r[k] for r in rows], fmt) if k in rows[0] else "-")
         print(f"  {name:<9} {col('decisions_per_sec', lambda v: f'{v:,.0f}'):>26} "
               f"{col('script_calls_per_decision', lambda v: f'{v:.5f}'):>29} "
               f"{col('redis_cpu_us_per_decision', lambda v: f'{v:.3f}'):>24} "
+              f"{col('script_us_per_decision', lambda v: f'{v:.3f}'):>22} "
               f"{col('sluice_cpu_us_per_decision', lambda v: f'{v:.2f}'):>22} "
               f"{col('leased_share', lambda v: f'{100 * v:.2f}%'):>12}")
         errors = sum(r["errors"] + r["over_limit"] for r in rows)
@@ -188,7 +209,7 @@ def hot_key(args, binary, procs):
                for x, y, i in zip(runs[f"off x{n}"], runs[f"on x{n}"], idle)]
         print(f"  x{n}: the same less redis-server's idle floor, off / on "
               f"{spread(net, lambda v: f'{v:.1f}')}")
-    for name in ("on x1", "off x1"):
+    for name in ("on x1", "off x1", *(f"{o.split('=')[0]} on x1" for o in args.compare)):
         rps = paired(name, "memory x1", lambda r: r["decisions_per_sec"])
         print(f"  {name} / memory x1 decisions/s: {spread(rps, lambda v: f'{v:.3f}')}")
     return runs
@@ -232,7 +253,7 @@ def keyed(args, binary, before, procs):
         e2e.report(scenario, runs)
         print("  paired per-round ratios, medians [min-max]: throughput; p99; server CPU per "
               "request (the Redis rows' include redis-server's)")
-        for a, b in (("before", "memory"), ("redis-leases", "redis"),
+        for a, b in (("before", "memory"), ("redis", "redis-leases"),
                      ("redis-before", "redis"), ("redis-before", "redis-leases")):
             if a not in runs or b not in runs:
                 continue
@@ -258,6 +279,8 @@ def main():
     p.add_argument("--keyed-warmup", type=float, default=1, help="per 10,000-key run")
     p.add_argument("--scenarios", default="one,ten", help="10,000-key scenarios")
     p.add_argument("--only", choices=["hot", "keys"], help="one part only")
+    p.add_argument("--compare", action="append", default=[],
+                   help="NAME=PATH: another build, leases on, 1 process, in the hot-key rounds")
     p.add_argument("--json", help="every run, for the record")
     args = p.parse_args()
     binary = os.path.abspath(args.binary)
