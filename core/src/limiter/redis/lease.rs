@@ -27,7 +27,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::LazyLock;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use redis::RedisResult;
@@ -55,6 +55,9 @@ pub(super) struct Leases {
     /// This replica's id in the keys' lease records.
     id: String,
     table: Mutex<HashMap<Arc<[u8]>, Entry, ahash::RandomState>>,
+    /// A lease was stored since the last [`Leases::clear`] (written under the table's lock):
+    /// without one, a clear (every failed call does one) skips the scan of the table.
+    holding: AtomicBool,
     pub(super) counts: Counts,
 }
 
@@ -117,6 +120,7 @@ impl Leases {
             sizing,
             id: format!("{id:016x}"),
             table: Mutex::new(HashMap::default()),
+            holding: AtomicBool::new(false),
             counts: Counts::default(),
         }
     }
@@ -283,6 +287,7 @@ impl Leases {
                 if held.units > 0 && entry.params == renewal.limit {
                     self.counts.taken.fetch_add(1, Ordering::Relaxed);
                     entry.held = Some(held);
+                    self.holding.store(true, Ordering::Relaxed);
                 }
             }
             None => {
@@ -303,6 +308,9 @@ impl Leases {
             return;
         }
         let mut table = self.table.lock();
+        if !self.holding.swap(false, Ordering::Relaxed) {
+            return;
+        }
         for entry in table.values_mut() {
             self.lose(entry.held.take());
         }
