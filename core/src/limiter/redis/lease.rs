@@ -150,6 +150,8 @@ impl Leases {
         let costs = per_key(&batch.hits);
         let mut table = self.table.lock();
         let mut enough = true;
+        // Some key is busy or being renewed: only then may a renewal or a wait follow.
+        let mut engaged = false;
         for (key, limit, cost) in &costs {
             if table.len() >= MAX_KEYS && !table.contains_key(key) {
                 return Spend::Direct;
@@ -172,11 +174,13 @@ impl Leases {
                 entry.demand.observe(now, *cost);
             }
             enough &= entry.held.is_some_and(|h| now < h.until && h.left >= *cost);
+            engaged = engaged || entry.renewing.is_some() || entry.demand.busy(now, &self.sizing);
         }
         if enough {
             return Spend::Done(self.take(&mut table, &costs, batch, now));
         }
-        if !first {
+        if !first || !engaged {
+            // No key to renew or wait for (keys far below `lease_min_rate`): no second pass.
             return Spend::Direct;
         }
         let mut renewals = Vec::new();
