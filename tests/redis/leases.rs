@@ -1,9 +1,10 @@
 //! Leases (`redis.leases = "on"`) on a real redis-server, on a manual clock (sent to the
 //! script): a busy key is leased, its decisions then make no script call, the unused part of
-//! a lease comes back, a reset on another replica and a changed limit drop leases, and three
-//! replicas hammering one funnel, one fixed window, one sliding window and one token bucket
-//! stay within the bound, a replica dropped mid-run included; a token bucket's lease ends by
-//! its next refill step, a calendar window's by the window's end.
+//! a lease comes back, requests wait for a renewal under way, a reset on another replica and a
+//! changed limit drop leases, and three replicas hammering one funnel, one fixed window, one
+//! sliding window and one token bucket stay within the bound, a replica dropped mid-run
+//! included; a token bucket's lease ends by its next refill step, a calendar window's by the
+//! window's end.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -342,6 +343,36 @@ async fn a_calendar_window_lease_ends_at_the_window_end() {
     // is lost (under-admission, at most one lease).
     assert!((90..=100).contains(&before), "{before} before midnight");
     assert!((90..=100).contains(&after), "{after} after midnight");
+}
+
+#[tokio::test]
+async fn requests_that_find_a_renewal_under_way_wait_for_it_instead_of_calling_redis() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::at(START);
+    let r = replica(&redis, &clock);
+    // A fixed window of 1,000,000 a second, 1,000 requests a second: leased within the first
+    // window, and every lease ends with its window.
+    let b = batch(
+        "win",
+        limit(Algorithm::FixedWindow, 1_000_000, 1_000_000),
+        1,
+    );
+    assert_eq!(drive(&r, &clock, &b, MS, 990).await, 990);
+    assert!(event(&r, "lease_taken") >= 1, "{:?}", r.events());
+    // Into the next window: the lease has ended, the key is still busy.
+    clock.advance(20 * MS);
+    redis.reset_stats();
+    let decided = event(&r, "lease_decided");
+    // Ten requests at once, polled in order as a connection's task polls one read's: the
+    // first renews the lease, the nine others wait for its answer and are decided from it.
+    let outcomes =
+        sluice::runtime::gathered(futures_util::future::join_all((0..10).map(|_| r.check(&b))))
+            .await;
+    for outcome in outcomes {
+        assert!(outcome.expect("redis answers").admitted);
+    }
+    assert_eq!(redis.script_calls(), 1, "one renewal, no other call");
+    assert_eq!(event(&r, "lease_decided") - decided, 10, "{:?}", r.events());
 }
 
 /// Three replicas on one clock hammer `l` for 10 of its periods, each 1,000 times a period

@@ -320,8 +320,13 @@ impl Demand {
     }
 
     /// Whether the key is busy enough here to lease.
+    /// The window under way counts only once it holds a whole window's worth at `min_rate`: a
+    /// few hits close together on a quiet key (as among many keys, 10 to a request) do not make
+    /// it busy, where each lease taken would cost a call of its own.
     pub fn busy(&self, now: u64, sizing: &Sizing) -> bool {
-        self.rate(now) >= sizing.min_rate
+        let worth = u128::from(sizing.min_rate) * u128::from(OBSERVE_NANOS);
+        let filled = u128::from(self.seen) * 1_000_000_000 >= worth;
+        self.rate >= sizing.min_rate || (filled && self.rate(now) >= sizing.min_rate)
     }
 
     /// The size of the next lease on `limit`: 0 when a lease is not worth it (under 2 units).

@@ -341,9 +341,24 @@ fn sizing_follows_the_rate_within_a_share_of_the_burst() {
     assert_eq!(demand.want(now, &limit, &sizing), want / 2);
     // 10% of a burst of 100.
     assert_eq!(demand.want(now, &funnel_limit(1_000, 100), &sizing), 10);
-    // A quiet key is not leased.
+    // A quiet key is not leased, nor one with a few hits close together.
     let quiet = Demand::new(0);
     assert!(!quiet.busy(SEC, &sizing));
+    let mut few = Demand::new(0);
+    for i in 0..3 {
+        few.observe(i * MS, 1);
+    }
+    assert!(
+        !few.busy(12 * MS, &sizing),
+        "3 hits in 12 ms: 250/s, but only 3"
+    );
+    for i in 3..10 {
+        few.observe(i * MS, 1);
+    }
+    assert!(
+        few.busy(12 * MS, &sizing),
+        "10 hits: a window's worth at 200/s"
+    );
     assert_eq!(quiet.want(SEC, &limit, &sizing), 0);
 }
 

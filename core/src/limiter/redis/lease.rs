@@ -12,9 +12,11 @@
 //! call. Otherwise, for each busy key whose lease is missing, spent or expired, and which no
 //! other request is renewing, one lease request gives back what is left of the old lease and
 //! takes a new one; the renewals go to group commit together, as requests of its next calls
-//! (with each other and with other requests: no call of their own). Then the request is tried
-//! here once more, and else it goes to Redis as every request does (Redis counts the leased
-//! units as spent, so its answer stays exact; a denial is cached by the deny cache as usual).
+//! (with each other and with other requests: no call of their own). A request that finds a
+//! key's renewal under way waits for its answer instead (at most `timeout_ms`). Then the
+//! request is tried here once more, and else it goes to Redis as every request does (Redis
+//! counts the leased units as spent, so its answer stays exact; a denial is cached by the deny
+//! cache as usual).
 //!
 //! Times: a lease's expiry is Redis's; here it ends earlier, at the local time the call was
 //! sent plus the lease's length by Redis's clock, so it is never spent after Redis counts it
@@ -28,10 +30,11 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use futures_util::future::join_all;
 use parking_lot::Mutex;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::RedisLimiter;
@@ -51,6 +54,9 @@ pub(super) struct Leases {
     /// double).
     id: u64,
     table: Mutex<HashMap<Arc<[u8]>, Entry, ahash::RandomState>>,
+    /// A lease was stored since the last [`Leases::clear`] (written under the table's lock):
+    /// without one, a clear (every failed call does one) skips the scan of the table.
+    holding: AtomicBool,
     pub(super) counts: Counts,
 }
 
@@ -71,8 +77,9 @@ struct Entry {
     params: LimitParams,
     demand: Demand,
     held: Option<Held>,
-    /// A request is renewing the lease.
-    renewing: bool,
+    /// A request is renewing the lease: requests the lease cannot pay wait for the answer
+    /// (the sender is dropped when it comes, which wakes them) rather than go to Redis.
+    renewing: Option<watch::Sender<()>>,
     /// Last seen (local nanoseconds).
     seen: u64,
 }
@@ -115,10 +122,11 @@ pub(super) struct LeaseCall<'a> {
     pub deadline: Option<u64>,
 }
 
-/// What a request's hits ask of the table.
+/// What a request's hits ask of the table: its answer, the renewals to make and the
+/// renewals under way to wait for before trying again, or Redis.
 enum Spend {
     Done(BatchOutcome),
-    Renew(Vec<Renewal>),
+    Renew(Vec<Renewal>, Vec<watch::Receiver<()>>),
     Direct,
 }
 
@@ -130,6 +138,7 @@ impl Leases {
             sizing,
             id: id & script::MAX_EXACT,
             table: Mutex::new(HashMap::default()),
+            holding: AtomicBool::new(false),
             counts: Counts::default(),
         }
     }
@@ -154,15 +163,17 @@ impl Leases {
         let costs = per_key(&batch.hits);
         let mut table = self.table.lock();
         let mut enough = true;
+        // Some key is busy or being renewed: only then may a renewal or a wait follow.
+        let mut engaged = false;
         for (key, limit, cost) in &costs {
-            if !table.contains_key(key) && table.len() >= MAX_KEYS {
+            if table.len() >= MAX_KEYS && !table.contains_key(key) {
                 return Spend::Direct;
             }
             let entry = table.entry(key.clone()).or_insert_with(|| Entry {
                 params: *limit,
                 demand: Demand::new(now),
                 held: None,
-                renewing: false,
+                renewing: None,
                 seen: now,
             });
             if entry.params != *limit {
@@ -176,21 +187,28 @@ impl Leases {
                 entry.demand.observe(now, *cost);
             }
             enough &= entry.held.is_some_and(|h| now < h.until && h.left >= *cost);
+            engaged = engaged || entry.renewing.is_some() || entry.demand.busy(now, &self.sizing);
         }
         if enough {
             return Spend::Done(self.take(&mut table, &costs, batch, now));
         }
-        if !first {
+        if !first || !engaged {
+            // No key to renew or wait for (keys far below `lease_min_rate`): no second pass.
             return Spend::Direct;
         }
-        let renewals: Vec<Renewal> = costs
-            .iter()
-            .filter_map(|(key, limit, cost)| self.renewal(&mut table, key, limit, *cost, now))
-            .collect();
-        if renewals.is_empty() {
+        let mut renewals = Vec::new();
+        let mut waits = Vec::new();
+        for (key, limit, cost) in &costs {
+            match self.renewal(&mut table, key, limit, *cost, now) {
+                Some(Ok(renewal)) => renewals.push(renewal),
+                Some(Err(wait)) => waits.push(wait),
+                None => {}
+            }
+        }
+        if renewals.is_empty() && waits.is_empty() {
             Spend::Direct
         } else {
-            Spend::Renew(renewals)
+            Spend::Renew(renewals, waits)
         }
     }
 
@@ -229,7 +247,8 @@ impl Leases {
     }
 
     /// The renewal of `key`'s lease, when the key is busy, its lease cannot pay `cost`, and no
-    /// other request renews it; the old lease is taken out (given back by the renewal).
+    /// other request renews it; the old lease is taken out (given back by the renewal). When
+    /// another request renews it, that renewal to wait for (`Err`).
     fn renewal(
         &self,
         table: &mut HashMap<Arc<[u8]>, Entry, ahash::RandomState>,
@@ -237,10 +256,14 @@ impl Leases {
         limit: &LimitParams,
         cost: u64,
         now: u64,
-    ) -> Option<Renewal> {
+    ) -> Option<Result<Renewal, watch::Receiver<()>>> {
         let entry = table.get_mut(key)?;
-        if entry.renewing || entry.held.is_some_and(|h| now < h.until && h.left >= cost) {
+        if entry.held.is_some_and(|h| now < h.until && h.left >= cost) {
             return None;
+        }
+        if let Some(under_way) = &entry.renewing {
+            let busy = entry.demand.busy(now, &self.sizing);
+            return busy.then(|| Err(under_way.subscribe()));
         }
         let want = entry.demand.want(now, limit, &self.sizing);
         if !entry.demand.busy(now, &self.sizing) || want < cost.max(2) {
@@ -255,23 +278,24 @@ impl Leases {
             }
             None => 0,
         };
-        entry.renewing = true;
-        Some(Renewal {
+        entry.renewing = Some(watch::Sender::new(()));
+        Some(Ok(Renewal {
             key: key.clone(),
             limit: *limit,
             least: cost,
             want: entry.demand.want(now, limit, &self.sizing).max(want),
             give,
-        })
+        }))
     }
 
-    /// A renewal's answer: the new lease (if any) goes into the table.
+    /// A renewal's answer: the new lease (if any) goes into the table, and the requests
+    /// waiting for it wake.
     fn renewed(&self, renewal: &Renewal, reply: Option<(Held, u64)>) {
         let mut table = self.table.lock();
         let Some(entry) = table.get_mut(&renewal.key) else {
             return;
         };
-        entry.renewing = false;
+        entry.renewing = None;
         match reply {
             Some((held, returned)) => {
                 self.counts.returned.fetch_add(returned, Ordering::Relaxed);
@@ -281,6 +305,7 @@ impl Leases {
                 if held.units > 0 && entry.params == renewal.limit {
                     self.counts.taken.fetch_add(1, Ordering::Relaxed);
                     entry.held = Some(held);
+                    self.holding.store(true, Ordering::Relaxed);
                 }
             }
             None => {
@@ -301,6 +326,9 @@ impl Leases {
             return;
         }
         let mut table = self.table.lock();
+        if !self.holding.swap(false, Ordering::Relaxed) {
+            return;
+        }
         for entry in table.values_mut() {
             self.lose(entry.held.take());
         }
@@ -316,7 +344,7 @@ impl Leases {
         table.retain(|_, e| {
             let idle = now.saturating_sub(e.seen) > 1_000_000_000;
             let done = e.held.is_none_or(|h| now >= h.until);
-            if idle && done && !e.renewing {
+            if idle && done && e.renewing.is_none() {
                 self.lose(e.held.take());
                 return false;
             }
@@ -396,10 +424,10 @@ impl RedisLimiter {
             return None;
         }
         let now = self.clock.now_nanos();
-        let renewals = match self.leases.spend(batch, now, true) {
+        let (renewals, waits) = match self.leases.spend(batch, now, true) {
             Spend::Done(outcome) => return Some(outcome),
             Spend::Direct => return None,
-            Spend::Renew(renewals) => renewals,
+            Spend::Renew(renewals, waits) => (renewals, waits),
         };
         let mut pending = Pending {
             leases: &self.leases,
@@ -419,9 +447,15 @@ impl RedisLimiter {
         }
         pending.done = pending.renewals.len();
         drop(pending);
+        // Renewals other requests make: their answers (or failures) end the wait; the renewal
+        // is bounded by the time-out, and so is the wait, in case.
+        let deadline = Instant::now() + self.timeout;
+        for mut wait in waits {
+            let _ = tokio::time::timeout_at(deadline, wait.changed()).await;
+        }
         match self.leases.spend(batch, self.clock.now_nanos(), false) {
             Spend::Done(outcome) => Some(outcome),
-            Spend::Direct | Spend::Renew(_) => None,
+            Spend::Direct | Spend::Renew(..) => None,
         }
     }
 
