@@ -269,14 +269,13 @@ async fn two_regions_share_one_quota_through_a_partition() {
                 "warn,sluice::app::lifecycle=info,sluice_core::limiter::redis::global=debug",
             ),
         ];
+        // `SLUICE_REGIONS_BINARY`: another build of sluice (a release one, to measure its
+        // latency); the test's own debug build by default.
+        let binary = std::env::var("SLUICE_REGIONS_BINARY")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_sluice").to_owned());
         let mut processes = Vec::new();
         for _ in 0..2 {
-            let p = SluiceProcess::over_redis(
-                env!("CARGO_BIN_EXE_sluice"),
-                rules_file.path(),
-                &redis.url(),
-                &env,
-            );
+            let p = SluiceProcess::over_redis(&binary, rules_file.path(), &redis.url(), &env);
             processes.push(p.ready().await);
         }
         regions.push(processes);
