@@ -165,7 +165,6 @@ fn params(input: &Input) -> LimitParams {
         borrow: input.borrow,
         block_nanos: 0,
         global: false,
-        global: false,
         calendar: None,
     }
 }
