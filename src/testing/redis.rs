@@ -463,6 +463,16 @@ impl RedisServer {
         }
     }
 
+    /// The fields of the limiter state at `key` (see [`state_fields`]); empty when the key is
+    /// absent.
+    pub fn state(&self, key: &str) -> Vec<u64> {
+        let value: Vec<u8> = self.cmd(&["GET", key]);
+        if value.is_empty() {
+            return Vec::new();
+        }
+        state_fields(&value).unwrap_or_else(|| panic!("a limiter state at {key}: {value:?}"))
+    }
+
     /// A plain connection for the test's own commands.
     fn conn(&self) -> ::redis::Connection {
         ::redis::Client::open(self.url())
@@ -638,4 +648,44 @@ pub fn wait_until(within: Duration, what: &str, mut ready: impl FnMut() -> bool)
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// The numbers of a funnel's, token bucket's, fixed or sliding window's state as Redis stores
+/// it: packed (the mark byte 1, then one little-endian double per field), or the older text
+/// (decimal numbers joined by `:`). `None` when it is neither.
+pub fn state_fields(value: &[u8]) -> Option<Vec<u64>> {
+    if let Some((1, doubles)) = value.split_first() {
+        if doubles.is_empty() || doubles.len() % 8 != 0 {
+            return None;
+        }
+        let mut fields = Vec::new();
+        for chunk in doubles.chunks_exact(8) {
+            let n = f64::from_le_bytes(chunk.try_into().ok()?);
+            if !(n >= 0.0 && n.fract() == 0.0) {
+                return None;
+            }
+            fields.push(n as u64);
+        }
+        return Some(fields);
+    }
+    let text = std::str::from_utf8(value).ok()?;
+    text.split(':').map(|f| f.parse().ok()).collect()
+}
+
+/// A key's lease record, `units:expires:returnable:mark:` and then the key's state as the
+/// grant left it: those four numbers, and the state's fields ([`state_fields`]; empty when the
+/// key was absent).
+pub fn lease_record(value: &[u8]) -> Option<([u64; 4], Vec<u64>)> {
+    let mut parts = value.splitn(5, |b| *b == b':');
+    let mut head = [0; 4];
+    for field in &mut head {
+        *field = std::str::from_utf8(parts.next()?).ok()?.parse().ok()?;
+    }
+    let state = parts.next()?;
+    let state = if state.is_empty() {
+        Vec::new()
+    } else {
+        state_fields(state)?
+    };
+    Some((head, state))
 }

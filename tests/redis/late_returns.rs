@@ -453,22 +453,28 @@ async fn random_returns() {
     );
 }
 
-/// Keys written by an older sluice (`tat`, `used:anchor`, `start:count`,
-/// `start:current:previous`) are read as they were: 3 of 10 used; nothing refundable (a
-/// refund gives nothing back); the next take writes the new format.
+/// Keys written by an older sluice, in either text format (`tat`, `used:anchor`,
+/// `start:count`, `start:current:previous`; and the same with a refundable count last, here 0)
+/// are read as they were: 3 of 10 used; nothing refundable (a refund gives nothing back); the
+/// next take writes the packed format, with its refundable count.
 #[tokio::test]
 async fn states_of_the_older_formats_are_still_read() {
     let b = Backends::start();
     let now = b.clock.now_nanos() / 1_000;
     let hour = 3_600_000_000;
     let window = now - now % hour;
+    let tat = now + 3 * 360_000_000;
     let olds = [
-        (Algorithm::Funnel, format!("{}", now + 3 * 360_000_000)),
-        (Algorithm::TokenBucket, format!("3:{now}")),
-        (Algorithm::FixedWindow, format!("{window}:3")),
-        (Algorithm::SlidingWindow, format!("{window}:3:0")),
+        (Algorithm::Funnel, format!("{tat}"), 3),
+        (Algorithm::TokenBucket, format!("3:{now}"), 3),
+        (Algorithm::FixedWindow, format!("{window}:3"), 3),
+        (Algorithm::SlidingWindow, format!("{window}:3:0"), 4),
+        (Algorithm::Funnel, format!("{tat}:10:0"), 3),
+        (Algorithm::TokenBucket, format!("3:{now}:0"), 3),
+        (Algorithm::FixedWindow, format!("{window}:3:0"), 3),
+        (Algorithm::SlidingWindow, format!("{window}:3:0:0"), 4),
     ];
-    for (algorithm, text) in olds {
+    for (algorithm, text, fields) in olds {
         let limit = LimitParams {
             algorithm,
             quota: 10,
@@ -496,16 +502,16 @@ async fn states_of_the_older_formats_are_still_read() {
         );
         let taken = replica.check(&check(1, false)).await.expect("an answer");
         assert_eq!(taken.hits[0].remaining, 6, "{algorithm:?}");
-        let stored: String = b.redis.cmd(&["GET", &key]);
-        let fields = stored.split(':').count();
+        // Written back packed, with the refundable count last.
+        let stored = b.redis.state(&key);
         if algorithm == Algorithm::Funnel {
-            assert!(fields == 3 && stored.ends_with(":10:1"), "{stored}");
-        } else {
-            assert_eq!(
-                fields,
-                text.split(':').count() + 1,
-                "{algorithm:?}: {stored}"
+            assert!(
+                stored.len() == fields && stored.ends_with(&[10, 1]),
+                "{stored:?}"
             );
+        } else {
+            assert_eq!(stored.len(), fields, "{algorithm:?}: {stored:?}");
+            assert_eq!(stored.last(), Some(&1), "{algorithm:?}: {stored:?}");
         }
     }
 }

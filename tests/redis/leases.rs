@@ -13,7 +13,7 @@ use sluice::config::calendar::{Calendar, CalendarUnit, Zone};
 use sluice::config::model::{Algorithm, Charge};
 use sluice::config::settings::{LeaseMode, RedisSettings};
 use sluice::limiter::{Batch, Hit, LimitParams, Limiter, ManualClock, RedisLimiter, Role};
-use sluice::testing::redis::{RedisServer, wait_until};
+use sluice::testing::redis::{RedisServer, lease_record, wait_until};
 
 const MS: u64 = 1_000_000;
 const SEC: u64 = 1_000 * MS;
@@ -162,18 +162,14 @@ async fn the_unused_part_of_a_lease_comes_back() {
     assert!(r.check(&big).await.expect("redis answers").admitted);
     assert!(event(&r, "lease_returned") > 0, "{:?}", r.events());
     // Redis's count is what was spent plus what is on lease now, nothing more.
-    let stored: String = redis.cmd(&["GET", "sluice:win"]);
-    // The fixed window's text: start:count:refundable.
-    let count: u64 = stored
-        .split(':')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
+    // The fixed window's fields: start, count, refundable.
+    let stored = redis.state("sluice:win");
+    let count = stored.get(1).copied().unwrap_or(0);
     let spent = 100 + 90;
-    assert!(count >= spent, "{stored}");
+    assert!(count >= spent, "{stored:?}");
     assert!(
         count <= spent + 100,
-        "{stored}: at most one lease of 100 beyond"
+        "{stored:?}: at most one lease of 100 beyond"
     );
 }
 
@@ -291,22 +287,24 @@ async fn a_busy_token_bucket_is_leased_and_its_leases_never_cross_a_refill() {
     assert!(decided >= 800, "{decided} of 1,000 decided from leases");
     assert!(calls <= 200, "{calls} script calls for 1,000 requests");
     // Redis's record of this replica's lease (units:expires:returnable:mark:state, the state
-    // as the grant left it, used:anchor:refundable, in microseconds) ends by the bucket's
+    // as the grant left it, used, anchor, refundable; in microseconds) ends by the bucket's
     // next refill step, and its units may come back until that step.
-    let record: String = redis.cmd(&["HGET", "sluice:bucket:lease", &lease_id(&redis)]);
-    let fields: Vec<u64> = record.split(':').map(|f| f.parse().unwrap_or(0)).collect();
-    let [units, expires, returnable, mark, _used, anchor, _] = fields[..] else {
-        panic!("a lease record: {record}");
+    let record: Vec<u8> = redis.cmd(&["HGET", "sluice:bucket:lease", &lease_id(&redis)]);
+    let Some(([units, expires, returnable, mark], state)) = lease_record(&record) else {
+        panic!("a lease record: {record:?}");
     };
-    assert!(units >= 1, "{record}");
+    let [_used, anchor, _] = state[..] else {
+        panic!("a token bucket's state in the lease record: {state:?}");
+    };
+    assert!(units >= 1, "{record:?}");
     assert!(
         expires <= anchor + 10_000_000,
-        "{record}: past the next refill"
+        "{record:?}: past the next refill"
     );
     assert_eq!(
         (returnable, mark),
         (anchor + 10_000_000, anchor),
-        "{record}"
+        "{record:?}"
     );
 }
 

@@ -56,7 +56,8 @@ impl RedisLimiter {
             .await
             .map_err(|_| super::unavailable("no answer from Redis to a lease read in time"))?
             .map_err(limiter_error)?;
-        let (now, fields): (u64, Vec<String>) =
+        // The records hold the key's state as stored, packed: bytes, not text.
+        let (now, fields): (u64, Vec<Vec<u8>>) =
             redis::from_redis_value(reply).map_err(|e| limiter_error(e.into()))?;
         let records = fields
             .chunks_exact(2)
@@ -69,14 +70,16 @@ impl RedisLimiter {
     }
 }
 
-/// One record, `units:expires:returnable:mark:state` (microseconds), with its times from
-/// `now`; `None` when malformed.
-fn record(replica: &str, value: &str, now: u64) -> Option<LeaseRecord> {
-    let mut fields = value.splitn(4, ':').map(|f| f.parse::<u64>().ok());
+/// One record, `units:expires:returnable:mark:state` (microseconds; the state packed), with
+/// its times from `now`; `None` when malformed.
+fn record(replica: &[u8], value: &[u8], now: u64) -> Option<LeaseRecord> {
+    let mut fields = value
+        .splitn(4, |b| *b == b':')
+        .map(|f| std::str::from_utf8(f).ok()?.parse::<u64>().ok());
     let (units, expires, returnable) = (fields.next()??, fields.next()??, fields.next()??);
     let from_now = |t: u64| t.saturating_sub(now).saturating_mul(1_000);
     Some(LeaseRecord {
-        replica: replica.to_owned(),
+        replica: String::from_utf8_lossy(replica).into_owned(),
         units,
         expires_nanos: from_now(expires),
         returnable_nanos: from_now(returnable),
@@ -90,7 +93,7 @@ mod tests {
     #[test]
     fn a_record_reads_its_units_and_times_from_now() {
         assert_eq!(
-            record("7", "10:1500:9000:12:1:2:0", 1_000),
+            record(b"7", b"10:1500:9000:12:\x01\0\0\0\0\0\0:\0:", 1_000),
             Some(LeaseRecord {
                 replica: "7".to_owned(),
                 units: 10,
@@ -99,10 +102,10 @@ mod tests {
             })
         );
         assert_eq!(
-            record("7", "10:500:900:1:", 1_000).unwrap().expires_nanos,
-            0
+            record(b"7", b"10:500:900:1:", 1_000).map(|r| r.expires_nanos),
+            Some(0)
         );
-        assert_eq!(record("7", "ten:1:2:3:", 0), None);
-        assert_eq!(record("7", "1:2", 0), None);
+        assert_eq!(record(b"7", b"ten:1:2:3:", 0), None);
+        assert_eq!(record(b"7", b"1:2", 0), None);
     }
 }

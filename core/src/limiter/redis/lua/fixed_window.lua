@@ -1,8 +1,9 @@
--- fixed_window: mirrors src/limiter/fixed_window.rs. State: "start:count:refundable" (the
--- count of the window starting at start: epoch-aligned, or a calendar window whose bounds
--- main.lua put in the parameters as cal_previous, cal_start, cal_end, cal_next; and how many
--- of it anonymous refunds may give back); absent = nothing counted. The older "start:count"
--- is still read, with nothing refundable.
+-- fixed_window: mirrors src/limiter/fixed_window.rs. State: start, count, refundable, packed
+-- (pack_state in the prelude: the count of the window starting at start: epoch-aligned, or a
+-- calendar window whose bounds main.lua put in the parameters as cal_previous, cal_start,
+-- cal_end, cal_next; and how many of it anonymous refunds may give back); absent = nothing
+-- counted. The older text formats "start:count:refundable" and "start:count" (nothing
+-- refundable) are still read.
 -- Made only when a request uses it (see MAKERS in the prelude).
 
 MAKERS.w = MAKERS.w and function()
@@ -108,7 +109,7 @@ MAKERS.w = MAKERS.w and function()
   end
 
   local function text(w, s)
-    return fmt(s.start) .. ":" .. fmt(s.count) .. ":" .. fmt(s.refundable)
+    return pack_state(s.start, s.count, s.refundable)
   end
 
   return algorithm(params, load, admits, take, give, remaining, reset, until_admitted, fresh_at,

@@ -1,7 +1,7 @@
--- funnel: mirrors src/limiter/funnel.rs. State: "tat:quota:refundable" (Tat: the tat, the quota
--- it was taken under, the units anonymous refunds may still give back), absent = fresh. The
--- older format, the tat alone ("<tat>"), is still read: as taken under the current quota, with
--- nothing refundable. A state taken under another quota is read at the new interval, its units
+-- funnel: mirrors src/limiter/funnel.rs. State: tat, quota, refundable, packed (pack_state in
+-- the prelude; Tat: the tat, the quota it was taken under, the units anonymous refunds may
+-- still give back), absent = fresh. The older text formats are still read: "tat:quota:refundable",
+-- and the tat alone ("<tat>"), as taken under the current quota, with nothing refundable. A state taken under another quota is read at the new interval, its units
 -- kept (Funnel::tat_of). Made only when a request uses it (see MAKERS in the prelude).
 -- main.lua's fast path writes out admits, take, remaining and reset for the requests it
 -- decides: a change here is made there too (its take has Funnel::take's cap).
@@ -27,6 +27,10 @@ MAKERS.f = MAKERS.f and function()
 
   local function load(text)
     if not text then return FRESH end
+    if #text == 25 and string.byte(text, 1) == STATE_MARK then
+      local _, t, q, r = struct.unpack("<Bddd", text)
+      return { tat = clamp_number(t), quota = clamp_number(q), refundable = clamp_number(r) }
+    end
     local a, b, c = string.match(text, "^(%d+):(%d+):(%d+)$")
     if a == nil then return { tat = clamp(text), quota = 0, refundable = 0 } end
     return { tat = clamp(a), quota = clamp(b), refundable = clamp(c) }
@@ -157,7 +161,7 @@ MAKERS.f = MAKERS.f and function()
   end
 
   local function text(f, s)
-    return fmt(s.tat) .. ":" .. fmt(s.quota) .. ":" .. fmt(s.refundable)
+    return pack_state(s.tat, s.quota, s.refundable)
   end
 
   return algorithm(params, load, admits, take, give, remaining, reset, until_admitted, fresh_at,

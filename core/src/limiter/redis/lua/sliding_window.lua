@@ -1,7 +1,9 @@
 -- sliding_window: mirrors src/limiter/sliding_window.rs. State:
--- "start:current:previous:refundable" (the counts of the epoch-aligned window starting at start
--- and of the one before, and how many of the current one anonymous refunds may give back);
--- absent = none. The older "start:current:previous" is still read, with nothing refundable.
+-- start, current, previous, refundable, packed (pack_state in the prelude: the counts of the
+-- epoch-aligned window starting at start and of the one before, and how many of the current
+-- one anonymous refunds may give back); absent = none. The older text formats
+-- "start:current:previous:refundable" and "start:current:previous" (nothing refundable) are
+-- still read.
 -- Made only when a request uses it (see MAKERS in the prelude).
 
 MAKERS.s = MAKERS.s and function()
@@ -134,8 +136,7 @@ MAKERS.s = MAKERS.s and function()
   end
 
   local function text(w, c)
-    return fmt(c.start) .. ":" .. fmt(c.current) .. ":" .. fmt(c.previous) .. ":" ..
-      fmt(c.refundable)
+    return pack_state(c.start, c.current, c.previous, c.refundable)
   end
 
   return algorithm(params, load, admits, take, give, remaining, reset, until_admitted, fresh_at,

@@ -1,7 +1,7 @@
--- token_bucket: mirrors src/limiter/token_bucket.rs. State: "used:anchor:refundable" (tokens
--- missing from a full bucket, as of the refill step at anchor, and how many of them anonymous
--- refunds may give back); absent = full. The older "used:anchor" is still read, with nothing
--- refundable.
+-- token_bucket: mirrors src/limiter/token_bucket.rs. State: used, anchor, refundable, packed
+-- (pack_state in the prelude: tokens missing from a full bucket, as of the refill step at
+-- anchor, and how many of them anonymous refunds may give back); absent = full. The older
+-- text formats "used:anchor:refundable" and "used:anchor" (nothing refundable) are still read.
 -- Made only when a request uses it (see MAKERS in the prelude).
 
 MAKERS.b = MAKERS.b and function()
@@ -117,7 +117,7 @@ MAKERS.b = MAKERS.b and function()
   end
 
   local function text(b, s)
-    return fmt(s.used) .. ":" .. fmt(s.anchor) .. ":" .. fmt(s.refundable)
+    return pack_state(s.used, s.anchor, s.refundable)
   end
 
   -- TokenBucket::next_refill: a full bucket's next step is one period after now.
