@@ -53,13 +53,14 @@ end
 -- request is the run of hits from req_first[r], req_count[r] long.
 local nrequests = tonumber(ARGV[3 + 7 * nlimits]) or 0
 local blob = ARGV[4 + 7 * nlimits] or ""
-local size, read = #blob, struct.unpack
+local size, read, pack = #blob, struct.unpack, struct.pack
 local hit_slot, hit_limit, hit_cost = {}, {}, {}
 local hit_refund, hit_group, hit_role, hit_hold = {}, {}, {}, {}
 local req_first, req_count, req_independent, req_dry = {}, {}, {}, {}
 -- The lease requests (mode 3) apart: lease_hit[k] their one hit, and lease_args[k] what
 -- follows it ({give, validity, replica}); the others are requests 1..nplain.
-local lease_hit, lease_args, nleases, nplain = {}, {}, 0, 0
+-- (made at the first lease request: a call without one makes neither table)
+local lease_hit, lease_args, nleases, nplain = nil, nil, 0, 0
 local pos, total = 1, 0
 for r = 1, nrequests do
   if pos + REQUEST_BYTES - 1 > size then
@@ -72,6 +73,7 @@ for r = 1, nrequests do
     return redis.error_reply("sluice: malformed request " .. r)
   end
   if mode == LEASE_MODE then
+    if nleases == 0 then lease_hit, lease_args = {}, {} end
     nleases = nleases + 1
     lease_hit[nleases] = total + 1
   else
@@ -310,23 +312,20 @@ for r = 1, nplain do
         break
       end
       fast_seen[s] = r
-      -- funnel.lua's load, written out (no parse of an absent key): "tat:quota:refundable",
-      -- or the older "tat"; a state taken under another quota goes to the general path (which
-      -- converts it, Funnel::tat_of).
+      -- funnel.lua's load, written out (no parse of an absent key) for the packed state; an
+      -- older text state, or one taken under another quota, goes to the general path (which
+      -- reads the one and converts the other, Funnel::tat_of).
       local p, cost, tat, back, text = limit_params[l], hit_cost[i], 0, 0, key_text[s]
       if text then
-        local a, q, b = string.match(text, "^(%d+):(%d+):(%d+)$")
-        if a then
-          tat, back, q = tonumber(a), tonumber(b), tonumber(q)
-          if q ~= p.quota and q ~= 0 then
-            fast = false
-            break
-          end
-          if back > U32 then back = U32 end
-        else
-          tat = tonumber(text) or 0
+        local mark, q
+        if #text == 25 then mark, tat, q, back = read("<Bddd", text) end
+        if mark ~= STATE_MARK or (q ~= p.quota and q ~= 0) then
+          fast = false
+          break
         end
-        if tat > MAX then tat = MAX elseif tat < 0 then tat = 0 else tat = tat - tat % 1 end
+        -- clamp_number, written out (a NaN fails every comparison)
+        if tat > MAX then tat = MAX elseif tat >= 0 then tat = tat - tat % 1 else tat = 0 end
+        if back > U32 then back = U32 elseif back >= 0 then back = back - back % 1 else back = 0 end
         if tat <= now then back = 0 end
       end
       local interval = p.interval
@@ -368,11 +367,11 @@ for r = 1, nplain do
           ndirty = ndirty + 1
           dirty[ndirty] = key_text[s] and s or -s
         end
-        -- ttl_ms(now, tat) written out: at least 1, tat being after now; funnel.lua's text,
-        -- the cost refundable
+        -- ttl_ms(now, tat) written out: at least 1, tat being after now; funnel.lua's text
+        -- (pack_state), the cost refundable
         local back = hit_back[i] + cost
         if back > U32 then back = U32 end
-        key_text[s], key_ttl[s] = format("%d:%d:%d", tat, p.quota, back),
+        key_text[s], key_ttl[s] = pack("<Bddd", STATE_MARK, tat, p.quota, back),
           floor((tat - now + 999) / 1000)
       end
       local ahead, left = tat - now, 0
