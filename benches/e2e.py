@@ -112,12 +112,16 @@ def serve(procs, binary, rules, backend="memory", redis_url=None, env=None):
     port, admin = free_port(), free_port()
     args = [binary, "serve", "--rules", rules, "--grpc-listen", f"127.0.0.1:{port}",
             "--admin-listen", f"127.0.0.1:{admin}", "--backend", backend]
+    env = dict(env or {})
     if redis_url:
         args += ["--redis-url", redis_url]
+        # Each Redis target keeps its keys apart on the shared redis-server: a build before a
+        # change of the stored state's format never reads the other's (nor converts it).
+        env.setdefault("SLUICE_REDIS__PREFIX", f"bench{port}:")
     # Only when set: a build from before the setting existed refuses it.
     threads = {"SLUICE_SERVER__WORKER_THREADS": str(SERVER_THREADS)} if SERVER_THREADS else {}
     child = procs.start(args, port, f"sluice ({backend})",
-                        {"SLUICE_LOG__LEVEL": "warn", **threads, **(env or {})})
+                        {"SLUICE_LOG__LEVEL": "warn", **threads, **env})
     return f"http://127.0.0.1:{port}", admin, child
 
 
