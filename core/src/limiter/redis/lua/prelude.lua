@@ -23,9 +23,15 @@
 -- previous call was in flight), decided one after the other in the order given, each exactly
 -- as if it were alone (its own all or nothing); all of them at one `now`.
 --
--- KEYS[s]      the distinct state keys of the batch (prefix included), s = 1..#KEYS, in
---              order of first appearance. Every key the script touches is in KEYS, so Redis
---              Cluster routes the call (all keys of one call must share a slot there).
+-- KEYS[s]      the distinct state keys of the batch (prefix included), s = 1, 2, ..., in
+--              order of first appearance; then the other keys the call may touch: the lease
+--              records (KEYS[s] .. LEASE_SUFFIX) of a lease request's key and the penalty box
+--              (KEYS[s] .. BLOCK_SUFFIX) of a key whose limit has one, each once. Every key
+--              the script touches is in KEYS, so Redis Cluster routes the call (all keys of
+--              one call must share a slot there: each shares its state key's hash tag) and,
+--              while a slot moves, checks them all before the script runs. The script finds
+--              those keys by name (state key and suffix), never by their index; the state
+--              keys' MGET reads them too (nil for a hash).
 --
 -- ARGV[1]      "now" override in microseconds, or "" to read Redis TIME (the normal case).
 --              Only tests set it, to drive the script on a controlled clock.

@@ -179,21 +179,33 @@ pub fn encode(
         all().map(|h| script_limit(&h.limit, unit, clock_nanos)),
         count,
     );
-    let key_bytes: usize = keys.iter().map(|k| prefix.len() + k.len()).sum();
+    let aux = auxiliary(parts);
+    let key_bytes: usize = keys.iter().map(|k| prefix.len() + k.len()).sum::<usize>()
+        + aux
+            .iter()
+            .map(|(k, suffix)| prefix.len() + k.len() + suffix.len())
+            .sum::<usize>();
     let blob_bytes = REQUEST_BYTES * parts.len() + HIT_BYTES * count + LEASE_BYTES;
     let mut cmd = Cmd::with_capacity(
-        6 + keys.len() + LIMIT_FIELDS * limits.len(),
+        6 + keys.len() + aux.len() + LIMIT_FIELDS * limits.len(),
         80 + key_bytes + 40 * limits.len() + blob_bytes,
     );
     match via {
         Via::Function => cmd.arg("FCALL").arg(LIBRARY.name.as_str()),
         Via::Script => cmd.arg("EVALSHA").arg(SHA.as_str()),
     };
-    cmd.arg(keys.len());
+    cmd.arg(keys.len() + aux.len());
+    // Writing into the command's own buffer cannot fail.
     for key in &keys {
         let mut arg = cmd.writer_for_next_arg();
-        // Writing into the command's own buffer cannot fail.
         let _ = arg.write_all(prefix).and_then(|()| arg.write_all(key));
+    }
+    for (key, suffix) in &aux {
+        let mut arg = cmd.writer_for_next_arg();
+        let _ = arg
+            .write_all(prefix)
+            .and_then(|()| arg.write_all(key))
+            .and_then(|()| arg.write_all(suffix));
     }
     match now_micros {
         Some(n) => cmd.arg(n.min(MAX_EXACT)),
@@ -242,6 +254,34 @@ pub fn encode(
             .collect(),
         unit,
     }
+}
+
+/// The suffix of a key's lease records (`LEASE_SUFFIX` in `prelude.lua`).
+const LEASE_SUFFIX: &[u8] = b":lease";
+/// The suffix of a key's penalty box (`BLOCK_SUFFIX` in `prelude.lua`).
+const BLOCK_SUFFIX: &[u8] = b":block";
+
+/// The keys besides the state keys that the script may touch for `parts`, each a state key and
+/// its suffix, once: a leased key's records, and the penalty box of a key whose limit has one.
+/// They follow the state keys in KEYS, so that Redis checks them where the call goes: in a
+/// Cluster whose slot is moving, a key the script touches without having named it fails the
+/// script there (a "non local key"), where a named one sends the whole call on (`ASK`,
+/// `TRYAGAIN`) before anything runs.
+fn auxiliary<'a>(parts: &[Part<'a>]) -> Vec<(&'a [u8], &'static [u8])> {
+    let mut aux: Vec<(&[u8], &[u8])> = Vec::new();
+    for part in parts {
+        for hit in part.hits {
+            let leased = matches!(part.mode, Mode::Lease(_)).then_some(LEASE_SUFFIX);
+            let boxed = (hit.limit.block_nanos > 0).then_some(BLOCK_SUFFIX);
+            for suffix in [leased, boxed].into_iter().flatten() {
+                let key: (&[u8], &[u8]) = (&hit.key, suffix);
+                if !aux.contains(&key) {
+                    aux.push(key);
+                }
+            }
+        }
+    }
+    aux
 }
 
 /// A lease request's bytes after its hit: give, least, validity, replica, deadline, each a
