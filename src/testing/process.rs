@@ -79,6 +79,35 @@ pub fn wait_listening(port: u16) {
     }
 }
 
+/// This build as `limitador-server`, ready for the caller's flags, limits file and storage:
+/// `binary` (the test's `env!("CARGO_BIN_EXE_sluice")`) linked into `dir` under that name, on
+/// 127.0.0.1 with both ports from the kernel (`-b 127.0.0.1 -p 0 -B 127.0.0.1 -P 0`, read back
+/// from its `-vv` log by [`serving`] as `gRPC` and `admin HTTP`), its environment cleared, its
+/// standard output dropped and its standard error piped.
+pub fn limitador_server(binary: &str, dir: &Path) -> Command {
+    let link = dir.join("limitador-server");
+    if !link.exists() {
+        std::os::unix::fs::symlink(binary, &link).expect("link this build as limitador-server");
+    }
+    let mut command = Command::new(&link);
+    command
+        .env_clear()
+        .args([
+            "-b",
+            "127.0.0.1",
+            "-p",
+            "0",
+            "-B",
+            "127.0.0.1",
+            "-P",
+            "0",
+            "-vv",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    command
+}
+
 /// Follows the log (standard error, piped, at `info` or finer) of a starting `sluice` told to
 /// listen for gRPC on port 0, until it says where it serves gRPC: that address. Fails with the
 /// log so far when the process exits first (a port it was given was taken, a bad setting) or

@@ -12,11 +12,11 @@
 //! a `load_assignment`, the router names its type) and the ports (port 0, read back).
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use sluice::testing::http::{self, request};
-use sluice::testing::process::{Served, loopback, serving};
+use sluice::testing::process::{Served, limitador_server, loopback, serving};
 
 use crate::support::envoy::EnvoyProcess;
 use crate::support::upstream::Upstream;
@@ -141,28 +141,11 @@ struct Limitador {
 
 impl Limitador {
     async fn start(dir: &Path, limits: &str) -> Limitador {
-        let link = dir.join("limitador-server");
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &link).expect("symlink");
         let file = dir.join("limits.yaml");
         std::fs::write(&file, limits).expect("write the limits");
-        // Both ports from the kernel: port 0, read back from its log (`-vv`: `info`).
-        let mut child = Command::new(&link)
-            .env_clear()
-            .args([
-                "-b",
-                "127.0.0.1",
-                "-p",
-                "0",
-                "-B",
-                "127.0.0.1",
-                "-P",
-                "0",
-                "-vv",
-            ])
+        let mut child = limitador_server(env!("CARGO_BIN_EXE_sluice"), dir)
             .arg(&file)
             .arg("memory")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
             .spawn()
             .expect("start limitador-server");
         let [rls, http_addr] = serving(&mut child, ["gRPC", "admin HTTP"]);

@@ -20,7 +20,7 @@ use sluice::engine::{Descriptor, Engine, Options, Request};
 use sluice::limiter::MemoryLimiter;
 use sluice::rules::{Entry, RuleSet};
 use sluice::testing::grpc::{Code, RateLimitServiceClient, call, desc, overall, req};
-use sluice::testing::process::{Served, serving_grpc};
+use sluice::testing::process::{Served, limitador_server, serving_grpc};
 use sluice::testing::ratelimit_env::ISTIO;
 use sluice::testing::redis::RedisServer;
 use tokio::sync::mpsc;
@@ -269,28 +269,11 @@ async fn spans_reach_the_tracing_endpoint_of_limitador_server() {
     let text =
         "- namespace: ns\n  max_value: 5\n  seconds: 3600\n  variables: [\"descriptors[0].k\"]\n";
     std::fs::write(&limits, text).unwrap();
-    let link = dir.path().join("limitador-server");
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &link).unwrap();
     let endpoint = collector.url.replace("http://", "rpc://");
-    // Both ports from the kernel: port 0, read back from its log (`-vv`: `info`).
-    let mut child = std::process::Command::new(&link)
-        .env_clear()
+    let mut child = limitador_server(env!("CARGO_BIN_EXE_sluice"), dir.path())
         .env("OTEL_BSP_SCHEDULE_DELAY", "100")
-        .args([
-            "-b",
-            "127.0.0.1",
-            "-p",
-            "0",
-            "-B",
-            "127.0.0.1",
-            "-P",
-            "0",
-            "-vv",
-        ])
         .args(["--tracing-endpoint", &endpoint])
         .arg(&limits)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("start limitador-server");
     let grpc = serving_grpc(&mut child);

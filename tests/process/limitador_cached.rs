@@ -6,12 +6,12 @@
 //! back (10% of the limit each), and the leases are seen in Redis.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sluice::testing::grpc::{Client, Code, call, connect_within, desc, overall, req};
 use sluice::testing::http;
-use sluice::testing::process::{Served, loopback, serving};
+use sluice::testing::process::{Served, limitador_server, loopback, serving};
 use sluice::testing::redis::RedisServer;
 
 /// One limit of 2,000 an hour on every request of namespace `ns`.
@@ -27,30 +27,11 @@ const LIMITS: &str = r#"
 /// `limitador-server LIMITS redis_cached URL --flush-period 100` on loopback ports from the
 /// kernel: the process and its gRPC (RLS) port.
 async fn replica(dir: &Path, redis: &RedisServer) -> (Served, u16) {
-    let link = dir.join("limitador-server");
-    if !link.exists() {
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &link).expect("symlink");
-    }
     let file = dir.join("limits.yaml");
     std::fs::write(&file, LIMITS).expect("write the limits");
-    // Both ports from the kernel: port 0, read back from its log (`-vv`: `info`).
-    let mut child = Command::new(&link)
-        .env_clear()
-        .args([
-            "-b",
-            "127.0.0.1",
-            "-p",
-            "0",
-            "-B",
-            "127.0.0.1",
-            "-P",
-            "0",
-            "-vv",
-        ])
+    let mut child = limitador_server(env!("CARGO_BIN_EXE_sluice"), dir)
         .arg(&file)
         .args(["redis_cached", &redis.url(), "--flush-period", "100"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
         .spawn()
         .expect("start limitador-server");
     let [rls, http_addr] = serving(&mut child, ["gRPC", "admin HTTP"]);

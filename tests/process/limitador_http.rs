@@ -7,7 +7,7 @@
 //! traffic over its HTTP API, `ShouldRateLimit` and Kuadrant's `CheckRateLimit` and `Report`.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
@@ -17,7 +17,7 @@ use sluice::proto::kuadrant::service::ratelimit::v1::rate_limit_service_client::
 use sluice::proto::rate_limit_response::Code;
 use sluice::testing::grpc::{RateLimitRequest, connect_within, desc, req};
 use sluice::testing::http::{self, Answer, request};
-use sluice::testing::process::{Served, loopback, serving};
+use sluice::testing::process::{Served, limitador_server, loopback, serving};
 use sluice::testing::redis::RedisServer;
 
 const LIMITS: &str = r#"
@@ -77,30 +77,13 @@ struct Limitador {
 
 impl Limitador {
     async fn start(dir: &Path, storage: &[&str]) -> Limitador {
-        let link = dir.join("limitador-server");
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &link).expect("symlink");
         let file = dir.join("limits.yaml");
         std::fs::write(&file, LIMITS).expect("write the limits");
-        // Both ports from the kernel: port 0, read back from its log (`-vv`: `info`).
-        let mut child = Command::new(&link)
-            .env_clear()
+        let mut child = limitador_server(env!("CARGO_BIN_EXE_sluice"), dir)
             .env("SLUICE_ADMIN__TOKEN", TOKEN)
-            .args([
-                "-b",
-                "127.0.0.1",
-                "-p",
-                "0",
-                "-B",
-                "127.0.0.1",
-                "-P",
-                "0",
-                "-vv",
-            ])
             .arg("--limit-name-in-labels")
             .arg(&file)
             .args(storage)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
             .spawn()
             .expect("start limitador-server");
         let [rls, http_addr] = serving(&mut child, ["gRPC", "admin HTTP"]);

@@ -5,12 +5,12 @@
 //! cannot use stops the start (exit 64) naming file and line; `--tracing-endpoint` is taken.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
 use sluice::testing::http::{self, request};
-use sluice::testing::process::{Served, loopback, serving};
+use sluice::testing::process::{Served, limitador_server, loopback, serving};
 
 const LIMITS: &str = r#"
 - namespace: ns
@@ -23,15 +23,10 @@ const LABELS: &str = "user: descriptors[0]['user_id']\nmethod: descriptors[0]['r
 
 /// `limitador-server` with `args` before its limits file in `dir`.
 fn command(dir: &Path, args: &[&str]) -> Command {
-    let link = dir.join("limitador-server");
-    if !link.exists() {
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &link).expect("symlink");
-    }
     let file = dir.join("limits.yaml");
     std::fs::write(&file, LIMITS).expect("write the limits");
-    let mut command = Command::new(&link);
+    let mut command = limitador_server(env!("CARGO_BIN_EXE_sluice"), dir);
     command
-        .env_clear()
         .env("SLUICE_METRICS__MAX_VALUE_LABEL_SETS", "2")
         .args(args)
         .arg(&file);
@@ -55,24 +50,10 @@ async fn cel_labels_label_limitadors_series_under_the_cap() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let labels = dir.path().join("labels.yaml");
     std::fs::write(&labels, LABELS).unwrap();
-    // Both ports from the kernel: port 0, read back from its log (`-vv`: `info`).
     let mut child = command(dir.path(), &[])
-        .args([
-            "-b",
-            "127.0.0.1",
-            "-p",
-            "0",
-            "-B",
-            "127.0.0.1",
-            "-P",
-            "0",
-            "-vv",
-        ])
         .args(["-L", &labels.display().to_string()])
         .args(["--metric-labels-default", "{'app': 'shop', 'user': 'anon'}"])
         .args(["--tracing-endpoint", "rpc://127.0.0.1:1"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
         .spawn()
         .expect("start limitador-server");
     let [_, http_addr] = serving(&mut child, ["gRPC", "admin HTTP"]);

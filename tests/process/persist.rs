@@ -12,7 +12,9 @@ use serde_json::json;
 use sluice::proto::rate_limit_response::Code;
 use sluice::testing::grpc::{call, connect_within, desc, req};
 use sluice::testing::http;
-use sluice::testing::process::{Served, logged_listener, serving, sluice_command};
+use sluice::testing::process::{
+    Served, limitador_server, logged_listener, serving, sluice_command,
+};
 use tokio::time::Instant;
 
 const RULES: &str = r#"
@@ -211,35 +213,16 @@ const LIMITS: &str = r#"
 
 /// `limitador-server LIMITS -b 127.0.0.1 ... disk DIR`, with the snapshot every `interval_ms`.
 async fn limitador(dir: &Path, interval_ms: u64) -> (Served, SocketAddr) {
-    let link = dir.join("limitador-server");
-    if !link.exists() {
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &link).expect("symlink");
-    }
     let file = dir.join("limits.yaml");
     std::fs::write(&file, LIMITS).expect("write the limits");
-    // Both ports from the kernel: port 0, read back from its log (`-vv`: `info`).
-    let mut child = Command::new(&link)
-        .env_clear()
+    let mut child = limitador_server(env!("CARGO_BIN_EXE_sluice"), dir)
         .env(
             "SLUICE_LIMITER__PERSIST_INTERVAL_MS",
             interval_ms.to_string(),
         )
-        .args([
-            "-b",
-            "127.0.0.1",
-            "-p",
-            "0",
-            "-B",
-            "127.0.0.1",
-            "-P",
-            "0",
-            "-vv",
-        ])
         .arg(&file)
         .arg("disk")
         .arg(dir.join("db"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
         .spawn()
         .expect("start limitador-server");
     let [_, http_addr] = serving(&mut child, ["gRPC", "admin HTTP"]);
