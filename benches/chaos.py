@@ -384,6 +384,13 @@ def proxy_serve(targets):
     asyncio.run(main())
 
 
+def inherited():
+    """This process's environment without its SLUICE_* variables: a replica's settings are
+    the ones this driver gives it (a test harness's own switches, such as SLUICE_TEST_LEASES,
+    are no settings of sluice's)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
+
+
 class Sluice:
     """A `sluice serve` replica over Redis."""
 
@@ -397,7 +404,7 @@ class Sluice:
                     "--backend", "redis", "--redis-url", url]
             self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL,
                                          stderr=open(self.log, "ab"),
-                                         env={**os.environ, **env})
+                                         env={**inherited(), **env})
             if wait_for(f"{name} ready", 30, self.ready, every=0.1):
                 return
             self.proc.kill()
@@ -997,7 +1004,8 @@ def run_setup(setup_cls, args, seconds, work, rng):
                # Every request to Redis: a denial answered from the deny cache would not
                # meet the faults.
                "SLUICE_REDIS__DENY_CACHE_SIZE": "0",
-               "SLUICE_REDIS__WAIT_TIMEOUT_MS": str(args.wait_timeout_ms)}
+               "SLUICE_REDIS__WAIT_TIMEOUT_MS": str(args.wait_timeout_ms),
+               "SLUICE_REDIS__LEASES": args.leases}
         replicas = [Sluice(work, f"{setup_cls.name}-sluice{i}", args.binary, rules, setup.url, env)
                     for i in range(3)]
         log(f"{setup_cls.name}: 3 sluice replicas ready; load with {args.threads} clients")
@@ -1307,6 +1315,8 @@ def main():
                    help="errors may end this long after a fault's end")
     p.add_argument("--timeout-ms", type=int, default=500, help="redis.timeout_ms")
     p.add_argument("--wait-timeout-ms", type=int, default=50, help="redis.wait_timeout_ms")
+    p.add_argument("--leases", choices=["on", "off"], default="off",
+                   help="redis.leases of the replicas (docs/redis.md, Leases)")
     p.add_argument("--node-timeout-ms", type=int, default=1500, help="cluster-node-timeout")
     p.add_argument("--down-after-ms", type=int, default=1000,
                    help="the sentinels' down-after-milliseconds")

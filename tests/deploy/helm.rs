@@ -17,7 +17,7 @@ use crate::support::yaml::{
 };
 use saphyr::Yaml;
 use sluice::testing::grpc::{Code, RateLimitServiceClient, call, desc, overall, req, with_hits};
-use sluice::testing::process::{Served, logged_listener};
+use sluice::testing::process::{Served, logged_listener, sluice_command};
 use std::net::SocketAddr;
 use tokio::time::Instant;
 
@@ -732,11 +732,11 @@ async fn start_like_the_pod(
     }
     // The rules pass `sluice check` with the pod's settings (a global limit needs the home
     // Redis's).
-    let mut check = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    let mut check = sluice_command(env!("CARGO_BIN_EXE_sluice"));
     check.env_clear().envs(env.iter().cloned());
     check.args(["check", "--rules"]).arg(&rules);
     run(check, "sluice check with the pod's settings");
-    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    let mut command = sluice_command(env!("CARGO_BIN_EXE_sluice"));
     command.env_clear().envs(env);
     let args: Vec<&str> = seq_at(c, "args").iter().filter_map(Yaml::as_str).collect();
     assert_eq!(
@@ -1538,7 +1538,7 @@ fn the_two_region_examples_pass_sluice_check_with_their_pod_settings() {
         for (file, text) in string_map(rules_config_map(&docs), "data") {
             std::fs::write(dir.path().join(file), text).expect("write a rules file");
         }
-        let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        let mut command = sluice_command(env!("CARGO_BIN_EXE_sluice"));
         command.env_clear();
         for (name, value) in env_of(container(&docs)) {
             let value = match value.strip_prefix("secret:sluice-redis/") {

@@ -30,7 +30,7 @@ use sluice::proto::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
 };
 use sluice::testing::http::{Answer, get};
-use sluice::testing::process::{HeldPort, loopback};
+use sluice::testing::process::{HeldPort, loopback, sluice_command};
 use sluice::testing::redis::RedisServer;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -869,7 +869,7 @@ fn what_sluice_cannot_honour_stops_the_start_with_64_naming_it() {
         assert!(err.contains(&format!("{var}={value}")), "{err}");
     }
     // The flag does the same for a binary with another name.
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+    let out = sluice_command(env!("CARGO_BIN_EXE_sluice"))
         .arg("--ratelimit-env")
         .env_clear()
         .env("BACKEND_TYPE", "memcache")

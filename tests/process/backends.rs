@@ -12,7 +12,7 @@ use sluice::testing::dns::SrvServer;
 use sluice::testing::grpc::*;
 use sluice::testing::http::try_get;
 use sluice::testing::memcached::MemcachedServer;
-use sluice::testing::process::{Served, loopback, serving};
+use sluice::testing::process::{Served, loopback, serving, sluice_command};
 use sluice::testing::redis::RedisServer;
 use tokio::time::Instant;
 
@@ -589,7 +589,7 @@ fn other_algorithms_stop_a_memcache_start_naming_file_and_line() {
     let rules: PathBuf = dir.path().join("rules.yaml");
     let text = "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: minute\n      requests_per_unit: 1\n      algorithm: sliding_window\n";
     std::fs::write(&rules, text).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+    let out = sluice_command(env!("CARGO_BIN_EXE_sluice"))
         .args(["check", "--rules"])
         .arg(&rules)
         .env("SLUICE_LIMITER__BACKEND", "memcache")
@@ -603,7 +603,7 @@ fn other_algorithms_stop_a_memcache_start_naming_file_and_line() {
     assert!(all.contains("rules.yaml:7"), "{all}");
     assert!(all.contains("memcache backend"), "{all}");
     // A default algorithm of another kind stops it before the rules, naming the setting.
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+    let out = sluice_command(env!("CARGO_BIN_EXE_sluice"))
         .args(["check", "--rules"])
         .arg(&rules)
         .env("SLUICE_LIMITER__BACKEND", "memcache")

@@ -37,6 +37,15 @@ fn chaos_run(flavor: Flavor) {
         .arg("--cli")
         .arg(&cli)
         .args(["--duration", LOAD_SECS, "--min-faults", "5"])
+        // The suites' leases switch (`testing::redis::LEASES_SWITCH`) reaches the replicas.
+        .args([
+            "--leases",
+            if sluice::testing::redis::test_leases() {
+                "on"
+            } else {
+                "off"
+            },
+        ])
         .arg("--svg")
         .arg(&svg)
         .stdout(Stdio::piped())

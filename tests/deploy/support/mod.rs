@@ -29,7 +29,7 @@ pub(crate) fn deploy_file(name: &str) -> PathBuf {
 
 /// `sluice check --rules <path>`, which must pass; its standard output.
 pub(crate) fn sluice_check(path: &Path) -> String {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+    let out = sluice::testing::process::sluice_command(env!("CARGO_BIN_EXE_sluice"))
         .args(["check", "--rules"])
         .arg(path)
         .output()
