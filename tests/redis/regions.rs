@@ -93,6 +93,26 @@ async fn hammer(
     admitted
 }
 
+/// Every replica asks for `b` every 4 ms until `until`, all at once: the admissions of all.
+async fn hammer_all(replicas: &[Arc<RedisLimiter>], b: &Batch, until: u64) -> Vec<(u64, u64)> {
+    let tasks: Vec<_> = replicas
+        .iter()
+        .map(|r| {
+            tokio::spawn(hammer(
+                r.clone(),
+                b.clone(),
+                until,
+                Duration::from_millis(4),
+            ))
+        })
+        .collect();
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.expect("a task"));
+    }
+    all
+}
+
 /// Four replicas (two per region) ask faster than a global window of 200 per 2 s admits:
 /// every window admits at most 200 (counting an admission in a window only when it was
 /// surely decided in it), the three at least 80% of it, and home is asked per share, not per
@@ -114,21 +134,7 @@ async fn two_regions_never_admit_more_than_a_global_window() {
     let start = (unix_nanos() / period + 1) * period;
     tokio::time::sleep(Duration::from_nanos(start.saturating_sub(unix_nanos()))).await;
     let until = start + 3 * period;
-    let tasks: Vec<_> = replicas
-        .iter()
-        .map(|r| {
-            tokio::spawn(hammer(
-                r.clone(),
-                batch("tenant", l),
-                until,
-                Duration::from_millis(4),
-            ))
-        })
-        .collect();
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await.expect("a task"));
-    }
+    let all = hammer_all(&replicas, &batch("tenant", l), until).await;
     let mut per_window = Vec::new();
     for k in 0..3 {
         let (from, to) = (start + k * period, start + (k + 1) * period);
@@ -185,21 +191,7 @@ async fn two_regions_share_a_global_token_bucket_within_its_bound() {
     ];
     let begin = unix_nanos();
     let until = begin + 3 * period;
-    let tasks: Vec<_> = replicas
-        .iter()
-        .map(|r| {
-            tokio::spawn(hammer(
-                r.clone(),
-                batch("bucket", l),
-                until,
-                Duration::from_millis(4),
-            ))
-        })
-        .collect();
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await.expect("a task"));
-    }
+    let all = hammer_all(&replicas, &batch("bucket", l), until).await;
     for k in 1..=3 {
         let by = begin + k * period;
         let admitted = all.iter().filter(|(_, a)| *a < by).count() as u64;
