@@ -803,14 +803,13 @@ mod tests {
         let s = load(&[tls, ca, cert, key, skip]).unwrap();
         assert_eq!(s.redis.tls_ca_file, Some(PathBuf::from("/ca.pem")));
         assert!(s.redis.tls_skip_hostname_verification);
+        let sentinel = ("SLUICE_REDIS__URL", "rediss+sentinel://a:1/m");
+        let s = load(&[sentinel, ca, skip]).unwrap();
+        assert!(s.redis.tls_skip_hostname_verification, "with Sentinel too");
         for (pairs, says) in [
             (&[ca][..], "need a TLS URL"),
             (&[tls, cert], "tls_cert_file and tls_key_file go together"),
             (&[tls, skip], "needs redis.tls_ca_file"),
-            (
-                &[("SLUICE_REDIS__URL", "rediss+sentinel://a:1/m"), ca, skip],
-                "not supported with Sentinel",
-            ),
             (
                 &[("SLUICE_REDIS__SENTINEL_PASSWORD", "s")],
                 "redis.sentinel_password needs a Sentinel URL",
