@@ -269,7 +269,7 @@ mod tests {
             ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "/c"),
             ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "/k"),
         ]);
-        let files = OtlpTlsFiles::from(&LogSettings::default(), &env).unwrap();
+        let files = OtlpTlsFiles::from(&LogSettings::default(), env).unwrap();
         let named = |n: &str, p: &str| Some((n.to_owned(), PathBuf::from(p)));
         assert_eq!(
             files.ca,
@@ -283,7 +283,7 @@ mod tests {
             otlp_ca_file: Some(PathBuf::from("/own-ca")),
             ..LogSettings::default()
         };
-        let files = OtlpTlsFiles::from(&log, &env).unwrap();
+        let files = OtlpTlsFiles::from(&log, env).unwrap();
         assert_eq!(files.ca, named("log.otlp_ca_file", "/own-ca"));
         let half = vars(&[("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "/c")]);
         let err = OtlpTlsFiles::from(&LogSettings::default(), half)
@@ -335,8 +335,18 @@ pub mod otel {
 
     use super::{Boxed, LogSettings, OtlpProtocol, OtlpTlsFiles, TelemetryError, otlp_url};
 
-    /// How long one export may take (the OTLP default, `OTEL_EXPORTER_OTLP_TIMEOUT`).
-    const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+    /// How long one OTLP/HTTP export over TLS may take: `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`,
+    /// else `OTEL_EXPORTER_OTLP_TIMEOUT` (milliseconds), else 10 s, as the exporter reads
+    /// them for its own client.
+    fn export_timeout() -> Duration {
+        [
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+            "OTEL_EXPORTER_OTLP_TIMEOUT",
+        ]
+        .into_iter()
+        .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
+        .map_or(Duration::from_secs(10), Duration::from_millis)
+    }
 
     /// A layer exporting sluice's spans (debug level and up) to `endpoint` over
     /// `log.otlp_protocol` (see [`otlp_url`]) under the service names of `log`, sampled
@@ -380,7 +390,7 @@ pub mod otel {
                     .enable_http1()
                     .build();
                 let client =
-                    opentelemetry_http::hyper::HyperClient::new(connector, EXPORT_TIMEOUT, None);
+                    opentelemetry_http::hyper::HyperClient::new(connector, export_timeout(), None);
                 SpanExporter::builder()
                     .with_http()
                     .with_http_client(client)

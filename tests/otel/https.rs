@@ -335,12 +335,15 @@ fn refused_start(rules: &Path, env: &[(&str, &str)]) -> String {
         .spawn()
         .expect("start the sluice binary");
     let mut served = Served(child);
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let status = loop {
         if let Some(status) = served.0.try_wait().unwrap() {
             break status;
         }
-        assert!(std::time::Instant::now() < deadline, "{env:?}: it started");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{env:?}: it started"
+        );
         std::thread::sleep(Duration::from_millis(50));
     };
     let mut err = String::new();
