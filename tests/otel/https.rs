@@ -3,7 +3,10 @@
 //! a client certificate, given through the standard `OTEL_EXPORTER_OTLP_*` variables; a
 //! collector whose certificate another CA signed gets no span (the export fails, is logged,
 //! and sluice answers on); a TLS file that cannot be used stops the start (exit 64) naming
-//! its setting or variable. Certificates are made here with rcgen.
+//! its setting or variable. The drop-ins take the same: `limitador-server --tracing-endpoint
+//! https://...`, and `ratelimit` with `OTEL_EXPORTER_OTLP_ENDPOINT=https://...`, both trusting
+//! the collector's CA through `OTEL_EXPORTER_OTLP_CERTIFICATE`. Certificates are made here
+//! with rcgen.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -385,4 +388,100 @@ fn tls_files_that_cannot_be_used_stop_the_start_naming_their_setting() {
         let err = refused_start(rules, &env);
         assert!(err.contains("go together"), "{err}");
     }
+}
+
+/// limitador's `--tracing-endpoint https://...`: spans over OTLP/gRPC with TLS from the real
+/// binary started as `limitador-server`, the CA given by `OTEL_EXPORTER_OTLP_CERTIFICATE`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limitador_servers_https_tracing_endpoint_gets_spans() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("sluice test CA");
+    let ca_file = write(dir.path(), "ca.pem", &ca.pem());
+    let stop = CancellationToken::new();
+    let (url, mut spans) = grpc_collector(&ca.leaf(), stop.clone()).await;
+    let text =
+        "- namespace: ns\n  max_value: 5\n  seconds: 3600\n  variables: [\"descriptors[0].k\"]\n";
+    let limits = write(dir.path(), "limits.yaml", text);
+    let link = dir.path().join("limitador-server");
+    std::os::unix::fs::symlink(BIN, &link).unwrap();
+    let mut child = std::process::Command::new(&link)
+        .env_clear()
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .env("OTEL_EXPORTER_OTLP_CERTIFICATE", &ca_file)
+        .args([
+            "-b",
+            "127.0.0.1",
+            "-p",
+            "0",
+            "-B",
+            "127.0.0.1",
+            "-P",
+            "0",
+            "-vv",
+        ])
+        .args(["--tracing-endpoint", &url])
+        .arg(&limits)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start limitador-server");
+    let ([grpc], _log) = serving_log(&mut child, ["gRPC"]);
+    let _limitador = Served(child);
+    let mut c = RateLimitServiceClient::connect(format!("http://{grpc}"))
+        .await
+        .expect("connect");
+    let answer = call(&mut c, req("ns", vec![desc(&[("k", "v")])])).await;
+    assert_eq!(overall(&answer), Code::Ok);
+    request_span(&mut spans).await;
+    stop.cancel();
+}
+
+/// envoyproxy/ratelimit's `OTEL_EXPORTER_OTLP_ENDPOINT=https://...` (its default protocol,
+/// OTLP/HTTP): spans from the real binary started as `ratelimit`, the CA given by
+/// `OTEL_EXPORTER_OTLP_CERTIFICATE`. Needs `redis-server`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ratelimits_https_otlp_endpoint_gets_spans() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("sluice test CA");
+    let ca_file = write(dir.path(), "ca.pem", &ca.pem());
+    let stop = CancellationToken::new();
+    let (url, mut spans) = http_collector(&ca.leaf(), None, stop.clone()).await;
+    let redis = sluice::testing::redis::RedisServer::start();
+    let config = dir.path().join("data/ratelimit/config");
+    std::fs::create_dir_all(&config).unwrap();
+    write(&config, "config.yaml", RULES);
+    let link = dir.path().join("ratelimit");
+    std::os::unix::fs::symlink(BIN, &link).unwrap();
+    let data = dir.path().join("data").display().to_string();
+    let env = [
+        ("RUNTIME_ROOT", data.as_str()),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_URL", &redis.addr()),
+        ("USE_STATSD", "false"),
+        ("LOG_LEVEL", "info"),
+        ("GRPC_HOST", "127.0.0.1"),
+        ("GRPC_PORT", "0"),
+        ("HOST", "127.0.0.1"),
+        ("PORT", "0"),
+        ("DEBUG_HOST", "127.0.0.1"),
+        ("DEBUG_PORT", "0"),
+        ("TRACING_ENABLED", "true"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", &url),
+        ("OTEL_EXPORTER_OTLP_CERTIFICATE", &ca_file),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ("SLUICE_REDIS__TIMEOUT_MS", "3000"),
+    ];
+    let mut child = std::process::Command::new(&link)
+        .env_clear()
+        .envs(env)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start ratelimit");
+    let ([grpc], _log) = serving_log(&mut child, ["gRPC"]);
+    let _ratelimit = Served(child);
+    decide(&format!("http://{grpc}"), "v").await;
+    assert_eq!(request_span(&mut spans).await, "/v1/traces");
+    stop.cancel();
 }
