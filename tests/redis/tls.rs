@@ -335,6 +335,14 @@ async fn skipping_the_name_check_through_a_sentinel() {
         tonic::Code::Unavailable,
         "the name is checked"
     );
+    let ready = try_get(checked.admin(), "/readyz")
+        .await
+        .expect("/readyz answers");
+    assert_eq!(ready.status, 503, "{ready:?}");
+    assert!(
+        ready.body.contains("certificate not valid for name"),
+        "the reason is given: {ready:?}"
+    );
     let stranger = [("SLUICE_REDIS__TLS_CA_FILE", other.as_str()), skip, ROOMY];
     let stranger = SluiceProcess::over_redis(BIN, rules.path(), &url, &stranger);
     assert_eq!(
@@ -342,6 +350,10 @@ async fn skipping_the_name_check_through_a_sentinel() {
         tonic::Code::Unavailable,
         "another CA"
     );
+    let ready = try_get(stranger.admin(), "/readyz")
+        .await
+        .expect("/readyz answers");
+    assert!(ready.body.contains("UnknownIssuer"), "{ready:?}");
     for value in ["b", "c"] {
         let key = format!("sluice:{{t|k={value}}}:funnel:60");
         let exists: i64 = master.cmd(&["EXISTS", &key]);
