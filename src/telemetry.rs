@@ -32,6 +32,10 @@ pub enum TelemetryError {
     Exporter(#[from] opentelemetry_otlp::ExporterBuildError),
     #[error("log.otlp_endpoint {0:?}: {1}")]
     Endpoint(String, &'static str),
+    /// A TLS file of the exporter that cannot be used: the message names the setting (or
+    /// the variable) and the file.
+    #[error("{0}")]
+    Tls(String),
     #[error("{origin}: invalid log filter {filter:?}: {source}")]
     Filter {
         /// `log.level` or `RUST_LOG`.
@@ -104,24 +108,73 @@ pub fn init(log: &LogSettings) -> Result<Telemetry, TelemetryError> {
     })
 }
 
-/// Where spans are sent: for gRPC, `endpoint` as given; for OTLP/HTTP, `endpoint` (plain
-/// `http://`: no TLS client is built in) with `/v1/traces` when it has no path (the
+/// Where spans are sent: for gRPC, `endpoint` as given; for OTLP/HTTP, `endpoint`
+/// (`http://`, or `https://` for TLS) with `/v1/traces` when it has no path (the
 /// collector's base URL).
 pub fn otlp_url(endpoint: &str, protocol: OtlpProtocol) -> Result<String, TelemetryError> {
-    if protocol == OtlpProtocol::Grpc {
-        return Ok(endpoint.to_owned());
-    }
     let bad = |why| TelemetryError::Endpoint(endpoint.to_owned(), why);
-    let Some(rest) = endpoint.strip_prefix("http://") else {
-        return Err(bad("expected an http:// URL (sluice exports without TLS)"));
+    let (scheme, rest) = match endpoint.split_once("://") {
+        Some((scheme @ ("http" | "https"), rest)) => (scheme, rest),
+        _ => return Err(bad("expected an http:// or https:// URL")),
     };
     if rest.is_empty() || rest.starts_with('/') {
         return Err(bad("no host"));
     }
+    if protocol == OtlpProtocol::Grpc {
+        return Ok(endpoint.to_owned());
+    }
     match rest.split_once('/') {
         None => Ok(format!("{endpoint}/v1/traces")),
-        Some((host, "")) => Ok(format!("http://{host}/v1/traces")),
+        Some((host, "")) => Ok(format!("{scheme}://{host}/v1/traces")),
         Some(_) => Ok(endpoint.to_owned()),
+    }
+}
+
+/// The TLS files of an `https://` collector, each with the name of the setting or variable
+/// that gave it (for errors): `log.otlp_*_file` first, then the standard variables
+/// `OTEL_EXPORTER_OTLP_TRACES_*`, then `OTEL_EXPORTER_OTLP_*`.
+#[derive(Debug, Default, PartialEq)]
+pub struct OtlpTlsFiles {
+    /// The CA the collector's certificate must chain to; none: the system's roots.
+    pub ca: Option<(String, std::path::PathBuf)>,
+    /// The client certificate and its key, presented when both are given.
+    pub cert: Option<(String, std::path::PathBuf)>,
+    pub key: Option<(String, std::path::PathBuf)>,
+}
+
+impl OtlpTlsFiles {
+    /// From `log`, then the variables `env` gives (empty values count as unset).
+    pub fn from(
+        log: &LogSettings,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<OtlpTlsFiles, TelemetryError> {
+        let pick = |setting: &Option<std::path::PathBuf>, name: &str, var: &str| {
+            if let Some(path) = setting {
+                return Some((format!("log.{name}"), path.clone()));
+            }
+            [
+                format!("OTEL_EXPORTER_OTLP_TRACES_{var}"),
+                format!("OTEL_EXPORTER_OTLP_{var}"),
+            ]
+            .into_iter()
+            .find_map(|v| {
+                let value = env(&v).filter(|p| !p.trim().is_empty())?;
+                Some((v, std::path::PathBuf::from(value)))
+            })
+        };
+        let files = OtlpTlsFiles {
+            ca: pick(&log.otlp_ca_file, "otlp_ca_file", "CERTIFICATE"),
+            cert: pick(&log.otlp_cert_file, "otlp_cert_file", "CLIENT_CERTIFICATE"),
+            key: pick(&log.otlp_key_file, "otlp_key_file", "CLIENT_KEY"),
+        };
+        if let (Some((name, _)), None) | (None, Some((name, _))) = (&files.cert, &files.key) {
+            return Err(TelemetryError::Tls(format!(
+                "{name}: the OTLP client certificate and key go together (log.otlp_cert_file \
+                 and log.otlp_key_file, or OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE and \
+                 OTEL_EXPORTER_OTLP_CLIENT_KEY)"
+            )));
+        }
+        Ok(files)
     }
 }
 
@@ -188,10 +241,58 @@ mod tests {
             "http://c/otlp/v1/traces"
         );
         assert_eq!(grpc("http://c:4317").unwrap(), "http://c:4317");
-        let err = http("https://c:4318").unwrap_err();
-        assert!(err.starts_with("log.otlp_endpoint \"https://c:4318\": expected an http://"));
+        assert_eq!(http("https://c:4318").unwrap(), "https://c:4318/v1/traces");
+        assert_eq!(http("https://c:4318/").unwrap(), "https://c:4318/v1/traces");
         assert_eq!(grpc("https://c:4317").unwrap(), "https://c:4317");
         assert!(http("http://").is_err());
+        let err = http("ftp://c").unwrap_err();
+        assert!(err.contains("expected an http:// or https:// URL"), "{err}");
+        assert!(grpc("c:4317").is_err());
+    }
+
+    #[test]
+    fn otlp_tls_files_come_from_the_settings_then_the_standard_variables() {
+        use std::path::PathBuf;
+        let vars = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        let none = OtlpTlsFiles::from(&LogSettings::default(), vars(&[])).unwrap();
+        assert_eq!(none, OtlpTlsFiles::default());
+        let env = vars(&[
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/all-ca"),
+            ("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "/traces-ca"),
+            ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "/c"),
+            ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "/k"),
+        ]);
+        let files = OtlpTlsFiles::from(&LogSettings::default(), env).unwrap();
+        let named = |n: &str, p: &str| Some((n.to_owned(), PathBuf::from(p)));
+        assert_eq!(
+            files.ca,
+            named("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "/traces-ca")
+        );
+        assert_eq!(
+            files.cert,
+            named("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "/c")
+        );
+        let log = LogSettings {
+            otlp_ca_file: Some(PathBuf::from("/own-ca")),
+            ..LogSettings::default()
+        };
+        let files = OtlpTlsFiles::from(&log, env).unwrap();
+        assert_eq!(files.ca, named("log.otlp_ca_file", "/own-ca"));
+        let half = vars(&[("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "/c")]);
+        let err = OtlpTlsFiles::from(&LogSettings::default(), half)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE: the OTLP client certificate and key go together"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -225,23 +326,78 @@ pub mod otel {
     use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
     use tracing_subscriber::{EnvFilter, Layer as _};
 
-    use super::{Boxed, LogSettings, OtlpProtocol, TelemetryError, otlp_url};
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use opentelemetry_otlp::{WithHttpConfig as _, WithTonicConfig as _};
+    use sluice_core::pem::{certificates, private_key};
+
+    use super::{Boxed, LogSettings, OtlpProtocol, OtlpTlsFiles, TelemetryError, otlp_url};
+
+    /// How long one OTLP/HTTP export over TLS may take: `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`,
+    /// else `OTEL_EXPORTER_OTLP_TIMEOUT` (milliseconds), else 10 s, as the exporter reads
+    /// them for its own client.
+    fn export_timeout() -> Duration {
+        [
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+            "OTEL_EXPORTER_OTLP_TIMEOUT",
+        ]
+        .into_iter()
+        .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
+        .map_or(Duration::from_secs(10), Duration::from_millis)
+    }
 
     /// A layer exporting sluice's spans (debug level and up) to `endpoint` over
     /// `log.otlp_protocol` (see [`otlp_url`]) under the service names of `log`, sampled
-    /// by `log.otlp_sampling_ratio`, and the provider to shut down at exit. Needs a tokio
+    /// by `log.otlp_sampling_ratio`, and the provider to shut down at exit. An `https://`
+    /// endpoint is reached over TLS with the files of [`OtlpTlsFiles::from`] (the
+    /// settings, then the process's `OTEL_EXPORTER_OTLP_*` variables). Needs a tokio
     /// runtime.
     pub fn layer(
         endpoint: &str,
         log: &LogSettings,
     ) -> Result<(Boxed, SdkTracerProvider), TelemetryError> {
+        let tls = OtlpTlsFiles::from(log, |name| std::env::var(name).ok())?;
+        layer_with(endpoint, log, &tls)
+    }
+
+    /// The same with the TLS files `tls`: an `https://` endpoint is reached over TLS
+    /// (rustls with ring), its certificate checked against `tls.ca` (else the system's
+    /// roots) and its name, `tls.cert` presented when given.
+    pub fn layer_with(
+        endpoint: &str,
+        log: &LogSettings,
+        tls: &OtlpTlsFiles,
+    ) -> Result<(Boxed, SdkTracerProvider), TelemetryError> {
         let protocol = log.otlp_protocol;
         let url = otlp_url(endpoint, protocol)?;
+        let secure = url.starts_with("https://");
         let exporter = match protocol {
+            OtlpProtocol::Grpc if secure => SpanExporter::builder()
+                .with_tonic()
+                .with_tls_config(tonic_tls(tls)?)
+                .with_endpoint(url)
+                .build()?,
             OtlpProtocol::Grpc => SpanExporter::builder()
                 .with_tonic()
                 .with_endpoint(url)
                 .build()?,
+            OtlpProtocol::Http if secure => {
+                let connector = hyper_rustls::HttpsConnectorBuilder::new()
+                    .with_tls_config(rustls_config(tls)?)
+                    .https_only()
+                    .enable_http1()
+                    .build();
+                let client =
+                    opentelemetry_http::hyper::HyperClient::new(connector, export_timeout(), None);
+                SpanExporter::builder()
+                    .with_http()
+                    .with_http_client(client)
+                    .with_protocol(Protocol::HttpBinary)
+                    .with_endpoint(url)
+                    .build()?
+            }
             OtlpProtocol::Http => SpanExporter::builder()
                 .with_http()
                 .with_protocol(Protocol::HttpBinary)
@@ -275,5 +431,71 @@ pub mod otel {
             .with_filter(EnvFilter::new("sluice=debug"))
             .boxed();
         Ok((layer, provider))
+    }
+
+    fn tls_error(name: &str, e: impl std::fmt::Display) -> TelemetryError {
+        TelemetryError::Tls(format!("{name}: {e}"))
+    }
+
+    /// `path`'s bytes, for a file already checked.
+    fn read(name: &str, path: &Path) -> Result<Vec<u8>, TelemetryError> {
+        std::fs::read(path).map_err(|e| tls_error(name, format!("{}: {e}", path.display())))
+    }
+
+    /// The trust anchors: `tls.ca`'s certificates, else the system's roots.
+    fn roots(tls: &OtlpTlsFiles) -> Result<rustls::RootCertStore, TelemetryError> {
+        let mut roots = rustls::RootCertStore::empty();
+        match &tls.ca {
+            Some((name, path)) => {
+                for cert in certificates(path).map_err(|e| tls_error(name, e))? {
+                    roots
+                        .add(cert)
+                        .map_err(|e| tls_error(name, format!("{}: {e}", path.display())))?;
+                }
+            }
+            None => {
+                let native = rustls_native_certs::load_native_certs();
+                roots.add_parsable_certificates(native.certs);
+            }
+        }
+        Ok(roots)
+    }
+
+    /// The OTLP/HTTP client's configuration (ring, TLS 1.2 and 1.3).
+    fn rustls_config(tls: &OtlpTlsFiles) -> Result<rustls::ClientConfig, TelemetryError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| tls_error("log.otlp_endpoint", e))?
+            .with_root_certificates(roots(tls)?);
+        match (&tls.cert, &tls.key) {
+            (Some((cert_name, cert)), Some((key_name, key))) => {
+                let chain = certificates(cert).map_err(|e| tls_error(cert_name, e))?;
+                let key_der = private_key(key).map_err(|e| tls_error(key_name, e))?;
+                builder
+                    .with_client_auth_cert(chain, key_der)
+                    .map_err(|e| tls_error(key_name, format!("{}: {e}", key.display())))
+            }
+            _ => Ok(builder.with_no_client_auth()),
+        }
+    }
+
+    /// The OTLP/gRPC channel's TLS: the same files, checked the same way (by building the
+    /// rustls configuration), handed to tonic.
+    fn tonic_tls(tls: &OtlpTlsFiles) -> Result<tonic::transport::ClientTlsConfig, TelemetryError> {
+        rustls_config(tls)?;
+        let mut config = tonic::transport::ClientTlsConfig::new();
+        config = match &tls.ca {
+            Some((name, path)) => {
+                config.ca_certificate(tonic::transport::Certificate::from_pem(read(name, path)?))
+            }
+            None => config.with_native_roots(),
+        };
+        if let (Some((cert_name, cert)), Some((key_name, key))) = (&tls.cert, &tls.key) {
+            let identity =
+                tonic::transport::Identity::from_pem(read(cert_name, cert)?, read(key_name, key)?);
+            config = config.identity(identity);
+        }
+        Ok(config)
     }
 }

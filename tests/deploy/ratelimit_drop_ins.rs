@@ -1,8 +1,10 @@
 //! envoyproxy/ratelimit settings that once stopped the start, now served by the binary
 //! started as `ratelimit`: `GRPC_UDS` (gRPC on a Unix socket, reached by a real Envoy whose
 //! rate-limit cluster's address is a `pipe`), `MERGE_DOMAIN_CONFIG` (one domain's
-//! descriptors from two files), `REDIS_SENTINEL_AUTH` (sentinels with `requirepass`) and
-//! `GRPC_CLIENT_TLS_SAN` (mTLS clients must also name it among their SANs).
+//! descriptors from two files), `REDIS_SENTINEL_AUTH` (sentinels with `requirepass`),
+//! `GRPC_CLIENT_TLS_SAN` (mTLS clients must also name it among their SANs) and
+//! `REDIS_TLS_SKIP_HOSTNAME_VERIFICATION` with `REDIS_TYPE=sentinel` (a TLS sentinel and
+//! master whose certificates name another host).
 
 use std::collections::HashMap;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -15,14 +17,14 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::testing::http::get;
-use sluice::testing::process::loopback;
+use sluice::testing::process::{HeldPort, loopback};
 use sluice::testing::redis::RedisServer;
 use tokio::time::Instant;
 
 use crate::support::certs::Ca;
 use crate::support::ratelimit::{
     Ratelimit, RlsFilter, WITHIN, clear_of_window_end, envoy_to, healthy, plain_client,
-    ratelimit_link, runtime_root,
+    ratelimit_link, runtime_root, write,
 };
 use crate::support::upstream::Upstream;
 
@@ -277,6 +279,69 @@ async fn redis_sentinel_auth_reaches_sentinels_that_require_a_password() {
         .arg("*")
         .query(&mut on_master.get_connection().unwrap())
         .unwrap();
+    assert!(!keys.is_empty(), "counted on the master the sentinel names");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_tls_skip_hostname_verification_with_tls_sentinels() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = ratelimit_link(dir.path());
+    let ca = Ca::new();
+    // Certificates for a name that is not the address ratelimit connects to (127.0.0.1).
+    let (cert, key) = ca.leaf(&["redis.internal"]);
+    let ca_file = write(dir.path(), "ca.crt", &ca.0.pem());
+    let cert_file = write(dir.path(), "redis.crt", &cert);
+    let key_file = write(dir.path(), "redis.key", &key);
+    let tls_args = |port: u16| -> Vec<String> {
+        [
+            ("--tls-port", port.to_string()),
+            ("--tls-cert-file", cert_file.clone()),
+            ("--tls-key-file", key_file.clone()),
+            ("--tls-ca-cert-file", ca_file.clone()),
+            ("--tls-auth-clients", "no".to_owned()),
+        ]
+        .into_iter()
+        .flat_map(|(name, value)| [name.to_owned(), value])
+        .collect()
+    };
+    let held = HeldPort::new();
+    let master_tls = held.port();
+    let args = tls_args(master_tls);
+    let mut master = RedisServer::start_with(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    master.hold(held);
+    let held = HeldPort::new();
+    let sentinel_tls = held.port();
+    // The sentinel watches the master's TLS port, so it names that one.
+    let mut args = tls_args(sentinel_tls);
+    args.extend(["--tls-replication".to_owned(), "yes".to_owned()]);
+    let mut sentinel = RedisServer::sentinel_with("mymaster", master_tls, 1, &args);
+    sentinel.hold(held);
+
+    let root = runtime_root(dir.path(), "ratelimit/config", &[("a.yaml", FILE_A)]);
+    let url = format!("mymaster,127.0.0.1:{sentinel_tls}");
+    let tls = [
+        ("REDIS_TYPE", "sentinel"),
+        ("REDIS_TLS", "true"),
+        ("REDIS_TLS_CACERT", ca_file.as_str()),
+        ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
+    ];
+    let env = env(&root, &url, &tls);
+    clear_of_window_end(Duration::from_secs(3600), Duration::from_secs(30)).await;
+    let rl = start(&link, &env);
+    let ports = rl.ports;
+    healthy(&ports).await;
+    let mut client = plain_client(&ports).await;
+    let mut codes = Vec::new();
+    for _ in 0..2 {
+        let answer = client
+            .should_rate_limit(request("a"))
+            .await
+            .unwrap()
+            .into_inner();
+        codes.push(Code::try_from(answer.overall_code).unwrap());
+    }
+    assert_eq!(codes, [Code::Ok, Code::OverLimit]);
+    let keys: Vec<String> = master.cmd(&["KEYS", "*"]);
     assert!(!keys.is_empty(), "counted on the master the sentinel names");
 }
 

@@ -9,7 +9,8 @@
 //! - the same mTLS through a Sentinel (TLS to it and to the master) and to a Cluster (TLS
 //!   on its bus too);
 //! - `redis.tls_skip_hostname_verification`: a certificate for another name is accepted
-//!   when the CA signed it, one from another CA never;
+//!   when the CA signed it, one from another CA never; the same through a Sentinel whose
+//!   sentinel and master both serve such a certificate;
 //! - files that are missing or do not parse stop the start (exit 64) naming setting and file;
 //! - the same mTLS set up from envoyproxy/ratelimit's `REDIS_TLS*` variables, the binary
 //!   started as `ratelimit`.
@@ -302,6 +303,62 @@ async fn skipping_the_name_check_still_needs_the_ca() {
         tonic::Code::Unavailable,
         "another CA"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skipping_the_name_check_through_a_sentinel() {
+    let certs = Certs::new();
+    // The master and the sentinel serve certificates for redis.invalid, not for the
+    // addresses sluice connects to (127.0.0.1).
+    let (master, master_tls) = certs.redis("named", "no");
+    let tls = HeldPort::new();
+    let sentinel_tls = tls.port();
+    let mut args = certs.tls_args("named", sentinel_tls, "no");
+    args.extend(["--tls-replication".to_owned(), "yes".to_owned()]);
+    let mut sentinel = RedisServer::sentinel_with("mymaster", master_tls, 1, &args);
+    sentinel.hold(tls);
+    let rules = rules_file();
+    let url = format!("rediss+sentinel://127.0.0.1:{sentinel_tls}/mymaster");
+    let (ca, other) = (certs.file("ca.crt"), certs.file("other.crt"));
+    let skip = ("SLUICE_REDIS__TLS_SKIP_HOSTNAME_VERIFICATION", "true");
+
+    let skipped = [("SLUICE_REDIS__TLS_CA_FILE", ca.as_str()), skip, ROOMY];
+    let skipping = SluiceProcess::over_redis(BIN, rules.path(), &url, &skipped);
+    ok_then_over(skipping.url(), "a").await;
+    let exists: i64 = master.cmd(&["EXISTS", "sluice:{t|k=a}:funnel:60"]);
+    assert_eq!(exists, 1, "the state is in the master");
+
+    let checked = [("SLUICE_REDIS__TLS_CA_FILE", ca.as_str()), ROOMY];
+    let checked = SluiceProcess::over_redis(BIN, rules.path(), &url, &checked);
+    assert_eq!(
+        failure(checked.url(), "b").await,
+        tonic::Code::Unavailable,
+        "the name is checked"
+    );
+    let ready = try_get(checked.admin(), "/readyz")
+        .await
+        .expect("/readyz answers");
+    assert_eq!(ready.status, 503, "{ready:?}");
+    assert!(
+        ready.body.contains("certificate not valid for name"),
+        "the reason is given: {ready:?}"
+    );
+    let stranger = [("SLUICE_REDIS__TLS_CA_FILE", other.as_str()), skip, ROOMY];
+    let stranger = SluiceProcess::over_redis(BIN, rules.path(), &url, &stranger);
+    assert_eq!(
+        failure(stranger.url(), "c").await,
+        tonic::Code::Unavailable,
+        "another CA"
+    );
+    let ready = try_get(stranger.admin(), "/readyz")
+        .await
+        .expect("/readyz answers");
+    assert!(ready.body.contains("UnknownIssuer"), "{ready:?}");
+    for value in ["b", "c"] {
+        let key = format!("sluice:{{t|k={value}}}:funnel:60");
+        let exists: i64 = master.cmd(&["EXISTS", &key]);
+        assert_eq!(exists, 0, "{value}: no decision reached the master");
+    }
 }
 
 /// `sluice serve` over `rediss://` with `env`: it must exit 64 within 20 s; its standard

@@ -135,11 +135,21 @@ pub struct LogSettings {
     /// target gets `notify=warn` (the file watcher's library) added.
     pub level: String,
     /// Export spans over OTLP to this collector (`http://host:4317` for gRPC,
-    /// `http://host:4318` for HTTP, where `/v1/traces` is added to a URL without a path);
+    /// `http://host:4318` for HTTP, where `/v1/traces` is added to a URL without a path;
+    /// `https://` for TLS, see `otlp_ca_file`);
     /// needs the `otel` cargo feature.
     pub otlp_endpoint: Option<String>,
     /// How spans reach `otlp_endpoint`.
     pub otlp_protocol: OtlpProtocol,
+    /// With an `https://` endpoint: the CA (PEM) the collector's certificate must chain to;
+    /// unset: `OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE`, else `OTEL_EXPORTER_OTLP_CERTIFICATE`,
+    /// else the system's roots.
+    pub otlp_ca_file: Option<PathBuf>,
+    /// With an `https://` endpoint: the client certificate (PEM) sluice presents, with
+    /// `otlp_key_file`; unset: `OTEL_EXPORTER_OTLP_[TRACES_]CLIENT_CERTIFICATE`.
+    pub otlp_cert_file: Option<PathBuf>,
+    /// The key of `otlp_cert_file`; unset: `OTEL_EXPORTER_OTLP_[TRACES_]CLIENT_KEY`.
+    pub otlp_key_file: Option<PathBuf>,
     /// The exported spans' `service.name` resource attribute.
     pub otlp_service_name: String,
     /// The exported spans' `service.namespace` resource attribute; none when unset.
@@ -169,6 +179,9 @@ impl Default for LogSettings {
             level: "info".to_owned(),
             otlp_endpoint: None,
             otlp_protocol: OtlpProtocol::Grpc,
+            otlp_ca_file: None,
+            otlp_cert_file: None,
+            otlp_key_file: None,
             otlp_service_name: "sluice".to_owned(),
             otlp_service_namespace: None,
             otlp_service_instance_id: None,
@@ -803,14 +816,13 @@ mod tests {
         let s = load(&[tls, ca, cert, key, skip]).unwrap();
         assert_eq!(s.redis.tls_ca_file, Some(PathBuf::from("/ca.pem")));
         assert!(s.redis.tls_skip_hostname_verification);
+        let sentinel = ("SLUICE_REDIS__URL", "rediss+sentinel://a:1/m");
+        let s = load(&[sentinel, ca, skip]).unwrap();
+        assert!(s.redis.tls_skip_hostname_verification, "with Sentinel too");
         for (pairs, says) in [
             (&[ca][..], "need a TLS URL"),
             (&[tls, cert], "tls_cert_file and tls_key_file go together"),
             (&[tls, skip], "needs redis.tls_ca_file"),
-            (
-                &[("SLUICE_REDIS__URL", "rediss+sentinel://a:1/m"), ca, skip],
-                "not supported with Sentinel",
-            ),
             (
                 &[("SLUICE_REDIS__SENTINEL_PASSWORD", "s")],
                 "redis.sentinel_password needs a Sentinel URL",

@@ -338,15 +338,6 @@ impl Reader<'_> {
                      name, would be accepted); set REDIS_TLS_CACERT",
                 ));
             }
-            if self
-                .or("REDIS_TYPE", "SINGLE")
-                .eq_ignore_ascii_case("sentinel")
-            {
-                return Err(self.unsupported(
-                    SKIP,
-                    "sluice cannot skip the name check with REDIS_TYPE=sentinel",
-                ));
-            }
             self.set("REDIS__TLS_SKIP_HOSTNAME_VERIFICATION", "true");
         }
         Ok(())

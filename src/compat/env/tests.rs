@@ -71,6 +71,12 @@ fn envoy_gateways_redis_tls_files_become_the_redis_tls_settings() {
     let ca = Some(PathBuf::from("/redis-certs/ca.crt"));
     assert_eq!(s.redis.tls_ca_file, ca);
     assert!(s.redis.tls_skip_hostname_verification);
+
+    e.insert("REDIS_TYPE".into(), "sentinel".into());
+    e.insert("REDIS_URL".into(), "mymaster,s1:26379".into());
+    let (s, _) = settings(&e).unwrap();
+    assert_eq!(s.redis.url, "rediss+sentinel://s1:26379/mymaster");
+    assert!(s.redis.tls_skip_hostname_verification, "with Sentinel too");
 }
 
 #[test]
@@ -555,13 +561,6 @@ fn what_sluice_cannot_honour_stops_naming_the_variable() {
         &[
             ("REDIS_SOCKET_TYPE", "tcp"),
             ("REDIS_TLS", "true"),
-            ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
-        ],
-        &[
-            ("REDIS_TLS", "true"),
-            ("REDIS_TYPE", "sentinel"),
-            ("REDIS_URL", "m,s1:1"),
-            ("REDIS_TLS_CACERT", "/ca"),
             ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
         ],
         &[("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "maybe")],

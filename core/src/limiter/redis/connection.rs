@@ -21,7 +21,8 @@
 //!
 //! TLS ([`Tls`], from the `redis.tls_*` settings) applies to every kind: Redis's certificate
 //! must chain to `tls_ca_file` when given (else to the system's roots), and sluice presents
-//! `tls_cert_file` when given. With Sentinel, the sentinels get the same as the master.
+//! `tls_cert_file` when given. With Sentinel, the sentinels get the same as the master,
+//! `tls_skip_hostname_verification` included (the chain is checked, the names not).
 //!
 //! [`Conn`] is where the kinds meet: it is a [`ConnectionLike`], so everything above this
 //! module sends commands without asking which kind it holds.
@@ -414,11 +415,6 @@ fn sentinel(rest: &str, tls: Option<&Tls>, auth: &SentinelAuth, t: Timeouts) -> 
             "a Sentinel URL needs the master name: redis+sentinel://host:port,.../master_name",
         )));
     }
-    if tls.is_some_and(|t| t.skip_hostname_verification) {
-        return Err(invalid(
-            "redis.tls_skip_hostname_verification is not supported with Sentinel",
-        ));
-    }
     let options = Options {
         name: master,
         sentinels: h.hosts,
@@ -427,6 +423,7 @@ fn sentinel(rest: &str, tls: Option<&Tls>, auth: &SentinelAuth, t: Timeouts) -> 
         sentinel_user: auth.password.as_ref().and(auth.username.as_deref()),
         sentinel_password: auth.password.as_deref(),
         tls: tls.map(Tls::certificates),
+        skip_hostname_verification: tls.is_some_and(Tls::skips_hostname_verification),
         timeouts: t,
     };
     Ok(Kind::Sentinel(Sentinels::new(&options)?))

@@ -70,6 +70,9 @@ pub(crate) struct Options<'a> {
     pub sentinel_password: Option<&'a str>,
     /// `Some` for TLS to both, with the CA and client certificate when given.
     pub tls: Option<Option<&'a TlsCertificates>>,
+    /// With TLS: the certificates' chain is checked, their names not
+    /// (`redis.tls_skip_hostname_verification`), for the sentinels and the master alike.
+    pub skip_hostname_verification: bool,
     pub timeouts: Timeouts,
 }
 
@@ -106,6 +109,7 @@ struct Sentinel {
 struct Template {
     info: ConnectionInfo,
     certificates: Option<TlsCertificates>,
+    skip_hostname_verification: bool,
 }
 
 impl Template {
@@ -115,6 +119,7 @@ impl Template {
         user: Option<&str>,
         password: Option<&str>,
         tls: Option<Option<&TlsCertificates>>,
+        skip_hostname_verification: bool,
     ) -> RedisResult<Template> {
         let mut redis = RedisConnectionInfo::default();
         if let Some(user) = user {
@@ -135,6 +140,7 @@ impl Template {
         Ok(Template {
             info: addr.into_connection_info()?.set_redis_settings(redis),
             certificates: tls.flatten().cloned(),
+            skip_hostname_verification: skip_hostname_verification && tls.is_some(),
         })
     }
 
@@ -150,10 +156,19 @@ impl Template {
             _ => ConnectionAddr::Tcp(host.to_owned(), port),
         };
         let info = self.info.clone().set_addr(addr);
-        match &self.certificates {
-            Some(certificates) => redis::Client::build_with_tls(info, certificates.clone()),
-            None => redis::Client::open(info),
+        let client = match &self.certificates {
+            Some(certificates) => redis::Client::build_with_tls(info, certificates.clone())?,
+            None => redis::Client::open(info)?,
+        };
+        if !self.skip_hostname_verification {
+            return Ok(client);
         }
+        // As for one server (`connection::single`): the parameters built from the CA, with
+        // the name check turned off.
+        let info = client.get_connection_info();
+        let mut addr = info.addr().clone();
+        addr.set_danger_accept_invalid_hostnames(true);
+        redis::Client::open(info.clone().set_addr(addr))
     }
 }
 
@@ -168,6 +183,7 @@ impl Sentinels {
                 options.sentinel_user,
                 options.sentinel_password,
                 options.tls,
+                options.skip_hostname_verification,
             )?;
             sentinels.push(Sentinel {
                 addr: format!("{host}:{port}").into(),
@@ -187,6 +203,7 @@ impl Sentinels {
             options.master_user,
             options.master_password,
             options.tls,
+            options.skip_hostname_verification,
         )?;
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(options.timeouts.connect))
