@@ -133,9 +133,6 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if or (not .secretName) (not .caKey) }}
 {{- fail "redis.tls.skipHostnameVerification needs redis.tls.secretName and redis.tls.caKey: without a CA of its own, any publicly signed certificate would be accepted" }}
 {{- end }}
-{{- if and $.Values.redis.url (not $.Values.redis.existingSecret) (hasPrefix "rediss+sentinel" $.Values.redis.url) }}
-{{- fail "redis.tls.skipHostnameVerification is not supported with Sentinel" }}
-{{- end }}
 {{- end }}
 {{- end }}
 {{- if and (not .Values.rules.existingConfigMap) (not .Values.rules.content) (not .Values.rules.files) }}
