@@ -910,10 +910,14 @@ class SentinelSetup:
 
     def demoted(self, old):
         """`old` replicates from the master, which the sentinels know of (its calls counted
-        before its resynchronisation resets nothing: INFO commandstats survives it)."""
-        if old.info("replication").get("role") != "slave":
-            return False
-        return self.settled()
+        before its resynchronisation resets nothing: INFO commandstats survives it); or the
+        sentinels failed over once more and made `old` the master again (a sentinel that got
+        no reply from the new master for down-after-milliseconds, as a stalled machine makes
+        happen, starts a failover of its own): the set-up is settled either way."""
+        role = old.info("replication").get("role")
+        if role == "slave" or (role == "master" and self.master_port() == old.port):
+            return self.settled()
+        return False
 
     def check(self, load):
         master = self.master()
@@ -962,10 +966,15 @@ class SentinelSetup:
         if not wait_for("the old master as a replica, known to the sentinels", 30,
                         lambda: self.demoted(old), every=0.1):
             raise FaultFailed(f"{old.name} did not come back as a replica")
-        if kind != "sentinel-kill":
+        again = self.master_port() == old.port
+        if kind != "sentinel-kill" and not again:
             f.old_master_calls = script_calls(old) - calls
         f.end = now()
-        if kind == "sentinel-kill":
+        if again:
+            # Its calls after the announcement are then the new master's: not counted.
+            f.detail += (f", then failed over again by the sentinels: {old.name} master once"
+                         f" more after {f.end - f.start:.2f} s")
+        elif kind == "sentinel-kill":
             f.detail += f", back as a replica after {f.end - f.start:.2f} s"
         else:
             f.detail += (f", demoted to a replica after {f.end - f.start:.2f} s; "
