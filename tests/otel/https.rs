@@ -26,7 +26,9 @@ use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType, IsCa, KeyPair,
 };
 use sluice::testing::grpc::{Code, RateLimitServiceClient, call, desc, overall, req};
-use sluice::testing::process::{LISTENERS_LOG, Log, Served, serving_log, sluice_command};
+use sluice::testing::process::{
+    LISTENERS_LOG, Log, Served, limitador_server, serving_log, sluice_command,
+};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
@@ -402,27 +404,11 @@ async fn limitador_servers_https_tracing_endpoint_gets_spans() {
     let text =
         "- namespace: ns\n  max_value: 5\n  seconds: 3600\n  variables: [\"descriptors[0].k\"]\n";
     let limits = write(dir.path(), "limits.yaml", text);
-    let link = dir.path().join("limitador-server");
-    std::os::unix::fs::symlink(BIN, &link).unwrap();
-    let mut child = std::process::Command::new(&link)
-        .env_clear()
+    let mut child = limitador_server(BIN, dir.path())
         .env("OTEL_BSP_SCHEDULE_DELAY", "100")
         .env("OTEL_EXPORTER_OTLP_CERTIFICATE", &ca_file)
-        .args([
-            "-b",
-            "127.0.0.1",
-            "-p",
-            "0",
-            "-B",
-            "127.0.0.1",
-            "-P",
-            "0",
-            "-vv",
-        ])
         .args(["--tracing-endpoint", &url])
         .arg(&limits)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
         .spawn()
         .expect("start limitador-server");
     let ([grpc], _log) = serving_log(&mut child, ["gRPC"]);
