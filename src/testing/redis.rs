@@ -473,20 +473,41 @@ impl RedisServer {
         state_fields(&value).unwrap_or_else(|| panic!("a limiter state at {key}: {value:?}"))
     }
 
-    /// A plain connection for the test's own commands.
+    /// A plain connection for the test's own commands. A connection the server closes while
+    /// it is being set up is opened again: a Sentinel failover kills every normal client of
+    /// the instances it reconfigures (`CLIENT KILL TYPE normal`), the test's own included,
+    /// and no command of the test had been sent on it.
     fn conn(&self) -> ::redis::Connection {
-        ::redis::Client::open(self.url())
-            .and_then(|c| c.get_connection())
-            .expect("connect to the test server")
+        let mut tries = 0;
+        loop {
+            match ::redis::Client::open(self.url()).and_then(|c| c.get_connection()) {
+                Ok(conn) => return conn,
+                Err(e) if tries < KILLED_RETRIES && killed(&e) => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => panic!("connect to the test server {}: {e}", self.addr()),
+            }
+        }
     }
 
-    /// Runs one command.
+    /// Runs one command. A command that only reads (see [`only_reads`]) is sent again when
+    /// the server kills its connection before the answer; any other is not, since it may
+    /// have run.
     pub fn cmd<T: ::redis::FromRedisValue>(&self, args: &[&str]) -> T {
         let mut cmd = ::redis::cmd(args[0]);
         for a in &args[1..] {
             cmd.arg(*a);
         }
-        cmd.query(&mut self.conn()).expect("a test redis command")
+        let again = only_reads(args);
+        let mut tries = 0;
+        loop {
+            match cmd.query(&mut self.conn()) {
+                Ok(value) => return value,
+                Err(e) if again && tries < KILLED_RETRIES && killed(&e) => tries += 1,
+                Err(e) => panic!("a test redis command {args:?} on {}: {e}", self.addr()),
+            }
+        }
     }
 
     /// `calls` per command from `INFO commandstats` (e.g. `"fcall"`).
@@ -545,6 +566,50 @@ pub struct Monitor {
 }
 
 /// What a test sends to mark the end of what it watches.
+/// How often a killed connection is opened, or a read sent, again.
+const KILLED_RETRIES: u32 = 5;
+
+/// The commands [`RedisServer::cmd`] sends again over a killed connection: they only read.
+const READ_ONLY: &[&str] = &[
+    "INFO", "ROLE", "GET", "TTL", "PTTL", "EXISTS", "KEYS", "SCAN", "DBSIZE", "MEMORY", "HGETALL",
+    "LRANGE", "ZRANGE",
+];
+
+/// The subcommands of `SENTINEL` and `CLUSTER` that only read.
+const READ_ONLY_SUBCOMMANDS: &[&str] = &[
+    "GET-MASTER-ADDR-BY-NAME",
+    "MASTERS",
+    "MASTER",
+    "REPLICAS",
+    "SLAVES",
+    "SENTINELS",
+    "NODES",
+    "SLOTS",
+    "SHARDS",
+    "MYID",
+    "INFO",
+    "KEYSLOT",
+    "COUNTKEYSINSLOT",
+    "GETKEYSINSLOT",
+];
+
+/// Whether a command only reads, so that sending it twice changes nothing.
+fn only_reads(args: &[&str]) -> bool {
+    let upper = |a: &str| a.to_ascii_uppercase();
+    match upper(args[0]).as_str() {
+        "SENTINEL" | "CLUSTER" => args
+            .get(1)
+            .is_some_and(|sub| READ_ONLY_SUBCOMMANDS.contains(&upper(sub).as_str())),
+        name => READ_ONLY.contains(&name),
+    }
+}
+
+/// Whether the server closed the connection under the test (as `CLIENT KILL` does), as
+/// opposed to refusing it or answering with an error.
+fn killed(e: &::redis::RedisError) -> bool {
+    e.is_connection_dropped() && !e.is_connection_refusal()
+}
+
 const MONITOR_END: &str = "sluice-test-monitor-end";
 
 impl Monitor {
