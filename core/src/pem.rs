@@ -8,6 +8,16 @@ use rustls::RootCertStore;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
+/// The warning of `<backend>.tls_skip_hostname_verification` without `<backend>.tls_ca_file`.
+pub fn skip_without_ca(backend: &str) -> String {
+    format!(
+        "{backend}.tls_skip_hostname_verification without {backend}.tls_ca_file: the \
+         server's certificate is checked against the system's roots but not for its name, so \
+         a certificate any of those CAs signed for any name is accepted; give the server's CA \
+         in {backend}.tls_ca_file to accept only its certificates"
+    )
+}
+
 /// A PEM file that cannot be used, and why.
 #[derive(Debug, thiserror::Error)]
 #[error("{}: {message}", path.display())]

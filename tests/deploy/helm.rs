@@ -578,7 +578,7 @@ fn values_that_would_break_a_release_are_refused() {
         &["--set", "redis.tls.skipHostnameVerification=true"],
     ]
     .concat();
-    let cases: [(&[&str], &str); 13] = [
+    let cases: [(&[&str], &str); 12] = [
         (
             &[
                 "--set",
@@ -590,10 +590,6 @@ fn values_that_would_break_a_release_are_refused() {
         ),
         (&plain, "redis.tls.secretName needs a TLS Redis URL"),
         (&half, "redis.tls.certKey and redis.tls.keyKey go together"),
-        (
-            &["--set", "redis.tls.skipHostnameVerification=true"],
-            "redis.tls.skipHostnameVerification needs redis.tls.secretName",
-        ),
         (
             &["--set", "backend=redis"],
             "needs redis.url or redis.existingSecret",
@@ -665,6 +661,27 @@ fn values_that_would_break_a_release_are_refused() {
     assert_eq!(
         env_value(&env, "SLUICE_REDIS__TLS_SKIP_HOSTNAME_VERIFICATION"),
         "true"
+    );
+    // And without a Secret: the system's roots, names unchecked (sluice warns at start).
+    let mut command = helm();
+    command.args(["template", "sluice"]).arg(chart()).args([
+        "--set",
+        "backend=redis",
+        "--set",
+        "redis.url=rediss://r:6379",
+        "--set",
+        "redis.tls.skipHostnameVerification=true",
+    ]);
+    let docs = yaml::documents(&run(command, "helm template, skipping names, no Secret"));
+    let env = env_of(container(&docs));
+    assert_eq!(
+        env_value(&env, "SLUICE_REDIS__TLS_SKIP_HOSTNAME_VERIFICATION"),
+        "true"
+    );
+    assert!(
+        !env.iter()
+            .any(|(name, _)| name == "SLUICE_REDIS__TLS_CA_FILE"),
+        "no CA file without the Secret"
     );
 }
 

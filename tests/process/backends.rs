@@ -533,7 +533,8 @@ fn tls_files(dir: &Path, names: &[&str]) -> (PathBuf, PathBuf, PathBuf) {
 
 /// `MEMCACHE_TLS` with `MEMCACHE_TLS_CACERT`: a real memcached speaking only TLS (`-Z`) with
 /// a certificate for `localhost` keeps the counters. Reached as 127.0.0.1 (a name the
-/// certificate lacks) it is refused, unless `MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION`.
+/// certificate lacks) it is refused, unless `MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION` (with
+/// the CA file, or without it against the system's roots).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memcache_tls_reaches_a_tls_memcached_and_checks_its_name() {
     let dir = tempfile::tempdir().unwrap();
@@ -570,6 +571,21 @@ async fn memcache_tls_reaches_a_tls_memcached_and_checks_its_name() {
         overall(&call(&mut client, one("a")).await),
         Code::OverLimit,
         "the same counter, through the same server"
+    );
+
+    // Without MEMCACHE_TLS_CACERT, as envoyproxy/ratelimit takes it: the chain against the
+    // system's roots (here the test's CA, through SSL_CERT_FILE), the name not.
+    let no_ca: Vec<(&str, String)> = env("127.0.0.1", &skip)
+        .into_iter()
+        .filter(|(k, _)| *k != "MEMCACHE_TLS_CACERT")
+        .chain([("SSL_CERT_FILE", ca.display().to_string())])
+        .collect();
+    let rl = Ratelimit::start(dir.path(), "skip-no-ca", &rules, &no_ca).await;
+    let mut client = rl.client().await;
+    assert_eq!(
+        overall(&call(&mut client, one("a")).await),
+        Code::OverLimit,
+        "the same counter, the chain checked against the system's roots"
     );
 
     let rl = Ratelimit::spawn(dir.path(), "wrong-name", &rules, &env("127.0.0.1", &[]));

@@ -21,7 +21,9 @@ use std::process::{Command, Stdio};
 
 use sluice::testing::grpc::*;
 use sluice::testing::http::try_get;
-use sluice::testing::process::{HeldPort, Served, SluiceProcess, serving_grpc, sluice_command};
+use sluice::testing::process::{
+    HeldPort, Served, SluiceProcess, serving_grpc, serving_log, sluice_command,
+};
 use sluice::testing::ratelimit_env::{ENVOY_GATEWAY_REDIS_TLS, ISTIO};
 use sluice::testing::redis::{RedisCluster, RedisServer};
 
@@ -433,29 +435,27 @@ fn tls_files_missing_or_unparsable_stop_the_start_naming_setting_and_file() {
     assert!(!err.contains("panicked"), "{err}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn started_as_ratelimit_with_its_redis_tls_variables() {
-    let certs = Certs::new();
-    let (redis, tls_port) = certs.redis("server", "yes");
+/// `ratelimit` (the binary under that name) started with Istio's and Envoy Gateway's
+/// variables, Redis at `127.0.0.1:<tls_port>`, the rules in the certificates' directory, and
+/// `swaps` over them (a `None` value unsets the variable).
+fn ratelimit(certs: &Certs, tls_port: u16, swaps: &[(&str, Option<String>)]) -> Served {
     let data = certs.dir().join("data");
     let config = data.join("ratelimit/config");
     std::fs::create_dir_all(&config).expect("create the rules directory");
     std::fs::write(config.join("config.yaml"), RULES).expect("write rules");
     let link = certs.dir().join("ratelimit");
-    std::os::unix::fs::symlink(BIN, &link).expect("symlink");
-
+    if !link.exists() {
+        std::os::unix::fs::symlink(BIN, &link).expect("symlink");
+    }
     let mut env: HashMap<String, String> = ISTIO
         .iter()
         .chain(ENVOY_GATEWAY_REDIS_TLS)
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
         .collect();
-    // Envoy Gateway's files are mounted at /redis-certs; here they are the test's. The ports
-    // are the child's to choose (0): one chosen here could be taken before it binds them.
-    let swaps: [(&str, String); 11] = [
+    // The ports are the child's to choose (0): one chosen here could be taken before it
+    // binds them.
+    let ours: [(&str, String); 9] = [
         ("REDIS_URL", format!("127.0.0.1:{tls_port}")),
-        ("REDIS_TLS_CACERT", certs.file("ca.crt")),
-        ("REDIS_TLS_CLIENT_CERT", certs.file("client.crt")),
-        ("REDIS_TLS_CLIENT_KEY", certs.file("client.key")),
         ("RUNTIME_ROOT", data.display().to_string()),
         ("GRPC_HOST", "127.0.0.1".into()),
         ("GRPC_PORT", "0".into()),
@@ -463,10 +463,16 @@ async fn started_as_ratelimit_with_its_redis_tls_variables() {
         ("PORT", "0".into()),
         ("DEBUG_HOST", "127.0.0.1".into()),
         ("DEBUG_PORT", "0".into()),
+        ("REDIS_TIMEOUT", "3s".into()),
     ];
-    env.extend(swaps.map(|(k, v)| (k.to_owned(), v)));
-    env.insert("REDIS_TIMEOUT".into(), "3s".into());
+    env.extend(ours.map(|(k, v)| (k.to_owned(), v)));
     env.insert("SLUICE_REDIS__TIMEOUT_MS".into(), "3000".into());
+    for (k, v) in swaps {
+        match v {
+            Some(v) => env.insert((*k).to_owned(), v.clone()),
+            None => env.remove(*k),
+        };
+    }
     // `LOG_LEVEL` (ISTIO's `debug`) logs where it serves gRPC.
     let child = Command::new(&link)
         .env_clear()
@@ -475,10 +481,66 @@ async fn started_as_ratelimit_with_its_redis_tls_variables() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start ratelimit");
-    let mut ratelimit = Served(child);
+    Served(child)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn started_as_ratelimit_with_its_redis_tls_variables() {
+    let certs = Certs::new();
+    let (redis, tls_port) = certs.redis("server", "yes");
+    // Envoy Gateway's files are mounted at /redis-certs; here they are the test's.
+    let files = [
+        ("REDIS_TLS_CACERT", Some(certs.file("ca.crt"))),
+        ("REDIS_TLS_CLIENT_CERT", Some(certs.file("client.crt"))),
+        ("REDIS_TLS_CLIENT_KEY", Some(certs.file("client.key"))),
+    ];
+    let mut ratelimit = ratelimit(&certs, tls_port, &files);
     let grpc = serving_grpc(&mut ratelimit.0);
     ok_then_over(format!("http://{grpc}"), "v").await;
     // envoyproxy/ratelimit's counting: a fixed window (docs/ratelimit-compat.md).
     let exists: i64 = redis.cmd(&["EXISTS", "sluice:{t|k=v}:fixed_window:60"]);
     assert_eq!(exists, 1, "the state is in the TLS server");
+}
+
+/// `REDIS_TLS_SKIP_HOSTNAME_VERIFICATION` without `REDIS_TLS_CACERT`, as envoyproxy/ratelimit
+/// takes it: the chain checked against the system's roots (here the test's CA, through
+/// `SSL_CERT_FILE`), the name not, and a warning that says so; a certificate those roots did
+/// not sign is still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn started_as_ratelimit_skipping_names_without_a_ca_file() {
+    let certs = Certs::new();
+    // A certificate for redis.invalid, not for the address sluice connects to.
+    let (redis, tls_port) = certs.redis("named", "no");
+    let run = |roots: &str| {
+        let swaps = [
+            ("REDIS_TLS_CLIENT_CERT", None),
+            ("REDIS_TLS_CLIENT_KEY", None),
+            (
+                "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+                Some("true".to_owned()),
+            ),
+            ("SSL_CERT_FILE", Some(certs.file(roots))),
+        ];
+        ratelimit(&certs, tls_port, &swaps)
+    };
+    let mut trusted = run("ca.crt");
+    let ([grpc], log) = serving_log(&mut trusted.0, ["gRPC"]);
+    ok_then_over(format!("http://{grpc}"), "v").await;
+    let exists: i64 = redis.cmd(&["EXISTS", "sluice:{t|k=v}:fixed_window:60"]);
+    assert_eq!(exists, 1, "the state is in the TLS server");
+    drop(trusted);
+    let log = log.until_closed();
+    assert!(
+        log.contains("WARN")
+            && log.contains("redis.tls_skip_hostname_verification without redis.tls_ca_file"),
+        "the start warns that any name passes:\n{log}"
+    );
+
+    let mut stranger = run("other.crt");
+    let grpc = serving_grpc(&mut stranger.0);
+    assert_eq!(
+        failure(format!("http://{grpc}"), "w").await,
+        tonic::Code::Unavailable,
+        "a certificate the system's roots did not sign"
+    );
 }

@@ -819,10 +819,14 @@ mod tests {
         let sentinel = ("SLUICE_REDIS__URL", "rediss+sentinel://a:1/m");
         let s = load(&[sentinel, ca, skip]).unwrap();
         assert!(s.redis.tls_skip_hostname_verification, "with Sentinel too");
+        let s = load(&[tls, skip]).unwrap();
+        assert!(
+            s.redis.tls_skip_hostname_verification && s.redis.tls_ca_file.is_none(),
+            "without a CA file: the system's roots, names unchecked"
+        );
         for (pairs, says) in [
             (&[ca][..], "need a TLS URL"),
             (&[tls, cert], "tls_cert_file and tls_key_file go together"),
-            (&[tls, skip], "needs redis.tls_ca_file"),
             (
                 &[("SLUICE_REDIS__SENTINEL_PASSWORD", "s")],
                 "redis.sentinel_password needs a Sentinel URL",

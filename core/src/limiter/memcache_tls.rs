@@ -46,15 +46,23 @@ pub(super) fn client_config(
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("memcache.tls: {e}"))?;
     let builder = if settings.tls_skip_hostname_verification {
-        // Only the CA of tls_ca_file: a public CA's certificate for any name is not enough.
-        let mut own = RootCertStore::empty();
-        if let Some(ca) = &settings.tls_ca_file {
-            for cert in certificates(ca).map_err(|e| format!("memcache.tls_ca_file: {e}"))? {
-                own.add(cert)
-                    .map_err(|e| format!("memcache.tls_ca_file: {e}"))?;
+        // With a CA file, only that CA: a public CA's certificate for any name is not enough.
+        // Without one, the system's roots, as asked (and said at start).
+        let trusted = match &settings.tls_ca_file {
+            Some(ca) => {
+                let mut own = RootCertStore::empty();
+                for cert in certificates(ca).map_err(|e| format!("memcache.tls_ca_file: {e}"))? {
+                    own.add(cert)
+                        .map_err(|e| format!("memcache.tls_ca_file: {e}"))?;
+                }
+                own
             }
-        }
-        let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(own), provider)
+            None => {
+                tracing::warn!("{}", crate::pem::skip_without_ca("memcache"));
+                roots.clone()
+            }
+        };
+        let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(trusted), provider)
             .build()
             .map_err(|e| format!("memcache.tls_ca_file: {e}"))?;
         builder

@@ -145,7 +145,7 @@ impl Reader<'_> {
 
     /// `MEMCACHE_TLS=true`: TLS to every server, with `MEMCACHE_TLS_CACERT` (besides the
     /// system's roots), the client certificate and key (together, as there), and
-    /// `MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION` (only with the CA file).
+    /// `MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION`.
     fn memcache_tls(&mut self) -> Result<(), Unsupported> {
         const FILES: [(&str, &str); 3] = [
             ("MEMCACHE_TLS_CACERT", "MEMCACHE__TLS_CA_FILE"),
@@ -179,14 +179,6 @@ impl Reader<'_> {
             }
         }
         if skip {
-            if self.get(FILES[0].0).is_none() {
-                return Err(self.unsupported(
-                    SKIP,
-                    "sluice skips the name check only for certificates signed by the CA of \
-                     MEMCACHE_TLS_CACERT (otherwise any certificate a public CA signed, for any \
-                     name, would pass)",
-                ));
-            }
             self.set("MEMCACHE__TLS_SKIP_HOSTNAME_VERIFICATION", "true");
         }
         Ok(())
@@ -330,14 +322,6 @@ impl Reader<'_> {
             }
         }
         if skip {
-            if self.get(FILES[0].0).is_none() {
-                return Err(self.unsupported(
-                    SKIP,
-                    "sluice skips the name check only for certificates signed by the CA of \
-                     REDIS_TLS_CACERT (otherwise any certificate a public CA signed, for any \
-                     name, would be accepted); set REDIS_TLS_CACERT",
-                ));
-            }
             self.set("REDIS__TLS_SKIP_HOSTNAME_VERIFICATION", "true");
         }
         Ok(())

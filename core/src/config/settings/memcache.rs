@@ -38,8 +38,10 @@ pub struct MemcacheSettings {
     pub tls_cert_file: Option<std::path::PathBuf>,
     /// Its private key (`MEMCACHE_TLS_CLIENT_KEY`).
     pub tls_key_file: Option<std::path::PathBuf>,
-    /// The chain is still verified against `tls_ca_file`, the host name is not
-    /// (`MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION`); needs `tls_ca_file`.
+    /// The chain is still verified, the host name is not
+    /// (`MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION`): against `tls_ca_file` alone when given,
+    /// else against the system's roots (logged at warn: any certificate those CAs signed,
+    /// for any name, is then accepted).
     pub tls_skip_hostname_verification: bool,
 }
 
@@ -103,12 +105,6 @@ impl MemcacheSettings {
         }
         if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
             return Err("memcache.tls_cert_file and memcache.tls_key_file go together".to_owned());
-        }
-        if self.tls_skip_hostname_verification && self.tls_ca_file.is_none() {
-            return Err(
-                "memcache.tls_skip_hostname_verification needs memcache.tls_ca_file (names are skipped only for that CA's certificates)"
-                    .to_owned(),
-            );
         }
         let servers = self.server_list();
         if servers.is_empty() {

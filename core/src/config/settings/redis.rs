@@ -76,8 +76,10 @@ pub struct RedisSettings {
     pub tls_cert_file: Option<PathBuf>,
     /// The client certificate's private key (PEM).
     pub tls_key_file: Option<PathBuf>,
-    /// Accept a certificate that `tls_ca_file` signed whatever names it carries (the chain is
-    /// still verified); needs `tls_ca_file`. With Sentinel, for the sentinels and the master.
+    /// Accept a certificate whatever names it carries, the chain still verified: against
+    /// `tls_ca_file` when given, else against the system's roots (logged at warn: any
+    /// certificate those CAs signed, for any name, is then accepted). With Sentinel, for the
+    /// sentinels and the master.
     pub tls_skip_hostname_verification: bool,
     /// After each script call, wait until this many replicas of the master that ran it have
     /// its writes (`WAIT`), so that a failover does not lose them (0 = do not wait: Redis's
@@ -398,13 +400,6 @@ impl RedisSettings {
         }
         if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
             return Err("redis: tls_cert_file and tls_key_file go together".to_owned());
-        }
-        if self.tls_skip_hostname_verification && self.tls_ca_file.is_none() {
-            return Err(
-                "redis.tls_skip_hostname_verification needs redis.tls_ca_file: without a CA \
-                 of its own, any certificate a public CA signed for any name would be accepted"
-                    .to_owned(),
-            );
         }
         Ok(())
     }

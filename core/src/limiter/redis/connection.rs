@@ -77,6 +77,9 @@ impl Tls {
                 client_tls,
                 root_cert,
             });
+        if s.tls_skip_hostname_verification && s.tls_ca_file.is_none() {
+            tracing::warn!("{}", crate::pem::skip_without_ca("redis"));
+        }
         Ok(Tls {
             certificates,
             skip_hostname_verification: s.tls_skip_hostname_verification,

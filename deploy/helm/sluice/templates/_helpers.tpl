@@ -129,11 +129,6 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- fail "redis.tls.certKey and redis.tls.keyKey go together: set both (mTLS) or neither" }}
 {{- end }}
 {{- end }}
-{{- if .skipHostnameVerification }}
-{{- if or (not .secretName) (not .caKey) }}
-{{- fail "redis.tls.skipHostnameVerification needs redis.tls.secretName and redis.tls.caKey: without a CA of its own, any publicly signed certificate would be accepted" }}
-{{- end }}
-{{- end }}
 {{- end }}
 {{- if and (not .Values.rules.existingConfigMap) (not .Values.rules.content) (not .Values.rules.files) }}
 {{- fail "rules.content and rules.files are empty and rules.existingConfigMap is not set: sluice needs rules" }}
