@@ -74,6 +74,10 @@ impl Server {
         tracing::info!(domains, "rules loaded");
         let mut app =
             App::build(&settings, rules).map_err(|e| StartError::one(format!("{e:#}")))?;
+        if let Some(stats) = app.ratelimit_stats() {
+            // The response time as the mapping types it: a histogram or a summary.
+            stats.observe_as(mapper.observer(crate::compat::stats::RESPONSE_TIME));
+        }
         let xds = xds_client(&settings, &mut app).map_err(|e| StartError::one(format!("{e:#}")))?;
         Ok(Server {
             app,

@@ -170,29 +170,8 @@ fn go_duration_ms(text: &str) -> Option<u64> {
     if let Ok(secs) = text.parse::<u64>() {
         return secs.checked_mul(1000);
     }
-    let mut total = 0f64;
-    let mut rest = text;
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
-        let (number, tail) = rest.split_at(digits);
-        let n: f64 = number.parse().ok()?;
-        let unit_len = tail
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(tail.len());
-        let (unit, tail) = tail.split_at(unit_len);
-        let ms = match unit {
-            "ns" => 1e-6,
-            "us" | "µs" => 1e-3,
-            "ms" => 1.0,
-            "s" => 1e3,
-            "m" => 60e3,
-            "h" => 3600e3,
-            _ => return None,
-        };
-        total += n * ms;
-        rest = tail;
-    }
-    Some(total.round() as u64)
+    let nanos = super::go_duration(text)?.as_nanos();
+    u64::try_from((nanos + 500_000) / 1_000_000).ok()
 }
 
 mod backend;

@@ -3,15 +3,22 @@
 //! (`ratelimit_metrics.mapper_file`, `PROMETHEUS_MAPPER_YAML`), read at start.
 //!
 //! The part of the format honoured: `mappings:` a list of `{match, name, labels, match_type
-//! (glob | regex), action (map | drop), help, match_metric_type (counter | gauge | observer)}`,
-//! and `defaults.match_type`. A glob's `*` matches within one dot-separated segment; `$1`,
+//! (glob | regex), action (map | drop), help, match_metric_type (counter | gauge | observer),
+//! observer_type (timer_type), histogram_options, summary_options, buckets, quantiles}`, and
+//! `defaults` (`match_type`, `observer_type`, `histogram_options`, `summary_options`,
+//! `glob_disable_ordering`). A glob's `*` matches within one dot-separated segment; `$1`,
 //! `${1}` ... in `name` and label values are the captures (a regex's named groups too). All
-//! globs are tried before the regexes, each kind in file order, and the first match wins;
-//! a regex is not anchored (statsd_exporter's are not either). A stat no mapping matches
-//! keeps the default name: its statsd name with every character outside `[a-zA-Z0-9_]` as
-//! `_`. See [`parse`] for what is ignored and what stops the start.
+//! globs are tried before the regexes; the first match wins, globs in file order (or, with
+//! `glob_disable_ordering: true`, the glob whose segments are literal furthest to the left,
+//! as statsd_exporter's matcher then picks), regexes in file order; a regex is not anchored
+//! (statsd_exporter's are not either). A stat no mapping matches keeps the default name: its
+//! statsd name with every character outside `[a-zA-Z0-9_]` as `_`. A timer (the response
+//! time) is a histogram or a summary ([`Observer`]) as statsd_exporter 0.26 (the version
+//! envoyproxy/ratelimit builds with) makes it: a summary unless its mapping or the defaults
+//! say histogram. See [`parse`] for what is ignored and what stops the start.
 
 use std::path::Path;
+use std::time::Duration;
 
 use regex::Regex;
 
@@ -25,6 +32,43 @@ pub enum Kind {
     Gauge,
     /// A timer (sluice's response time).
     Observer,
+}
+
+/// How a timer (sluice's response time) is rendered: statsd_exporter's observer types.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Observer {
+    /// Cumulative buckets with these upper bounds (seconds, increasing), `_sum`, `_count`.
+    Histogram { buckets: Vec<f64> },
+    /// These quantiles of the last `max_age` (moving in `age_buckets` steps), `_sum` and
+    /// `_count` (those two since the start, as Prometheus's Go client counts them).
+    Summary {
+        quantiles: Vec<f64>,
+        max_age: Duration,
+        age_buckets: u32,
+    },
+}
+
+/// Prometheus's default histogram buckets (seconds), statsd_exporter's when a file names none.
+pub const DEFAULT_BUCKETS: [f64; 11] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// statsd_exporter's quantiles (with their rank errors) when a file names none.
+pub const DEFAULT_QUANTILES: [(f64, f64); 3] = [(0.5, 0.05), (0.9, 0.01), (0.99, 0.001)];
+
+/// Prometheus's Go client's summary window when a file sets none: 10 minutes in 5 steps.
+pub const DEFAULT_MAX_AGE: Duration = Duration::from_secs(600);
+pub const DEFAULT_AGE_BUCKETS: u32 = 5;
+
+impl Default for Observer {
+    /// What statsd_exporter makes of a timer that nothing types: a summary.
+    fn default() -> Observer {
+        Observer::Summary {
+            quantiles: DEFAULT_QUANTILES.iter().map(|(q, _)| *q).collect(),
+            max_age: DEFAULT_MAX_AGE,
+            age_buckets: DEFAULT_AGE_BUCKETS,
+        }
+    }
 }
 
 /// What a stat becomes.
@@ -57,6 +101,10 @@ struct Rule {
     help: Option<String>,
     drop: bool,
     kind: Option<Kind>,
+    /// How a timer it matches is rendered.
+    observer: Observer,
+    /// Per segment of a glob, whether it holds a `*` (for `glob_disable_ordering`).
+    wild: Vec<bool>,
 }
 
 /// A parsed mapping file.
@@ -64,6 +112,10 @@ struct Rule {
 pub struct Mapper {
     globs: Vec<Rule>,
     regexes: Vec<Rule>,
+    /// `defaults.glob_disable_ordering`.
+    unordered_globs: bool,
+    /// How a timer no mapping matches is rendered (the defaults').
+    observer: Observer,
 }
 
 impl Mapper {
@@ -100,37 +152,63 @@ impl Mapper {
         parse(&text, &file)
     }
 
+    /// The mapping that matches `stat` of `kind`, with its captures.
+    fn find<'s>(&self, stat: &'s str, kind: Kind) -> Option<(&Rule, regex::Captures<'s>)> {
+        let typed = |rule: &&Rule| rule.kind.is_none_or(|k| k == kind);
+        let glob = if self.unordered_globs {
+            // Literal segments before `*` ones, from the left; file order among equals.
+            self.globs
+                .iter()
+                .filter(typed)
+                .filter_map(|rule| Some((rule, rule.pattern.captures(stat)?)))
+                .min_by(|(a, _), (b, _)| a.wild.cmp(&b.wild))
+        } else {
+            self.globs
+                .iter()
+                .filter(typed)
+                .find_map(|rule| Some((rule, rule.pattern.captures(stat)?)))
+        };
+        glob.or_else(|| {
+            self.regexes
+                .iter()
+                .filter(typed)
+                .find_map(|rule| Some((rule, rule.pattern.captures(stat)?)))
+        })
+    }
+
     /// What `stat` (a statsd name) of `kind` becomes.
     pub fn map(&self, stat: &str, kind: Kind) -> Mapping<'_> {
-        for rule in self.globs.iter().chain(&self.regexes) {
-            if rule.kind.is_some_and(|k| k != kind) {
-                continue;
-            }
-            let Some(caps) = rule.pattern.captures(stat) else {
-                continue;
-            };
-            if rule.drop {
-                return Mapping::Drop;
-            }
-            let expand = |template: &str| {
-                let mut out = String::new();
-                caps.expand(template, &mut out);
-                out
-            };
+        let Some((rule, caps)) = self.find(stat, kind) else {
             return Mapping::Series {
-                name: escape(&expand(&rule.name)),
-                labels: rule
-                    .labels
-                    .iter()
-                    .map(|(k, v)| (k.clone(), expand(v)))
-                    .collect(),
-                help: rule.help.as_deref(),
+                name: escape(stat),
+                labels: Vec::new(),
+                help: None,
             };
+        };
+        if rule.drop {
+            return Mapping::Drop;
         }
+        let expand = |template: &str| {
+            let mut out = String::new();
+            caps.expand(template, &mut out);
+            out
+        };
         Mapping::Series {
-            name: escape(stat),
-            labels: Vec::new(),
-            help: None,
+            name: escape(&expand(&rule.name)),
+            labels: rule
+                .labels
+                .iter()
+                .map(|(k, v)| (k.clone(), expand(v)))
+                .collect(),
+            help: rule.help.as_deref(),
+        }
+    }
+
+    /// How the timer `stat` is rendered: as its mapping says, else as the defaults say.
+    pub fn observer(&self, stat: &str) -> &Observer {
+        match self.find(stat, Kind::Observer) {
+            Some((rule, _)) => &rule.observer,
+            None => &self.observer,
         }
     }
 }

@@ -9,7 +9,7 @@
 //! | the same with `{domain,key1,key2}` | a stats key of two or more segments (deeper ones summed into their first two, as the mapping does) |
 //! | `ratelimit_service_should_rate_limit_error{err_type="redis_error"\|"service_error"}` | backend failures, invalid requests |
 //! | `ratelimit_service_total_requests{grpc_method="ShouldRateLimit"}` | requests |
-//! | `ratelimit_service_response_time_seconds{grpc_method="ShouldRateLimit"}` | a histogram of the engine's time per request |
+//! | `ratelimit_service_response_time_seconds{grpc_method="ShouldRateLimit"}` | a histogram of the engine's time per request (under an operator's file, a histogram or a summary as its mapping types it: [`crate::compat::mapper::Observer`]) |
 //! | `ratelimit_service_config_load_success`, `ratelimit_service_config_load_error` | rules loads (files or xDS) |
 //! | default names (dots as `_`): `ratelimit_service_global_shadow_mode`, `ratelimit_service_rate_limit_<domain>_domain_not_found`, `ratelimit_service_rate_limit_<domain>_<key>_over_limit_with_local_cache` | the stats the mapping does not name |
 //!
@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::mapper::{Kind, Mapper, Mapping};
-use super::stats::{LATENCY_BUCKETS, RESPONSE_TIME, RatelimitStats};
+use super::stats::{LatencyView, RESPONSE_TIME, RatelimitStats};
 
 /// The content type of [`render`]'s output.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -62,54 +62,77 @@ pub fn render(stats: &RatelimitStats, mapper: &Mapper) -> String {
         }
     }
     let mut out = String::new();
-    let timer = mapper.map(RESPONSE_TIME, Kind::Observer);
+    let response_time = mapper.map(RESPONSE_TIME, Kind::Observer);
     for (name, family) in &families {
         head(&mut out, name, family.kind, &family.help);
         for (labels, n) in &family.series {
             line(&mut out, name, labels, &n.to_string());
         }
     }
-    if let Mapping::Series { name, labels, help } = timer
+    if let Mapping::Series { name, labels, help } = response_time
         && !families.contains_key(&name)
     {
-        histogram(&mut out, stats, &name, &labels, help);
+        timer(&mut out, stats, &name, &labels, help);
     }
     process(&mut out);
     out
 }
 
-/// The response-time histogram under `name` and `labels`.
-fn histogram(
+/// The response time under `name` and `labels`: a histogram or a summary.
+fn timer(
     out: &mut String,
     stats: &RatelimitStats,
     name: &str,
     labels: &Labels,
     help: Option<&str>,
 ) {
-    head(
-        out,
-        name,
-        "histogram",
-        help.unwrap_or("Time to answer ShouldRateLimit"),
-    );
-    let (buckets, sum, count) = stats.latency();
-    let mut cumulative = 0;
-    for (i, n) in buckets.iter().enumerate() {
-        cumulative += n;
-        let le = LATENCY_BUCKETS
-            .get(i)
-            .map_or("+Inf".to_owned(), |b| b.to_string());
-        let mut with_le = labels.clone();
-        with_le.push(("le".to_owned(), le));
-        line(
-            out,
-            &format!("{name}_bucket"),
-            &with_le,
-            &cumulative.to_string(),
-        );
-    }
+    let help = help.unwrap_or("Time to answer ShouldRateLimit");
+    let with = |key: &str, value: String| {
+        let mut all = labels.clone();
+        all.push((key.to_owned(), value));
+        all
+    };
+    let (sum, count) = match stats.latency() {
+        LatencyView::Histogram {
+            buckets,
+            sum,
+            count,
+        } => {
+            head(out, name, "histogram", help);
+            for (le, cumulative) in buckets {
+                let le = if le.is_infinite() {
+                    "+Inf".to_owned()
+                } else {
+                    le.to_string()
+                };
+                let bucket = format!("{name}_bucket");
+                line(out, &bucket, &with("le", le), &cumulative.to_string());
+            }
+            (sum, count)
+        }
+        LatencyView::Summary {
+            quantiles,
+            sum,
+            count,
+        } => {
+            head(out, name, "summary", help);
+            for (q, value) in quantiles {
+                line(out, name, &with("quantile", q.to_string()), &number(value));
+            }
+            (sum, count)
+        }
+    };
     line(out, &format!("{name}_sum"), labels, &sum.to_string());
     line(out, &format!("{name}_count"), labels, &count.to_string());
+}
+
+/// A sample value as the text format writes it (`NaN` included).
+fn number(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".to_owned()
+    } else {
+        v.to_string()
+    }
 }
 
 /// The process's series (not stats, so not mapped).
@@ -223,6 +246,63 @@ mod tests {
         assert!(!text.contains("global_shadow_mode"), "dropped: {text}");
         assert!(
             text.contains("ratelimit_server_ShouldRateLimit_total_requests 0\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_response_time_is_a_histogram_with_the_files_buckets_or_a_summary() {
+        use crate::engine::RequestResult;
+        use std::time::Duration;
+        let rt = "  - match: ratelimit_server.*.response_time\n    name: rt\n    labels: {m: $1}\n";
+        let stats = RatelimitStats::new(0.8, 10);
+        let observe = |stats: &RatelimitStats, ms: u64| {
+            stats.request(RequestResult::Ok, Duration::from_millis(ms));
+        };
+        let yaml = format!(
+            "mappings:\n{rt}    observer_type: histogram\n    histogram_options: {{buckets: [0.002, 0.02]}}\n"
+        );
+        let (mapper, _) = crate::compat::mapper::parse(&yaml, "m.yaml").unwrap();
+        stats.observe_as(mapper.observer(RESPONSE_TIME));
+        for ms in [1, 10, 100] {
+            observe(&stats, ms);
+        }
+        let text = render(&stats, &mapper);
+        for want in [
+            "# TYPE rt histogram\n",
+            "rt_bucket{m=\"ShouldRateLimit\",le=\"0.002\"} 1\n",
+            "rt_bucket{m=\"ShouldRateLimit\",le=\"0.02\"} 2\n",
+            "rt_bucket{m=\"ShouldRateLimit\",le=\"+Inf\"} 3\n",
+            "rt_count{m=\"ShouldRateLimit\"} 3\n",
+        ] {
+            assert!(text.contains(want), "no `{want}` in:\n{text}");
+        }
+        // Untyped: a summary; its quantiles NaN until something is observed.
+        let (mapper, _) =
+            crate::compat::mapper::parse(&format!("mappings:\n{rt}"), "m.yaml").unwrap();
+        stats.observe_as(mapper.observer(RESPONSE_TIME));
+        let text = render(&stats, &mapper);
+        assert!(text.contains("# TYPE rt summary\n"), "{text}");
+        assert!(
+            text.contains("rt{m=\"ShouldRateLimit\",quantile=\"0.5\"} NaN\n"),
+            "{text}"
+        );
+        for ms in 1..=100 {
+            observe(&stats, ms);
+        }
+        let text = render(&stats, &mapper);
+        let value = |q: &str| -> f64 {
+            let prefix = format!("rt{{m=\"ShouldRateLimit\",quantile=\"{q}\"}} ");
+            let line = text.lines().find_map(|l| l.strip_prefix(&prefix));
+            line.and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no quantile {q} in:\n{text}"))
+        };
+        for (q, ms) in [("0.5", 50.0), ("0.9", 90.0), ("0.99", 99.0)] {
+            let v = value(q);
+            assert!((v - ms / 1000.0).abs() <= ms / 1000.0 * 0.002, "{q}: {v}");
+        }
+        assert!(
+            text.contains("rt_count{m=\"ShouldRateLimit\"} 100\n"),
             "{text}"
         );
     }

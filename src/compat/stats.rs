@@ -21,7 +21,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use parking_lot::{Mutex, RwLock};
+
+use super::mapper::{DEFAULT_BUCKETS, Observer as Shape};
+use super::summary::Window;
 
 use crate::engine::{DescriptorReport, Observer, RequestResult};
 use crate::metrics::per_rule::OTHER;
@@ -68,11 +73,6 @@ pub(crate) const RESPONSE_TIME: &str = "ratelimit_server.ShouldRateLimit.respons
 /// The stats key of the unknown domains past the cap.
 const OTHER_DOMAINS: &str = OTHER;
 
-/// The upper bounds of the response-time histogram (seconds), statsd_exporter's defaults.
-pub(crate) const LATENCY_BUCKETS: [f64; 11] = [
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
-
 /// At most this many response times are kept between two statsd flushes.
 const MAX_SAMPLES: usize = 1000;
 
@@ -82,14 +82,67 @@ pub(crate) struct RuleStat {
     pub counts: [AtomicU64; 6],
 }
 
-/// The response-time histogram, and the samples not yet sent to statsd.
-#[derive(Debug, Default)]
+/// The response time as the mapping renders it, and the samples not yet sent to statsd.
+#[derive(Debug)]
 pub(crate) struct Latency {
-    /// Per bucket of [`LATENCY_BUCKETS`], then +Inf (not cumulative).
-    pub buckets: [u64; 12],
-    pub sum_seconds: f64,
-    pub count: u64,
-    pub samples: Vec<Duration>,
+    shape: Recorder,
+    sum_seconds: f64,
+    count: u64,
+    samples: Vec<Duration>,
+}
+
+#[derive(Debug)]
+enum Recorder {
+    /// A histogram: its upper bounds (seconds), and the count per bound then +Inf (not
+    /// cumulative).
+    Buckets { bounds: Vec<f64>, counts: Vec<u64> },
+    /// A summary: its quantiles, over a window.
+    Window {
+        quantiles: Vec<f64>,
+        window: Box<Window>,
+    },
+}
+
+impl Latency {
+    fn new(shape: &Shape) -> Latency {
+        let shape = match shape {
+            Shape::Histogram { buckets } => Recorder::Buckets {
+                bounds: buckets.clone(),
+                counts: vec![0; buckets.len() + 1],
+            },
+            Shape::Summary {
+                quantiles,
+                max_age,
+                age_buckets,
+            } => Recorder::Window {
+                quantiles: quantiles.clone(),
+                window: Box::new(Window::new(*max_age, *age_buckets, Instant::now())),
+            },
+        };
+        Latency {
+            shape,
+            sum_seconds: 0.0,
+            count: 0,
+            samples: Vec::new(),
+        }
+    }
+}
+
+/// The response time, read for rendering.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LatencyView {
+    /// Upper bounds (seconds, then +Inf) with their cumulative counts.
+    Histogram {
+        buckets: Vec<(f64, u64)>,
+        sum: f64,
+        count: u64,
+    },
+    /// Quantiles with their values over the window (seconds; `NaN` when it is empty).
+    Summary {
+        quantiles: Vec<(f64, f64)>,
+        sum: f64,
+        count: u64,
+    },
 }
 
 /// Every stat, counted as requests are decided.
@@ -117,7 +170,9 @@ impl RatelimitStats {
             rules: RwLock::new(HashMap::new()),
             unknown_domains: RwLock::new(HashMap::new()),
             service: Default::default(),
-            latency: Mutex::new(Latency::default()),
+            latency: Mutex::new(Latency::new(&Shape::Histogram {
+                buckets: DEFAULT_BUCKETS.to_vec(),
+            })),
             statsd_dropped: AtomicU64::new(0),
         }
     }
@@ -199,10 +254,45 @@ impl RatelimitStats {
         self.statsd_dropped.load(Ordering::Relaxed)
     }
 
-    /// The response-time histogram (buckets, sum, count).
-    pub fn latency(&self) -> ([u64; 12], f64, u64) {
+    /// Renders the response time as `shape` from now on (the mapping's type for it, set at
+    /// start): what was counted before is dropped.
+    pub fn observe_as(&self, shape: &Shape) {
+        let mut l = self.latency.lock();
+        let samples = std::mem::take(&mut l.samples);
+        *l = Latency::new(shape);
+        l.samples = samples;
+    }
+
+    /// The response time, as a histogram or a summary.
+    pub fn latency(&self) -> LatencyView {
         let l = self.latency.lock();
-        (l.buckets, l.sum_seconds, l.count)
+        let (sum, count) = (l.sum_seconds, l.count);
+        match &l.shape {
+            Recorder::Window { quantiles, window } => {
+                let values = window.quantiles(quantiles, Instant::now());
+                LatencyView::Summary {
+                    quantiles: quantiles.iter().copied().zip(values).collect(),
+                    sum,
+                    count,
+                }
+            }
+            Recorder::Buckets { bounds, counts } => {
+                let mut cumulative = 0;
+                let buckets = counts
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| {
+                        cumulative += n;
+                        (bounds.get(i).copied().unwrap_or(f64::INFINITY), cumulative)
+                    })
+                    .collect();
+                LatencyView::Histogram {
+                    buckets,
+                    sum,
+                    count,
+                }
+            }
+        }
     }
 
     /// The response times observed since the last call (at most [`MAX_SAMPLES`]).
@@ -301,12 +391,19 @@ impl Observer for RatelimitStats {
             RequestResult::Ok | RequestResult::OverLimit => {}
         }
         let seconds = elapsed.as_secs_f64();
-        let bucket = LATENCY_BUCKETS
-            .iter()
-            .position(|le| seconds <= *le)
-            .unwrap_or(LATENCY_BUCKETS.len());
         let mut l = self.latency.lock();
-        l.buckets[bucket] += 1;
+        match &mut l.shape {
+            Recorder::Window { window, .. } => window.record(elapsed, Instant::now()),
+            Recorder::Buckets { bounds, counts } => {
+                let bucket = bounds
+                    .iter()
+                    .position(|le| seconds <= *le)
+                    .unwrap_or(bounds.len());
+                if let Some(n) = counts.get_mut(bucket) {
+                    *n += 1;
+                }
+            }
+        }
         l.sum_seconds += seconds;
         l.count += 1;
         if l.samples.len() < MAX_SAMPLES {

@@ -807,10 +807,129 @@ mappings:
     );
 }
 
-/// A mapping file that asks for what sluice cannot do stops the start (64), naming the
-/// file, the line and the key.
+/// The response time as a mapping file types it, read over the real scrape: a summary of
+/// the quantiles it names (`summary_options`), then a histogram of its buckets
+/// (`histogram_options`); and `glob_disable_ordering: true`, under which a later glob with
+/// more literal segments wins over an earlier one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mapper_file_types_the_response_time_and_may_unorder_globs() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = ratelimit_link(dir.path());
+    let redis = RedisServer::start();
+    let data = runtime_root(dir.path(), "config", &[("rules.yaml", STATS_RULES)]);
+    let globs = r"
+  - match: ratelimit.service.rate_limit.*.*.*
+    name: rl_$3
+    labels: {domain: $1, rule: $2}
+  - match: ratelimit.service.rate_limit.rl.*.total_hits
+    name: rl_literal_total_hits
+    labels: {rule: $1}
+  - match: ratelimit_server.*.response_time
+    name: rl_latency_seconds
+";
+    let files = [
+        (
+            "summary.yaml",
+            format!(
+                r"defaults:
+  glob_disable_ordering: true
+mappings:{globs}    observer_type: summary
+    summary_options:
+      quantiles: [{{quantile: 0.5, error: 0.05}}, {{quantile: 0.99, error: 0.001}}]
+      max_age: 1m
+      age_buckets: 2
+"
+            ),
+        ),
+        (
+            "histogram.yaml",
+            format!(
+                r"mappings:{globs}    timer_type: histogram
+    histogram_options: {{buckets: [0.0001, 0.001, 0.01]}}
+"
+            ),
+        ),
+    ];
+    for (file, text) in files {
+        let mapper = write(dir.path(), file, &text);
+        let env = swap(
+            &[
+                ("REDIS_SOCKET_TYPE", "tcp"),
+                ("REDIS_URL", "redis:6379"),
+                ("RUNTIME_ROOT", "/data"),
+                ("USE_STATSD", "false"),
+                ("USE_PROMETHEUS", "true"),
+                ("PROMETHEUS_ADDR", ":19001"),
+                ("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml"),
+            ],
+            &[
+                ("RUNTIME_ROOT", data.clone()),
+                ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+                ("PROMETHEUS_MAPPER_YAML", mapper),
+            ],
+        );
+        redis.cmd::<()>(&["FLUSHALL"]);
+        let rl = Ratelimit::start(&link, &env);
+        let ports = rl.ports;
+        healthy(&ports).await;
+        let mut client = plain_client(&ports).await;
+        stats_traffic(&mut client, 3, 0).await;
+        let body = get(loopback(ports.prometheus), "/metrics").await.body;
+        let alice = "rule=\"user_alice\"";
+        if file == "summary.yaml" {
+            // Unordered: the later, more literal glob takes total_hits.
+            assert!(
+                body.lines()
+                    .any(|l| l == format!("rl_literal_total_hits{{{alice}}} 3")),
+                "{body}"
+            );
+            assert!(!body.contains("rl_total_hits"), "{body}");
+            assert!(
+                body.contains("# TYPE rl_latency_seconds summary\n"),
+                "{body}"
+            );
+            for q in ["0.5", "0.99"] {
+                let prefix = format!("rl_latency_seconds{{quantile=\"{q}\"}} ");
+                let value: f64 = body
+                    .lines()
+                    .find_map(|l| l.strip_prefix(&prefix))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or_else(|| panic!("no quantile {q} in:\n{body}"));
+                assert!(
+                    value > 0.0 && value < 1.0,
+                    "quantile {q}: {value} s:\n{body}"
+                );
+            }
+            assert!(!body.contains("quantile=\"0.9\""), "{body}");
+        } else {
+            // In file order: the first glob takes total_hits.
+            assert!(
+                body.lines()
+                    .any(|l| l == format!("rl_total_hits{{domain=\"rl\",{alice}}} 3")),
+                "{body}"
+            );
+            assert!(
+                body.contains("# TYPE rl_latency_seconds histogram\n"),
+                "{body}"
+            );
+            for le in ["0.0001", "0.001", "0.01", "+Inf"] {
+                let bucket = format!("rl_latency_seconds_bucket{{le=\"{le}\"}} ");
+                assert!(body.contains(&bucket), "no `{bucket}` in:\n{body}");
+            }
+            assert!(!body.contains("le=\"0.005\""), "{body}");
+        }
+        // Four requests: three for alice, one for an unknown domain.
+        assert!(
+            body.lines().any(|l| l == "rl_latency_seconds_count 4"),
+            "{body}"
+        );
+    }
+}
+
+/// A mapping file statsd_exporter would refuse stops the start (64), naming the file, the
+/// line and the key.
 #[test]
-fn a_mapper_file_sluice_cannot_honour_stops_the_start() {
+fn a_bad_mapper_file_stops_the_start() {
     let dir = tempfile::tempdir().unwrap();
     let link = ratelimit_link(dir.path());
     let config = dir.path().join("config");
@@ -818,8 +937,8 @@ fn a_mapper_file_sluice_cannot_honour_stops_the_start() {
     write(&config, "rules.yaml", STATS_RULES);
     for (text, want) in [
         (
-            "mappings:\n  - match: a.*\n    name: a\n    buckets: [0.1, 1]\n",
-            "bad.yaml:4: mappings[0].buckets: not supported",
+            "mappings:\n  - match: a.*\n    name: a\n    buckets: [1, 0.1]\n",
+            "bad.yaml:4: mappings[0].buckets: buckets must be finite and increase",
         ),
         ("mappings: [\n", "bad.yaml:"),
     ] {

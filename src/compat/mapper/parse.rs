@@ -16,6 +16,10 @@ const MAPPING_KEYS: &[&str] = &[
     "match_metric_type",
     "timer_type",
     "observer_type",
+    "buckets",
+    "quantiles",
+    "histogram_options",
+    "summary_options",
 ];
 const IGNORED_KEYS: &[(&str, &str)] = &[
     (
@@ -28,25 +32,6 @@ const IGNORED_KEYS: &[(&str, &str)] = &[
     ),
     ("honor_labels", "sluice's stats carry no tags to honour"),
 ];
-const REFUSED_KEYS: &[(&str, &str)] = &[
-    (
-        "buckets",
-        "the response-time histogram has fixed buckets (statsd_exporter's defaults)",
-    ),
-    (
-        "histogram_options",
-        "the response-time histogram has fixed buckets (statsd_exporter's defaults)",
-    ),
-    (
-        "quantiles",
-        "timers are rendered as histograms, not summaries",
-    ),
-    (
-        "summary_options",
-        "timers are rendered as histograms, not summaries",
-    ),
-];
-
 struct Reader<'f> {
     file: &'f str,
     notes: Vec<String>,
@@ -63,10 +48,13 @@ impl Reader<'_> {
     }
 }
 
-/// Parses a mapping file's text. Ignored, with a note: `ttl`, `scale`, `honor_labels`, and
-/// `defaults.ttl`. Refused: custom buckets or quantiles, `summary` timers,
-/// `defaults.glob_disable_ordering: true`, any other key, a regex or name that does not
-/// compile, a label name Prometheus would refuse.
+/// Parses a mapping file's text. Ignored, with a note: `ttl`, `scale`, `honor_labels`,
+/// `defaults.ttl`, the native-histogram options and `buf_cap`. Refused, as statsd_exporter
+/// refuses them: any other key, a regex or name that does not compile, a label name
+/// Prometheus would refuse, an observer type other than histogram or summary, histogram
+/// options on a summary (or the reverse), buckets or quantiles given both at the top of a
+/// mapping and in its options; and (where the Go client would panic) buckets that do not
+/// increase, a quantile or error outside 0 to 1.
 pub fn parse(text: &str, file: &str) -> Result<(Mapper, Vec<String>), MapperError> {
     let mut r = Reader {
         file,
@@ -80,11 +68,11 @@ pub fn parse(text: &str, file: &str) -> Result<(Mapper, Vec<String>), MapperErro
         return Err(r.error(1, "mappings", "missing"));
     };
     let top = entries(doc, "", &r)?;
-    let mut default_regex = false;
+    let mut d = Defaults::default();
     let mut mappings = None;
     for (key, line, value) in &top {
         match key.as_str() {
-            "defaults" => default_regex = defaults(value, &mut r)?,
+            "defaults" => d = defaults(value, &mut r)?,
             "mappings" => mappings = Some(value),
             _ => return Err(r.error(*line, key, "unknown key")),
         }
@@ -95,9 +83,13 @@ pub fn parse(text: &str, file: &str) -> Result<(Mapper, Vec<String>), MapperErro
     let YamlData::Sequence(items) = &list.data else {
         return Err(r.error(node_line(list), "mappings", "expected a list"));
     };
-    let mut mapper = Mapper::default();
+    let mut mapper = Mapper {
+        unordered_globs: d.unordered_globs,
+        observer: d.observer.unmapped(),
+        ..Mapper::default()
+    };
     for (i, item) in items.iter().enumerate() {
-        let (rule, is_regex) = rule(item, &format!("mappings[{i}]"), default_regex, &mut r)?;
+        let (rule, is_regex) = rule(item, &format!("mappings[{i}]"), &d, &mut r)?;
         if is_regex {
             mapper.regexes.push(rule);
         } else {
@@ -107,47 +99,241 @@ pub fn parse(text: &str, file: &str) -> Result<(Mapper, Vec<String>), MapperErro
     Ok((mapper, r.notes))
 }
 
-/// Reads `defaults`; returns whether `match_type` defaults to regex.
-fn defaults(node: &MarkedYaml<'_>, r: &mut Reader<'_>) -> Result<bool, MapperError> {
-    let mut regex = false;
+/// The file's `defaults`.
+#[derive(Default)]
+struct Defaults {
+    regex: bool,
+    unordered_globs: bool,
+    observer: Spec,
+}
+
+/// What a mapping (or the defaults) says of timers, as written.
+#[derive(Default)]
+struct Spec {
+    /// `observer_type` and the older `timer_type`: `Some(true)` for histogram.
+    observer_type: Option<bool>,
+    timer_type: Option<bool>,
+    /// `histogram_options` given, and its `buckets`.
+    histogram_options: bool,
+    buckets: Vec<f64>,
+    /// `summary_options` given, and its fields.
+    summary_options: bool,
+    quantiles: Vec<f64>,
+    max_age: Option<Duration>,
+    age_buckets: Option<u32>,
+    /// The top-level `buckets` and `quantiles` (statsd_exporter's older form).
+    legacy_buckets: Vec<f64>,
+    legacy_quantiles: Vec<f64>,
+}
+
+impl Spec {
+    /// Reads a key of timers; false when `key` is none of them.
+    fn read(
+        &mut self,
+        key: &str,
+        value: &MarkedYaml<'_>,
+        path: &str,
+        r: &mut Reader<'_>,
+    ) -> Result<bool, MapperError> {
+        match key {
+            "observer_type" => self.observer_type = Some(observer_type(value, path, r)?),
+            "timer_type" => self.timer_type = Some(observer_type(value, path, r)?),
+            "buckets" => self.legacy_buckets = buckets(value, path, r)?,
+            "quantiles" => self.legacy_quantiles = quantiles(value, path, r)?,
+            "histogram_options" => {
+                self.histogram_options = true;
+                for (key, line, v) in entries(value, path, r)? {
+                    let path = format!("{path}.{key}");
+                    match key.as_str() {
+                        "buckets" => self.buckets = buckets(v, &path, r)?,
+                        "native_histogram_bucket_factor" | "native_histogram_max_buckets" => {
+                            number(v, &path, r)?;
+                            r.notes.push(format!(
+                                "{}:{line}: {path} ignored: sluice serves the text format, \
+                                 which carries the classic buckets only (native histograms \
+                                 travel in the protobuf format)",
+                                r.file
+                            ));
+                        }
+                        _ => return Err(r.error(line, &path, "unknown key")),
+                    }
+                }
+            }
+            "summary_options" => {
+                self.summary_options = true;
+                for (key, line, v) in entries(value, path, r)? {
+                    let path = format!("{path}.{key}");
+                    match key.as_str() {
+                        "quantiles" => self.quantiles = quantiles(v, &path, r)?,
+                        "max_age" => self.max_age = Some(duration(v, &path, r)?),
+                        "age_buckets" => {
+                            let n = number(v, &path, r)?;
+                            if n < 0.0 || n.fract() != 0.0 || n > f64::from(u32::MAX) {
+                                let message = "expected a whole number of buckets";
+                                return Err(r.error(line, &path, message));
+                            }
+                            self.age_buckets = Some(n as u32);
+                        }
+                        "buf_cap" => {
+                            number(v, &path, r)?;
+                            r.notes.push(format!(
+                                "{}:{line}: {path} ignored: sluice keeps the window's \
+                                 observations in histograms, with no buffer to size",
+                                r.file
+                            ));
+                        }
+                        _ => return Err(r.error(line, &path, "unknown key")),
+                    }
+                }
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// The type given: `observer_type`, else `timer_type` (`Some(true)`: histogram).
+    fn histogram(&self) -> Option<bool> {
+        self.observer_type.or(self.timer_type)
+    }
+
+    /// The defaults after statsd_exporter's reading of its older keys: top-level quantiles
+    /// (buckets) replace the summary (histogram) options when those name none.
+    fn settle_defaults(mut self) -> Spec {
+        if self.quantiles.is_empty() && !self.legacy_quantiles.is_empty() {
+            self.quantiles = std::mem::take(&mut self.legacy_quantiles);
+            (self.max_age, self.age_buckets) = (None, None);
+        }
+        if self.buckets.is_empty() && !self.legacy_buckets.is_empty() {
+            self.buckets = std::mem::take(&mut self.legacy_buckets);
+        }
+        self
+    }
+
+    /// How a timer no mapping matches is rendered.
+    fn unmapped(&self) -> Observer {
+        self.resolve(&Spec::default())
+    }
+
+    /// How a timer a mapping with `self`'s keys matches is rendered, `defaults` filling in
+    /// what it leaves out (statsd_exporter's rules: a summary unless either says histogram).
+    fn resolve(&self, mapping: &Spec) -> Observer {
+        let first = |lists: [&Vec<f64>; 3]| lists.into_iter().find(|l| !l.is_empty()).cloned();
+        let explicit = mapping.histogram().or(self.histogram());
+        if explicit == Some(true) {
+            let given = [&mapping.legacy_buckets, &mapping.buckets, &self.buckets];
+            return Observer::Histogram {
+                buckets: first(given).unwrap_or_else(|| DEFAULT_BUCKETS.to_vec()),
+            };
+        }
+        // A summary. Typed, the mapping's options are completed by the defaults'; untyped,
+        // statsd_exporter takes the mapping's options whole when it has them.
+        let typed = explicit.is_some();
+        let legacy = if typed {
+            &mapping.legacy_quantiles
+        } else {
+            &mapping.quantiles
+        };
+        let quantiles = first([legacy, &mapping.quantiles, &self.quantiles])
+            .unwrap_or_else(|| DEFAULT_QUANTILES.iter().map(|(q, _)| *q).collect());
+        let (max_age, age_buckets) = if typed || !mapping.summary_options {
+            (
+                mapping.max_age.filter(|d| !d.is_zero()).or(self.max_age),
+                mapping.age_buckets.filter(|n| *n > 0).or(self.age_buckets),
+            )
+        } else {
+            (mapping.max_age, mapping.age_buckets)
+        };
+        Observer::Summary {
+            quantiles,
+            max_age: max_age.filter(|d| !d.is_zero()).unwrap_or(DEFAULT_MAX_AGE),
+            age_buckets: age_buckets
+                .filter(|n| *n > 0)
+                .unwrap_or(DEFAULT_AGE_BUCKETS),
+        }
+    }
+
+    /// statsd_exporter's refusals of a mapping's timer keys.
+    fn check(
+        &self,
+        defaults: &Spec,
+        path: &str,
+        line: usize,
+        r: &Reader<'_>,
+    ) -> Result<(), MapperError> {
+        if !self.legacy_quantiles.is_empty() && !self.quantiles.is_empty() {
+            let message = "quantiles given both here and in summary_options";
+            return Err(r.error(line, &format!("{path}.quantiles"), message));
+        }
+        if !self.legacy_buckets.is_empty() && !self.buckets.is_empty() {
+            let message = "buckets given both here and in histogram_options";
+            return Err(r.error(line, &format!("{path}.buckets"), message));
+        }
+        match self.histogram().or(defaults.histogram()) {
+            Some(true) if self.summary_options => Err(r.error(
+                line,
+                &format!("{path}.summary_options"),
+                "a histogram takes no summary options",
+            )),
+            Some(false) if self.histogram_options => Err(r.error(
+                line,
+                &format!("{path}.histogram_options"),
+                "a summary takes no histogram options",
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Reads `defaults`.
+fn defaults(node: &MarkedYaml<'_>, r: &mut Reader<'_>) -> Result<Defaults, MapperError> {
+    let mut d = Defaults::default();
     for (key, line, value) in entries(node, "defaults", r)? {
         let path = format!("defaults.{key}");
+        if d.observer.read(&key, value, &path, r)? {
+            continue;
+        }
         match key.as_str() {
-            "match_type" => regex = match_type(value, &path, r)?,
-            "timer_type" | "observer_type" => timer_type(value, &path, r)?,
+            "match_type" => d.regex = match_type(value, &path, r)?,
             "ttl" => r.notes.push(format!(
                 "{}:{line}: {path} ignored: series are kept while the process runs",
                 r.file
             )),
             "glob_disable_ordering" => {
-                if scalar(value).as_deref() != Some("false") {
-                    return Err(r.error(line, &path, "not supported: globs are tried in order"));
+                d.unordered_globs = match scalar(value).as_deref() {
+                    Some("true") => true,
+                    Some("false" | "") => false,
+                    _ => return Err(r.error(line, &path, "expected true or false")),
                 }
             }
-            _ => refused_or_unknown(&key, line, &path, r)?,
+            _ => return Err(r.error(line, &path, "unknown key")),
         }
     }
-    Ok(regex)
+    d.observer = d.observer.settle_defaults();
+    Ok(d)
 }
 
 fn rule(
     node: &MarkedYaml<'_>,
     path: &str,
-    default_regex: bool,
+    d: &Defaults,
     r: &mut Reader<'_>,
 ) -> Result<(Rule, bool), MapperError> {
     let mut found: Vec<(String, usize, &MarkedYaml<'_>)> = Vec::new();
+    let mut spec = Spec::default();
     for (key, line, value) in entries(node, path, r)? {
         let key_path = format!("{path}.{key}");
         if let Some((_, why)) = IGNORED_KEYS.iter().find(|(k, _)| *k == key) {
             r.notes
                 .push(format!("{}:{line}: {key_path} ignored: {why}", r.file));
+        } else if spec.read(&key, value, &key_path, r)? {
+            continue;
         } else if MAPPING_KEYS.contains(&key.as_str()) {
             found.push((key, line, value));
         } else {
-            refused_or_unknown(&key, line, &key_path, r)?;
+            return Err(r.error(line, &key_path, "unknown key"));
         }
     }
+    spec.check(&d.observer, path, node_line(node), r)?;
     let get = |k: &str| found.iter().find(|(key, _, _)| key == k);
     let text = |k: &str| -> Result<Option<(String, usize)>, MapperError> {
         match get(k) {
@@ -162,7 +348,7 @@ fn rule(
     };
     let is_regex = match get("match_type") {
         Some((_, _, v)) => match_type(v, &format!("{path}.match_type"), r)?,
-        None => default_regex,
+        None => d.regex,
     };
     let drop = match text("action")? {
         None => false,
@@ -173,11 +359,6 @@ fn rule(
             return Err(r.error(line, &format!("{path}.action"), message));
         }
     };
-    for k in ["timer_type", "observer_type"] {
-        if let Some((_, _, v)) = get(k) {
-            timer_type(v, &format!("{path}.{k}"), r)?;
-        }
-    }
     let kind = match text("match_metric_type")? {
         None => None,
         Some((k, line)) => Some(match k.as_str() {
@@ -212,6 +393,11 @@ fn rule(
         Some((_, _, v)) => labels(v, &format!("{path}.labels"), r)?,
     };
     let help = text("help")?.map(|(h, _)| h);
+    let wild = if is_regex {
+        Vec::new()
+    } else {
+        pattern.split('.').map(|seg| seg.contains('*')).collect()
+    };
     let rule = Rule {
         pattern: compiled,
         name,
@@ -219,6 +405,8 @@ fn rule(
         help,
         drop,
         kind,
+        observer: d.observer.resolve(&spec),
+        wild,
     };
     Ok((rule, is_regex))
 }
@@ -256,34 +444,100 @@ fn match_type(node: &MarkedYaml<'_>, path: &str, r: &Reader<'_>) -> Result<bool,
     }
 }
 
-/// Accepts the histogram timer type (sluice's); refuses a summary.
-fn timer_type(node: &MarkedYaml<'_>, path: &str, r: &Reader<'_>) -> Result<(), MapperError> {
+/// `histogram` (true), or `summary` or empty (false: statsd_exporter reads an empty type as
+/// a summary).
+fn observer_type(node: &MarkedYaml<'_>, path: &str, r: &Reader<'_>) -> Result<bool, MapperError> {
     match scalar(node).as_deref() {
-        Some("histogram" | "") => Ok(()),
+        Some("histogram") => Ok(true),
+        Some("summary" | "") => Ok(false),
         other => Err(r.error(
             node_line(node),
             path,
-            format!("not supported: {other:?}: timers are rendered as histograms"),
+            format!("expected histogram or summary, got {other:?}"),
         )),
     }
 }
 
-fn refused_or_unknown(
-    key: &str,
-    line: usize,
-    path: &str,
-    r: &Reader<'_>,
-) -> Result<(), MapperError> {
-    let why = REFUSED_KEYS
-        .iter()
-        .find(|(k, _)| *k == key)
-        .map_or("unknown key", |(_, why)| why);
-    let message = if why == "unknown key" {
-        why.to_owned()
-    } else {
-        format!("not supported: {why}")
+/// A number (an integer or a float).
+fn number(node: &MarkedYaml<'_>, path: &str, r: &Reader<'_>) -> Result<f64, MapperError> {
+    match &node.data {
+        YamlData::Value(Scalar::Integer(i)) => Ok(*i as f64),
+        YamlData::Value(Scalar::FloatingPoint(f)) => Ok(f.into_inner()),
+        _ => Err(r.error(node_line(node), path, "expected a number")),
+    }
+}
+
+/// Histogram buckets: upper bounds (seconds) that increase; a last `+Inf` is dropped (it is
+/// always there), as Prometheus's Go client drops it.
+fn buckets(node: &MarkedYaml<'_>, path: &str, r: &Reader<'_>) -> Result<Vec<f64>, MapperError> {
+    let YamlData::Sequence(items) = &node.data else {
+        return Err(r.error(node_line(node), path, "expected a list of numbers"));
     };
-    Err(r.error(line, path, message))
+    let mut out = items
+        .iter()
+        .map(|item| number(item, path, r))
+        .collect::<Result<Vec<f64>, _>>()?;
+    if out.last() == Some(&f64::INFINITY) {
+        out.pop();
+    }
+    let increasing = out.windows(2).all(|w| w[0] < w[1]);
+    if !increasing || out.iter().any(|b| !b.is_finite()) {
+        let message = format!("buckets must be finite and increase: {out:?}");
+        return Err(r.error(node_line(node), path, message));
+    }
+    Ok(out)
+}
+
+/// Summary quantiles: `[{quantile: Q, error: E}, ...]`, each between 0 and 1. The errors are
+/// checked, not used: sluice's quantiles are within 0.1% of the value at their rank.
+fn quantiles(node: &MarkedYaml<'_>, path: &str, r: &Reader<'_>) -> Result<Vec<f64>, MapperError> {
+    let YamlData::Sequence(items) = &node.data else {
+        return Err(r.error(
+            node_line(node),
+            path,
+            "expected a list of {quantile, error}",
+        ));
+    };
+    let mut out = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let item_path = format!("{path}[{i}]");
+        let mut quantile = None;
+        for (key, line, v) in entries(item, &item_path, r)? {
+            let key_path = format!("{item_path}.{key}");
+            let n = match key.as_str() {
+                "quantile" | "error" => number(v, &key_path, r)?,
+                _ => return Err(r.error(line, &key_path, "unknown key")),
+            };
+            if !(0.0..=1.0).contains(&n) {
+                return Err(r.error(line, &key_path, format!("{n} is not between 0 and 1")));
+            }
+            if key == "quantile" {
+                quantile = Some(n);
+            }
+        }
+        let q = quantile
+            .ok_or_else(|| r.error(node_line(item), &format!("{item_path}.quantile"), "missing"))?;
+        out.push(q);
+    }
+    out.sort_by(f64::total_cmp);
+    out.dedup();
+    Ok(out)
+}
+
+/// A Go duration (`30s`, `10m`), or an integer of nanoseconds (as Go's YAML reads one).
+fn duration(node: &MarkedYaml<'_>, path: &str, r: &Reader<'_>) -> Result<Duration, MapperError> {
+    let parsed = match &node.data {
+        YamlData::Value(Scalar::Integer(i)) => u64::try_from(*i).ok().map(Duration::from_nanos),
+        YamlData::Value(Scalar::String(s)) => crate::compat::go_duration(s),
+        _ => None,
+    };
+    parsed.ok_or_else(|| {
+        r.error(
+            node_line(node),
+            path,
+            "expected a duration such as 30s or 10m",
+        )
+    })
 }
 
 /// The keys (as text), their lines and values of a mapping node.

@@ -130,7 +130,7 @@ fn defaults_match_type_applies_to_every_mapping() {
 }
 
 #[test]
-fn ignored_keys_are_noted_and_unsupported_ones_refused_with_file_line_and_key() {
+fn ignored_keys_are_noted_and_bad_ones_refused_with_file_line_and_key() {
     let yaml = "mappings:\n  - match: a.*\n    name: a\n    ttl: 1m\n    scale: 0.001\n";
     let (_, notes) = parse(yaml, "m.yaml").unwrap();
     assert_eq!(notes.len(), 2, "{notes:?}");
@@ -140,12 +140,36 @@ fn ignored_keys_are_noted_and_unsupported_ones_refused_with_file_line_and_key() 
     );
     for (yaml, want) in [
         (
-            "mappings:\n  - match: a.*\n    name: a\n    buckets: [1, 2]\n",
-            "m.yaml:4: mappings[0].buckets: not supported",
+            "mappings:\n  - match: a.*\n    name: a\n    buckets: [2, 1]\n",
+            "m.yaml:4: mappings[0].buckets: buckets must be finite and increase",
         ),
         (
-            "mappings:\n  - match: a.*\n    name: a\n    timer_type: summary\n",
-            "m.yaml:4: mappings[0].timer_type: not supported",
+            "mappings:\n  - match: a.*\n    name: a\n    timer_type: gauge\n",
+            "m.yaml:4: mappings[0].timer_type: expected histogram or summary",
+        ),
+        (
+            "mappings:\n  - match: a.*\n    name: a\n    observer_type: histogram\n    summary_options: {max_age: 1m}\n",
+            "m.yaml:2: mappings[0].summary_options: a histogram takes no summary options",
+        ),
+        (
+            "mappings:\n  - match: a.*\n    name: a\n    observer_type: summary\n    histogram_options: {buckets: [1]}\n",
+            "m.yaml:2: mappings[0].histogram_options: a summary takes no histogram options",
+        ),
+        (
+            "mappings:\n  - match: a.*\n    name: a\n    buckets: [1]\n    histogram_options: {buckets: [2]}\n",
+            "m.yaml:2: mappings[0].buckets: buckets given both",
+        ),
+        (
+            "mappings:\n  - match: a.*\n    name: a\n    summary_options:\n      quantiles: [{quantile: 1.5, error: 0.1}]\n",
+            "m.yaml:5: mappings[0].summary_options.quantiles[0].quantile: 1.5 is not between 0 and 1",
+        ),
+        (
+            "mappings:\n  - match: a.*\n    name: a\n    summary_options: {max_age: soon}\n",
+            "m.yaml:4: mappings[0].summary_options.max_age: expected a duration",
+        ),
+        (
+            "mappings:\n  - match: a.*\n    name: a\n    summary_options: {window: 1m}\n",
+            "m.yaml:4: mappings[0].summary_options.window: unknown key",
         ),
         (
             "mappings:\n  - match: a.*\n    nmae: a\n",
@@ -172,8 +196,8 @@ fn ignored_keys_are_noted_and_unsupported_ones_refused_with_file_line_and_key() 
             "m.yaml:4: mappings[0].action: expected map or drop",
         ),
         (
-            "defaults:\n  glob_disable_ordering: true\nmappings: []\n",
-            "m.yaml:2: defaults.glob_disable_ordering: not supported",
+            "defaults:\n  glob_disable_ordering: maybe\nmappings: []\n",
+            "m.yaml:2: defaults.glob_disable_ordering: expected true or false",
         ),
         ("mappings: [\n", "m.yaml:"),
         ("other: 1\n", "m.yaml:1: other: unknown key"),
@@ -228,4 +252,107 @@ mappings:
         .1,
         pairs(&[("err_type", "redis_error")])
     );
+}
+
+/// statsd_exporter 0.26's observer types: a timer is a summary unless its mapping or the
+/// defaults say histogram; buckets and quantiles from the mapping, else the defaults, else
+/// the built-in ones; the older top-level keys read as the options.
+#[test]
+fn timers_are_histograms_or_summaries_as_the_file_types_them() {
+    let rt = "ratelimit_server.ShouldRateLimit.response_time";
+    let observer = |yaml: &str| parse(yaml, "m.yaml").unwrap().0.observer(rt).clone();
+    let default_quantiles = vec![0.5, 0.9, 0.99];
+    let summary = |quantiles: Vec<f64>, max_age: u64, age_buckets: u32| Observer::Summary {
+        quantiles,
+        max_age: Duration::from_secs(max_age),
+        age_buckets,
+    };
+    // Untyped, matched or not: a summary of 10 minutes in 5 steps.
+    assert_eq!(
+        observer("mappings: []\n"),
+        summary(default_quantiles.clone(), 600, 5)
+    );
+    assert_eq!(
+        observer("mappings:\n  - match: ratelimit_server.*.response_time\n    name: rt\n"),
+        summary(default_quantiles.clone(), 600, 5)
+    );
+    // Typed histogram: the mapping's buckets, the older key's, the defaults', the built-in.
+    let histogram = |yaml: &str| match observer(yaml) {
+        Observer::Histogram { buckets } => buckets,
+        other => panic!("{yaml}: {other:?}"),
+    };
+    let m = "mappings:\n  - match: ratelimit_server.*.response_time\n    name: rt\n";
+    assert_eq!(
+        histogram(&format!("{m}    timer_type: histogram\n")),
+        DEFAULT_BUCKETS.to_vec()
+    );
+    assert_eq!(
+        histogram(&format!(
+            "{m}    observer_type: histogram\n    histogram_options: {{buckets: [0.001, 0.01, .inf]}}\n"
+        )),
+        vec![0.001, 0.01]
+    );
+    assert_eq!(
+        histogram(&format!(
+            "{m}    timer_type: histogram\n    buckets: [1, 2]\n"
+        )),
+        vec![1.0, 2.0]
+    );
+    let defaults = "defaults:\n  observer_type: histogram\n  buckets: [0.5]\n";
+    assert_eq!(histogram(&format!("{defaults}{m}")), vec![0.5]);
+    assert_eq!(
+        parse(&format!("{defaults}mappings: []\n"), "m.yaml")
+            .unwrap()
+            .0
+            .observer(rt),
+        &Observer::Histogram { buckets: vec![0.5] },
+        "an unmatched timer takes the defaults"
+    );
+    // observer_type wins over timer_type.
+    assert!(matches!(
+        observer(&format!(
+            "{m}    timer_type: histogram\n    observer_type: summary\n"
+        )),
+        Observer::Summary { .. }
+    ));
+    // Typed summary: its options completed by the defaults'.
+    let yaml = format!(
+        "defaults:\n  summary_options: {{max_age: 30s, age_buckets: 3}}\n{m}    observer_type: summary\n    \
+         summary_options:\n      quantiles: [{{quantile: 0.99, error: 0.001}}, {{quantile: 0.5, error: 0.05}}]\n"
+    );
+    assert_eq!(observer(&yaml), summary(vec![0.5, 0.99], 30, 3));
+    // The older top-level quantiles of the defaults replace their summary options whole.
+    let yaml = format!(
+        "defaults:\n  quantiles: [{{quantile: 0.75, error: 0.01}}]\n  summary_options: {{max_age: 30s}}\n{m}    timer_type: summary\n"
+    );
+    assert_eq!(observer(&yaml), summary(vec![0.75], 600, 5));
+    // Untyped with options of its own: those whole (their zeros as the Go client's).
+    let yaml = format!(
+        "defaults:\n  summary_options: {{max_age: 30s, age_buckets: 3}}\n{m}    summary_options: {{max_age: 2m}}\n"
+    );
+    assert_eq!(observer(&yaml), summary(default_quantiles, 120, 5));
+}
+
+/// `glob_disable_ordering: true`: the glob whose segments are literal furthest to the left
+/// wins, whatever the file order (statsd_exporter's matcher prefers a literal transition to
+/// `*` at each segment); without it, the first in file order.
+#[test]
+fn without_ordering_the_most_literal_glob_wins() {
+    let globs = "mappings:\n  - match: a.*.*\n    name: any\n  - match: a.*.c\n    name: star_c\n  \
+                 - match: a.b.*\n    name: b_star\n  - match: a.b.*\n    name: b_star_again\n";
+    let (ordered, _) = parse(globs, "m.yaml").unwrap();
+    let unordered_yaml = format!("defaults:\n  glob_disable_ordering: true\n{globs}");
+    let (unordered, _) = parse(&unordered_yaml, "m.yaml").unwrap();
+    for (stat, in_order, literal_first) in [
+        ("a.b.c", "any", "b_star"),
+        ("a.x.c", "any", "star_c"),
+        ("a.x.y", "any", "any"),
+    ] {
+        assert_eq!(series(&ordered, stat, Kind::Counter).0, in_order, "{stat}");
+        assert_eq!(
+            series(&unordered, stat, Kind::Counter).0,
+            literal_first,
+            "{stat}"
+        );
+    }
 }
