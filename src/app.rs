@@ -151,11 +151,14 @@ impl App {
         ));
         if let Some(limitador) = app.metrics.limitador() {
             let m = &settings.metrics;
-            let labels = MetricLabels::load(
+            let (labels, left_out) = MetricLabels::load(
                 m.limitador_labels_file.as_deref(),
                 m.limitador_labels_default.as_deref(),
             )
             .map_err(anyhow::Error::msg)?;
+            for said in left_out {
+                tracing::error!("{said}");
+            }
             limitador.set_labels(labels);
         }
         let token = settings.admin.resolve_token().map_err(anyhow::Error::msg)?;

@@ -402,7 +402,7 @@ mod tests {
         let m = LimitadorMetrics::new(false, 2);
         let file = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(file.path(), "user: descriptors[0].user\n").unwrap();
-        let labels = MetricLabels::load(Some(file.path()), Some("{'app': 'shop'}")).unwrap();
+        let (labels, _) = MetricLabels::load(Some(file.path()), Some("{'app': 'shop'}")).unwrap();
         m.set_labels(labels);
         let of = |user: &str| {
             vec![Descriptor {

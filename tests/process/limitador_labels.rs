@@ -1,8 +1,9 @@
 //! limitador's CEL metric labels on the real binary started as `limitador-server`:
 //! `-L/--custom-metric-labels FILE` and `--metric-labels-default EXPR` label
 //! `authorized_calls`, `authorized_hits` and `limited_calls` with values read from the
-//! request's descriptors, under the cap of `metrics.max_value_label_sets`; a labels file sluice
-//! cannot use stops the start (exit 64) naming file and line; `--tracing-endpoint` is taken.
+//! request's descriptors, under the cap of `metrics.max_value_label_sets`; an entry of the
+//! labels file sluice cannot use is left out and logged naming file and line, a file that is
+//! not a map of strings stops the start (exit 64); `--tracing-endpoint` is taken.
 
 use std::path::Path;
 use std::process::Command;
@@ -10,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
 use sluice::testing::http::{self, request};
-use sluice::testing::process::{Served, limitador_server, loopback, serving};
+use sluice::testing::process::{Served, limitador_server, loopback, serving, serving_log};
 
 const LIMITS: &str = r#"
 - namespace: ns
@@ -91,26 +92,53 @@ async fn cel_labels_label_limitadors_series_under_the_cap() {
     assert!(!text.contains("carol"), "{text}");
 }
 
-#[test]
-fn a_labels_file_sluice_cannot_use_stops_the_start_naming_it() {
+/// As limitador: an entry of the labels file sluice cannot use is left out, said at start
+/// naming the file and line, and the others label the series; a file that is not a map of
+/// strings, or a default expression that does not compile, stops the start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_labels_entry_is_left_out_and_a_bad_file_stops_the_start() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let labels = dir.path().join("labels.yaml");
     std::fs::write(
         &labels,
-        "user: descriptors[0]['user_id']\nlimitador_namespace: x\n",
+        "user: descriptors[0]['user_id']\nlimitador_namespace: x\nmethod: 'descriptors[0].'\n",
     )
     .unwrap();
+    let mut child = command(dir.path(), &["-L", &labels.display().to_string()])
+        .spawn()
+        .expect("start limitador-server");
+    let ([_, http_addr], log) = serving_log(&mut child, ["gRPC", "admin HTTP"]);
+    let served = Served(child);
+    http::until_ok(http_addr, "/healthcheck", "limitador-server").await;
+    assert_eq!(post(http_addr.port(), "alice").await, 200);
+    let text = http::get(http_addr, "/metrics").await.body;
+    let line = "authorized_calls{limitador_namespace=\"ns\",user=\"alice\"} 1";
+    assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+    drop(served);
+    let log = log.until_closed();
+    for says in [
+        format!(
+            "{}:2: 'limitador_namespace': not a label name",
+            labels.display()
+        ),
+        format!("{}:3: method: invalid CEL expression", labels.display()),
+    ] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains("ERROR") && l.contains(&says) && l.contains("left out")),
+            "{says} in:\n{log}"
+        );
+    }
+
+    std::fs::write(&labels, "user: [descriptors]\n").unwrap();
     let out = command(dir.path(), &["-L", &labels.display().to_string()])
         .output()
         .expect("run limitador-server");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(64), "{err}");
-    let says = format!(
-        "{}:2: 'limitador_namespace': not a label name",
-        labels.display()
-    );
+    let says = format!("{}:1: user: expected a CEL expression", labels.display());
     assert!(err.contains(&says), "{err}");
-    // And an expression that does not compile.
+    // And a default expression that does not compile.
     let out = command(dir.path(), &["--metric-labels-default", "{'a': "])
         .output()
         .expect("run limitador-server");

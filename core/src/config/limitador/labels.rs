@@ -10,7 +10,11 @@
 //!   label, an entry of another kind is left out, and anything but a map gives none;
 //! - a label of the file wins over the default's entry of the same name. An entry named as
 //!   limitador's own labels (`limitador_namespace`, `limit_name`), or not a valid Prometheus
-//!   label name, is left out (in the file, it is an error at start).
+//!   label name, is left out;
+//! - in the file, an entry whose expression does not compile, or whose name is not a label
+//!   sluice can add, is left out and said at start (limitador logs and skips an expression
+//!   that does not compile too); a file that cannot be read, is not YAML, or maps a name to
+//!   anything but a string stops the start, as it stops limitador's.
 
 use std::path::Path;
 
@@ -33,27 +37,37 @@ pub struct MetricLabels {
 }
 
 impl MetricLabels {
-    /// Reads the labels file (when given) and compiles the default expression (when given).
-    /// Errors name the setting, and for the file its line and label.
-    pub fn load(file: Option<&Path>, default: Option<&str>) -> Result<MetricLabels, String> {
+    /// Reads the labels file (when given) and compiles the default expression (when given);
+    /// also returns the file's entries left out, each naming the file, its line and why (to
+    /// be logged). Errors name the setting, and for the file its line and label.
+    pub fn load(
+        file: Option<&Path>,
+        default: Option<&str>,
+    ) -> Result<(MetricLabels, Vec<String>), String> {
         let default = default
             .map(|d| Expr::compile(d).map_err(|e| format!("metrics.limitador_labels_default: {e}")))
             .transpose()?;
-        let custom = match file {
-            None => Vec::new(),
+        let (custom, left_out) = match file {
+            None => (Vec::new(), Vec::new()),
             Some(path) => {
                 let text = std::fs::read_to_string(path).map_err(|e| {
                     format!("metrics.limitador_labels_file: {}: {e}", path.display())
                 })?;
-                parse(&text).map_err(|(line, e)| {
+                let at = |line: usize, e: &str| {
                     format!(
                         "metrics.limitador_labels_file: {}:{line}: {e}",
                         path.display()
                     )
-                })?
+                };
+                let (custom, skipped) = parse(&text).map_err(|(line, e)| at(line, &e))?;
+                let skipped = skipped
+                    .iter()
+                    .map(|(line, e)| at(*line, &format!("{e}; the label is left out")))
+                    .collect();
+                (custom, skipped)
             }
         };
-        Ok(MetricLabels { default, custom })
+        Ok((MetricLabels { default, custom }, left_out))
     }
 
     /// Whether there is anything to evaluate.
@@ -105,8 +119,11 @@ pub fn label_name_ok(name: &str) -> bool {
         && !RESERVED.contains(&name)
 }
 
-/// The file's `label: expression` pairs; an error with its line.
-fn parse(text: &str) -> Result<Vec<(String, Expr)>, (usize, String)> {
+/// The entries of a labels file left out, each with its line and why.
+type Skipped = Vec<(usize, String)>;
+
+/// The file's `label: expression` pairs, and the entries left out; an error with its line.
+fn parse(text: &str) -> Result<(Vec<(String, Expr)>, Skipped), (usize, String)> {
     let docs = MarkedYaml::load_from_str(text).map_err(|e| {
         let mark = e.marker();
         (
@@ -115,11 +132,11 @@ fn parse(text: &str) -> Result<Vec<(String, Expr)>, (usize, String)> {
         )
     })?;
     let Some(doc) = docs.into_iter().next() else {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), Vec::new()));
     };
     let map = match &doc.data {
         YamlData::Mapping(map) => map,
-        YamlData::Value(Scalar::Null) => return Ok(Vec::new()),
+        YamlData::Value(Scalar::Null) => return Ok((Vec::new(), Vec::new())),
         _ => {
             let line = doc.span.start.line();
             return Err((
@@ -129,6 +146,7 @@ fn parse(text: &str) -> Result<Vec<(String, Expr)>, (usize, String)> {
         }
     };
     let mut labels: Vec<(String, Expr)> = Vec::with_capacity(map.len());
+    let mut skipped = Vec::new();
     for (key, value) in map {
         let line = key.span.start.line();
         let YamlData::Value(Scalar::String(name)) = &key.data else {
@@ -140,7 +158,8 @@ fn parse(text: &str) -> Result<Vec<(String, Expr)>, (usize, String)> {
                  starting with a digit or '__', and not {})",
                 RESERVED.join(" or ")
             );
-            return Err((line, why));
+            skipped.push((line, why));
+            continue;
         }
         let YamlData::Value(Scalar::String(source)) = &value.data else {
             return Err((
@@ -148,11 +167,13 @@ fn parse(text: &str) -> Result<Vec<(String, Expr)>, (usize, String)> {
                 format!("{name}: expected a CEL expression (a string)"),
             ));
         };
-        let expr = Expr::compile(source).map_err(|e| (line, format!("{name}: {e}")))?;
-        labels.push((name.to_string(), expr));
+        match Expr::compile(source) {
+            Ok(expr) => labels.push((name.to_string(), expr)),
+            Err(e) => skipped.push((line, format!("{name}: {e}"))),
+        }
     }
     labels.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok(labels)
+    Ok((labels, skipped))
 }
 
 #[cfg(test)]
@@ -163,7 +184,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("labels.yaml");
         std::fs::write(&path, file).unwrap();
-        MetricLabels::load(Some(&path), default).unwrap_or_else(|e| panic!("{e}"))
+        MetricLabels::load(Some(&path), default)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .0
     }
 
     #[test]
@@ -195,19 +218,35 @@ mod tests {
     }
 
     #[test]
-    fn bad_files_and_expressions_are_refused_naming_where() {
+    fn bad_entries_are_left_out_and_bad_files_refused_naming_where() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("l.yaml");
         for (text, says) in [
             ("a: b\n'9x': c\n", "l.yaml:2: '9x': not a label name"),
             (
-                "limit_name: c\n",
+                "limit_name: c\na: b\n",
                 "l.yaml:1: 'limit_name': not a label name",
             ),
             (
-                "a: 'descriptors[0].'\n",
+                "a: 'descriptors[0].'\nb: c\n",
                 "l.yaml:1: a: invalid CEL expression",
             ),
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let (labels, left_out) = MetricLabels::load(Some(&path), None).unwrap();
+            assert_eq!(labels.custom.len(), 1, "{text:?}: the good entry stays");
+            assert_eq!(left_out.len(), 1, "{text:?}: {left_out:?}");
+            let said = &left_out[0];
+            assert!(
+                said.starts_with("metrics.limitador_labels_file: "),
+                "{said}"
+            );
+            assert!(
+                said.contains(says) && said.ends_with("left out"),
+                "{text:?}: {said}"
+            );
+        }
+        for (text, says) in [
             ("a: [b]\n", "l.yaml:1: a: expected a CEL expression"),
             ("- a\n", "l.yaml:1: expected a mapping"),
             ("a: [\n", "invalid YAML"),
@@ -224,6 +263,6 @@ mod tests {
         );
         let missing = MetricLabels::load(Some(&dir.path().join("none.yaml")), None).unwrap_err();
         assert!(missing.contains("none.yaml"), "{missing}");
-        assert!(MetricLabels::load(None, None).unwrap().is_empty());
+        assert!(MetricLabels::load(None, None).unwrap().0.is_empty());
     }
 }
