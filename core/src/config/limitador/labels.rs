@@ -119,11 +119,12 @@ pub fn label_name_ok(name: &str) -> bool {
         && !RESERVED.contains(&name)
 }
 
-/// The entries of a labels file left out, each with its line and why.
-type Skipped = Vec<(usize, String)>;
+/// A labels file read: its `label: expression` pairs, and the entries left out (each with
+/// its line and why).
+type Parsed = (Vec<(String, Expr)>, Vec<(usize, String)>);
 
 /// The file's `label: expression` pairs, and the entries left out; an error with its line.
-fn parse(text: &str) -> Result<(Vec<(String, Expr)>, Skipped), (usize, String)> {
+fn parse(text: &str) -> Result<Parsed, (usize, String)> {
     let docs = MarkedYaml::load_from_str(text).map_err(|e| {
         let mark = e.marker();
         (
