@@ -726,6 +726,27 @@ async fn statsd_lines(dog: bool) {
 /// A mapping file of the operator's (PROMETHEUS_MAPPER_YAML) names the Prometheus series:
 /// renamed, relabelled, dropped; the stats no built-in name covers (unknown domains, the
 /// global shadow mode, the deny cache's answers with a real Redis) included.
+/// Envoy Gateway's Prometheus deployment (statsd off, the mapping file mounted), its rules
+/// under `data`, Redis at `redis`, the mapping file at `mapper`.
+fn mapper_env(data: &str, redis: &RedisServer, mapper: String) -> HashMap<String, String> {
+    swap(
+        &[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "redis:6379"),
+            ("RUNTIME_ROOT", "/data"),
+            ("USE_STATSD", "false"),
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", ":19001"),
+            ("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml"),
+        ],
+        &[
+            ("RUNTIME_ROOT", data.to_owned()),
+            ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+            ("PROMETHEUS_MAPPER_YAML", mapper),
+        ],
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mapper_file_names_the_prometheus_series() {
     let dir = tempfile::tempdir().unwrap();
@@ -756,24 +777,12 @@ mappings:
     labels: {method: $1}
 ",
     );
-    let env = swap(
-        &[
-            ("REDIS_SOCKET_TYPE", "tcp"),
-            ("REDIS_URL", "redis:6379"),
-            ("RUNTIME_ROOT", "/data"),
-            ("USE_STATSD", "false"),
-            ("USE_PROMETHEUS", "true"),
-            ("PROMETHEUS_ADDR", ":19001"),
-            ("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml"),
-            ("SHADOW_MODE", "true"),
-            // As in statsd_lines: the deny cache answers only costs that are not charged.
-            ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"),
-        ],
-        &[
-            ("RUNTIME_ROOT", data),
-            ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
-            ("PROMETHEUS_MAPPER_YAML", mapper),
-        ],
+    let mut env = mapper_env(&data, &redis, mapper);
+    env.insert("SHADOW_MODE".into(), "true".into());
+    // As in statsd_lines: the deny cache answers only costs that are not charged.
+    env.insert(
+        "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT".into(),
+        "true".into(),
     );
     let rl = Ratelimit::start(&link, &env);
     let ports = rl.ports;
@@ -852,22 +861,7 @@ mappings:{globs}    observer_type: summary
     ];
     for (file, text) in files {
         let mapper = write(dir.path(), file, &text);
-        let env = swap(
-            &[
-                ("REDIS_SOCKET_TYPE", "tcp"),
-                ("REDIS_URL", "redis:6379"),
-                ("RUNTIME_ROOT", "/data"),
-                ("USE_STATSD", "false"),
-                ("USE_PROMETHEUS", "true"),
-                ("PROMETHEUS_ADDR", ":19001"),
-                ("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml"),
-            ],
-            &[
-                ("RUNTIME_ROOT", data.clone()),
-                ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
-                ("PROMETHEUS_MAPPER_YAML", mapper),
-            ],
-        );
+        let env = mapper_env(&data, &redis, mapper);
         redis.cmd::<()>(&["FLUSHALL"]);
         let rl = Ratelimit::start(&link, &env);
         let ports = rl.ports;
