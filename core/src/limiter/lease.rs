@@ -354,5 +354,59 @@ impl Demand {
     }
 }
 
+/// A first look at keys' demand, without a lock: a fixed table of cells, each key hashed to
+/// one, each cell counting the units of the current observation window ([`Demand`]'s, aligned
+/// on the clock) and of the one before. Keys that share a cell add up, so a cell never counts
+/// less than any of its keys: a key whose cell holds less than `min_rate`'s worth of one window
+/// over those two is not busy, and a request with such a key need not look at the lease table
+/// (where each look takes its lock). Where no key is busy, requests pass here and go on to
+/// Redis; only keys at about `min_rate` or more reach the table.
+#[derive(Debug)]
+pub struct Heat {
+    /// Per cell: the window (32 bits), the previous window's units (16, saturating) and the
+    /// current one's (16, saturating).
+    cells: Box<[std::sync::atomic::AtomicU64]>,
+}
+
+/// The cells of a [`Heat`]: 128 KiB.
+const HEAT_CELLS: usize = 1 << 14;
+
+impl Default for Heat {
+    fn default() -> Heat {
+        Heat {
+            cells: (0..HEAT_CELLS)
+                .map(|_| std::sync::atomic::AtomicU64::new(0))
+                .collect(),
+        }
+    }
+}
+
+impl Heat {
+    /// Counts `units` of the key hashed to `hash` at `now`; whether its cell holds, over this
+    /// window and the one before, a window's worth at `sizing.min_rate` (the key may be busy).
+    pub fn warm(&self, hash: u64, now: u64, units: u64, sizing: &Sizing) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        let cell = &self.cells[(hash as usize) % HEAT_CELLS];
+        let window = (now / OBSERVE_NANOS) as u32;
+        let add = units.min(0xFFFF);
+        let mut old = cell.load(Relaxed);
+        let (prev, cur) = loop {
+            let (w, prev, cur) = ((old >> 32) as u32, (old >> 16) & 0xFFFF, old & 0xFFFF);
+            let (prev, cur) = match window.wrapping_sub(w) {
+                0 => (prev, (cur + add).min(0xFFFF)),
+                1 => (cur, add),
+                _ => (0, add),
+            };
+            let new = (u64::from(window) << 32) | (prev << 16) | cur;
+            match cell.compare_exchange_weak(old, new, Relaxed, Relaxed) {
+                Ok(_) => break (prev, cur),
+                Err(now_there) => old = now_there,
+            }
+        };
+        let worth = u128::from(sizing.min_rate) * u128::from(OBSERVE_NANOS) / 1_000_000_000;
+        u128::from(prev + cur) >= worth.max(1)
+    }
+}
+
 #[cfg(test)]
 mod tests;

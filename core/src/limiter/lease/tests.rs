@@ -624,3 +624,59 @@ fn funnel_bound_sampled(admitted: &[u64], burst: u64, interval: u64) {
         );
     }
 }
+
+/// A key at `min_rate` or more warms its cell within a window; a key well below it (under
+/// half: the two windows together then never hold one window's worth), alone in its cell,
+/// never does; and a cell forgets what is two windows old.
+#[test]
+fn heat_tells_busy_keys_from_quiet_ones() {
+    let sizing = Sizing::default(); // 200 a second: 10 units a 50 ms window
+    let heat = Heat::default();
+    let ms = 1_000_000;
+    let start = 1_000 * OBSERVE_NANOS;
+    // 400 a second (one unit every 2.5 ms): warm from the tenth unit on.
+    let busy: Vec<bool> = (0..40)
+        .map(|i| heat.warm(7, start + i * 5 * ms / 2, 1, &sizing))
+        .collect();
+    assert!(!busy[..9].iter().any(|w| *w), "{busy:?}");
+    assert!(busy[9..].iter().all(|w| *w), "{busy:?}");
+    // 80 a second (one every 12.5 ms), for a second: never warm.
+    let quiet = (0..80).any(|i| heat.warm(8, start + i * 25 * ms / 2, 1, &sizing));
+    assert!(!quiet, "a key at 0.4 of min_rate");
+    // The busy key, silent for two windows, starts cold again.
+    let later = start + 40 * 5 * ms / 2 + 2 * OBSERVE_NANOS;
+    assert!(!heat.warm(7, later, 1, &sizing));
+    // A cost counts as its units.
+    assert!(heat.warm(9, start, 10, &sizing));
+}
+
+proptest! {
+    /// However keys share cells, a key never reads colder than it is alone: its cell's count
+    /// is at least its own, so a busy key is never kept from the lease table.
+    #[test]
+    fn heat_never_hides_a_busy_key(
+        others in proptest::collection::vec((0u64..4, 0u64..200_000_000, 1u64..5), 0..50),
+        gaps in proptest::collection::vec(0u64..5_000_000, 30..60),
+    ) {
+        let sizing = Sizing::default();
+        let shared = Heat::default();
+        let alone = Heat::default();
+        let mut now = 10 * OBSERVE_NANOS;
+        let mut events: Vec<(u64, u64, u64)> = others
+            .iter()
+            .map(|(hash, at, units)| (*hash * HEAT_CELLS as u64, now + at, *units))
+            .collect();
+        for gap in &gaps {
+            now += gap;
+            events.push((0, now, 1));
+        }
+        events.sort_by_key(|(_, at, _)| *at);
+        for (hash, at, units) in events {
+            let warm_shared = shared.warm(hash, at, units, &sizing);
+            if hash == 0 {
+                let warm_alone = alone.warm(0, at, units, &sizing);
+                prop_assert!(warm_shared || !warm_alone);
+            }
+        }
+    }
+}

@@ -7,7 +7,9 @@
 //!
 //! A request whose every hit may be leased (funnel, token bucket, fixed window (calendar
 //! windows included) or sliding window, counted when admitted, no `borrow`, no `block_for`,
-//! enforced, a cost, no refund, no hold) counts its demand per key. When every hit's key holds
+//! enforced, a cost, no refund, no hold) is first counted in the heat table
+//! (`lease::Heat`, without a lock): when some key of it is quiet there, it goes to Redis at
+//! once. Otherwise it counts its demand per key in the lease table. When every hit's key holds
 //! a valid lease with units enough, it is decided here: admitted, the units spent, no Redis
 //! call. Otherwise, for each busy key whose lease is missing, spent or expired, and which no
 //! other request is renewing, one lease request gives back what is left of the old lease and
@@ -40,7 +42,7 @@ use tokio::time::Instant;
 use super::RedisLimiter;
 use super::script::{self, Decided, LeaseArgs, LeaseReply, Mode, Unit};
 use crate::limiter::counters::HeldLease;
-use crate::limiter::lease::{self, Demand, Sizing};
+use crate::limiter::lease::{self, Demand, Heat, Sizing};
 use crate::limiter::{Batch, BatchOutcome, Hit, HitOutcome, LimitParams, Role};
 
 /// The most keys whose demand is followed; beyond, new keys are not leased until a sweep.
@@ -54,6 +56,10 @@ pub(super) struct Leases {
     /// double).
     id: u64,
     table: Mutex<HashMap<Arc<[u8]>, Entry, ahash::RandomState>>,
+    /// The first look at a request's keys, before the table: most keys of most deployments
+    /// are never busy, and their requests go to Redis without taking the table's lock.
+    heat: Heat,
+    hasher: ahash::RandomState,
     /// A lease was stored since the last [`Leases::clear`] (written under the table's lock):
     /// without one, a clear (every failed call does one) skips the scan of the table.
     holding: AtomicBool,
@@ -138,6 +144,8 @@ impl Leases {
             sizing,
             id: id & script::MAX_EXACT,
             table: Mutex::new(HashMap::default()),
+            heat: Heat::default(),
+            hasher: ahash::RandomState::new(),
             holding: AtomicBool::new(false),
             counts: Counts::default(),
         }
@@ -154,6 +162,19 @@ impl Leases {
                     && h.hold.is_none()
                     && h.role == Role::Enforced
             })
+    }
+
+    /// Counts the request's hits in the heat table; whether every key may be busy (only then
+    /// can the request be decided from leases, or its keys' leases be worth renewing).
+    fn warm(&self, batch: &Batch, now: u64) -> bool {
+        batch
+            .hits
+            .iter()
+            .map(|h| {
+                let hash = self.hasher.hash_one(&*h.key);
+                self.heat.warm(hash, now, h.cost, &self.sizing)
+            })
+            .fold(true, |all, warm| all & warm)
     }
 
     /// Decides the request from the leases when they hold enough; otherwise the leases to
@@ -424,6 +445,9 @@ impl RedisLimiter {
             return None;
         }
         let now = self.clock.now_nanos();
+        if !self.leases.warm(batch, now) {
+            return None;
+        }
         let (renewals, waits) = match self.leases.spend(batch, now, true) {
             Spend::Done(outcome) => return Some(outcome),
             Spend::Direct => return None,
