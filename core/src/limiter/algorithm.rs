@@ -194,6 +194,21 @@ impl Algo {
         }
     }
 
+    /// Names a reservation's take of `cost` just made on `state` at `now`, `open` units being
+    /// reserved on the key and not yet settled ([`Self::name_take`]); the mark its commit
+    /// returns by. For the funnel, the earliest its units' slots can come to end
+    /// ([`Funnel::reservation_mark`]): the open reservations' returns may move them earlier,
+    /// and its commit must not give back units that drained meanwhile. (A lease keeps the
+    /// take's own mark: it gives back only while its units are the last ones, nothing having
+    /// moved them.)
+    pub fn name_reservation(&self, state: &mut State, now: u64, cost: u64, open: u64) -> u64 {
+        let mark = self.name_take(state, now);
+        match self {
+            Algo::Funnel(f) => f.reservation_mark(mark, now, cost, open),
+            _ => mark,
+        }
+    }
+
     /// Returns `units` of a named take whose mark is `mark` ([`Self::name_take`]), exactly:
     /// only what still counts of them (docs/algorithms.md, "Returns"). For concurrency, a
     /// release of `units`.

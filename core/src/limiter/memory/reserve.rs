@@ -95,8 +95,10 @@ impl<C: Clock> MemoryLimiter<C> {
                     let outcome = self.decide(batch);
                     let id = match batch.hits.first() {
                         Some(hit) if outcome.admitted => {
-                            let mark =
-                                self.with_state(hit, |algo, state, now| algo.name_take(state, now));
+                            let open = records.open.iter().map(|r| r.amount).sum::<u64>();
+                            let mark = self.with_state(hit, |algo, state, now| {
+                                algo.name_reservation(state, now, hit.cost, open)
+                            });
                             let expiry = now.saturating_add(request.ttl_nanos);
                             Some(records.open(now, *amount, expiry, mark))
                         }

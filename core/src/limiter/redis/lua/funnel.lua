@@ -96,11 +96,21 @@ MAKERS.f = MAKERS.f and function()
     return { tat = back, quota = f.quota, refundable = left - units }
   end
 
-  -- Funnel::name_take: the slots' end is the mark; nothing taken so far is refundable.
-  local function name_take(f, s, now)
+  -- Funnel::name_take: the slots' end is the mark; nothing taken so far is refundable. With
+  -- a reservation's cost and the units of the other open reservations on the key
+  -- (Algo::name_reservation), the mark is Funnel::reservation_mark: the earliest the slots
+  -- can come to end once those give back what was ahead of them, and never before they
+  -- would in an empty funnel.
+  local function name_take(f, s, now, cost, open)
     if f.interval == 0 or s.tat == 0 then return s, 0 end
     local tat = tat_of(f, s, now)
-    return { tat = tat, quota = f.quota, refundable = 0 }, tat
+    local mark = tat
+    if cost then
+      local front = sat_add(now, sat_mul(cost, f.interval))
+      local moved = sat_sub(tat, sat_mul(open or 0, f.interval))
+      mark = math.min(math.max(front, moved), tat)
+    end
+    return { tat = tat, quota = f.quota, refundable = 0 }, mark
   end
 
   -- Funnel::return_units: only the units whose slots are still wholly ahead of now.

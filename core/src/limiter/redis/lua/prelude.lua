@@ -329,10 +329,11 @@ end
 -- - otherwise (sliding log: a sorted set): `save` is set and `text` is nil; `load(key, params,
 --   now)` and `save(key, params, state, now, fresh_at)` read and write the key themselves.
 --
--- `name_take(params, state, now)` names the take just made (a reservation's): it returns the
--- state (the funnel keeps anonymous refunds off the units taken so far) and the mark a return
--- by name needs; `give_named(params, state, now, units, mark)` returns units of such a take,
--- exactly (reserve.lua's commit). Both mirror Algo::name_take and Algo::give_back_named.
+-- `name_take(params, state, now[, cost])` names the take just made (a reservation's, with its
+-- cost, or a lease's): it returns the state (the funnel keeps anonymous refunds off the units
+-- taken so far) and the mark a return by name needs; `give_named(params, state, now, units,
+-- mark)` returns units of such a take, exactly (reserve.lua's commit). They mirror
+-- Algo::name_take (Algo::name_reservation with the cost) and Algo::give_back_named.
 -- `deny(params, state, now, cost)`, set only by concurrency, keeps what a denied request
 -- leaves behind (its pending denial); main.lua calls it for each hit of a denied request.
 -- `take_id(params, state, now, cost, id)` and `give_id(...)`, set only by concurrency, take

@@ -60,9 +60,9 @@ end
 local function first_hit()
   local blob = batch_argv[#batch_argv]
   local _, _, pos = struct.unpack(REQUEST_FORMAT, blob, 1)
-  local slot, limit = struct.unpack(HIT_FORMAT, blob, pos)
+  local slot, limit, cost = struct.unpack(HIT_FORMAT, blob, pos)
   local algo, p = limit_of(limit)
-  return batch_keys[slot], algo, p
+  return batch_keys[slot], algo, p, cost
 end
 
 -- Applies `change(algo, p, state)` (which returns the new state and a value) to the state of
@@ -114,9 +114,14 @@ if op == "r" then
   reply = decide_batch(batch_keys, batch_argv)
   if type(reply) ~= "string" then return reply end
   if struct.unpack("<d", reply, 1) == 1 then
-    local key, algo, p = first_hit()
+    local key, algo, p, cost = first_hit()
     if algo == nil then return redis.error_reply("sluice: a reservation names no limit") end
-    local mark = update(key, algo, p, function(state) return algo.name_take(p, state, now) end)
+    -- The units the other open reservations may still give back (Funnel::reservation_mark).
+    local open_units = 0
+    for _, record in pairs(live) do open_units = open_units + record[1] end
+    local mark = update(key, algo, p, function(state)
+      return algo.name_take(p, state, now, cost, open_units)
+    end)
     id = math.max(next_id, floor(now))
     local expiry = sat_add(now, arg2)
     live[fmt(id)] = { clamp(arg), expiry, mark }
