@@ -487,3 +487,62 @@ async fn three_replicas_with_leases_stay_within_the_bound_and_admit_most_of_it()
         ]);
     }
 }
+
+/// A reservation on a funnel key that a replica holds a lease on: its commit gives nothing
+/// back while the lease is out (a return would move the leased units' slots earlier, before
+/// the moments they may be spent: docs/algorithms.md, "Returns"); once no lease is out, a
+/// commit gives back as usual.
+#[tokio::test]
+async fn a_funnel_commit_gives_nothing_back_while_a_lease_is_out() {
+    use sluice::limiter::reserve::{ReserveOp, ReserveRequest, records_key};
+    let redis = RedisServer::start();
+    let clock = ManualClock::at(START);
+    let r = replica(&redis, &clock);
+    let l = limit(Algorithm::Funnel, 1_000, 1_000);
+    let hot = batch("mixed", l, 1);
+    // Busy: leased.
+    assert_eq!(drive(&r, &clock, &hot, MS, 100).await, 100);
+    let exists: i64 = redis.cmd(&["EXISTS", "sluice:mixed:lease"]);
+    assert_eq!(exists, 1, "a lease is out: {:?}", r.events());
+    let reserve_then_cancel = |amount: u64| {
+        let (r, redis) = (&r, &redis);
+        async move {
+            let hit = batch("mixed", l, amount).hits.remove(0);
+            let reserve = ReserveRequest {
+                records: records_key(&hit.key),
+                ttl_nanos: 60 * SEC,
+                op: ReserveOp::Reserve {
+                    batch: Batch {
+                        hits: vec![hit.clone()],
+                    },
+                    amount,
+                },
+            };
+            let done = r.reserve(&reserve).await.expect("redis answers");
+            assert!(done.done, "reserved");
+            let before = redis.state("sluice:mixed");
+            let commit = ReserveRequest {
+                records: records_key(&hit.key),
+                ttl_nanos: 1,
+                op: ReserveOp::Commit {
+                    id: done.id,
+                    actual: 0,
+                    hit: Hit { cost: 0, ..hit },
+                },
+            };
+            assert!(r.reserve(&commit).await.expect("redis answers").done);
+            (before, redis.state("sluice:mixed"))
+        }
+    };
+    let (before, after) = reserve_then_cancel(50).await;
+    assert_eq!(before[0], after[0], "the tat stayed: nothing given back");
+    // The leases expire (no traffic for a second), their records with them.
+    clock.advance(SEC);
+    redis.cmd::<()>(&["DEL", "sluice:mixed:lease"]);
+    let (before, after) = reserve_then_cancel(50).await;
+    // All 50 back: the funnel is empty again, its key gone.
+    assert!(
+        !before.is_empty() && after.is_empty(),
+        "given back: {before:?} -> {after:?}"
+    );
+}

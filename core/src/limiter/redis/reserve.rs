@@ -76,6 +76,13 @@ impl RedisLimiter {
             invocation.key(key);
         }
         invocation.key([prefix, &request.records[..]].concat());
+        // The reserved key's lease records: a funnel's commit gives nothing back while a lease
+        // on the key is out (reserve.lua says why).
+        let leased: &[u8] = batch
+            .first()
+            .and_then(|b| b.hits.first())
+            .map_or(&[], |h| &h.key[..]);
+        invocation.key([prefix, leased, script::LEASE_SUFFIX].concat());
         for arg in args {
             invocation.arg(arg);
         }

@@ -3,8 +3,14 @@
 -- script (src/limiter/redis/reserve.rs): the batch script with main.lua as the function
 -- decide_batch(KEYS, ARGV), then this. One call decides the rate state and the records.
 --
--- KEYS[1..n-1]  the batch's KEYS (prelude.lua's contract)
--- KEYS[n]       the key's open reservations: a hash, field "n" the next id, field "<id>"
+-- KEYS[1..n-2]  the batch's KEYS (prelude.lua's contract)
+-- KEYS[n]       the reserved key's lease records (KEYS[s] .. LEASE_SUFFIX of its state key):
+--               while a lease on a funnel key is out, a commit gives nothing back by name.
+--               A lease's units are scheduled behind the reservation's, and a return moves
+--               every later unit's slot earlier; a leased unit may be spent up to its lease's
+--               end, and moved earlier its slot could drain before it is spent. The units are
+--               lost (counted as used): never over the bound.
+-- KEYS[n-1]     the key's open reservations: a hash, field "n" the next id, field "<id>"
 --               "<amount>:<expiry>:<mark>" (expiry in microseconds; mark: where the amount
 --               was counted, the algorithm's name_take); its TTL reaches the latest expiry,
 --               and it is deleted when no reservation is open (its next id with it). A record
@@ -27,9 +33,9 @@
 floor, format = math.floor, string.format
 
 local nk, na = #KEYS, #ARGV
-local records = KEYS[nk]
+local records, leases = KEYS[nk - 1], KEYS[nk]
 local batch_keys, batch_argv = {}, {}
-for i = 1, nk - 1 do batch_keys[i] = KEYS[i] end
+for i = 1, nk - 2 do batch_keys[i] = KEYS[i] end
 for i = 1, na - 4 do batch_argv[i] = ARGV[i] end
 local op, arg, arg2, max_open = ARGV[na - 3], ARGV[na - 2], clamp(ARGV[na - 1]),
   clamp(ARGV[na])
@@ -62,7 +68,7 @@ local function first_hit()
   local _, _, pos = struct.unpack(REQUEST_FORMAT, blob, 1)
   local slot, limit, cost = struct.unpack(HIT_FORMAT, blob, pos)
   local algo, p = limit_of(limit)
-  return batch_keys[slot], algo, p, cost
+  return batch_keys[slot], algo, p, cost, batch_argv[7 * limit - 4]
 end
 
 -- Applies `change(algo, p, state)` (which returns the new state and a value) to the state of
@@ -144,12 +150,15 @@ elseif op == "c" then
       cost, role = estimate - arg2, 8
       local mark = open[3]
       if mark then
-        local key, algo, p = first_hit()
+        local key, algo, p, _, code = first_hit()
         if algo == nil then return redis.error_reply("sluice: a commit names no limit") end
         local units = cost
-        update(key, algo, p, function(state)
-          return algo.give_named(p, state, now, units, mark)
-        end)
+        -- A funnel's lease out on the key: nothing given back (see KEYS[n] above).
+        if code ~= "f" or redis.call("EXISTS", leases) == 0 then
+          update(key, algo, p, function(state)
+            return algo.give_named(p, state, now, units, mark)
+          end)
+        end
         cost = 0
       end
     else

@@ -257,7 +257,7 @@ pub fn encode(
 }
 
 /// The suffix of a key's lease records (`LEASE_SUFFIX` in `prelude.lua`).
-const LEASE_SUFFIX: &[u8] = b":lease";
+pub(crate) const LEASE_SUFFIX: &[u8] = b":lease";
 /// The suffix of a key's penalty box (`BLOCK_SUFFIX` in `prelude.lua`).
 const BLOCK_SUFFIX: &[u8] = b":block";
 

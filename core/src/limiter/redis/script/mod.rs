@@ -45,6 +45,7 @@ mod invoke;
 mod tests;
 
 pub use decode::{Decided, LeaseReply, decode, decode_all};
+pub(crate) use encode::LEASE_SUFFIX;
 pub use encode::{Call, LeaseArgs, MAX_EXACT, Mode, Part, Unit, encode, encoded_size, prefixed};
 pub use invoke::invoke;
 
