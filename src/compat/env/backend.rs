@@ -147,39 +147,55 @@ impl Reader<'_> {
     /// system's roots), the client certificate and key (together, as there), and
     /// `MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION`.
     fn memcache_tls(&mut self) -> Result<(), Unsupported> {
-        const FILES: [(&str, &str); 3] = [
-            ("MEMCACHE_TLS_CACERT", "MEMCACHE__TLS_CA_FILE"),
-            ("MEMCACHE_TLS_CLIENT_CERT", "MEMCACHE__TLS_CERT_FILE"),
-            ("MEMCACHE_TLS_CLIENT_KEY", "MEMCACHE__TLS_KEY_FILE"),
-        ];
-        const SKIP: &str = "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION";
-        let skip = self.flag(SKIP, false)?;
-        if !self.flag("MEMCACHE_TLS", false)? {
-            for name in FILES.map(|(name, _)| name).into_iter().chain([SKIP]) {
-                self.unused(
-                    name,
-                    "MEMCACHE_TLS is off, so Memcached is reached without TLS",
-                );
+        let on = self.flag("MEMCACHE_TLS", false)?;
+        if on {
+            self.set("MEMCACHE__TLS", "true");
+        }
+        self.tls_files(("MEMCACHE", "Memcached"), on)
+    }
+
+    /// The TLS variables of one backend (`prefix` `REDIS` or `MEMCACHE`, `what` it is called):
+    /// `<prefix>_TLS_CACERT`, `_CLIENT_CERT` and `_CLIENT_KEY` (the certificate only with its
+    /// key, as envoyproxy/ratelimit reads them) and `_SKIP_HOSTNAME_VERIFICATION`, into the
+    /// `<prefix>__TLS_*` settings when `on`; otherwise each one set is ignored, saying why.
+    fn tls_files(&mut self, (prefix, what): (&str, &str), on: bool) -> Result<(), Unsupported> {
+        let skip_var = format!("{prefix}_TLS_SKIP_HOSTNAME_VERIFICATION");
+        let skip = self.flag(&skip_var, false)?;
+        let files = [
+            ("CACERT", "CA_FILE"),
+            ("CLIENT_CERT", "CERT_FILE"),
+            ("CLIENT_KEY", "KEY_FILE"),
+        ]
+        .map(|(var, key)| {
+            (
+                format!("{prefix}_TLS_{var}"),
+                format!("{prefix}__TLS_{key}"),
+            )
+        });
+        if !on {
+            let why = format!("{prefix}_TLS is off, so {what} is reached without TLS");
+            for name in files.iter().map(|(name, _)| name).chain([&skip_var]) {
+                self.unused(name, &why);
             }
             return Ok(());
         }
-        self.set("MEMCACHE__TLS", "true");
-        let has_pair = self.get(FILES[1].0).is_some() && self.get(FILES[2].0).is_some();
-        for (i, (name, key)) in FILES.into_iter().enumerate() {
+        let has_pair = self.get(&files[1].0).is_some() && self.get(&files[2].0).is_some();
+        for (i, (name, key)) in files.iter().enumerate() {
             let Some(v) = self.get(name).map(str::to_owned) else {
                 continue;
             };
             if i == 0 || has_pair {
                 self.set(key, v);
             } else {
-                self.unused(
-                    name,
-                    "the client certificate and key go together, and one is not set, so none is presented",
+                let why = format!(
+                    "the client certificate and key go together, and one is not set, so none \
+                     is presented to {what}"
                 );
+                self.unused(name, &why);
             }
         }
         if skip {
-            self.set("MEMCACHE__TLS_SKIP_HOSTNAME_VERIFICATION", "true");
+            self.set(&format!("{prefix}__TLS_SKIP_HOSTNAME_VERIFICATION"), "true");
         }
         Ok(())
     }
@@ -288,43 +304,10 @@ impl Reader<'_> {
     /// `REDIS_PERSECOND_TLS=true` with `REDIS_PERSECOND`: both Redis share them), and the
     /// client certificate only with its key, as envoyproxy/ratelimit reads them.
     fn redis_tls(&mut self) -> Result<(), Unsupported> {
-        const FILES: [(&str, &str); 3] = [
-            ("REDIS_TLS_CACERT", "REDIS__TLS_CA_FILE"),
-            ("REDIS_TLS_CLIENT_CERT", "REDIS__TLS_CERT_FILE"),
-            ("REDIS_TLS_CLIENT_KEY", "REDIS__TLS_KEY_FILE"),
-        ];
-        const SKIP: &str = "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION";
-        let skip = self.flag(SKIP, false)?;
         let per_second_tls =
             self.flag("REDIS_PERSECOND", false)? && self.flag("REDIS_PERSECOND_TLS", false)?;
-        if !(self.flag("REDIS_TLS", false)? || per_second_tls) {
-            for name in FILES.map(|(name, _)| name).into_iter().chain([SKIP]) {
-                if let Some(v) = self.get(name).map(str::to_owned) {
-                    let why = format!("{v}: REDIS_TLS is off, so Redis is reached without TLS");
-                    self.out.ignored.push((name.to_owned(), why));
-                }
-            }
-            return Ok(());
-        }
-        let has_pair = self.get(FILES[1].0).is_some() && self.get(FILES[2].0).is_some();
-        for (i, (name, key)) in FILES.into_iter().enumerate() {
-            let Some(v) = self.get(name).map(str::to_owned) else {
-                continue;
-            };
-            if i == 0 || has_pair {
-                self.set(key, v);
-            } else {
-                let why = format!(
-                    "{v}: the client certificate and key go together, and one is not set, so \
-                     none is presented to Redis"
-                );
-                self.out.ignored.push((name.to_owned(), why));
-            }
-        }
-        if skip {
-            self.set("REDIS__TLS_SKIP_HOSTNAME_VERIFICATION", "true");
-        }
-        Ok(())
+        let on = self.flag("REDIS_TLS", false)? || per_second_tls;
+        self.tls_files(("REDIS", "Redis"), on)
     }
 }
 
