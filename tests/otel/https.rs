@@ -15,9 +15,6 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::http::StatusCode;
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
-    TraceService, TraceServiceServer,
-};
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
@@ -30,8 +27,9 @@ use sluice::testing::process::{
     LISTENERS_LOG, Log, Served, limitador_server, serving_log, sluice_command,
 };
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
+
+use crate::support::Collector;
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
@@ -74,44 +72,21 @@ fn write(dir: &Path, name: &str, text: &str) -> String {
     path.display().to_string()
 }
 
-/// A span as a collector received it: the request path (OTLP/HTTP) and the span's name.
+/// A span as the OTLP/HTTP collector received it: the request path and the span's name.
 type Got = (String, String);
 
-struct Export(mpsc::UnboundedSender<Got>);
-
-#[tonic::async_trait]
-impl TraceService for Export {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportTraceServiceRequest>,
-    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        let spans = request.into_inner().resource_spans.into_iter();
-        for span in spans.flat_map(|r| r.scope_spans).flat_map(|s| s.spans) {
-            let _ = self.0.send((String::new(), span.name));
-        }
-        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
-    }
+/// A TLS identity (certificate, key) for a gRPC server.
+fn tls(identity: &(String, String)) -> Option<tonic::transport::ServerTlsConfig> {
+    let identity = tonic::transport::Identity::from_pem(&identity.0, &identity.1);
+    Some(tonic::transport::ServerTlsConfig::new().identity(identity))
 }
 
-/// An OTLP/gRPC collector serving TLS with `identity` (certificate, key) on a loopback
-/// port, until `stop`: its `https://` URL and the spans it receives.
-async fn grpc_collector(
-    identity: &(String, String),
-    stop: CancellationToken,
-) -> (String, mpsc::UnboundedReceiver<Got>) {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("https://{}", listener.local_addr().unwrap());
-    let tls = tonic::transport::ServerTlsConfig::new().identity(
-        tonic::transport::Identity::from_pem(&identity.0, &identity.1),
-    );
-    let server = tonic::transport::Server::builder()
-        .tls_config(tls)
-        .unwrap()
-        .add_service(TraceServiceServer::new(Export(tx)))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop.cancelled_owned());
-    tokio::spawn(server);
-    (url, rx)
+/// Waits up to 10 s for the `should_rate_limit` span at an OTLP/gRPC collector.
+async fn grpc_request_span(collector: &mut Collector) {
+    let within = Duration::from_secs(10);
+    collector
+        .until(within, |(_, span)| span.name == "should_rate_limit")
+        .await;
 }
 
 /// An OTLP/HTTP collector serving TLS with `identity` on a loopback port, asking for a client
@@ -243,17 +218,15 @@ async fn grpc_spans_reach_an_https_collector_that_the_ca_file_vouches_for() {
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new("sluice test CA");
     let ca_file = write(dir.path(), "ca.pem", &ca.pem());
-    let stop = CancellationToken::new();
-    let (url, mut spans) = grpc_collector(&ca.leaf(), stop.clone()).await;
+    let mut collector = Collector::start_tls(tls(&ca.leaf())).await;
     let env = [
-        ("SLUICE_LOG__OTLP_ENDPOINT", url.as_str()),
+        ("SLUICE_LOG__OTLP_ENDPOINT", collector.url.as_str()),
         ("SLUICE_LOG__OTLP_PROTOCOL", "grpc"),
         ("SLUICE_LOG__OTLP_CA_FILE", ca_file.as_str()),
     ];
     let (_sluice, grpc, _log) = traced(Path::new(&rules(dir.path())), &env);
     decide(&grpc, "v").await;
-    request_span(&mut spans).await;
-    stop.cancel();
+    grpc_request_span(&mut collector).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -287,12 +260,9 @@ async fn a_collector_certificate_from_another_ca_gets_no_span() {
     let ca_file = write(dir.path(), "ca.pem", &ca.pem());
     let rules = rules(dir.path());
     let stop = CancellationToken::new();
-    let (grpc_url, mut grpc_spans) = grpc_collector(&stranger.leaf(), stop.clone()).await;
+    let mut grpc_collector = Collector::start_tls(tls(&stranger.leaf())).await;
     let (http_url, mut http_spans) = http_collector(&stranger.leaf(), None, stop.clone()).await;
-    for (protocol, url, spans) in [
-        ("grpc", grpc_url, &mut grpc_spans),
-        ("http", http_url, &mut http_spans),
-    ] {
+    for (protocol, url) in [("grpc", grpc_collector.url.clone()), ("http", http_url)] {
         let env = [
             ("SLUICE_LOG__OTLP_ENDPOINT", url.as_str()),
             ("SLUICE_LOG__OTLP_PROTOCOL", protocol),
@@ -304,7 +274,11 @@ async fn a_collector_certificate_from_another_ca_gets_no_span() {
         tokio::time::sleep(Duration::from_secs(1)).await;
         decide(&grpc, "w").await;
         tokio::time::sleep(Duration::from_millis(500)).await;
-        assert!(spans.try_recv().is_err(), "{protocol}: a span got through");
+        let got_through = match protocol {
+            "grpc" => grpc_collector.try_next().is_some(),
+            _ => http_spans.try_recv().is_ok(),
+        };
+        assert!(!got_through, "{protocol}: a span got through");
         let _ = sluice.0.kill();
         let _ = sluice.0.wait();
         let log = log.until_closed();
@@ -399,8 +373,8 @@ async fn limitador_servers_https_tracing_endpoint_gets_spans() {
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new("sluice test CA");
     let ca_file = write(dir.path(), "ca.pem", &ca.pem());
-    let stop = CancellationToken::new();
-    let (url, mut spans) = grpc_collector(&ca.leaf(), stop.clone()).await;
+    let mut collector = Collector::start_tls(tls(&ca.leaf())).await;
+    let url = collector.url.clone();
     let text =
         "- namespace: ns\n  max_value: 5\n  seconds: 3600\n  variables: [\"descriptors[0].k\"]\n";
     let limits = write(dir.path(), "limits.yaml", text);
@@ -418,8 +392,7 @@ async fn limitador_servers_https_tracing_endpoint_gets_spans() {
         .expect("connect");
     let answer = call(&mut c, req("ns", vec![desc(&[("k", "v")])])).await;
     assert_eq!(overall(&answer), Code::Ok);
-    request_span(&mut spans).await;
-    stop.cancel();
+    grpc_request_span(&mut collector).await;
 }
 
 /// envoyproxy/ratelimit's `OTEL_EXPORTER_OTLP_ENDPOINT=https://...` (its default protocol,

@@ -87,7 +87,7 @@ impl TraceService for Export {
 /// A fake OTLP/gRPC collector on a loopback port, stopped by [`Collector::stop`] or when
 /// dropped.
 pub(crate) struct Collector {
-    /// `http://127.0.0.1:<port>`.
+    /// `http://127.0.0.1:<port>` (`https://` with TLS).
     pub url: String,
     spans: mpsc::UnboundedReceiver<Received>,
     stop: CancellationToken,
@@ -96,12 +96,22 @@ pub(crate) struct Collector {
 
 impl Collector {
     pub(crate) async fn start() -> Collector {
+        Collector::start_tls(None).await
+    }
+
+    /// The same, serving TLS with `tls` when given.
+    pub(crate) async fn start_tls(tls: Option<tonic::transport::ServerTlsConfig>) -> Collector {
         let (tx, spans) = mpsc::unbounded_channel();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let url = format!("{scheme}://{}", listener.local_addr().unwrap());
         let stop = CancellationToken::new();
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = tls {
+            builder = builder.tls_config(tls).expect("a valid TLS identity");
+        }
         let server = tokio::spawn(
-            tonic::transport::Server::builder()
+            builder
                 .add_service(TraceServiceServer::new(Export(tx)))
                 .serve_with_incoming_shutdown(
                     TcpListenerStream::new(listener),
@@ -122,6 +132,11 @@ impl Collector {
             .await
             .unwrap_or_else(|_| panic!("no span within {within:?} ({what})"))
             .expect("the collector is running")
+    }
+
+    /// A span received and not yet taken, if any (without waiting).
+    pub(crate) fn try_next(&mut self) -> Option<Received> {
+        self.spans.try_recv().ok()
     }
 
     /// Spans received until one satisfies `found`, within `within`: all of them, that one
