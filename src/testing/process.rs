@@ -245,6 +245,26 @@ pub fn sluice_command(path: &str) -> Command {
     cmd
 }
 
+/// Runs `cmd` to its end, its output piped, killing it (and failing) if it has not exited
+/// `within`: a `serve` that should refuse to start must not hang the test.
+pub fn exit_within(cmd: &mut Command, within: Duration) -> Output {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run the sluice binary");
+    let start = Instant::now();
+    while child.try_wait().expect("the child's status").is_none() {
+        if start.elapsed() > within {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("still running after {within:?}: {cmd:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("the child's output")
+}
+
 /// Runs `cmd` to its end; it must succeed (else the test fails with its standard error,
 /// naming `what`). Its output.
 pub fn run_ok(cmd: &mut Command, what: &str) -> Output {

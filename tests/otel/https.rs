@@ -24,7 +24,7 @@ use rcgen::{
 };
 use sluice::testing::grpc::{Code, RateLimitServiceClient, call, desc, overall, req};
 use sluice::testing::process::{
-    LISTENERS_LOG, Log, Served, limitador_server, serving_log, sluice_command,
+    LISTENERS_LOG, Log, Served, exit_within, limitador_server, serving_log, sluice_command,
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -299,7 +299,8 @@ async fn a_collector_certificate_from_another_ca_gets_no_span() {
 
 /// `sluice serve` with `env`: it must exit 64 within 20 s; its standard error.
 fn refused_start(rules: &Path, env: &[(&str, &str)]) -> String {
-    let child = sluice_command(BIN)
+    let mut command = sluice_command(BIN);
+    command
         .args(["serve", "--rules"])
         .arg(rules)
         .args([
@@ -308,27 +309,10 @@ fn refused_start(rules: &Path, env: &[(&str, &str)]) -> String {
             "--admin-listen",
             "127.0.0.1:0",
         ])
-        .envs(env.iter().copied())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the sluice binary");
-    let mut served = Served(child);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = served.0.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{env:?}: it started"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut err = String::new();
-    let stderr = served.0.stderr.as_mut().unwrap();
-    std::io::Read::read_to_string(stderr, &mut err).unwrap();
-    assert_eq!(status.code(), Some(64), "{env:?}: {err}");
+        .envs(env.iter().copied());
+    let out = exit_within(&mut command, Duration::from_secs(20));
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(64), "{env:?}: {err}");
     err
 }
 

@@ -8,7 +8,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use sluice::testing::grpc::*;
-use sluice::testing::process::{HeldPort, LISTENERS_LOG, Log, Served, serving_log, sluice_command};
+use sluice::testing::process::{
+    HeldPort, LISTENERS_LOG, Log, Served, exit_within, serving_log, sluice_command,
+};
 
 fn sluice() -> Command {
     sluice_command(env!("CARGO_BIN_EXE_sluice"))
@@ -293,10 +295,11 @@ fn an_invalid_log_filter_exits_64_before_binding() {
     ];
     for (var, value, message) in cases {
         // Its standard error holds the message alone: nothing was served.
-        let out = exit_within_10s(
+        let out = exit_within(
             sluice()
                 .args(["serve", "--grpc-listen", ANY, "--admin-listen", ANY])
                 .env(var, value),
+            Duration::from_secs(10),
         );
         assert_eq!(out.status.code(), Some(64), "{var}={value}");
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -317,26 +320,6 @@ fn text_logs_have_no_colour_codes_when_stderr_is_not_a_terminal() {
         !stderr.contains('\u{1b}'),
         "ANSI escapes in a pipe:\n{stderr}"
     );
-}
-
-/// Runs `cmd` to its end, killing it (and failing) if it has not exited within 10 s: a
-/// `serve` that should refuse to start must not hang the test.
-fn exit_within_10s(cmd: &mut Command) -> Output {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run the sluice binary");
-    let start = Instant::now();
-    while child.try_wait().expect("the child's status").is_none() {
-        if start.elapsed() > Duration::from_secs(10) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("still running after 10 s: {cmd:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().expect("the child's output")
 }
 
 /// A client of the gRPC server on the Unix socket at `path` (what Envoy's `pipe` address

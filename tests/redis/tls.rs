@@ -22,7 +22,7 @@ use std::process::{Command, Stdio};
 use sluice::testing::grpc::*;
 use sluice::testing::http::try_get;
 use sluice::testing::process::{
-    HeldPort, Served, SluiceProcess, serving_grpc, serving_log, sluice_command,
+    HeldPort, Served, SluiceProcess, exit_within, serving_grpc, serving_log, sluice_command,
 };
 use sluice::testing::ratelimit_env::{ENVOY_GATEWAY_REDIS_TLS, ISTIO};
 use sluice::testing::redis::{RedisCluster, RedisServer};
@@ -367,7 +367,8 @@ async fn skipping_the_name_check_through_a_sentinel() {
 /// error.
 fn refused_start(env: &[(&str, &str)]) -> String {
     let rules = rules_file();
-    let child = sluice_command(BIN)
+    let mut command = sluice_command(BIN);
+    command
         .args([
             "serve",
             "--backend",
@@ -383,27 +384,10 @@ fn refused_start(env: &[(&str, &str)]) -> String {
             "--admin-listen",
             "127.0.0.1:0",
         ])
-        .envs(env.iter().copied())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run sluice");
-    let mut served = Served(child);
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = served.0.try_wait().expect("sluice's status") {
-            break status;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{env:?}: sluice started"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
-    let mut err = String::new();
-    let stderr = served.0.stderr.as_mut().expect("piped standard error");
-    std::io::Read::read_to_string(stderr, &mut err).expect("read standard error");
-    assert_eq!(status.code(), Some(64), "{env:?}: {err}");
+        .envs(env.iter().copied());
+    let out = exit_within(&mut command, std::time::Duration::from_secs(20));
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(64), "{env:?}: {err}");
     err
 }
 
