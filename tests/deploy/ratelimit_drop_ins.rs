@@ -64,6 +64,23 @@ fn start(link: &Path, env: &HashMap<String, String>) -> Ratelimit {
     Ratelimit::start(link, env)
 }
 
+/// Once `rl` is healthy, two requests for `a` (a limit of one): OK, then OVER_LIMIT.
+async fn ok_then_over_limit(rl: &Ratelimit) {
+    let ports = rl.ports;
+    healthy(&ports).await;
+    let mut client = plain_client(&ports).await;
+    let mut codes = Vec::new();
+    for _ in 0..2 {
+        let answer = client
+            .should_rate_limit(request("a"))
+            .await
+            .unwrap()
+            .into_inner();
+        codes.push(Code::try_from(answer.overall_code).unwrap());
+    }
+    assert_eq!(codes, [Code::Ok, Code::OverLimit]);
+}
+
 /// The process's umask, from /proc (what the child inherits).
 fn umask() -> u32 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
@@ -261,19 +278,7 @@ async fn redis_sentinel_auth_reaches_sentinels_that_require_a_password() {
     let env = env(&root, &url, &sentinels);
     clear_of_window_end(Duration::from_secs(3600), Duration::from_secs(30)).await;
     let rl = start(&link, &env);
-    let ports = rl.ports;
-    healthy(&ports).await;
-    let mut client = plain_client(&ports).await;
-    let mut codes = Vec::new();
-    for _ in 0..2 {
-        let answer = client
-            .should_rate_limit(request("a"))
-            .await
-            .unwrap()
-            .into_inner();
-        codes.push(Code::try_from(answer.overall_code).unwrap());
-    }
-    assert_eq!(codes, [Code::Ok, Code::OverLimit]);
+    ok_then_over_limit(&rl).await;
     let on_master = redis::Client::open(format!("redis://:master-pw@{}", master.addr())).unwrap();
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg("*")
@@ -328,19 +333,7 @@ async fn redis_tls_skip_hostname_verification_with_tls_sentinels() {
     let env = env(&root, &url, &tls);
     clear_of_window_end(Duration::from_secs(3600), Duration::from_secs(30)).await;
     let rl = start(&link, &env);
-    let ports = rl.ports;
-    healthy(&ports).await;
-    let mut client = plain_client(&ports).await;
-    let mut codes = Vec::new();
-    for _ in 0..2 {
-        let answer = client
-            .should_rate_limit(request("a"))
-            .await
-            .unwrap()
-            .into_inner();
-        codes.push(Code::try_from(answer.overall_code).unwrap());
-    }
-    assert_eq!(codes, [Code::Ok, Code::OverLimit]);
+    ok_then_over_limit(&rl).await;
     let keys: Vec<String> = master.cmd(&["KEYS", "*"]);
     assert!(!keys.is_empty(), "counted on the master the sentinel names");
 }
@@ -455,19 +448,7 @@ async fn redis_auth_reaches_a_password_guarded_redis_over_its_unix_socket() {
             &[("REDIS_SOCKET_TYPE", "unix"), ("REDIS_AUTH", "s3cret pw")],
         ),
     );
-    let ports = rl.ports;
-    healthy(&ports).await;
-    let mut client = plain_client(&ports).await;
-    let mut codes = Vec::new();
-    for _ in 0..2 {
-        let answer = client
-            .should_rate_limit(request("a"))
-            .await
-            .unwrap()
-            .into_inner();
-        codes.push(Code::try_from(answer.overall_code).unwrap());
-    }
-    assert_eq!(codes, [Code::Ok, Code::OverLimit]);
+    ok_then_over_limit(&rl).await;
     assert_eq!(terminate(&mut rl).await, Some(0));
     drop(redis);
 }
