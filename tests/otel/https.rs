@@ -185,12 +185,17 @@ fn traced(rules: &Path, env: &[(&str, &str)]) -> (Served, String, Log) {
     (Served(child), format!("http://{grpc}"), log)
 }
 
-/// One request for `k=value`: OK.
+/// One request for `k=value` in domain `t`: OK.
 async fn decide(url: &str, value: &str) {
+    decide_in(url, "t", value).await;
+}
+
+/// One request for `k=value` in `domain`: OK.
+async fn decide_in(url: &str, domain: &str, value: &str) {
     let mut c = RateLimitServiceClient::connect(url.to_owned())
         .await
         .expect("connect");
-    let answer = call(&mut c, req("t", vec![desc(&[("k", value)])])).await;
+    let answer = call(&mut c, req(domain, vec![desc(&[("k", value)])])).await;
     assert_eq!(overall(&answer), Code::Ok);
 }
 
@@ -371,11 +376,7 @@ async fn limitador_servers_https_tracing_endpoint_gets_spans() {
         .expect("start limitador-server");
     let ([grpc], _log) = serving_log(&mut child, ["gRPC"]);
     let _limitador = Served(child);
-    let mut c = RateLimitServiceClient::connect(format!("http://{grpc}"))
-        .await
-        .expect("connect");
-    let answer = call(&mut c, req("ns", vec![desc(&[("k", "v")])])).await;
-    assert_eq!(overall(&answer), Code::Ok);
+    decide_in(&format!("http://{grpc}"), "ns", "v").await;
     grpc_request_span(&mut collector).await;
 }
 
